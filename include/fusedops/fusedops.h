@@ -1,0 +1,11 @@
+// Umbrella header of the fusedops C++ API.
+#pragma once
+
+#include "fusedops/core/check.h"
+#include "fusedops/core/context.h"
+#include "fusedops/core/dtype.h"
+#include "fusedops/core/error.h"
+#include "fusedops/core/registry.h"
+#include "fusedops/core/tensor.h"
+#include "fusedops/ops/l2norm.h"
+#include "fusedops/ops/rmsnorm.h"

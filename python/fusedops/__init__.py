@@ -1,0 +1,32 @@
+"""fusedops: fused and hot-spot operators for LLM training, on CPUs and NVIDIA GPUs.
+
+Functional API (differentiable, torch.library custom ops):
+    fusedops.rmsnorm_without_weight, fusedops.l2norm
+Backends: fusedops.backends(op), fusedops.use_backend(...); float64 references in
+fusedops.reference.
+"""
+
+import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
+
+from . import _C
+from ._backend import backends, use_backend, validation
+from .ops.l2norm import l2norm
+from .ops.rmsnorm import rmsnorm_without_weight
+from . import reference
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "backends",
+    "use_backend",
+    "validation",
+    "rmsnorm_without_weight",
+    "l2norm",
+    "reference",
+    "built_with_cuda",
+]
+
+
+def built_with_cuda() -> bool:
+    """Whether this build contains the CUDA backends."""
+    return bool(_C.built_with_cuda())

@@ -1,0 +1,161 @@
+// fusedops._C: DLPack tensors in, TensorViews to the core, one line per op. No math here.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <vector>
+
+#include "fusedops/fusedops.h"
+
+namespace nb = nanobind;
+using namespace fusedops;
+
+namespace {
+
+using Array = nb::ndarray<>;
+using OptArray = std::optional<nb::ndarray<>>;
+
+DType to_dtype(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  const auto code = static_cast<Code>(t.code);
+  if (t.lanes == 1) {
+    if (code == Code::Float && t.bits == 32) return DType::kFloat32;
+    if (code == Code::Float && t.bits == 16) return DType::kFloat16;
+    if (code == Code::Bfloat && t.bits == 16) return DType::kBFloat16;
+    if (code == Code::Float && t.bits == 64) return DType::kFloat64;
+    if (code == Code::Int && t.bits == 32) return DType::kInt32;
+    if (code == Code::Int && t.bits == 64) return DType::kInt64;
+    if (code == Code::Bool && t.bits == 8) return DType::kBool;
+    if (code == Code::UInt && t.bits == 8) return DType::kUInt8;
+  }
+  FUSEDOPS_FAIL(kType, "", "unsupported tensor dtype (DLPack code ", int(t.code), ", ", int(t.bits),
+                " bits, ", int(t.lanes), " lanes)");
+}
+
+TensorView view(const Array& a) {
+  Device device;
+  if (a.device_type() == nb::device::cpu::value) {
+    device = Device::cpu();
+  } else if (a.device_type() == nb::device::cuda::value) {
+    device = Device::cuda(a.device_id());
+  } else {
+    FUSEDOPS_FAIL(kType, "", "tensors must be on the CPU or a CUDA device (DLPack device type ",
+                  a.device_type(), ")");
+  }
+  std::vector<int64_t> shape(a.ndim()), strides(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    strides[i] = static_cast<int64_t>(a.stride(i));
+  }
+  return TensorView(a.data(), to_dtype(a.dtype()), device, static_cast<int>(a.ndim()), shape.data(),
+                    strides.data());
+}
+
+TensorView view(const OptArray& a) { return a ? view(*a) : TensorView(); }
+
+nb::dict backend_info(const BackendInfo& info) {
+  nb::dict d;
+  d["op"] = info.op;
+  d["direction"] = direction_name(info.direction);
+  d["backend"] = info.spec.id;
+  d["device"] = device_kind_name(info.spec.device);
+  d["min_arch"] = info.spec.min_arch;
+  d["max_arch"] = info.spec.max_arch == INT_MAX ? -1 : info.spec.max_arch;
+  std::vector<std::string> dtypes;
+  for (DType t : info.spec.dtypes) dtypes.push_back(dtype_name(t));
+  d["dtypes"] = dtypes;
+  d["priority"] = info.spec.priority;
+  d["runnable_here"] = info.runnable_here;
+  return d;
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32,
+                  DType::kInt64, DType::kBool, DType::kUInt8})
+    if (name == dtype_name(t)) return t;
+  FUSEDOPS_FAIL(kValue, "", "unknown dtype name '", name, "'");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "fusedops C++ core (framework-free) bound through DLPack";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyObject* type = e.kind() == ErrorKind::kValue  ? PyExc_ValueError
+                       : e.kind() == ErrorKind::kType ? PyExc_TypeError
+                                                      : PyExc_RuntimeError;
+      PyErr_SetString(type, e.what());
+    }
+  });
+
+  nb::class_<Context>(m, "Context")
+      .def(nb::init<>())
+      .def("__init__",
+           [](Context* c, const std::string& device_type, int device_index, uintptr_t stream,
+              const std::string& backend, bool deterministic, bool validate) {
+             new (c) Context();
+             if (device_type == "cuda") c->device = Device::cuda(device_index);
+             else if (device_type == "cpu") c->device = Device::cpu();
+             else FUSEDOPS_FAIL(kType, "", "unsupported device type '", device_type, "'");
+             c->stream = reinterpret_cast<void*>(stream);
+             c->backend = backend;
+             c->deterministic = deterministic;
+             c->validate = validate;
+           },
+           nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream"), nb::arg("backend"),
+           nb::arg("deterministic") = true, nb::arg("validate") = false)
+      .def_rw("backend", &Context::backend)
+      .def_rw("deterministic", &Context::deterministic)
+      .def_rw("validate", &Context::validate);
+
+  m.def("built_with_cuda", &built_with_cuda);
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def("cuda_arch", &cuda_arch, nb::arg("device_index"));
+  m.def("ops", [] { return Registry::instance().ops(); });
+  m.def("backends", [](const std::string& op) {
+    nb::list out;
+    for (const auto& info : Registry::instance().list(op)) out.append(backend_info(info));
+    return out;
+  }, nb::arg("op"));
+  m.def("preferred_backend",
+        [](const std::string& op, const std::string& direction, const std::string& device_type,
+           int device_index, const std::string& dtype) {
+          Device device = device_type == "cuda" ? Device::cuda(device_index) : Device::cpu();
+          Direction dir = direction == "bwd" ? Direction::kBackward : Direction::kForward;
+          return Registry::instance().preferred(op, dir, device, dtype_from_name(dtype));
+        },
+        nb::arg("op"), nb::arg("direction"), nb::arg("device_type"), nb::arg("device_index"),
+        nb::arg("dtype"));
+
+  auto release = nb::call_guard<nb::gil_scoped_release>();
+
+  m.def("rmsnorm_without_weight_fwd",
+        [](const Context& ctx, const Array& x, const OptArray& y, const Array& rstd, double eps) {
+          rmsnorm_without_weight_fwd(ctx, {view(x), view(y), view(rstd), eps});
+        },
+        nb::arg("ctx"), nb::arg("x"), nb::arg("y").none(), nb::arg("rstd"), nb::arg("eps"), release);
+  m.def("rmsnorm_without_weight_bwd",
+        [](const Context& ctx, const Array& x, const Array& rstd, const OptArray& dy,
+           const OptArray& drstd, const Array& dx) {
+          rmsnorm_without_weight_bwd(ctx, {view(x), view(rstd), view(dy), view(drstd), view(dx)});
+        },
+        nb::arg("ctx"), nb::arg("x"), nb::arg("rstd"), nb::arg("dy").none(), nb::arg("drstd").none(),
+        nb::arg("dx"), release);
+  m.def("l2norm_fwd",
+        [](const Context& ctx, const Array& x, const Array& y, const Array& rstd, double eps) {
+          l2norm_fwd(ctx, {view(x), view(y), view(rstd), eps});
+        },
+        nb::arg("ctx"), nb::arg("x"), nb::arg("y"), nb::arg("rstd"), nb::arg("eps"), release);
+  m.def("l2norm_bwd",
+        [](const Context& ctx, const Array& y, const Array& rstd, const Array& dy, const Array& dx) {
+          l2norm_bwd(ctx, {view(y), view(rstd), view(dy), view(dx)});
+        },
+        nb::arg("ctx"), nb::arg("y"), nb::arg("rstd"), nb::arg("dy"), nb::arg("dx"), release);
+}

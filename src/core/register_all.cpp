@@ -1,0 +1,16 @@
+#include "src/core/register_all.h"
+
+namespace fusedops {
+
+void register_all_backends(Registry& r) {
+  register_rmsnorm_without_weight_ref(r);
+  register_rmsnorm_without_weight_cpu(r);
+  register_l2norm_ref(r);
+  register_l2norm_cpu(r);
+#ifdef FUSEDOPS_WITH_CUDA
+  register_rmsnorm_without_weight_cuda_sm80(r);
+  register_l2norm_cuda_sm80(r);
+#endif
+}
+
+}  // namespace fusedops

@@ -1,0 +1,18 @@
+// Explicit registration of every backend (design.md section 4).
+#pragma once
+
+#include "fusedops/core/registry.h"
+
+namespace fusedops {
+
+void register_all_backends(Registry& registry);
+
+// One function per (op, backend); defined in src/ops/<family>/<family>_<backend>.{cpp,cu}.
+void register_rmsnorm_without_weight_ref(Registry& r);
+void register_rmsnorm_without_weight_cpu(Registry& r);
+void register_rmsnorm_without_weight_cuda_sm80(Registry& r);
+void register_l2norm_ref(Registry& r);
+void register_l2norm_cpu(Registry& r);
+void register_l2norm_cuda_sm80(Registry& r);
+
+}  // namespace fusedops

@@ -1,0 +1,151 @@
+// The core: TensorView, errors, argument checks, dtype conversions and the backend registry.
+#include <cstdlib>
+
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+TEST(TensorView, ShapeStridesAndRows) {
+  float buf[24];
+  TensorView t(buf, DType::kFloat32, Device::cpu(), {2, 3, 4});
+  EXPECT_TRUE(t.defined());
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.rows(), 6);
+  EXPECT_EQ(t.stride(0), 12);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.row_stride(), 4);
+  EXPECT_EQ(t.shape_string(), "[2,3,4]");
+  // buf viewed as [2,3,2] taking the first 2 of every 4 columns: rows still collapse (stride 4).
+  const int64_t shape[] = {2, 3, 2}, strides[] = {12, 4, 1};
+  TensorView s(buf, DType::kFloat32, Device::cpu(), 3, shape, strides);
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_EQ(s.row_stride(), 4);
+  // A transposed leading pair does not collapse.
+  const int64_t tshape[] = {3, 2, 4}, tstrides[] = {4, 12, 1};
+  TensorView tr(buf, DType::kFloat32, Device::cpu(), 3, tshape, tstrides);
+  EXPECT_FALSE(tr.rows_collapsible(nullptr));
+  EXPECT_FALSE(TensorView().defined());
+}
+
+TEST(Error, CarriesOpKindAndLocation) {
+  try {
+    FUSEDOPS_FAIL(kValue, "some_op", "x must be ", 3, ", got ", 4);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kValue);
+    EXPECT_EQ(e.op(), "some_op");
+    EXPECT_EQ(e.message(), "x must be 3, got 4");
+    EXPECT_EQ(e.file(), "tests/cpp/test_core.cpp");
+    EXPECT_GT(e.line(), 0);
+    EXPECT_NE(std::string(e.what()).find("fusedops: some_op: x must be 3, got 4 (tests/cpp/test_core.cpp:"),
+              std::string::npos)
+        << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no exception";
+}
+
+TEST(HalfTypes, RoundTripAndRoundToNearestEven) {
+  EXPECT_EQ(to_float(float_to_bf16(1.0f)), 1.0f);
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256).bits, float_to_bf16(1.0f).bits);  // tie -> even
+  EXPECT_EQ(to_float(float_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_EQ(to_float(float_to_fp16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(to_float(float_to_fp16(70000.0f))));
+  EXPECT_EQ(to_float(float_to_fp16(5.9604644775390625e-08f)), 5.9604644775390625e-08f);  // subnormal
+  EXPECT_EQ(to_float(float_to_fp16(-2.5f)), -2.5f);
+  EXPECT_TRUE(std::isnan(to_float(float_to_fp16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(to_float(float_to_bf16(std::nanf("")))));
+  for (float v : {0.1f, -3.3f, 1e-5f, 1234.5f}) {
+    EXPECT_NEAR(to_float(float_to_fp16(v)), v, std::abs(v) * 1e-3 + 1e-7);
+    EXPECT_NEAR(to_float(float_to_bf16(v)), v, std::abs(v) * 8e-3);
+  }
+}
+
+TEST(Registry, ListsEveryOpWithPriorities) {
+  auto& reg = Registry::instance();
+  auto ops = reg.ops();
+  EXPECT_NE(std::find(ops.begin(), ops.end(), "rmsnorm_without_weight"), ops.end());
+  EXPECT_NE(std::find(ops.begin(), ops.end(), "l2norm"), ops.end());
+  bool saw_ref = false, saw_cpu = false;
+  for (const auto& info : reg.list("l2norm")) {
+    if (info.spec.id == "ref") saw_ref = info.runnable_here && info.spec.priority == kPriorityRef;
+    if (info.spec.id == "cpu") saw_cpu = info.runnable_here && info.spec.priority == kPriorityCpu;
+    if (info.spec.device == DeviceKind::kCUDA) {
+      EXPECT_EQ(info.runnable_here, cuda_device_count() > 0);
+    }
+  }
+  EXPECT_TRUE(saw_ref);
+  EXPECT_TRUE(saw_cpu);
+  EXPECT_EQ(reg.preferred("l2norm", Direction::kForward, Device::cpu(), DType::kFloat32), "cpu");
+  EXPECT_EQ(reg.preferred("l2norm", Direction::kForward, Device::cpu(), DType::kFloat64), "ref");
+}
+
+TEST(Registry, ContextAndEnvironmentOverrides) {
+  auto& reg = Registry::instance();
+  unsetenv("FUSEDOPS_BACKEND");
+  EXPECT_EQ(env_backend_override("l2norm"), "");
+  setenv("FUSEDOPS_BACKEND", "l2norm=ref,rmsnorm_without_weight=cpu", 1);
+  EXPECT_EQ(env_backend_override("l2norm"), "ref");
+  EXPECT_EQ(env_backend_override("rmsnorm_without_weight"), "cpu");
+  EXPECT_EQ(reg.preferred("l2norm", Direction::kForward, Device::cpu(), DType::kFloat32), "ref");
+  setenv("FUSEDOPS_BACKEND", "ref", 1);
+  EXPECT_EQ(env_backend_override("anything"), "ref");
+  setenv("FUSEDOPS_BACKEND", "*=cpu,l2norm=ref", 1);
+  EXPECT_EQ(env_backend_override("rmsnorm_without_weight"), "cpu");
+  EXPECT_EQ(env_backend_override("l2norm"), "ref");
+
+  // The environment decides when the context does not; the context wins when it does.
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], r[2];
+  L2NormFwdArgs args{TensorView(x, DType::kFloat32, Device::cpu(), {2, 4}),
+                     TensorView(y, DType::kFloat32, Device::cpu(), {2, 4}),
+                     TensorView(r, DType::kFloat32, Device::cpu(), {2}), 1e-6};
+  setenv("FUSEDOPS_BACKEND", "l2norm=nosuch", 1);
+  expect_error([&] { l2norm_fwd(Context::cpu(), args); }, ErrorKind::kValue,
+               "backend 'nosuch' is not registered for fwd (forced by FUSEDOPS_BACKEND)");
+  Context ctx;
+  ctx.backend = "cpu";
+  l2norm_fwd(ctx, args);
+  EXPECT_NEAR(y[0], 1.0 / std::sqrt(30.0), 1e-6);
+  unsetenv("FUSEDOPS_BACKEND");
+  l2norm_fwd(Context::cpu(), args);
+  EXPECT_NEAR(y[7], 8.0 / std::sqrt(174.0), 1e-6);
+}
+
+TEST(Registry, RefusalsExplainEachBackend) {
+  float x[4], y[4], r[1];
+  Context ctx;
+  ctx.backend = "cuda_sm80";
+  L2NormFwdArgs args{TensorView(x, DType::kFloat32, Device::cpu(), {1, 4}),
+                     TensorView(y, DType::kFloat32, Device::cpu(), {1, 4}),
+                     TensorView(r, DType::kFloat32, Device::cpu(), {1}), 1e-6};
+  if (built_with_cuda()) {
+    expect_error([&] { l2norm_fwd(ctx, args); }, ErrorKind::kRuntime, "cuda_sm80: runs on cuda, not cpu");
+  } else {
+    expect_error([&] { l2norm_fwd(ctx, args); }, ErrorKind::kValue, "backend 'cuda_sm80' is not registered");
+  }
+}
+
+TEST(Cuda, DeviceQueriesAreConsistent) {
+  if (!built_with_cuda()) GTEST_SKIP() << "built without CUDA (FUSEDOPS_CUDA=OFF or no nvcc)";
+  const int n = cuda_device_count();
+  if (n == 0) GTEST_SKIP() << "no CUDA device visible in this process";
+  EXPECT_GE(cuda_arch(0), 50);
+  EXPECT_EQ(cuda_arch(n), 0);
+}
+
+TEST(Cuda, BackendsAreRegisteredWhenBuiltWithCuda) {
+  if (!built_with_cuda()) GTEST_SKIP() << "built without CUDA (FUSEDOPS_CUDA=OFF or no nvcc)";
+  for (const char* op : {"rmsnorm_without_weight", "l2norm"}) {
+    int cuda_entries = 0;
+    for (const auto& info : Registry::instance().list(op))
+      cuda_entries += info.spec.device == DeviceKind::kCUDA;
+    EXPECT_EQ(cuda_entries, 2) << op;
+  }
+  if (cuda_device_count() == 0) return;
+  EXPECT_EQ(Registry::instance().preferred("l2norm", Direction::kForward, Device::cuda(0), DType::kBFloat16),
+            "cuda_sm80");
+}
+
+}  // namespace
+}  // namespace fusedops::testing
