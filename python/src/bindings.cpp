@@ -1,22 +1,7 @@
 // fusedops._C: DLPack tensors in, TensorViews to the core, one line per op. No math here.
-#include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
-#include <nanobind/stl/string.h>
-#include <nanobind/stl/vector.h>
+#include "python/src/bind.h"
 
-#include <optional>
-#include <vector>
-
-#include "fusedops/fusedops.h"
-
-namespace nb = nanobind;
-using namespace fusedops;
-
-namespace {
-
-using Array = nb::ndarray<>;
-using OptArray = std::optional<nb::ndarray<>>;
+namespace fusedops::py {
 
 DType to_dtype(nb::dlpack::dtype t) {
   using Code = nb::dlpack::dtype_code;
@@ -54,7 +39,12 @@ TensorView view(const Array& a) {
                     strides.data());
 }
 
-TensorView view(const OptArray& a) { return a ? view(*a) : TensorView(); }
+}  // namespace fusedops::py
+
+using namespace fusedops;
+using namespace fusedops::py;
+
+namespace {
 
 nb::dict backend_info(const BackendInfo& info) {
   nb::dict d;
@@ -134,28 +124,6 @@ NB_MODULE(_C, m) {
         nb::arg("op"), nb::arg("direction"), nb::arg("device_type"), nb::arg("device_index"),
         nb::arg("dtype"));
 
-  auto release = nb::call_guard<nb::gil_scoped_release>();
-
-  m.def("rmsnorm_without_weight_fwd",
-        [](const Context& ctx, const Array& x, const OptArray& y, const Array& rstd, double eps) {
-          rmsnorm_without_weight_fwd(ctx, {view(x), view(y), view(rstd), eps});
-        },
-        nb::arg("ctx"), nb::arg("x"), nb::arg("y").none(), nb::arg("rstd"), nb::arg("eps"), release);
-  m.def("rmsnorm_without_weight_bwd",
-        [](const Context& ctx, const Array& x, const Array& rstd, const OptArray& dy,
-           const OptArray& drstd, const Array& dx) {
-          rmsnorm_without_weight_bwd(ctx, {view(x), view(rstd), view(dy), view(drstd), view(dx)});
-        },
-        nb::arg("ctx"), nb::arg("x"), nb::arg("rstd"), nb::arg("dy").none(), nb::arg("drstd").none(),
-        nb::arg("dx"), release);
-  m.def("l2norm_fwd",
-        [](const Context& ctx, const Array& x, const Array& y, const Array& rstd, double eps) {
-          l2norm_fwd(ctx, {view(x), view(y), view(rstd), eps});
-        },
-        nb::arg("ctx"), nb::arg("x"), nb::arg("y"), nb::arg("rstd"), nb::arg("eps"), release);
-  m.def("l2norm_bwd",
-        [](const Context& ctx, const Array& y, const Array& rstd, const Array& dy, const Array& dx) {
-          l2norm_bwd(ctx, {view(y), view(rstd), view(dy), view(dx)});
-        },
-        nb::arg("ctx"), nb::arg("y"), nb::arg("rstd"), nb::arg("dy"), nb::arg("dx"), release);
+  bind_rmsnorm(m);
+  bind_l2norm(m);
 }
