@@ -1,0 +1,49 @@
+// The CPU GEMM wrapper (BLAS or built-in) and the built-in fallback against double loops.
+#include <random>
+
+#include "src/cpu/gemm.h"
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                        const float*, int64_t, float, float*, int64_t);
+
+void check_gemm(GemmFn fn, const char* name) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist;
+  for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 5, 3}, {33, 65, 300}, {64, 17, 513}, {3, 4, 0}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          SCOPED_TRACE(std::string(name) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                       " K=" + std::to_string(K) + " ta=" + std::to_string(ta) + " tb=" +
+                       std::to_string(tb) + " beta=" + std::to_string(beta));
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+          std::vector<float> A((ta ? K : M) * lda + 1), B((tb ? N : K) * ldb + 1), C(M * ldc);
+          for (auto& v : A) v = dist(gen);
+          for (auto& v : B) v = dist(gen);
+          for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
+          std::vector<float> C0 = C;
+          fn(ta, tb, M, N, K, 1.5f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < N; ++j) {
+              double acc = 0;
+              for (int64_t k = 0; k < K; ++k)
+                acc += double(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+              const double expect = 1.5 * acc + (beta == 0.0f ? 0.0 : beta * double(C0[i * ldc + j]));
+              ASSERT_NEAR(C[i * ldc + j], expect, 1e-4 * (1 + std::sqrt(double(K)))) << i << "," << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuGemm, SgemmMatchesDoubleLoops) { check_gemm(&cpu::sgemm, cpu::have_blas() ? "blas" : "builtin"); }
+TEST(CpuGemm, BuiltinMatchesDoubleLoops) { check_gemm(&cpu::sgemm_builtin, "builtin"); }
+
+}  // namespace
+}  // namespace fusedops::testing
