@@ -9,3 +9,4 @@
 #include "fusedops/core/tensor.h"
 #include "fusedops/ops/l2norm.h"
 #include "fusedops/ops/rmsnorm.h"
+#include "fusedops/ops/sort_chunks.h"

@@ -14,5 +14,8 @@ void register_rmsnorm_without_weight_cuda_sm80(Registry& r);
 void register_l2norm_ref(Registry& r);
 void register_l2norm_cpu(Registry& r);
 void register_l2norm_cuda_sm80(Registry& r);
+void register_sort_chunks_by_idx_ref(Registry& r);
+void register_sort_chunks_by_idx_cpu(Registry& r);
+void register_sort_chunks_by_idx_cuda_sm80(Registry& r);
 
 }  // namespace fusedops

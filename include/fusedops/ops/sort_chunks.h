@@ -1,0 +1,102 @@
+// sort_chunks family (ops.md section 6): sort_chunks_by_idx, the MoE chunk permutation, and its
+// helpers make_chunk_sort_map and sort_chunks_by_map.
+//
+// The rows of inp [N, Hd] are split into S consecutive chunks of split_sizes[c] rows and the
+// chunks are concatenated in the order sorted_index gives:
+//
+//   in_off[c]  = sum_{c' < c} split_sizes[c']
+//   pos[c]     = the j with sorted_index[j] == c
+//   out_off[j] = sum_{j' < j} split_sizes[sorted_index[j']]
+//   row_id_map[r] = out_off[pos[c]] + (r - in_off[c])   for r in chunk c
+//   row_id_map[r] = r                                    for r >= sum(split_sizes)
+//   out[row_id_map[r]] = inp[r],   probs_out[row_id_map[r]] = probs[r]
+//
+// The op only moves bytes: any element dtype works (fp32/bf16/fp16, fp8 passed as uint8 bytes,
+// integers), outputs and gradients are bit-identical to the definition.
+//
+// Index tensors (split_sizes, sorted_index) are read on the device, so no call synchronizes.
+// Their contents are checked only when Context::validate is set (negative sizes, sum > N,
+// sorted_index not a permutation of 0..S-1); that copies them to the host (a sync on CUDA).
+// Without validate such inputs give unspecified results, but never an access out of bounds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedops/core/context.h"
+#include "fusedops/core/tensor.h"
+
+namespace fusedops {
+
+// Forward: out = the chunks of inp in sorted_index order (see the header comment).
+//   inp:          [N, Hd] any dtype. Last dim stride 1 (or Hd <= 1); any row stride.
+//   split_sizes:  [S] int32/int64, contiguous, entries >= 0, sum <= N.
+//   sorted_index: [S] int32/int64, contiguous, a permutation of 0..S-1.
+//   probs:        [N] any dtype (usually float32), any stride; optional (undefined = none).
+//   out:          [N, Hd] contiguous, dtype of inp; overwritten.
+//   probs_out:    [N] contiguous, dtype of probs; required iff probs is given.
+//   row_id_map:   [N] int32 contiguous, written; saved for the backward. N < 2^31.
+//   workspace:    CUDA only: uint8 [>= sort_chunks_by_idx_workspace_size(S)] on the device
+//                 (per-chunk offsets); ignored (may be undefined) on the CPU.
+struct SortChunksFwdArgs {
+  TensorView inp;
+  TensorView split_sizes;
+  TensorView sorted_index;
+  TensorView probs;
+  TensorView out;
+  TensorView probs_out;
+  TensorView row_id_map;
+  TensorView workspace;
+};
+
+// Backward: the inverse permutation, a gather through the saved map:
+//   d_inp[r] = d_out[row_id_map[r]],   d_probs[r] = d_probs_out[row_id_map[r]].
+//   d_out: [N, Hd] any dtype, last dim stride 1. row_id_map: [N] int32 as saved.
+//   d_probs_out: [N] or undefined; d_probs: [N] contiguous, required iff d_probs_out is given.
+//   d_inp: [N, Hd] contiguous, dtype of d_out; overwritten (not accumulated).
+struct SortChunksBwdArgs {
+  TensorView d_out;
+  TensorView d_probs_out;
+  TensorView row_id_map;
+  TensorView d_inp;
+  TensorView d_probs;
+};
+
+// make_chunk_sort_map: only the row_id_map of the forward (MindSpeed/TE helper).
+//   split_sizes, sorted_index, workspace: as in SortChunksFwdArgs; row_id_map: [N] int32.
+struct ChunkSortMapArgs {
+  TensorView split_sizes;
+  TensorView sorted_index;
+  TensorView row_id_map;
+  TensorView workspace;
+};
+
+// sort_chunks_by_map: moves rows through a given map (MindSpeed/TE helper).
+//   is_forward: out[row_id_map[r]] = inp[r] (scatter, the forward);
+//   otherwise   out[r] = inp[row_id_map[r]] (gather, the backward).
+//   inp [N, Hd] any dtype; row_id_map [N] int32 with entries in [0, N) (with validate: a
+//   permutation); probs [N] or undefined; out [N, Hd] contiguous, dtype of inp; probs_out [N]
+//   contiguous, dtype of probs, required iff probs is given.
+struct SortChunksByMapArgs {
+  TensorView inp;
+  TensorView row_id_map;
+  TensorView probs;
+  TensorView out;
+  TensorView probs_out;
+  bool is_forward = true;
+};
+
+// Bytes of device workspace the CUDA backend needs for S chunks (0 when S == 0). The same
+// workspace serves sort_chunks_by_idx_fwd and make_chunk_sort_map.
+size_t sort_chunks_by_idx_workspace_size(int64_t num_splits);
+
+void sort_chunks_by_idx_fwd(const Context& ctx, const SortChunksFwdArgs& args);
+void sort_chunks_by_idx_bwd(const Context& ctx, const SortChunksBwdArgs& args);
+void make_chunk_sort_map(const Context& ctx, const ChunkSortMapArgs& args);
+void sort_chunks_by_map(const Context& ctx, const SortChunksByMapArgs& args);
+
+// The reference (plain loops over the definition; CPU tensors).
+void sort_chunks_by_idx_fwd_ref(const Context& ctx, const SortChunksFwdArgs& args);
+void sort_chunks_by_idx_bwd_ref(const Context& ctx, const SortChunksBwdArgs& args);
+
+}  // namespace fusedops
