@@ -17,5 +17,7 @@ void register_l2norm_cuda_sm80(Registry& r);
 void register_sort_chunks_by_idx_ref(Registry& r);
 void register_sort_chunks_by_idx_cpu(Registry& r);
 void register_sort_chunks_by_idx_cuda_sm80(Registry& r);
+void register_gated_delta_rule_ref(Registry& r);
+void register_gated_delta_rule_cpu(Registry& r);
 
 }  // namespace fusedops

@@ -1,0 +1,325 @@
+// Gated delta rule (GDN, linear_attention.md sections 0-8, 10-11): the chunked operator
+// chunk_gated_delta_rule, every chunk sub-operator it is composed of, and the per-token
+// recurrent form fused_recurrent_gated_delta_rule.
+//
+// Conventions shared by every operator below (spec section 0):
+//   * Layout "seq-first": q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; HV % H == 0 and value
+//     head hv reads q/k head hv / (HV/H). Token-major tensors given as inputs may have any
+//     strides for B, T and the head dimension as long as the last dimension has stride 1;
+//     outputs must be contiguous.
+//   * Varlen: cu_seqlens [N+1] (int32 or int64, B == 1) gives the sequences' bounds in the packed
+//     T dimension. Chunk-parallel operators also take chunk_indices [NT,2] (rows (seq, chunk) in
+//     sequence order, same integer dtype; see prepare_chunk_indices); state operators take
+//     chunk_offsets [N+1] (exclusive prefix sum of the per-sequence chunk counts). Without
+//     cu_seqlens, N = B, every sequence has T tokens and NT = B * ceil(T/BT).
+//   * Chunk n of a sequence covers its local tokens [n*BT, min((n+1)*BT, len)); the last chunk may
+//     be partial. Per-chunk matrices are stored token-major: [B,T,H,BT], row t holds row
+//     t - chunk_start of its chunk's matrix; columns >= the chunk's length are written as 0.
+//   * States are [K,V] fp32 while running; snapshots h/dh are [B,NT,HV,K,V] ([1,NT,HV,K,V] for
+//     varlen) in the caller's dtype; h0, ht, dh0 are [N,HV,K,V].
+//   * Gates are natural-log per-step decays; gamma (g_cumsum) is the chunk-local inclusive cumsum.
+//   * Every output is overwritten unless an Args field says it accumulates. Every backend computes
+//     in fp32 (ref: float64) whatever the storage dtypes; dtypes of outputs are the caller's choice
+//     among fp32/bf16/fp16 (ref also fp64) unless stated.
+//   * Index tensors live on ctx.device. On the CPU their contents are always checked (sorted
+//     cu_seqlens from 0 to T, chunk_indices/chunk_offsets consistent with them); on other devices
+//     only when ctx.validate is set.
+#pragma once
+
+#include <cstdint>
+
+#include "fusedops/core/context.h"
+#include "fusedops/core/tensor.h"
+
+namespace fusedops {
+
+// ---------------------------------------------------------------------------------------------
+// Varlen index helpers (host side; cu_seqlens must be a CPU tensor).
+
+// sum_n ceil(len_n / chunk_size) for a varlen batch.
+int64_t gdn_chunk_count(const TensorView& cu_seqlens, int64_t chunk_size);
+// Fills chunk_indices [NT,2] (dtype of cu_seqlens) with (seq, local chunk) rows.
+void prepare_chunk_indices(const TensorView& cu_seqlens, int64_t chunk_size,
+                           const TensorView& chunk_indices);
+// Fills chunk_offsets [N+1] (dtype of cu_seqlens) with the exclusive prefix sum of chunk counts.
+void prepare_chunk_offsets(const TensorView& cu_seqlens, int64_t chunk_size,
+                           const TensorView& chunk_offsets);
+
+// ---------------------------------------------------------------------------------------------
+// chunk_local_cumsum (spec section 2). Per chunk and channel, on fp32 values:
+//   forward  out_i = scale * sum_{s=0..i} g_s;   reverse  out_i = scale * sum_{s=i..last} g_s
+// (the reverse form is a true suffix sum). g: [B,T,H] (scalar) or [B,T,H,S] (vector), any float;
+// out: same shape, contiguous, any float dtype. chunk_size: a power of two.
+struct ChunkLocalCumsumArgs {
+  TensorView g;
+  TensorView out;
+  TensorView cu_seqlens;     // optional
+  TensorView chunk_indices;  // required with cu_seqlens
+  int64_t chunk_size = 64;
+  bool reverse = false;
+  double scale = 1.0;  // applied after the sum
+};
+void chunk_local_cumsum(const Context& ctx, const ChunkLocalCumsumArgs& args);
+void chunk_local_cumsum_ref(const Context& ctx, const ChunkLocalCumsumArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// chunk_scaled_dot_kkt_fwd (section 3): per chunk, the strictly lower matrix
+//   A_ij = beta_i * (k_i . k_j) * exp(g_i - g_j)   for j < i (both valid), else 0.
+// k: [B,T,H,K]; beta: [B,T,HV]; g (optional, the chunk-local cumsum): [B,T,HV]; the exp factor is
+// 1 without g. A: [B,T,HV,BT] contiguous, BT = chunk_size in {16,32,64}.
+struct ChunkScaledDotKktArgs {
+  TensorView k, beta, g;
+  TensorView A;
+  TensorView cu_seqlens, chunk_indices;
+  int64_t chunk_size = 64;
+};
+void chunk_scaled_dot_kkt_fwd(const Context& ctx, const ChunkScaledDotKktArgs& args);
+void chunk_scaled_dot_kkt_fwd_ref(const Context& ctx, const ChunkScaledDotKktArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// solve_tril (section 4): Ai = (I + A)^{-1} per chunk, A strictly lower triangular (its upper part
+// and diagonal are ignored). A, Ai: [B,T,H,BT], BT = A.size(-1) in {16,32,64}; Ai is unit lower
+// triangular, zero above the diagonal and in columns >= the chunk's length.
+struct SolveTrilArgs {
+  TensorView A;
+  TensorView Ai;
+  TensorView cu_seqlens, chunk_indices;
+};
+void solve_tril(const Context& ctx, const SolveTrilArgs& args);
+void solve_tril_ref(const Context& ctx, const SolveTrilArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// recompute_w_u_fwd / prepare_wy_repr_bwd (section 5), per chunk with A the solved inverse:
+//   U = A (beta * V),   W = A (beta * exp(g) * K)        (exp(g) omitted without g)
+// k: [B,T,H,K]; v: [B,T,HV,V]; beta, g: [B,T,HV]; A: [B,T,HV,BT]; w: [B,T,HV,K]; u: [B,T,HV,V].
+// The backward is block B5 of section 1.5 for given dW, dU: dk [B,T,H,K] (summed over each group
+// of value heads), dv [B,T,HV,V], dbeta [B,T,HV], dg [B,T,HV] (required iff g is given).
+// With accumulate_dk_dg, dk and dg are added to (dv and dbeta are always overwritten).
+struct RecomputeWUFwdArgs {
+  TensorView k, v, beta, A, g;
+  TensorView w, u;
+  TensorView cu_seqlens, chunk_indices;
+};
+struct PrepareWyReprBwdArgs {
+  TensorView k, v, beta, A, g;
+  TensorView dw, du;
+  TensorView dk, dv, dbeta, dg;
+  TensorView cu_seqlens, chunk_indices;
+  bool accumulate_dk_dg = false;
+};
+void recompute_w_u_fwd(const Context& ctx, const RecomputeWUFwdArgs& args);
+void recompute_w_u_fwd_ref(const Context& ctx, const RecomputeWUFwdArgs& args);
+void prepare_wy_repr_bwd(const Context& ctx, const PrepareWyReprBwdArgs& args);
+void prepare_wy_repr_bwd_ref(const Context& ctx, const PrepareWyReprBwdArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule_fwd_h (section 6): the inter-chunk state recurrence, per sequence and
+// value head, X = h0 (or 0):
+//   for each chunk n:  h[n] = X;  Vn = U_n - W_n X  (stored as v_new);
+//     g:  Vg = diag(exp(g_last - g)) Vn,  X *= exp(g_last)      gk: X[c,:] *= exp(gk_last,c), Vg = Vn
+//     X += K_n^T Vg
+//   ht = X.
+// k: [B,T,Hk,K] with HV % Hk == 0 (q/k heads for GDN, or HV for the KDA form where k is already
+// gated); w: [B,T,HV,K]; u: [B,T,HV,V]; g: [B,T,HV] or gk: [B,T,HV,K] (chunk-local cumsums, at
+// most one); h0: [N,HV,K,V] any float. Outputs: h [B,NT,HV,K,V]; v_new [B,T,HV,V] (optional);
+// ht [N,HV,K,V] (optional, any float; fp32 by convention). K <= 256.
+struct ChunkGatedDeltaRuleFwdHArgs {
+  TensorView k, w, u, g, gk, h0;
+  TensorView h, v_new, ht;
+  TensorView cu_seqlens, chunk_offsets;
+  int64_t chunk_size = 64;
+};
+void chunk_gated_delta_rule_fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
+void chunk_gated_delta_rule_fwd_h_ref(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
+
+// chunk_gated_delta_rule_bwd_dhu (section 6 / B3): reverse over chunks, X = dht (or 0):
+//   dh[n] = X;  dv2 = dv + diag(exp(g_last - g)) K X;
+//   X = exp(g_last) X + scale (diag(exp(g)) Q)^T dO - W^T dv2;     dh0 = X after chunk 0.
+// With gk: dv2 = dv + K X; X = diag(exp(gk_last)) X + scale Q^T dO - W^T dv2 (q, k pre-gated).
+// q, k: [B,T,Hk,K]; w: [B,T,HV,K]; dout, dv (the local dVloc): [B,T,HV,V]; g/gk as in fwd_h;
+// dht: [N,HV,K,V] optional (0 when absent). Outputs: dh [B,NT,HV,K,V]; dv2 [B,T,HV,V];
+// dh0 [N,HV,K,V] optional.
+struct ChunkGatedDeltaRuleBwdDhuArgs {
+  TensorView q, k, w, dout, dv, g, gk, dht;
+  TensorView dh, dh0, dv2;
+  TensorView cu_seqlens, chunk_offsets;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+};
+void chunk_gated_delta_rule_bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
+void chunk_gated_delta_rule_bwd_dhu_ref(const Context& ctx,
+                                        const ChunkGatedDeltaRuleBwdDhuArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// chunk_fwd_o (section 7): O = scale * ( diag(exp(g)) Q h[n] + (M>= . Gamma . Q K^T) Vnew ),
+// Gamma_ij = exp(g_i - g_j) (1 without g). q, k: [B,T,H,K]; v (= Vnew): [B,T,HV,V];
+// h: [B,NT,HV,K,V]; g: [B,T,HV] optional. o: [B,T,HV,V].
+struct ChunkFwdOArgs {
+  TensorView q, k, v, h, g;
+  TensorView o;
+  TensorView cu_seqlens, chunk_indices;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+};
+void chunk_fwd_o(const Context& ctx, const ChunkFwdOArgs& args);
+void chunk_fwd_o_ref(const Context& ctx, const ChunkFwdOArgs& args);
+
+// chunk_bwd_dv_local (section 8): dv_j = sum_{i >= j, same chunk} scale (q_i . k_j) Gamma_ij dO_i.
+// q, k: [B,T,H,K]; dout: [B,T,HV,V]; g optional. dv: [B,T,HV,V].
+struct ChunkBwdDvLocalArgs {
+  TensorView q, k, dout, g;
+  TensorView dv;
+  TensorView cu_seqlens, chunk_indices;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+};
+void chunk_bwd_dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& args);
+void chunk_bwd_dv_local_ref(const Context& ctx, const ChunkBwdDvLocalArgs& args);
+
+// chunk_bwd_dqkwg (section 8 / B4), per chunk and value head with S = h[n], dH = dh[n]:
+//   Ds = scale M>= . Gamma . (dO Vnew^T);   dQ = scale diag(exp(g)) dO S^T + Ds K
+//   dKi = diag(exp(g_last - g)) Vnew dH^T;  dK = dKi + Ds^T Q;   dW = -dv S^T
+//   dg = rowsum(dQ.Q) - rowsum(dK.K);  dg[last] += exp(g_last) <S,dH> + sum(dKi.K)
+// dq, dk [B,T,H,K] are summed over each group of value heads. q, k: [B,T,H,K]; v (= Vnew), dout,
+// dv (= dv2): [B,T,HV,V]; h, dh: [B,NT,HV,K,V]; w: optional (only decides whether dw is
+// produced); g optional. Outputs dq, dk; dw [B,T,HV,K] (iff w); dg [B,T,HV] (iff g; the partial
+// gradient w.r.t. the chunk-local cumsum).
+struct ChunkBwdDqkwgArgs {
+  TensorView q, k, v, dout, h, dh, w, dv, g;
+  TensorView dq, dk, dw, dg;
+  TensorView cu_seqlens, chunk_indices;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+};
+void chunk_bwd_dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& args);
+void chunk_bwd_dqkwg_ref(const Context& ctx, const ChunkBwdDqkwgArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// gdn_gate (section 11): y = -exp(A_log[h]) * softplus(g + dt_bias[h]),
+// softplus(x) = x if x > 20 else log(1 + exp(x)). g: [B,T,HV] any float; A_log, dt_bias
+// (optional): [HV]; y: [B,T,HV]. Backward from dy: dg = -exp(A_log) sigmoid(g + dt_bias) dy,
+// dA_log[h] = sum_tokens dy*y, ddt_bias[h] = sum_tokens dg (fixed-order sums); dA_log, ddt_bias
+// [HV] (ddt_bias iff dt_bias).
+struct GdnGateFwdArgs {
+  TensorView g, A_log, dt_bias;
+  TensorView y;
+};
+struct GdnGateBwdArgs {
+  TensorView g, A_log, dt_bias, dy;
+  TensorView dg, dA_log, ddt_bias;
+};
+void gdn_gate_fwd(const Context& ctx, const GdnGateFwdArgs& args);
+void gdn_gate_fwd_ref(const Context& ctx, const GdnGateFwdArgs& args);
+void gdn_gate_bwd(const Context& ctx, const GdnGateBwdArgs& args);
+void gdn_gate_bwd_ref(const Context& ctx, const GdnGateBwdArgs& args);
+
+// beta_sigmoid (section 11): y = c * sigmoid(x), c = 2 with allow_neg_eigval else 1;
+// dx = dy * c * s * (1 - s). x, y, dy, dx: same shape, any float.
+struct BetaSigmoidFwdArgs {
+  TensorView x, y;
+  bool allow_neg_eigval = false;
+};
+struct BetaSigmoidBwdArgs {
+  TensorView x, dy, dx;
+  bool allow_neg_eigval = false;
+};
+void beta_sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& args);
+void beta_sigmoid_fwd_ref(const Context& ctx, const BetaSigmoidFwdArgs& args);
+void beta_sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& args);
+void beta_sigmoid_bwd_ref(const Context& ctx, const BetaSigmoidBwdArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule (section 1): the top level. Forward pipeline (section 1.4), each step
+// one sub-operator entry point dispatched through the registry:
+//   [l2norm q,k] [beta_sigmoid] [gdn_gate] chunk_local_cumsum -> chunk_scaled_dot_kkt_fwd ->
+//   solve_tril -> recompute_w_u_fwd -> chunk_gated_delta_rule_fwd_h -> chunk_fwd_o.
+// Inputs: q, k [B,T,H,K] and v [B,T,HV,V] of one dtype (fp32/bf16/fp16; ref also fp64);
+// g [B,T,HV] (per-step log decay, or the raw gate input with use_gate_in_kernel); beta [B,T,HV];
+// initial_state [N,HV,K,V] optional; A_log, dt_bias [HV] (gate-in-kernel; dt_bias optional).
+// Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional (fp32 by convention).
+// Saved for the backward (caller-allocated, read by chunk_gated_delta_rule_bwd):
+//   q_normed, k_normed [B,T,H,K] (dtype of q) and q_rstd, k_rstd [B,T,H] fp32 when
+//     use_qk_l2norm_in_kernel (undefined otherwise);
+//   g_cumsum [B,T,HV] fp32 (chunk-local cumsum of the gate);
+//   A [B,T,HV,BT] dtype of k ((I+L)^{-1} per chunk);
+//   beta_sigmoid [B,T,HV] fp32 when use_beta_sigmoid_in_kernel.
+// workspace: uint8 [chunk_gated_delta_rule_fwd_workspace_size(args)] (w, u, h, v_new, ...).
+// K <= 256; chunk_size in {16,32,64}.
+struct ChunkGatedDeltaRuleFwdArgs {
+  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
+  TensorView cu_seqlens, chunk_indices, chunk_offsets;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;
+  TensorView o, final_state;
+  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, A, beta_sigmoid;
+  TensorView workspace;
+};
+
+// Backward (section 1.5): recomputes W, U (from the saved A), h and Vnew, then
+//   chunk_bwd_dv_local -> chunk_gated_delta_rule_bwd_dhu -> chunk_bwd_dqkwg ->
+//   prepare_wy_repr_bwd (accumulating into dk and dg) -> chunk_local_cumsum (reverse)
+//   [gdn_gate_bwd] [beta_sigmoid_bwd] [l2norm_bwd].
+// Inputs: the forward's inputs and saved tensors (same fields and flags), dout [B,T,HV,V], dht
+// [N,HV,K,V] optional (0 when absent). Outputs (overwritten): dq, dk [B,T,H,K]; dv [B,T,HV,V];
+// dg, dbeta [B,T,HV]; dh0 [N,HV,K,V] optional; dA_log [HV] and ddt_bias [HV] with the gate
+// (ddt_bias iff dt_bias). dg is w.r.t. the raw gate input with use_gate_in_kernel, dbeta w.r.t.
+// the logits with use_beta_sigmoid_in_kernel. workspace: uint8
+// [chunk_gated_delta_rule_bwd_workspace_size(args)].
+struct ChunkGatedDeltaRuleBwdArgs {
+  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
+  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, A, beta_sigmoid;
+  TensorView cu_seqlens, chunk_indices, chunk_offsets;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;
+  TensorView dout, dht;
+  TensorView dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias;
+  TensorView workspace;
+};
+
+int64_t chunk_gated_delta_rule_fwd_workspace_size(const ChunkGatedDeltaRuleFwdArgs& args);
+int64_t chunk_gated_delta_rule_bwd_workspace_size(const ChunkGatedDeltaRuleBwdArgs& args);
+void chunk_gated_delta_rule_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args);
+void chunk_gated_delta_rule_fwd_ref(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args);
+void chunk_gated_delta_rule_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args);
+void chunk_gated_delta_rule_bwd_ref(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args);
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_gated_delta_rule (section 1.1): the per-token recurrence, per sequence and value
+// head, S = h0 (or 0):
+//   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = scale S^T q_t
+// q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV] optional (no decay / beta = 1 when absent);
+// initial_state [N,HV,K,V] optional. Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional.
+// Nothing is saved: the backward recomputes the states (checkpointed every 64 tokens).
+struct FusedRecurrentGatedDeltaRuleFwdArgs {
+  TensorView q, k, v, g, beta, initial_state;
+  TensorView cu_seqlens;
+  double scale = 1.0;
+  TensorView o, final_state;
+};
+// Backward: dq, dk [B,T,H,K] (summed over groups); dv [B,T,HV,V]; dg (iff g), dbeta (iff beta)
+// [B,T,HV]; dh0 [N,HV,K,V] optional. dht optional (0 when absent).
+struct FusedRecurrentGatedDeltaRuleBwdArgs {
+  TensorView q, k, v, g, beta, initial_state;
+  TensorView cu_seqlens;
+  double scale = 1.0;
+  TensorView dout, dht;
+  TensorView dq, dk, dv, dg, dbeta, dh0;
+};
+void fused_recurrent_gated_delta_rule_fwd(const Context& ctx,
+                                          const FusedRecurrentGatedDeltaRuleFwdArgs& args);
+void fused_recurrent_gated_delta_rule_fwd_ref(const Context& ctx,
+                                              const FusedRecurrentGatedDeltaRuleFwdArgs& args);
+void fused_recurrent_gated_delta_rule_bwd(const Context& ctx,
+                                          const FusedRecurrentGatedDeltaRuleBwdArgs& args);
+void fused_recurrent_gated_delta_rule_bwd_ref(const Context& ctx,
+                                              const FusedRecurrentGatedDeltaRuleBwdArgs& args);
+
+}  // namespace fusedops

@@ -1,0 +1,573 @@
+// Gated delta rule, CPU backend: backward-direction operators (section 1.5 blocks B2-B5, the gate
+// and beta helpers, and the per-token recurrence's backward). Same task layout as the forward
+// file: chunk-parallel work per (chunk, q/k head) with the value heads of the group inside (so
+// dq and dk are summed over the group in a fixed order), state recurrences per (sequence, value
+// head, V tile).
+#include <cmath>
+
+#include "src/cpu/parallel.h"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/gated_delta_rule/gdn_cpu.h"
+#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+
+namespace fusedops::gdn::cpu {
+namespace {
+
+float dotf(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Stores rows, adding the tensor's current values first when accumulating.
+void store_rows_acc(float* src, int64_t lds, const Tok& t, const Chunk& c, int64_t h, bool acc,
+                    float* tmp) {
+  if (acc)
+    for (int64_t i = 0; i < c.len; ++i) {
+      load_floats(t.ptr(c.b, c.t0 + i, h), t.dtype, tmp, t.D);
+      for (int64_t x = 0; x < t.D; ++x) src[i * lds + x] += tmp[x];
+    }
+  store_rows(src, lds, t, c, h);
+}
+
+// B5: prepare_wy_repr_bwd.
+void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
+  const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), dw(a.dw), du(a.du);
+  const Tok dk(a.dk), dv(a.dv), dbeta(a.dbeta), dg(a.dg);
+  const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
+  const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len;
+      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+      float* kt = s.get(1, K * n);
+      transpose(kr.p, kr.ld, n, K, kt, n);
+      float* kk = s.get(2, n * n);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n);
+      float* dKs = s.get(3, n * K);
+      std::fill(dKs, dKs + n * K, 0.0f);
+      float* Am = s.get(4, n * n);
+      float* At = s.get(5, n * n);
+      float* bt = s.get(6, n);
+      float* gm = s.get(7, n);
+      float* eg = s.get(8, n);
+      float* kbg = s.get(9, n * K);  // then beta * k
+      float* kbgT = s.get(10, K * n);
+      float* vb = s.get(11, n * V);
+      float* vbT = s.get(12, V * n);
+      float* dA = s.get(13, n * n);
+      float* R = s.get(14, n * K);
+      float* P = s.get(15, n * V);
+      float* T1 = s.get(16, n * n);
+      float* dL = s.get(17, n * n);
+      float* gam = s.get(18, n * n);
+      float* dB = s.get(19, n);
+      float* dG = s.get(20, n);
+      float* tmp = s.get(21, std::max(K, V) + n * K);
+      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+        load_tril_block(A, c, hv, false, Am, n);
+        transpose(Am, n, n, n, At, n);
+        load_scalars(beta, c, hv, bt);
+        load_scalars(g, c, hv, gm);
+        std::copy(gm, gm + n, eg);
+        exp_inplace(eg, n);
+        decay_matrix(gm, n, true, gam, n);
+        const Rows vr = view_rows(v, c, hv, s.get(22, n * V));
+        const Rows dwr = view_rows(dw, c, hv, s.get(23, n * K));
+        const Rows dur = view_rows(du, c, hv, s.get(24, n * V));
+        for (int64_t i = 0; i < n; ++i) {
+          const float fk = bt[i] * eg[i];
+          for (int64_t x = 0; x < K; ++x) kbg[i * K + x] = fk * kr.p[i * kr.ld + x];
+          for (int64_t x = 0; x < V; ++x) vb[i * V + x] = bt[i] * vr.p[i * vr.ld + x];
+        }
+        transpose(kbg, K, n, K, kbgT, n);
+        transpose(vb, V, n, V, vbT, n);
+        // dA = dW Kbg^T + dU Vb^T, strictly lower part only.
+        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kbgT, n, false, dA, n);
+        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vbT, n, true, dA, n);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = i; j < n; ++j) dA[i * n + j] = 0.0f;
+        // R = A^T dW, P = A^T dU.
+        gemm(n, K, n, 1.0f, Am, 1, n, dwr.p, dwr.ld, false, R, K, Tri::kUpper);
+        gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, P, V, Tri::kUpper);
+        for (int64_t j = 0; j < n; ++j) {
+          const float rk = dotf(R + j * K, kr.p + j * kr.ld, K);
+          for (int64_t x = 0; x < K; ++x) dKs[j * K + x] += bt[j] * eg[j] * R[j * K + x];
+          dB[j] = eg[j] * rk + dotf(P + j * V, vr.p + j * vr.ld, V);
+          dG[j] = bt[j] * eg[j] * rk;
+          for (int64_t x = 0; x < V; ++x) P[j * V + x] *= bt[j];  // dV
+        }
+        store_rows(P, V, dv, c, hv);
+        // dL = -M> . (A^T (M>.dA) A^T).
+        gemm(n, n, n, 1.0f, Am, 1, n, dA, n, false, T1, n, Tri::kUpper);
+        gemm(n, n, n, -1.0f, T1, n, 1, At, n, false, dL, n);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < i; ++j) {
+            const float gij = g.defined() ? gam[i * n + j] : 1.0f;
+            const float dl = dL[i * n + j];
+            const float dm = dl * gij;
+            dB[i] += dm * kk[i * n + j];
+            const float dll = dl * bt[i] * kk[i * n + j] * gij;
+            dG[i] += dll;
+            dG[j] -= dll;
+            dL[i * n + j] = dm;  // now dMm
+          }
+          for (int64_t j = i; j < n; ++j) dL[i * n + j] = 0.0f;
+        }
+        // dK += diag(beta) dMm K + dMm^T diag(beta) K.
+        float* t2 = tmp + std::max(K, V);
+        gemm(n, K, n, 1.0f, dL, n, 1, kr.p, kr.ld, false, t2, K, Tri::kLower);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) {
+            dKs[i * K + x] += bt[i] * t2[i * K + x];
+            kbg[i * K + x] = bt[i] * kr.p[i * kr.ld + x];
+          }
+        gemm(n, K, n, 1.0f, dL, 1, n, kbg, K, true, dKs, K, Tri::kUpper);
+        store_scalars(dB, dbeta, c, hv);
+        if (dg.defined()) {
+          if (a.accumulate_dk_dg) {
+            for (int64_t i = 0; i < n; ++i) {
+              float old;
+              load_floats(dg.ptr(c.b, c.t0 + i, hv), dg.dtype, &old, 1);
+              dG[i] += old;
+            }
+          }
+          store_scalars(dG, dg, c, hv);
+        }
+      }
+      store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, tmp);
+    }
+  });
+}
+
+// B3: reverse state-gradient recurrence.
+void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  const Tok q(a.q), k(a.k), w(a.w), dO(a.dout), dvl(a.dv), g(a.g), gk(a.gk), dv2(a.dv2);
+  const Mat dh(a.dh), dht(a.dht), dh0(a.dh0);
+  const int64_t HV = dO.H, G = HV / k.H, K = k.D, V = dO.D, BT = a.chunk_size;
+  const float scale = static_cast<float>(a.scale);
+  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
+  fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
+      const int64_t vt = std::min(vt_max, V - v0);
+      float* X = s.get(0, K * vt);
+      if (dht.defined()) load_state_tile(dht, n * HV + hv, v0, vt, X);
+      else std::fill(X, X + K * vt, 0.0f);
+      const auto chunks = make_chunks({seqs[n]}, BT);
+      for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
+        const Chunk& c = *it;
+        const int64_t len = c.len, last = len - 1;
+        store_state_tile(X, dh, c.index * HV + hv, v0, vt);
+        const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
+        const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
+        float* D2 = s.get(3, len * vt);
+        float* tmp = s.get(4, len * vt);
+        float* dOt = s.get(5, len * vt);
+        float* qg = s.get(6, len * K);
+        float* gm = s.get(7, std::max(len, K));
+        for (int64_t i = 0; i < len; ++i) {
+          load_floats(col_ptr(dvl, c.b, c.t0 + i, hv, v0), dvl.dtype, D2 + i * vt, vt);
+          load_floats(col_ptr(dO, c.b, c.t0 + i, hv, v0), dO.dtype, dOt + i * vt, vt);
+        }
+        gemm(len, vt, K, 1.0f, kr.p, kr.ld, 1, X, vt, false, tmp, vt);
+        load_rows(q, c, hv / G, qg, K);
+        if (g.defined()) {
+          load_scalars(g, c, hv, gm);
+          const float gl = gm[last];
+          for (int64_t i = 0; i < len; ++i) {
+            const float f = std::exp(gl - gm[i]);
+            const float fq = scale * std::exp(gm[i]);
+            for (int64_t x = 0; x < vt; ++x) D2[i * vt + x] += f * tmp[i * vt + x];
+            for (int64_t y = 0; y < K; ++y) qg[i * K + y] *= fq;
+          }
+          const float d = std::exp(gl);
+          for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
+        } else {
+          for (int64_t e2 = 0; e2 < len * vt; ++e2) D2[e2] += tmp[e2];
+          for (int64_t e2 = 0; e2 < len * K; ++e2) qg[e2] *= scale;
+          if (gk.defined()) {
+            load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gm, K);
+            exp_inplace(gm, K);
+            for (int64_t y = 0; y < K; ++y)
+              for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gm[y];
+          }
+        }
+        for (int64_t i = 0; i < len; ++i)
+          store_floats(D2 + i * vt, col_ptr(dv2, c.b, c.t0 + i, hv, v0), dv2.dtype, vt);
+        gemm(K, vt, len, 1.0f, qg, 1, K, dOt, vt, true, X, vt);
+        gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, vt, true, X, vt);
+      }
+      if (dh0.defined()) store_state_tile(X, dh0, n * HV + hv, v0, vt);
+    }
+  });
+}
+
+// B2: dv_local = scale (M>= . Gamma . Q K^T)^T dO.
+void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
+  const Tok q(a.q), k(a.k), dO(a.dout), g(a.g), dv(a.dv);
+  const int64_t H = q.H, HV = dO.H, G = HV / H, K = q.D, V = dO.D;
+  const float scale = static_cast<float>(a.scale);
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t hh = task % H, n = c.len;
+      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+      float* kt = s.get(2, K * n);
+      transpose(kr.p, kr.ld, n, K, kt, n);
+      float* qk = s.get(3, n * n);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n);
+      float* P = s.get(4, n * n);
+      float* gm = s.get(5, n);
+      float* D = s.get(6, n * V);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        load_scalars(g, c, hv, gm);
+        decay_matrix(gm, n, false, P, n);
+        for (int64_t e2 = 0; e2 < n * n; ++e2) P[e2] *= scale * qk[e2];
+        const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
+        gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, D, V, Tri::kUpper);
+        store_rows(D, V, dv, c, hv);
+      }
+    }
+  });
+}
+
+// B4: dq, dk (group-summed), dw and the partial dg.
+void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
+  const Tok q(a.q), k(a.k), vn(a.v), dO(a.dout), d2(a.dv), g(a.g);
+  const Tok dq(a.dq), dk(a.dk), dw(a.dw), dg(a.dg);
+  const Mat h(a.h), dh(a.dh);
+  const int64_t H = q.H, HV = vn.H, G = HV / H, K = q.D, V = vn.D;
+  const float scale = static_cast<float>(a.scale);
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t hh = task % H, n = c.len, last = n - 1;
+      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+      float* dQs = s.get(2, n * K);
+      float* dKs = s.get(3, n * K);
+      std::fill(dQs, dQs + n * K, 0.0f);
+      std::fill(dKs, dKs + n * K, 0.0f);
+      float* St = s.get(4, V * K);
+      float* dHt = s.get(5, V * K);
+      float* vnT = s.get(6, V * n);
+      float* Ds = s.get(7, n * n);
+      float* dQ = s.get(8, n * K);
+      float* dK = s.get(9, n * K);
+      float* dKi = s.get(10, n * K);
+      float* dW = s.get(11, n * K);
+      float* gm = s.get(12, n);
+      float* eg = s.get(13, n);
+      float* dG = s.get(14, n);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
+        const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
+        transpose(S, V, K, V, St, K);
+        transpose(dH, V, K, V, dHt, K);
+        const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
+        const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
+        transpose(vr.p, vr.ld, n, V, vnT, n);
+        load_scalars(g, c, hv, gm);
+        std::copy(gm, gm + n, eg);
+        exp_inplace(eg, n);
+        // Ds = scale M>= . Gamma . (dO Vnew^T).
+        decay_matrix(gm, n, false, Ds, n);
+        float* dov = s.get(20, n * n);
+        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vnT, n, false, dov, n);
+        for (int64_t e2 = 0; e2 < n * n; ++e2) Ds[e2] *= scale * dov[e2];
+        // dQ = scale diag(e^g) dO S^T + Ds K.
+        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, St, K, false, dQ, K);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t y = 0; y < K; ++y) dQ[i * K + y] *= scale * eg[i];
+        gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, K, Tri::kLower);
+        // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
+        gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dHt, K, false, dKi, K);
+        for (int64_t i = 0; i < n; ++i) {
+          const float f = std::exp(gm[last] - gm[i]);
+          for (int64_t y = 0; y < K; ++y) dK[i * K + y] = dKi[i * K + y] *= f;
+        }
+        gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, K, Tri::kUpper);
+        if (dw.defined()) {
+          const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
+          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, St, K, false, dW, K);
+          store_rows(dW, K, dw, c, hv);
+        }
+        if (dg.defined()) {
+          float sdh = 0.0f, dkik = 0.0f;
+          for (int64_t e2 = 0; e2 < K * V; ++e2) sdh += S[e2] * dH[e2];
+          for (int64_t i = 0; i < n; ++i) {
+            dG[i] = dotf(dQ + i * K, qr.p + i * qr.ld, K) - dotf(dK + i * K, kr.p + i * kr.ld, K);
+            dkik += dotf(dKi + i * K, kr.p + i * kr.ld, K);
+          }
+          dG[last] += eg[last] * sdh + dkik;
+          store_scalars(dG, dg, c, hv);
+        }
+        for (int64_t e2 = 0; e2 < n * K; ++e2) {
+          dQs[e2] += dQ[e2];
+          dKs[e2] += dK[e2];
+        }
+      }
+      store_rows(dQs, K, dq, c, hh);
+      store_rows(dKs, K, dk, c, hh);
+    }
+  });
+}
+
+// Gate backward: fixed blocks of rows, partial sums per block, then the blocks in order, so the
+// parameter gradients do not depend on the thread count.
+void gate_bwd(const Context&, const GdnGateBwdArgs& a) {
+  constexpr int64_t kBlock = 256;
+  const int64_t HV = a.g.size(-1), rows = HV ? a.g.numel() / HV : 0;
+  const int64_t rs = rows ? a.g.row_stride() : 0, drs = rows ? a.dy.row_stride() : 0;
+  std::vector<float> A(HV), bias(HV, 0.0f);
+  load_floats(a.A_log.data(), a.A_log.dtype(), A.data(), HV);
+  for (float& x : A) x = std::exp(x);
+  if (a.dt_bias.defined()) load_floats(a.dt_bias.data(), a.dt_bias.dtype(), bias.data(), HV);
+  const int64_t nblocks = ceil_div(rows, kBlock);
+  std::vector<double> partA(nblocks * HV, 0.0), partB(nblocks * HV, 0.0);
+  const size_t gs = dtype_size(a.g.dtype()), ys = dtype_size(a.dy.dtype()), os = dtype_size(a.dg.dtype());
+  fusedops::cpu::parallel_for(0, nblocks, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> x(HV), dy(HV);
+    for (int64_t blk = b; blk < e; ++blk)
+      for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
+        load_floats(static_cast<const char*>(a.g.data()) + gs * r * rs, a.g.dtype(), x.data(), HV);
+        load_floats(static_cast<const char*>(a.dy.data()) + ys * r * drs, a.dy.dtype(), dy.data(), HV);
+        for (int64_t hv = 0; hv < HV; ++hv) {
+          const float z = x[hv] + bias[hv];
+          const float y = -A[hv] * (z > 20.0f ? z : std::log1p(std::exp(z)));
+          const float dx = -A[hv] / (1.0f + std::exp(-z)) * dy[hv];
+          partA[blk * HV + hv] += static_cast<double>(dy[hv]) * y;
+          partB[blk * HV + hv] += dx;
+          x[hv] = dx;
+        }
+        store_floats(x.data(), static_cast<char*>(a.dg.data()) + os * r * HV, a.dg.dtype(), HV);
+      }
+  });
+  std::vector<float> dA(HV, 0.0f), db(HV, 0.0f);
+  for (int64_t hv = 0; hv < HV; ++hv) {
+    double sa = 0, sb = 0;
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      sa += partA[blk * HV + hv];
+      sb += partB[blk * HV + hv];
+    }
+    dA[hv] = static_cast<float>(sa);
+    db[hv] = static_cast<float>(sb);
+  }
+  store_floats(dA.data(), a.dA_log.data(), a.dA_log.dtype(), HV);
+  if (a.ddt_bias.defined()) store_floats(db.data(), a.ddt_bias.data(), a.ddt_bias.dtype(), HV);
+}
+
+void sigmoid_bwd(const Context&, const BetaSigmoidBwdArgs& a) {
+  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride(), drs = a.dy.row_stride();
+  const float cm = a.allow_neg_eigval ? 2.0f : 1.0f;
+  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.dy.dtype()), os = dtype_size(a.dx.dtype());
+  fusedops::cpu::parallel_for(0, rows, 256, [&](int64_t b, int64_t e) {
+    std::vector<float> x(D), dy(D);
+    for (int64_t r = b; r < e; ++r) {
+      load_floats(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
+      load_floats(static_cast<const char*>(a.dy.data()) + ys * r * drs, a.dy.dtype(), dy.data(), D);
+      for (int64_t d = 0; d < D; ++d) {
+        const float sg = 1.0f / (1.0f + std::exp(-x[d]));
+        x[d] = dy[d] * cm * sg * (1.0f - sg);
+      }
+      store_floats(x.data(), static_cast<char*>(a.dx.data()) + os * r * D, a.dx.dtype(), D);
+    }
+  });
+}
+
+// Backward of the per-token recurrence; states recomputed from checkpoints every kSeg tokens.
+void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
+  constexpr int64_t kSeg = 64;
+  const Tok q(a.q), k(a.k), v(a.v), g(a.g), beta(a.beta), dO(a.dout);
+  const Tok dq(a.dq), dk(a.dk), dv(a.dv), dg(a.dg), dbeta(a.dbeta);
+  const Mat h0(a.initial_state), dht(a.dht), dh0(a.dh0);
+  const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
+  const float scale = static_cast<float>(a.scale);
+  const auto seqs = make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  fusedops::cpu::parallel_for(0, N * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Seq& sq = seqs[task / H];
+      const int64_t n = task / H, hh = task % H, bb = sq.b, L = sq.len;
+      const int64_t nseg = ceil_div(L, kSeg);
+      float* dQ = s.get(0, L * K);
+      float* dK = s.get(1, L * K);
+      std::fill(dQ, dQ + L * K, 0.0f);
+      std::fill(dK, dK + L * K, 0.0f);
+      float* ckpt = s.get(2, std::max<int64_t>(1, nseg) * K * V);
+      float* prev = s.get(3, kSeg * K * V);
+      float* S = s.get(4, K * V);
+      float* dS = s.get(5, K * V);
+      float* qt = s.get(6, K);
+      float* kt = s.get(7, K);
+      float* vt = s.get(8, V);
+      float* dot_ = s.get(9, V);
+      float* delta = s.get(10, V);
+      float* p = s.get(11, V);
+      float* dd = s.get(12, V);
+      float* sdo = s.get(13, K);
+      float* dV = s.get(14, L * V);
+      float* dB = s.get(15, L);
+      float* dG = s.get(16, L);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        auto tok = [&](int64_t i, float& gt, float& bt) {
+          const int64_t t = sq.t0 + i;
+          load_floats(q.ptr(bb, t, hh), q.dtype, qt, K);
+          load_floats(k.ptr(bb, t, hh), k.dtype, kt, K);
+          load_floats(v.ptr(bb, t, hv), v.dtype, vt, V);
+          gt = 0.0f;
+          bt = 1.0f;
+          if (g.defined()) load_floats(g.ptr(bb, t, hv), g.dtype, &gt, 1);
+          if (beta.defined()) load_floats(beta.ptr(bb, t, hv), beta.dtype, &bt, 1);
+        };
+        float gt, bt;
+        if (h0.defined()) load_state_tile(h0, n * HV + hv, 0, V, S);
+        else std::fill(S, S + K * V, 0.0f);
+        for (int64_t i = 0; i < L; ++i) {
+          if (i % kSeg == 0) std::copy(S, S + K * V, ckpt + (i / kSeg) * K * V);
+          tok(i, gt, bt);
+          recurrent_step(S, nullptr, kt, vt, std::exp(gt), bt, scale, K, V, nullptr, delta, p);
+        }
+        if (dht.defined()) load_state_tile(dht, n * HV + hv, 0, V, dS);
+        else std::fill(dS, dS + K * V, 0.0f);
+        for (int64_t sg = nseg - 1; sg >= 0; --sg) {
+          const int64_t i0 = sg * kSeg, i1 = std::min(L, i0 + kSeg);
+          std::copy(ckpt + sg * K * V, ckpt + (sg + 1) * K * V, S);
+          for (int64_t i = i0; i < i1; ++i) {
+            std::copy(S, S + K * V, prev + (i - i0) * K * V);
+            tok(i, gt, bt);
+            recurrent_step(S, nullptr, kt, vt, std::exp(gt), bt, scale, K, V, nullptr, delta, p);
+          }
+          for (int64_t i = i1 - 1; i >= i0; --i) {
+            tok(i, gt, bt);
+            load_floats(dO.ptr(bb, sq.t0 + i, hv), dO.dtype, dot_, V);
+            const float decay = std::exp(gt);
+            const float* Sp = prev + (i - i0) * K * V;  // S_{t-1}
+            // p = decay Sp^T k, sdo = Sp dO.
+            std::fill(p, p + V, 0.0f);
+            for (int64_t y = 0; y < K; ++y) {
+              const float* srow = Sp + y * V;
+              for (int64_t x = 0; x < V; ++x) p[x] += kt[y] * srow[x];
+              sdo[y] = dotf(srow, dot_, V);
+            }
+            for (int64_t x = 0; x < V; ++x) {
+              p[x] *= decay;
+              delta[x] = bt * (vt[x] - p[x]);
+            }
+            const float ddo = dotf(delta, dot_, V);
+            // dS += scale q dO^T; dq = scale S_t dO; dd = dS^T k; dk = dS delta.
+            std::fill(dd, dd + V, 0.0f);
+            float* dq_i = dQ + i * K;
+            float* dk_i = dK + i * K;
+            for (int64_t y = 0; y < K; ++y) {
+              float* drow = dS + y * V;
+              const float sq_ = scale * qt[y];
+              for (int64_t x = 0; x < V; ++x) drow[x] += sq_ * dot_[x];
+              for (int64_t x = 0; x < V; ++x) dd[x] += kt[y] * drow[x];
+              dk_i[y] += dotf(drow, delta, V);
+              dq_i[y] += scale * (decay * sdo[y] + kt[y] * ddo);
+            }
+            float dbt = 0.0f;
+            for (int64_t x = 0; x < V; ++x) {
+              dbt += dd[x] * (vt[x] - p[x]);
+              dV[i * V + x] = bt * dd[x];
+              dd[x] *= -bt;  // dp
+            }
+            dB[i] = dbt;
+            // dk += decay Sp dp; dS~ = dS + k dp^T; dg = decay <Sp, dS~>; dS = decay dS~.
+            float dgt = 0.0f;
+            for (int64_t y = 0; y < K; ++y) {
+              const float* srow = Sp + y * V;
+              float* drow = dS + y * V;
+              dk_i[y] += decay * dotf(srow, dd, V);
+              for (int64_t x = 0; x < V; ++x) drow[x] += kt[y] * dd[x];
+              dgt += dotf(srow, drow, V);
+              for (int64_t x = 0; x < V; ++x) drow[x] *= decay;
+            }
+            dG[i] = decay * dgt;
+          }
+        }
+        for (int64_t i = 0; i < L; ++i) {
+          store_floats(dV + i * V, dv.ptr(bb, sq.t0 + i, hv), dv.dtype, V);
+          if (dbeta.defined()) store_floats(dB + i, dbeta.ptr(bb, sq.t0 + i, hv), dbeta.dtype, 1);
+          if (dg.defined()) store_floats(dG + i, dg.ptr(bb, sq.t0 + i, hv), dg.dtype, 1);
+        }
+        if (dh0.defined()) store_state_tile(dS, dh0, n * HV + hv, 0, V);
+      }
+      for (int64_t i = 0; i < L; ++i) {
+        store_floats(dQ + i * K, dq.ptr(bb, sq.t0 + i, hh), dq.dtype, K);
+        store_floats(dK + i * K, dk.ptr(bb, sq.t0 + i, hh), dk.dtype, K);
+      }
+    }
+  });
+}
+
+void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cpu";
+  compose_bwd(c, a);
+}
+
+bool sup_wy(const PrepareWyReprBwdArgs& a) {
+  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.dw, &a.du, &a.dk, &a.dv, &a.dbeta, &a.dg});
+}
+bool sup_dhu(const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  return no_float64({&a.q, &a.k, &a.w, &a.dout, &a.dv, &a.g, &a.gk, &a.dht, &a.dh, &a.dh0, &a.dv2});
+}
+bool sup_dvl(const ChunkBwdDvLocalArgs& a) { return no_float64({&a.q, &a.k, &a.dout, &a.g, &a.dv}); }
+bool sup_dqkwg(const ChunkBwdDqkwgArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.dout, &a.h, &a.dh, &a.w, &a.dv, &a.g, &a.dq, &a.dk,
+                     &a.dw, &a.dg});
+}
+bool sup_gate(const GdnGateBwdArgs& a) {
+  return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
+}
+bool sup_sigmoid(const BetaSigmoidBwdArgs& a) { return no_float64({&a.x, &a.dy, &a.dx}); }
+bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq,
+                     &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0});
+}
+bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
+                     &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A,
+                     &a.beta_sigmoid, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta,
+                     &a.dh0, &a.dA_log, &a.ddt_bias});
+}
+
+}  // namespace
+
+}  // namespace fusedops::gdn::cpu
+
+namespace fusedops::gdn {
+
+void register_cpu_bwd(Registry& r) {
+  using namespace cpu;
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  r.add<PrepareWyReprBwdArgs>("recompute_w_u", Direction::kBackward, spec, sup_wy, wy_bwd);
+  r.add<ChunkGatedDeltaRuleBwdDhuArgs>("chunk_gated_delta_rule_bwd_dhu", Direction::kBackward, spec,
+                                       sup_dhu, bwd_dhu);
+  r.add<ChunkBwdDvLocalArgs>("chunk_bwd_dv_local", Direction::kBackward, spec, sup_dvl, dv_local);
+  r.add<ChunkBwdDqkwgArgs>("chunk_bwd_dqkwg", Direction::kBackward, spec, sup_dqkwg, dqkwg);
+  r.add<GdnGateBwdArgs>("gdn_gate", Direction::kBackward, spec, sup_gate, gate_bwd);
+  r.add<BetaSigmoidBwdArgs>("beta_sigmoid", Direction::kBackward, spec, sup_sigmoid, sigmoid_bwd);
+  r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule",
+                                             Direction::kBackward, spec, sup_recurrent, recurrent_bwd);
+  r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, spec, sup_top,
+                                    top_bwd);
+}
+
+}  // namespace fusedops::gdn

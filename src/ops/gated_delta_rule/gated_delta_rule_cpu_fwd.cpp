@@ -1,0 +1,442 @@
+// Gated delta rule, CPU backend: forward-direction operators. Chunk-parallel operators run one
+// task per (chunk, q/k head) over the OpenMP threads and loop over the head's group of value
+// heads inside (so Q K^T and K K^T are computed once per group); the state recurrences run one
+// task per (sequence, value head, V tile). Every chunk product is a register-blocked fp32 GEMM
+// (gdn_cpu_kernels.h) on blocks converted per chunk from the storage dtype; fp32 inputs are read
+// in place. Results do not depend on the number of threads.
+#include <cmath>
+
+#include "src/cpu/parallel.h"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/gated_delta_rule/gdn_cpu.h"
+#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+
+namespace fusedops::gdn::cpu {
+
+std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT) {
+  return make_chunks(make_seqs(B, T, cu, BT), BT);
+}
+
+int64_t v_tile(int64_t tasks, int64_t V) {
+  // Split V when there are fewer (sequence, head) tasks than threads; tiles stay multiples of 16.
+  const int64_t threads = fusedops::cpu::max_threads();
+  if (tasks >= threads || V <= 32) return V;
+  const int64_t want = std::max<int64_t>(1, (threads + tasks - 1) / tasks);
+  int64_t vt = (V + want - 1) / want;
+  vt = std::max<int64_t>(32, (vt + 15) / 16 * 16);
+  return std::min(vt, V);
+}
+
+void load_state_tile(const Mat& m, int64_t index, int64_t v0, int64_t vt, float* X) {
+  const int64_t K = m.rows, V = m.cols;
+  for (int64_t y = 0; y < K; ++y)
+    load_floats(m.ptr(index) + static_cast<int64_t>(m.esize) * (y * V + v0), m.dtype, X + y * vt, vt);
+}
+
+void store_state_tile(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt) {
+  const int64_t K = m.rows, V = m.cols;
+  for (int64_t y = 0; y < K; ++y)
+    store_floats(X + y * vt, m.ptr(index) + static_cast<int64_t>(m.esize) * (y * V + v0), m.dtype, vt);
+}
+
+const float* view_state(const Mat& m, int64_t index, float* buf) {
+  if (m.dtype == DType::kFloat32) return reinterpret_cast<const float*>(m.ptr(index));
+  load_floats(m.ptr(index), m.dtype, buf, m.rows * m.cols);
+  return buf;
+}
+
+void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float* out, int64_t ld) {
+  std::vector<float> row(A.D);
+  for (int64_t i = 0; i < c.len; ++i) {
+    load_floats(A.ptr(c.b, c.t0 + i, h), A.dtype, row.data(), A.D);
+    float* o = out + i * ld;
+    const int64_t m = strict ? i : i + 1;
+    for (int64_t j = 0; j < m; ++j) o[j] = row[j];
+    std::fill(o + m, o + c.len, 0.0f);
+  }
+}
+
+void store_square_block(const float* in, int64_t ld, const Tok& A, const Chunk& c, int64_t h) {
+  std::vector<float> row(A.D, 0.0f);
+  for (int64_t i = 0; i < c.len; ++i) {
+    std::copy(in + i * ld, in + i * ld + c.len, row.begin());
+    store_floats(row.data(), A.ptr(c.b, c.t0 + i, h), A.dtype, A.D);
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+
+void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
+  const Tok g(a.g), out(a.out);
+  const auto chunks = chunks_of(a.g.size(0), a.g.size(1), a.cu_seqlens, a.chunk_size);
+  const int64_t H = g.H, D = g.D;
+  const float scale = static_cast<float>(a.scale);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> acc(D), x(D);
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t s = 0; s < c.len; ++s) {
+        const int64_t i = a.reverse ? c.len - 1 - s : s;
+        load_floats(g.ptr(c.b, c.t0 + i, h), g.dtype, x.data(), D);
+        for (int64_t d = 0; d < D; ++d) {
+          acc[d] += x[d];
+          x[d] = acc[d] * scale;
+        }
+        store_floats(x.data(), out.ptr(c.b, c.t0 + i, h), out.dtype, D);
+      }
+    }
+  });
+}
+
+void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
+  const Tok k(a.k), beta(a.beta), g(a.g), A(a.A);
+  const int64_t H = k.H, HV = beta.H, G = HV / H, K = k.D;
+  const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len;
+      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+      float* kt = s.get(1, K * n);
+      transpose(kr.p, kr.ld, n, K, kt, n);
+      float* kk = s.get(2, n * n);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n);
+      float* gam = s.get(3, n * n);
+      float* L = s.get(4, n * n);
+      float* bt = s.get(5, n);
+      float* gm = s.get(6, n);
+      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+        load_scalars(beta, c, hv, bt);
+        if (g.defined()) {
+          load_scalars(g, c, hv, gm);
+          decay_matrix(gm, n, true, gam, n);
+        }
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            L[i * n + j] = j < i ? bt[i] * kk[i * n + j] * (g.defined() ? gam[i * n + j] : 1.0f) : 0.0f;
+        store_square_block(L, n, A, c, hv);
+      }
+    }
+  });
+}
+
+void solve(const Context&, const SolveTrilArgs& a) {
+  const Tok A(a.A), Ai(a.Ai);
+  const int64_t H = A.H;
+  const auto chunks = chunks_of(a.A.size(0), a.A.size(1), a.cu_seqlens, A.D);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 4, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len;
+      float* L = s.get(0, n * n);
+      float* X = s.get(1, n * n);
+      load_tril_block(A, c, h, true, L, n);
+      unit_lower_inverse(L, n, X, n);
+      store_square_block(X, n, Ai, c, h);
+    }
+  });
+}
+
+void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
+  const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), w(a.w), u(a.u);
+  const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
+  const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len;
+      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+      float* Am = s.get(1, n * n);
+      float* kbg = s.get(2, n * K);
+      float* vb = s.get(3, n * V);
+      float* W = s.get(4, n * K);
+      float* U = s.get(5, n * V);
+      float* bt = s.get(6, n);
+      float* eg = s.get(7, n);
+      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+        load_tril_block(A, c, hv, false, Am, n);
+        load_scalars(beta, c, hv, bt);
+        load_scalars(g, c, hv, eg);
+        exp_inplace(eg, n);
+        const Rows vr = view_rows(v, c, hv, vb);
+        for (int64_t i = 0; i < n; ++i) {
+          const float fk = bt[i] * eg[i], fv = bt[i];
+          for (int64_t x = 0; x < K; ++x) kbg[i * K + x] = fk * kr.p[i * kr.ld + x];
+          float* vrow = vb + i * V;
+          const float* src = vr.p + i * vr.ld;
+          for (int64_t x = 0; x < V; ++x) vrow[x] = fv * src[x];
+        }
+        gemm(n, K, n, 1.0f, Am, n, 1, kbg, K, false, W, K, Tri::kLower);
+        gemm(n, V, n, 1.0f, Am, n, 1, vb, V, false, U, V, Tri::kLower);
+        store_rows(W, K, w, c, hv);
+        store_rows(U, V, u, c, hv);
+      }
+    }
+  });
+}
+
+void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  const Tok k(a.k), w(a.w), u(a.u), g(a.g), gk(a.gk), vn(a.v_new);
+  const Mat h(a.h), h0(a.h0), ht(a.ht);
+  const int64_t HV = u.H, G = HV / k.H, K = k.D, V = u.D, BT = a.chunk_size;
+  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
+  fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
+      const int64_t vt = std::min(vt_max, V - v0);
+      float* X = s.get(0, K * vt);
+      if (h0.defined()) load_state_tile(h0, n * HV + hv, v0, vt, X);
+      else std::fill(X, X + K * vt, 0.0f);
+      for (const Chunk& c : make_chunks({seqs[n]}, BT)) {
+        const int64_t len = c.len, last = len - 1;
+        store_state_tile(X, h, c.index * HV + hv, v0, vt);
+        const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
+        const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
+        float* Vn = s.get(3, len * vt);
+        for (int64_t i = 0; i < len; ++i)
+          load_floats(col_ptr(u, c.b, c.t0 + i, hv, v0), u.dtype, Vn + i * vt, vt);
+        gemm(len, vt, K, -1.0f, wr.p, wr.ld, 1, X, vt, true, Vn, vt);
+        if (vn.defined())
+          for (int64_t i = 0; i < len; ++i)
+            store_floats(Vn + i * vt, col_ptr(vn, c.b, c.t0 + i, hv, v0), vn.dtype, vt);
+        if (g.defined()) {
+          float* gm = s.get(4, len);
+          load_scalars(g, c, hv, gm);
+          const float gl = gm[last];
+          for (int64_t i = 0; i < len; ++i) gm[i] = gl - gm[i];
+          exp_inplace(gm, len);
+          for (int64_t i = 0; i < len; ++i)
+            for (int64_t x = 0; x < vt; ++x) Vn[i * vt + x] *= gm[i];
+          const float d = std::exp(gl);
+          for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
+        } else if (gk.defined()) {
+          float* gl = s.get(4, K);
+          load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gl, K);
+          exp_inplace(gl, K);
+          for (int64_t y = 0; y < K; ++y)
+            for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gl[y];
+        }
+        gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vn, vt, true, X, vt);
+      }
+      if (ht.defined()) store_state_tile(X, ht, n * HV + hv, v0, vt);
+    }
+  });
+}
+
+void fwd_o(const Context&, const ChunkFwdOArgs& a) {
+  const Tok q(a.q), k(a.k), v(a.v), g(a.g), o(a.o);
+  const Mat h(a.h);
+  const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
+  const float scale = static_cast<float>(a.scale);
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t hh = task % H, n = c.len;
+      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+      float* kt = s.get(2, K * n);
+      transpose(kr.p, kr.ld, n, K, kt, n);
+      float* qk = s.get(3, n * n);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n);
+      float* P = s.get(4, n * n);
+      float* gm = s.get(5, n);
+      float* eg = s.get(6, n);
+      float* O = s.get(7, n * V);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        load_scalars(g, c, hv, gm);
+        decay_matrix(gm, n, false, P, n);
+        for (int64_t e2 = 0; e2 < n * n; ++e2) P[e2] *= scale * qk[e2];
+        std::copy(gm, gm + n, eg);
+        exp_inplace(eg, n);
+        const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
+        gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, O, V);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < V; ++x) O[i * V + x] *= scale * eg[i];
+        const Rows vr = view_rows(v, c, hv, s.get(9, n * V));
+        gemm(n, V, n, 1.0f, P, n, 1, vr.p, vr.ld, true, O, V, Tri::kLower);
+        store_rows(O, V, o, c, hv);
+      }
+    }
+  });
+}
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+void gate_fwd(const Context&, const GdnGateFwdArgs& a) {
+  const int64_t HV = a.g.size(-1), rows = a.g.rows(), rs = a.g.row_stride();
+  std::vector<float> A(HV), bias(HV, 0.0f);
+  load_floats(a.A_log.data(), a.A_log.dtype(), A.data(), HV);
+  for (float& x : A) x = std::exp(x);
+  if (a.dt_bias.defined()) load_floats(a.dt_bias.data(), a.dt_bias.dtype(), bias.data(), HV);
+  const size_t gs = dtype_size(a.g.dtype()), ys = dtype_size(a.y.dtype());
+  fusedops::cpu::parallel_for(0, rows, 256, [&](int64_t b, int64_t e) {
+    std::vector<float> x(HV);
+    for (int64_t r = b; r < e; ++r) {
+      load_floats(static_cast<const char*>(a.g.data()) + gs * r * rs, a.g.dtype(), x.data(), HV);
+      for (int64_t hv = 0; hv < HV; ++hv) x[hv] = -A[hv] * softplus(x[hv] + bias[hv]);
+      store_floats(x.data(), static_cast<char*>(a.y.data()) + ys * r * HV, a.y.dtype(), HV);
+    }
+  });
+}
+
+void sigmoid_fwd(const Context&, const BetaSigmoidFwdArgs& a) {
+  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride();
+  const float cm = a.allow_neg_eigval ? 2.0f : 1.0f;
+  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.y.dtype());
+  fusedops::cpu::parallel_for(0, rows, 256, [&](int64_t b, int64_t e) {
+    std::vector<float> x(D);
+    for (int64_t r = b; r < e; ++r) {
+      load_floats(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
+      for (float& v : x) v = cm / (1.0f + std::exp(-v));
+      store_floats(x.data(), static_cast<char*>(a.y.data()) + ys * r * D, a.y.dtype(), D);
+    }
+  });
+}
+
+void recurrent_fwd(const Context&, const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
+  const Tok q(a.q), k(a.k), v(a.v), g(a.g), beta(a.beta), o(a.o);
+  const Mat h0(a.initial_state), ht(a.final_state);
+  const int64_t HV = v.H, G = HV / q.H, K = q.D, V = v.D;
+  const float scale = static_cast<float>(a.scale);
+  const auto seqs = make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  fusedops::cpu::parallel_for(0, N * HV, 1, [&](int64_t b, int64_t e) {
+    Scratch s;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t n = task / HV, hv = task % HV;
+      float* S = s.get(0, K * V);
+      if (h0.defined()) load_state_tile(h0, n * HV + hv, 0, V, S);
+      else std::fill(S, S + K * V, 0.0f);
+      float* qt = s.get(1, K);
+      float* kt = s.get(2, K);
+      float* vt = s.get(3, V);
+      float* ot = s.get(4, V);
+      for (int64_t t = seqs[n].t0; t < seqs[n].t0 + seqs[n].len; ++t) {
+        const int64_t bb = seqs[n].b;
+        load_floats(q.ptr(bb, t, hv / G), q.dtype, qt, K);
+        load_floats(k.ptr(bb, t, hv / G), k.dtype, kt, K);
+        load_floats(v.ptr(bb, t, hv), v.dtype, vt, V);
+        float gt = 0.0f, bt = 1.0f;
+        if (g.defined()) load_floats(g.ptr(bb, t, hv), g.dtype, &gt, 1);
+        if (beta.defined()) load_floats(beta.ptr(bb, t, hv), beta.dtype, &bt, 1);
+        recurrent_step(S, qt, kt, vt, std::exp(gt), bt, scale, K, V, ot, s.get(5, V), s.get(6, V));
+        store_floats(ot, o.ptr(bb, t, hv), o.dtype, V);
+      }
+      if (ht.defined()) store_state_tile(S, ht, n * HV + hv, 0, V);
+    }
+  });
+}
+
+void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cpu";
+  compose_fwd(c, a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fp32 backend takes fp32/bf16/fp16 storage; float64 anywhere goes to the reference.
+
+bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_float64({&a.g, &a.out}); }
+bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_float64({&a.k, &a.beta, &a.g, &a.A}); }
+bool sup_solve(const SolveTrilArgs& a) { return no_float64({&a.A, &a.Ai}); }
+bool sup_wu(const RecomputeWUFwdArgs& a) {
+  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.w, &a.u});
+}
+bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
+  return no_float64({&a.k, &a.w, &a.u, &a.g, &a.gk, &a.h0, &a.h, &a.v_new, &a.ht});
+}
+bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_float64({&a.q, &a.k, &a.v, &a.h, &a.g, &a.o}); }
+bool sup_gate(const GdnGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
+bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_float64({&a.x, &a.y}); }
+bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
+}
+bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
+                     &a.o, &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
+                     &a.g_cumsum, &a.A, &a.beta_sigmoid});
+}
+
+}  // namespace
+
+void unit_lower_inverse(const float* L, int64_t n, float* X, int64_t ld) {
+  // X = (I + L)^{-1} by forward substitution in fp32: X_i = e_i - sum_{m<i} L_im X_m (row m of X
+  // is zero beyond column m).
+  for (int64_t i = 0; i < n; ++i) {
+    float* xi = X + i * ld;
+    std::fill(xi, xi + n, 0.0f);
+    xi[i] = 1.0f;
+    for (int64_t m = 0; m < i; ++m) {
+      const float l = L[i * n + m];
+      const float* xm = X + m * ld;
+      for (int64_t j = 0; j <= m; ++j) xi[j] -= l * xm[j];
+    }
+  }
+}
+
+void recurrent_step(float* S, const float* q, const float* k, const float* v, float decay,
+                    float beta, float scale, int64_t K, int64_t V, float* o, float* delta,
+                    float* p) {
+  // p = (decay S)^T k; delta = beta (v - p); S = decay S + k delta^T; o = scale S^T q.
+  std::fill(p, p + V, 0.0f);
+  for (int64_t y = 0; y < K; ++y) {
+    const float ky = k[y];
+    const float* srow = S + y * V;
+    for (int64_t x = 0; x < V; ++x) p[x] += ky * srow[x];
+  }
+  for (int64_t x = 0; x < V; ++x) {
+    p[x] *= decay;
+    delta[x] = beta * (v[x] - p[x]);
+  }
+  if (o) std::fill(o, o + V, 0.0f);
+  for (int64_t y = 0; y < K; ++y) {
+    const float ky = k[y];
+    float* srow = S + y * V;
+    for (int64_t x = 0; x < V; ++x) srow[x] = decay * srow[x] + ky * delta[x];
+    if (o) {
+      const float qy = q[y];
+      for (int64_t x = 0; x < V; ++x) o[x] += qy * srow[x];
+    }
+  }
+  if (o)
+    for (int64_t x = 0; x < V; ++x) o[x] *= scale;
+}
+
+}  // namespace fusedops::gdn::cpu
+
+namespace fusedops {
+
+void register_gated_delta_rule_cpu(Registry& r) {
+  using namespace gdn::cpu;
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  r.add<ChunkLocalCumsumArgs>("chunk_local_cumsum", Direction::kForward, spec, sup_cumsum, cumsum);
+  r.add<ChunkScaledDotKktArgs>("chunk_scaled_dot_kkt", Direction::kForward, spec, sup_kkt, kkt);
+  r.add<SolveTrilArgs>("solve_tril", Direction::kForward, spec, sup_solve, solve);
+  r.add<RecomputeWUFwdArgs>("recompute_w_u", Direction::kForward, spec, sup_wu, wu_fwd);
+  r.add<ChunkGatedDeltaRuleFwdHArgs>("chunk_gated_delta_rule_fwd_h", Direction::kForward, spec,
+                                     sup_fwd_h, fwd_h);
+  r.add<ChunkFwdOArgs>("chunk_fwd_o", Direction::kForward, spec, sup_fwd_o, fwd_o);
+  r.add<GdnGateFwdArgs>("gdn_gate", Direction::kForward, spec, sup_gate, gate_fwd);
+  r.add<BetaSigmoidFwdArgs>("beta_sigmoid", Direction::kForward, spec, sup_sigmoid, sigmoid_fwd);
+  r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward,
+                                             spec, sup_recurrent, recurrent_fwd);
+  r.add<ChunkGatedDeltaRuleFwdArgs>("chunk_gated_delta_rule", Direction::kForward, spec, sup_top,
+                                    top_fwd);
+  gdn::register_cpu_bwd(r);
+}
+
+}  // namespace fusedops

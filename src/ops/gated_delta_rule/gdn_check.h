@@ -1,0 +1,65 @@
+// Argument checks shared by the gated delta rule entry points (sub-operators and top levels).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusedops/core/check.h"
+#include "fusedops/core/context.h"
+#include "src/ops/gated_delta_rule/gdn_common.h"
+
+namespace fusedops::gdn {
+
+class Check {
+ public:
+  Check(const char* op, const Context& ctx) : c_(op), ctx_(ctx), op_(op) {}
+
+  const ArgCheck& base() const { return c_; }
+  const char* op() const { return op_; }
+  bool read_indices() const;
+
+  // A floating input of the given shape on ctx.device whose last dim has stride 1.
+  void input(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const;
+  void opt_input(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+    if (t.defined()) input(t, name, shape);
+  }
+  // A floating, contiguous output of the given shape on ctx.device.
+  void output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const;
+  void opt_output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+    if (t.defined()) output(t, name, shape);
+  }
+  // q/k-like [B,T,H,K]: rank 4 input; returns its shape.
+  std::vector<int64_t> rank4(const TensorView& t, const char* name) const;
+  void value(bool ok, const std::string& msg) const { c_.value(ok, msg); }
+
+  // chunk_size in {16,32,64} (what the solve and the top level accept).
+  void chunk_size(int64_t bt) const;
+  // K <= 256 for the state kernels; K, V >= 1.
+  void head_dims(int64_t K, int64_t V) const;
+  // HV is a multiple of Hk.
+  void groups(int64_t HV, int64_t Hk, const char* v_name, const char* k_name) const;
+
+  // cu_seqlens (optional) for a [B,T,...] batch: rank 1, int32/int64, B == 1; contents checked
+  // when readable. Returns N.
+  int64_t seqlens(const TensorView& cu, int64_t B, int64_t T) const;
+  // chunk_indices for chunk-parallel ops (required with cu_seqlens). Returns NT.
+  int64_t chunk_indices(const TensorView& cu, const TensorView& ci, int64_t B, int64_t T,
+                        int64_t BT) const;
+  // chunk_offsets for state ops (required with cu_seqlens). Returns NT.
+  int64_t chunk_offsets(const TensorView& cu, const TensorView& co, int64_t B, int64_t T,
+                        int64_t BT) const;
+
+ private:
+  ArgCheck c_;
+  const Context& ctx_;
+  const char* op_;
+};
+
+// True when none of the given (defined) tensors is float64: the fp32 CPU backend's predicate.
+inline bool no_float64(std::initializer_list<const TensorView*> ts) {
+  for (const TensorView* t : ts)
+    if (t->defined() && t->dtype() == DType::kFloat64) return false;
+  return true;
+}
+
+}  // namespace fusedops::gdn

@@ -1,0 +1,218 @@
+// CPU building blocks of the gated delta rule backend: a register-blocked fp32 GEMM for the small
+// chunk products (64 x 128 x 128 and the like, single-threaded, called from inside the per-task
+// threads), a vectorised exp, and row loads/stores of token-major tensors.
+//
+// The GEMM is written with GCC/Clang vector extensions (8 floats), so the compiler emits AVX/FMA
+// with -march=native and plain SSE (or scalar code) elsewhere; results do not depend on threads.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "src/ops/gated_delta_rule/gdn_common.h"
+
+namespace fusedops::gdn::cpu {
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+
+// Which part of A may be non-zero: the GEMM skips the zero part (it must hold zeros: the skipped
+// ranges are decided per block of rows, so a block may still read some zeros).
+enum class Tri { kNone, kLower, kUpper };  // kLower: A(i,k) = 0 for k > i; kUpper: for k < i
+
+constexpr int kNR = 16;  // columns per panel (two vectors)
+constexpr int kMR = 6;   // rows per register block
+
+// C[r, 0:16] (=|+=) alpha * sum_{k in [k0,k1)} A(r,k) B[k, 0:16] for MR rows.
+template <int MR>
+inline void micro_16(int64_t k0, int64_t k1, const float* A, int64_t ars, int64_t acs,
+                     const float* B, int64_t ldb, float alpha, bool accumulate, float* C,
+                     int64_t ldc) {
+  v8f c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = splat(0.0f);
+  for (int64_t k = k0; k < k1; ++k) {
+    const v8f b0 = load8(B + k * ldb), b1 = load8(B + k * ldb + 8);
+    const float* a = A + k * acs;
+    for (int r = 0; r < MR; ++r) {
+      const v8f av = splat(a[r * ars]);
+      c0[r] += av * b0;
+      c1[r] += av * b1;
+    }
+  }
+  const v8f al = splat(alpha);
+  for (int r = 0; r < MR; ++r) {
+    float* c = C + r * ldc;
+    if (accumulate) {
+      store8(c, load8(c) + al * c0[r]);
+      store8(c + 8, load8(c + 8) + al * c1[r]);
+    } else {
+      store8(c, al * c0[r]);
+      store8(c + 8, al * c1[r]);
+    }
+  }
+}
+
+// The same for a panel narrower than 16 columns (nw < 16), scalar over the columns.
+inline void micro_tail(int mr, int nw, int64_t k0, int64_t k1, const float* A, int64_t ars,
+                       int64_t acs, const float* B, int64_t ldb, float alpha, bool accumulate,
+                       float* C, int64_t ldc) {
+  float acc[kMR][kNR] = {};
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* b = B + k * ldb;
+    for (int r = 0; r < mr; ++r) {
+      const float a = A[r * ars + k * acs];
+      for (int j = 0; j < nw; ++j) acc[r][j] += a * b[j];
+    }
+  }
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nw; ++j)
+      C[r * ldc + j] = accumulate ? C[r * ldc + j] + alpha * acc[r][j] : alpha * acc[r][j];
+}
+
+// C[M,N] (=|+=) alpha * A[M,K] B[K,N]. A(i,k) = A[i*ars + k*acs] (any strides: pass ars=1,
+// acs=lda for a transposed operand); B row-major with leading dimension ldb; C row-major (ldc).
+// With accumulate=false C is overwritten (its old contents, NaN included, are never read).
+inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t ars,
+                 int64_t acs, const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc,
+                 Tri tri = Tri::kNone) {
+  if (M <= 0 || N <= 0) return;
+  for (int64_t j0 = 0; j0 < N; j0 += kNR) {
+    const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
+    for (int64_t i0 = 0; i0 < M; i0 += kMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMR, M - i0));
+      int64_t k0 = 0, k1 = K;
+      if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
+      if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
+      const float* a = A + i0 * ars;
+      const float* b = B + j0;
+      float* c = C + i0 * ldc + j0;
+      if (nw == kNR) {
+        switch (mr) {
+          case 6: micro_16<6>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          case 5: micro_16<5>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          case 4: micro_16<4>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          case 3: micro_16<3>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          case 2: micro_16<2>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          default: micro_16<1>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+        }
+      } else {
+        micro_tail(mr, nw, k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc);
+      }
+    }
+  }
+}
+
+// dst[c, r] = src[r, c] for an [rows, cols] block (ld = leading dimensions).
+inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                      int64_t ldd) {
+  constexpr int64_t kB = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kB)
+    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
+      const int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) dst[c * ldd + r] = src[r * lds + c];
+    }
+}
+
+// y[i] = exp(x[i]) in fp32 (Cody-Waite range reduction and a degree-6 polynomial, within ~2 ulp;
+// exp(x) = 0 for x < -87.3, +inf above 88.7, NaN stays NaN). Vectorises.
+inline void exp_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    const bool nan = v != v;
+    const bool under = v < -87.33654f, over = v > 88.72283f;
+    v = std::min(std::max(v, -87.0f), 88.0f);
+    // Round to nearest through the 1.5 * 2^23 trick (vectorises everywhere, unlike nearbyint).
+    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t e = static_cast<int32_t>(fn) + 127;
+    uint32_t bits = static_cast<uint32_t>(e) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    float out = p * scale;
+    out = under ? 0.0f : out;
+    out = over ? INFINITY : out;
+    x[i] = nan ? v : out;
+  }
+}
+
+// Address of element `col` of row (b, t, h).
+inline char* col_ptr(const Tok& t, int64_t b, int64_t tok, int64_t h, int64_t col) {
+  return t.ptr(b, tok, h) + static_cast<int64_t>(t.esize) * col;
+}
+
+// Rows [c.t0, c.t0 + c.len) of head h of a token-major tensor as fp32 rows: the tensor itself
+// when it is fp32 (ld = its T stride), else converted into buf (ld = D).
+struct Rows {
+  const float* p;
+  int64_t ld;
+};
+inline Rows view_rows(const Tok& t, const Chunk& c, int64_t h, float* buf) {
+  if (t.dtype == DType::kFloat32)
+    return {reinterpret_cast<const float*>(t.ptr(c.b, c.t0, h)), t.st};
+  for (int64_t i = 0; i < c.len; ++i) load_floats(t.ptr(c.b, c.t0 + i, h), t.dtype, buf + i * t.D, t.D);
+  return {buf, t.D};
+}
+// Copies rows into buf (ld = ldb) as fp32.
+inline void load_rows(const Tok& t, const Chunk& c, int64_t h, float* buf, int64_t ldb) {
+  for (int64_t i = 0; i < c.len; ++i) load_floats(t.ptr(c.b, c.t0 + i, h), t.dtype, buf + i * ldb, t.D);
+}
+inline void store_rows(const float* src, int64_t lds, const Tok& t, const Chunk& c, int64_t h) {
+  for (int64_t i = 0; i < c.len; ++i) store_floats(src + i * lds, t.ptr(c.b, c.t0 + i, h), t.dtype, t.D);
+}
+// One value per token of a [B,T,H] tensor (gates, beta) into out[0..len).
+inline void load_scalars(const Tok& t, const Chunk& c, int64_t h, float* out) {
+  if (!t.defined()) {
+    std::fill(out, out + c.len, 0.0f);
+    return;
+  }
+  for (int64_t i = 0; i < c.len; ++i) load_floats(t.ptr(c.b, c.t0 + i, h), t.dtype, out + i, 1);
+}
+inline void store_scalars(const float* in, const Tok& t, const Chunk& c, int64_t h) {
+  for (int64_t i = 0; i < c.len; ++i) store_floats(in + i, t.ptr(c.b, c.t0 + i, h), t.dtype, 1);
+}
+
+// gam[i,j] = exp(g_i - g_j) for j <= i (j < i when strict), 0 elsewhere; [n, n] with ld.
+inline void decay_matrix(const float* g, int64_t n, bool strict, float* gam, int64_t ld) {
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = gam + i * ld;
+    const int64_t m = strict ? i : i + 1;
+    for (int64_t j = 0; j < m; ++j) row[j] = g[i] - g[j];
+    exp_inplace(row, m);
+    std::fill(row + m, row + n, 0.0f);
+  }
+}
+
+// A per-thread scratch arena of fp32 buffers.
+class Scratch {
+ public:
+  float* get(size_t i, int64_t n) {
+    if (bufs_.size() <= i) bufs_.resize(i + 1);
+    if (static_cast<int64_t>(bufs_[i].size()) < n) bufs_[i].resize(n);
+    return bufs_[i].data();
+  }
+
+ private:
+  std::vector<std::vector<float>> bufs_;
+};
+
+}  // namespace fusedops::gdn::cpu

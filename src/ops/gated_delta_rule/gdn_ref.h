@@ -1,0 +1,37 @@
+// Helpers shared by the two halves of the float64 reference backend.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fusedops/core/context.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "src/ops/gated_delta_rule/gdn_common.h"
+
+namespace fusedops::gdn::ref {
+
+// Rows [c.t0, c.t0 + c.len) of head h as a [len, D] row-major block of doubles, and back.
+std::vector<double> load_block(const Tok& t, const Chunk& c, int64_t h);
+void store_block(const Tok& t, const Chunk& c, int64_t h, const std::vector<double>& v);
+// The gate of a chunk ([len]); zeros when the gate is absent.
+std::vector<double> load_gate(const Tok& g, const Chunk& c, int64_t h);
+// A [K,V] state (index = snapshot_or_seq * HV + hv).
+std::vector<double> load_mat(const Mat& m, int64_t index);
+void store_mat(const Mat& m, int64_t index, const std::vector<double>& v);
+// The chunk's [len,len] block of a [B,T,H,BT] matrix tensor: lower part (strict or with the
+// diagonal), zeros elsewhere.
+std::vector<double> load_tril(const Tok& A, const Chunk& c, int64_t h, bool strict);
+// Writes a [len,len] block as rows of BT values (columns >= len are 0).
+void store_square(const Tok& A, const Chunk& c, int64_t h, const std::vector<double>& m);
+double dot(const double* a, const double* b, int64_t n);
+double gamma_factor(const std::vector<double>& g, int64_t i, int64_t j);
+// (I + L)^{-1} of a strictly lower [n,n] matrix.
+std::vector<double> unit_lower_inverse(const std::vector<double>& L, int64_t n);
+// One token of the recurrence (section 1.1) applied to S in place; o (optional) = scale S^T q,
+// delta_out (optional) = the delta-rule error.
+void recurrent_step(std::vector<double>& S, const double* q, const double* k, const double* v,
+                    double g, double beta, double scale, int64_t K, int64_t V, double* o,
+                    double* delta_out);
+void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a);
+
+}  // namespace fusedops::gdn::ref

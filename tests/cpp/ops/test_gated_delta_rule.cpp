@@ -1,0 +1,923 @@
+// Gated delta rule sub-operators: every runnable backend against float64 oracles written here
+// (plain loops over the chunks of each sequence, following linear_attention.md sections 2-8 and
+// 11), with the base of the precision policy = the same loops rounding every intermediate to the
+// input dtype. Fixed length and varlen (with an empty sequence), partial chunks, grouped value
+// heads, K/V that are not multiples of the vector width, NaN-poisoned outputs, errors.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "fusedops/ops/gated_delta_rule.h"
+#include "tests/common/tolerance.h"
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+using Vec = std::vector<double>;
+
+// ---------------------------------------------------------------------------------------------
+// Test-side layout: contiguous [B,T,H,D] tensors, chunks listed from cu_seqlens independently of
+// the library.
+
+struct Layout {
+  int64_t B, T, H, HV, K, V, BT;
+  std::vector<int64_t> cu;  // empty: fixed length
+  int64_t N() const { return cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1; }
+};
+
+struct TChunk {
+  int64_t b, t0, len, idx;  // batch row, first token, rows, snapshot index
+};
+
+std::vector<std::vector<TChunk>> seq_chunks(const Layout& L) {
+  std::vector<std::vector<TChunk>> out;
+  int64_t idx = 0;
+  for (int64_t n = 0; n < L.N(); ++n) {
+    const int64_t b = L.cu.empty() ? n : 0, t0 = L.cu.empty() ? 0 : L.cu[n];
+    const int64_t len = L.cu.empty() ? L.T : L.cu[n + 1] - L.cu[n];
+    std::vector<TChunk> cs;
+    for (int64_t s = 0; s < len; s += L.BT) cs.push_back({b, t0 + s, std::min(L.BT, len - s), idx++});
+    if (L.cu.empty()) idx = (n + 1) * ((L.T + L.BT - 1) / L.BT);
+    out.push_back(cs);
+  }
+  return out;
+}
+
+std::vector<TChunk> all_chunks(const Layout& L) {
+  std::vector<TChunk> out;
+  for (const auto& s : seq_chunks(L)) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+int64_t snapshots(const Layout& L) {
+  return L.cu.empty() ? (L.T + L.BT - 1) / L.BT : static_cast<int64_t>(all_chunks(L).size());
+}
+
+// Element (b, t, h, d) of a contiguous [B,T,H,D] vector.
+struct At {
+  int64_t T, H, D;
+  int64_t operator()(int64_t b, int64_t t, int64_t h, int64_t d = 0) const {
+    return ((b * T + t) * H + h) * D + d;
+  }
+};
+
+// The rounding of the base (identity for the float64 oracle).
+struct Rd {
+  DType dt;
+  double operator()(double x) const { return round_to(dt, x); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Oracles (each rounds every intermediate with rd).
+
+Vec o_cumsum(const Vec& g, const Layout& L, int64_t H, int64_t D, bool reverse, double scale, Rd rd) {
+  Vec out(g.size(), 0.0);
+  const At at{L.T, H, D};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t s = 0; s < c.len; ++s) {
+          const int64_t i = reverse ? c.len - 1 - s : s;
+          acc = rd(acc + g[at(c.b, c.t0 + i, h, d)]);
+          out[at(c.b, c.t0 + i, h, d)] = rd(acc * scale);
+        }
+      }
+  return out;
+}
+
+double gam(const Vec& g, const At& at, const TChunk& c, int64_t hv, int64_t i, int64_t j, Rd rd) {
+  if (g.empty()) return 1.0;
+  return rd(std::exp(rd(g[at(c.b, c.t0 + i, hv)] - g[at(c.b, c.t0 + j, hv)])));
+}
+
+double dotr(const Vec& a, int64_t ia, const Vec& b, int64_t ib, int64_t n, Rd rd) {
+  double s = 0;
+  for (int64_t x = 0; x < n; ++x) s = rd(s + rd(a[ia + x] * b[ib + x]));
+  return s;
+}
+
+Vec o_kkt(const Vec& k, const Vec& beta, const Vec& g, const Layout& L, Rd rd) {
+  Vec A(L.B * L.T * L.HV * L.BT, 0.0);
+  const At ak{L.T, L.H, L.K}, as{L.T, L.HV, 1}, aA{L.T, L.HV, L.BT};
+  const int64_t G = L.HV / L.H;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv)
+      for (int64_t i = 0; i < c.len; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          const double kk = dotr(k, ak(c.b, c.t0 + i, hv / G), k, ak(c.b, c.t0 + j, hv / G), L.K, rd);
+          A[aA(c.b, c.t0 + i, hv, j)] =
+              rd(rd(beta[as(c.b, c.t0 + i, hv)] * kk) * gam(g, as, c, hv, i, j, rd));
+        }
+  return A;
+}
+
+Vec o_solve(const Vec& A, const Layout& L, int64_t H, Rd rd) {
+  Vec X(A.size(), 0.0);
+  const At aA{L.T, H, L.BT};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < c.len; ++i)
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = i == j ? 1.0 : 0.0;
+          for (int64_t m = j; m < i; ++m)
+            s = rd(s - rd(A[aA(c.b, c.t0 + i, h, m)] * X[aA(c.b, c.t0 + m, h, j)]));
+          X[aA(c.b, c.t0 + i, h, j)] = s;
+        }
+  return X;
+}
+
+void o_wu(const Vec& k, const Vec& v, const Vec& beta, const Vec& A, const Vec& g, const Layout& L,
+          Rd rd, Vec& w, Vec& u) {
+  w.assign(L.B * L.T * L.HV * L.K, 0.0);
+  u.assign(L.B * L.T * L.HV * L.V, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, aw{L.T, L.HV, L.K}, as{L.T, L.HV, 1},
+      aA{L.T, L.HV, L.BT};
+  const int64_t G = L.HV / L.H;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv)
+      for (int64_t i = 0; i < c.len; ++i) {
+        for (int64_t x = 0; x < L.K; ++x) {
+          double s = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const double eg = g.empty() ? 1.0 : rd(std::exp(g[as(c.b, c.t0 + j, hv)]));
+            const double kb = rd(rd(beta[as(c.b, c.t0 + j, hv)] * eg) * k[ak(c.b, c.t0 + j, hv / G, x)]);
+            s = rd(s + rd(A[aA(c.b, c.t0 + i, hv, j)] * kb));
+          }
+          w[aw(c.b, c.t0 + i, hv, x)] = s;
+        }
+        for (int64_t x = 0; x < L.V; ++x) {
+          double s = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            s = rd(s + rd(A[aA(c.b, c.t0 + i, hv, j)] *
+                          rd(beta[as(c.b, c.t0 + j, hv)] * v[av(c.b, c.t0 + j, hv, x)])));
+          u[av(c.b, c.t0 + i, hv, x)] = s;
+        }
+      }
+}
+
+// fwd_h: h [.., NT, HV, K, V] snapshots, v_new, ht.
+void o_fwd_h(const Vec& k, const Vec& w, const Vec& u, const Vec& g, const Vec& h0, const Layout& L,
+             Rd rd, Vec& h, Vec& vn, Vec& ht) {
+  const int64_t KV = L.K * L.V, NT = snapshots(L), Bh = L.cu.empty() ? L.B : 1;
+  h.assign(Bh * NT * L.HV * KV, 0.0);
+  vn.assign(L.B * L.T * L.HV * L.V, 0.0);
+  ht.assign(L.N() * L.HV * KV, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, aw{L.T, L.HV, L.K}, as{L.T, L.HV, 1};
+  const int64_t G = L.HV / L.H;
+  const auto seqs = seq_chunks(L);
+  for (int64_t n = 0; n < L.N(); ++n)
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      Vec X(KV, 0.0);
+      if (!h0.empty()) std::copy(h0.begin() + (n * L.HV + hv) * KV, h0.begin() + (n * L.HV + hv + 1) * KV, X.begin());
+      for (const TChunk& c : seqs[n]) {
+        std::copy(X.begin(), X.end(), h.begin() + (c.idx * L.HV + hv) * KV);
+        Vec Vn(c.len * L.V);
+        for (int64_t i = 0; i < c.len; ++i)
+          for (int64_t x = 0; x < L.V; ++x) {
+            double s = 0;
+            for (int64_t y = 0; y < L.K; ++y) s = rd(s + rd(w[aw(c.b, c.t0 + i, hv, y)] * X[y * L.V + x]));
+            Vn[i * L.V + x] = rd(u[av(c.b, c.t0 + i, hv, x)] - s);
+            vn[av(c.b, c.t0 + i, hv, x)] = Vn[i * L.V + x];
+          }
+        const int64_t last = c.len - 1;
+        const double gl = g.empty() ? 0.0 : g[as(c.b, c.t0 + last, hv)];
+        for (int64_t i = 0; i < c.len; ++i) {
+          const double f = g.empty() ? 1.0 : rd(std::exp(rd(gl - g[as(c.b, c.t0 + i, hv)])));
+          for (int64_t x = 0; x < L.V; ++x) Vn[i * L.V + x] = rd(Vn[i * L.V + x] * f);
+        }
+        const double d = rd(std::exp(gl));
+        for (int64_t y = 0; y < L.K; ++y)
+          for (int64_t x = 0; x < L.V; ++x) {
+            double s = rd(X[y * L.V + x] * d);
+            for (int64_t i = 0; i < c.len; ++i)
+              s = rd(s + rd(k[ak(c.b, c.t0 + i, hv / G, y)] * Vn[i * L.V + x]));
+            X[y * L.V + x] = s;
+          }
+      }
+      std::copy(X.begin(), X.end(), ht.begin() + (n * L.HV + hv) * KV);
+    }
+}
+
+// chunk_fwd_o.
+Vec o_fwd_o(const Vec& q, const Vec& k, const Vec& vn, const Vec& h, const Vec& g, double scale,
+            const Layout& L, Rd rd) {
+  Vec o(L.B * L.T * L.HV * L.V, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, as{L.T, L.HV, 1};
+  const int64_t G = L.HV / L.H, KV = L.K * L.V;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const double* S = &h[(c.idx * L.HV + hv) * KV];
+      for (int64_t i = 0; i < c.len; ++i) {
+        const double eg = g.empty() ? 1.0 : rd(std::exp(g[as(c.b, c.t0 + i, hv)]));
+        for (int64_t x = 0; x < L.V; ++x) {
+          double s = 0;
+          for (int64_t y = 0; y < L.K; ++y) s = rd(s + rd(q[ak(c.b, c.t0 + i, hv / G, y)] * S[y * L.V + x]));
+          double t = rd(eg * s);
+          for (int64_t j = 0; j <= i; ++j) {
+            const double p = rd(dotr(q, ak(c.b, c.t0 + i, hv / G), k, ak(c.b, c.t0 + j, hv / G), L.K, rd) *
+                                gam(g, as, c, hv, i, j, rd));
+            t = rd(t + rd(p * vn[av(c.b, c.t0 + j, hv, x)]));
+          }
+          o[av(c.b, c.t0 + i, hv, x)] = rd(scale * t);
+        }
+      }
+    }
+  return o;
+}
+
+// chunk_bwd_dv_local.
+Vec o_dv_local(const Vec& q, const Vec& k, const Vec& dO, const Vec& g, double scale, const Layout& L,
+               Rd rd) {
+  Vec dv(L.B * L.T * L.HV * L.V, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, as{L.T, L.HV, 1};
+  const int64_t G = L.HV / L.H;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv)
+      for (int64_t j = 0; j < c.len; ++j)
+        for (int64_t x = 0; x < L.V; ++x) {
+          double s = 0;
+          for (int64_t i = j; i < c.len; ++i) {
+            const double p = rd(rd(scale * dotr(q, ak(c.b, c.t0 + i, hv / G), k, ak(c.b, c.t0 + j, hv / G), L.K, rd)) *
+                                gam(g, as, c, hv, i, j, rd));
+            s = rd(s + rd(p * dO[av(c.b, c.t0 + i, hv, x)]));
+          }
+          dv[av(c.b, c.t0 + j, hv, x)] = s;
+        }
+  return dv;
+}
+
+// chunk_gated_delta_rule_bwd_dhu: dh, dh0, dv2.
+void o_bwd_dhu(const Vec& q, const Vec& k, const Vec& w, const Vec& dO, const Vec& dvl, const Vec& g,
+               const Vec& dht, double scale, const Layout& L, Rd rd, Vec& dh, Vec& dh0, Vec& dv2) {
+  const int64_t KV = L.K * L.V, NT = snapshots(L), Bh = L.cu.empty() ? L.B : 1;
+  dh.assign(Bh * NT * L.HV * KV, 0.0);
+  dh0.assign(L.N() * L.HV * KV, 0.0);
+  dv2.assign(L.B * L.T * L.HV * L.V, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, aw{L.T, L.HV, L.K}, as{L.T, L.HV, 1};
+  const int64_t G = L.HV / L.H;
+  const auto seqs = seq_chunks(L);
+  for (int64_t n = 0; n < L.N(); ++n)
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      Vec X(KV, 0.0);
+      if (!dht.empty()) std::copy(dht.begin() + (n * L.HV + hv) * KV, dht.begin() + (n * L.HV + hv + 1) * KV, X.begin());
+      for (auto it = seqs[n].rbegin(); it != seqs[n].rend(); ++it) {
+        const TChunk& c = *it;
+        std::copy(X.begin(), X.end(), dh.begin() + (c.idx * L.HV + hv) * KV);
+        const int64_t last = c.len - 1;
+        const double gl = g.empty() ? 0.0 : g[as(c.b, c.t0 + last, hv)];
+        for (int64_t i = 0; i < c.len; ++i) {
+          const double f = g.empty() ? 1.0 : rd(std::exp(rd(gl - g[as(c.b, c.t0 + i, hv)])));
+          for (int64_t x = 0; x < L.V; ++x) {
+            double s = 0;
+            for (int64_t y = 0; y < L.K; ++y) s = rd(s + rd(k[ak(c.b, c.t0 + i, hv / G, y)] * X[y * L.V + x]));
+            dv2[av(c.b, c.t0 + i, hv, x)] = rd(dvl[av(c.b, c.t0 + i, hv, x)] + rd(f * s));
+          }
+        }
+        const double d = rd(std::exp(gl));
+        Vec Xn(KV);
+        for (int64_t y = 0; y < L.K; ++y)
+          for (int64_t x = 0; x < L.V; ++x) {
+            double s = rd(d * X[y * L.V + x]);
+            for (int64_t i = 0; i < c.len; ++i) {
+              const double eg = g.empty() ? 1.0 : rd(std::exp(g[as(c.b, c.t0 + i, hv)]));
+              const double qg = rd(rd(scale * eg) * q[ak(c.b, c.t0 + i, hv / G, y)]);
+              s = rd(s + rd(qg * dO[av(c.b, c.t0 + i, hv, x)]));
+              s = rd(s - rd(w[aw(c.b, c.t0 + i, hv, y)] * dv2[av(c.b, c.t0 + i, hv, x)]));
+            }
+            Xn[y * L.V + x] = s;
+          }
+        X = Xn;
+      }
+      std::copy(X.begin(), X.end(), dh0.begin() + (n * L.HV + hv) * KV);
+    }
+}
+
+// chunk_bwd_dqkwg: dq, dk (group sums), dw, dg.
+void o_dqkwg(const Vec& q, const Vec& k, const Vec& vn, const Vec& dO, const Vec& h, const Vec& dh,
+             const Vec& dv2, const Vec& g, double scale, const Layout& L, Rd rd, Vec& dq, Vec& dk,
+             Vec& dw, Vec& dg) {
+  dq.assign(L.B * L.T * L.H * L.K, 0.0);
+  dk = dq;
+  dw.assign(L.B * L.T * L.HV * L.K, 0.0);
+  dg.assign(L.B * L.T * L.HV, 0.0);
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, aw{L.T, L.HV, L.K}, as{L.T, L.HV, 1};
+  const int64_t G = L.HV / L.H, KV = L.K * L.V;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t hh = hv / G, n = c.len, last = n - 1;
+      const double* S = &h[(c.idx * L.HV + hv) * KV];
+      const double* dH = &dh[(c.idx * L.HV + hv) * KV];
+      auto gv = [&](int64_t i) { return g.empty() ? 0.0 : g[as(c.b, c.t0 + i, hv)]; };
+      Vec Ds(n * n, 0.0), dQ(n * L.K), dK(n * L.K), dKi(n * L.K);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= i; ++j)
+          Ds[i * n + j] = rd(rd(scale * gam(g, as, c, hv, i, j, rd)) *
+                             dotr(dO, av(c.b, c.t0 + i, hv), vn, av(c.b, c.t0 + j, hv), L.V, rd));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t y = 0; y < L.K; ++y) {
+          double sdo = 0, vdh = 0, dws = 0;
+          for (int64_t x = 0; x < L.V; ++x) {
+            sdo = rd(sdo + rd(dO[av(c.b, c.t0 + i, hv, x)] * S[y * L.V + x]));
+            vdh = rd(vdh + rd(vn[av(c.b, c.t0 + i, hv, x)] * dH[y * L.V + x]));
+            dws = rd(dws + rd(dv2[av(c.b, c.t0 + i, hv, x)] * S[y * L.V + x]));
+          }
+          double dqv = rd(rd(scale * rd(std::exp(gv(i)))) * sdo);
+          for (int64_t j = 0; j <= i; ++j) dqv = rd(dqv + rd(Ds[i * n + j] * k[ak(c.b, c.t0 + j, hh, y)]));
+          dQ[i * L.K + y] = dqv;
+          dKi[i * L.K + y] = rd(rd(std::exp(rd(gv(last) - gv(i)))) * vdh);
+          double dkv = dKi[i * L.K + y];
+          for (int64_t j = i; j < n; ++j) dkv = rd(dkv + rd(Ds[j * n + i] * q[ak(c.b, c.t0 + j, hh, y)]));
+          dK[i * L.K + y] = dkv;
+          dw[aw(c.b, c.t0 + i, hv, y)] = -dws;
+        }
+      double sdh = 0, dkik = 0;
+      for (int64_t e = 0; e < KV; ++e) sdh = rd(sdh + rd(S[e] * dH[e]));
+      for (int64_t i = 0; i < n; ++i) {
+        double dgi = 0;
+        for (int64_t y = 0; y < L.K; ++y) {
+          dgi = rd(dgi + rd(dQ[i * L.K + y] * q[ak(c.b, c.t0 + i, hh, y)]) -
+                   rd(dK[i * L.K + y] * k[ak(c.b, c.t0 + i, hh, y)]));
+          dkik = rd(dkik + rd(dKi[i * L.K + y] * k[ak(c.b, c.t0 + i, hh, y)]));
+          dq[ak(c.b, c.t0 + i, hh, y)] = rd(dq[ak(c.b, c.t0 + i, hh, y)] + dQ[i * L.K + y]);
+          dk[ak(c.b, c.t0 + i, hh, y)] = rd(dk[ak(c.b, c.t0 + i, hh, y)] + dK[i * L.K + y]);
+        }
+        dg[as(c.b, c.t0 + i, hv)] = dgi;
+      }
+      dg[as(c.b, c.t0 + last, hv)] =
+          rd(dg[as(c.b, c.t0 + last, hv)] + rd(rd(std::exp(gv(last))) * sdh) + dkik);
+    }
+}
+
+// prepare_wy_repr_bwd: dk (group sums), dv, dbeta, dg.
+void o_wy_bwd(const Vec& k, const Vec& v, const Vec& beta, const Vec& A, const Vec& g, const Vec& dW,
+              const Vec& dU, const Layout& L, Rd rd, Vec& dk, Vec& dv, Vec& db, Vec& dg) {
+  dk.assign(L.B * L.T * L.H * L.K, 0.0);
+  dv.assign(L.B * L.T * L.HV * L.V, 0.0);
+  db.assign(L.B * L.T * L.HV, 0.0);
+  dg = db;
+  const At ak{L.T, L.H, L.K}, av{L.T, L.HV, L.V}, aw{L.T, L.HV, L.K}, as{L.T, L.HV, 1},
+      aA{L.T, L.HV, L.BT};
+  const int64_t G = L.HV / L.H;
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t hh = hv / G, n = c.len;
+      auto Am = [&](int64_t i, int64_t j) { return j <= i ? A[aA(c.b, c.t0 + i, hv, j)] : 0.0; };
+      auto b = [&](int64_t i) { return beta[as(c.b, c.t0 + i, hv)]; };
+      auto eg = [&](int64_t i) { return g.empty() ? 1.0 : rd(std::exp(g[as(c.b, c.t0 + i, hv)])); };
+      auto kx = [&](int64_t i, int64_t x) { return k[ak(c.b, c.t0 + i, hh, x)]; };
+      Vec dA(n * n, 0.0), dK(n * L.K, 0.0), dB(n, 0.0), dG(n, 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          double s = 0;
+          for (int64_t x = 0; x < L.K; ++x)
+            s = rd(s + rd(dW[aw(c.b, c.t0 + i, hv, x)] * rd(rd(b(j) * eg(j)) * kx(j, x))));
+          for (int64_t x = 0; x < L.V; ++x)
+            s = rd(s + rd(dU[av(c.b, c.t0 + i, hv, x)] * rd(b(j) * v[av(c.b, c.t0 + j, hv, x)])));
+          dA[i * n + j] = s;
+        }
+      for (int64_t j = 0; j < n; ++j) {
+        double rk = 0, rkb = 0, pv = 0;
+        for (int64_t x = 0; x < L.K; ++x) {
+          double r = 0;
+          for (int64_t i = j; i < n; ++i) r = rd(r + rd(Am(i, j) * dW[aw(c.b, c.t0 + i, hv, x)]));
+          dK[j * L.K + x] = rd(rd(b(j) * eg(j)) * r);
+          rk = rd(rk + rd(r * kx(j, x)));
+          rkb = rd(rkb + rd(r * rd(rd(b(j) * eg(j)) * kx(j, x))));
+        }
+        for (int64_t x = 0; x < L.V; ++x) {
+          double p = 0;
+          for (int64_t i = j; i < n; ++i) p = rd(p + rd(Am(i, j) * dU[av(c.b, c.t0 + i, hv, x)]));
+          dv[av(c.b, c.t0 + j, hv, x)] = rd(b(j) * p);
+          pv = rd(pv + rd(p * v[av(c.b, c.t0 + j, hv, x)]));
+        }
+        dB[j] = rd(rd(rk * eg(j)) + pv);
+        dG[j] = rkb;
+      }
+      // dL = -M> . (A^T (M>.dA) A^T)
+      Vec T1(n * n, 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t m = 0; m < n; ++m) s = rd(s + rd(Am(m, i) * dA[m * n + j]));
+          T1[i * n + j] = s;
+        }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          double s = 0;
+          for (int64_t m = 0; m < n; ++m) s = rd(s + rd(T1[i * n + m] * Am(j, m)));
+          const double dl = -s;
+          double kk = 0;
+          for (int64_t x = 0; x < L.K; ++x) kk = rd(kk + rd(kx(i, x) * kx(j, x)));
+          const double gij = gam(g, as, c, hv, i, j, rd);
+          const double dm = rd(dl * gij);
+          for (int64_t x = 0; x < L.K; ++x) {
+            dK[i * L.K + x] = rd(dK[i * L.K + x] + rd(rd(b(i) * dm) * kx(j, x)));
+            dK[j * L.K + x] = rd(dK[j * L.K + x] + rd(rd(dm * b(i)) * kx(i, x)));
+          }
+          dB[i] = rd(dB[i] + rd(dm * kk));
+          const double dll = rd(dl * rd(rd(rd(b(i) * kk)) * gij));
+          dG[i] = rd(dG[i] + dll);
+          dG[j] = rd(dG[j] - dll);
+        }
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t x = 0; x < L.K; ++x) dk[ak(c.b, c.t0 + i, hh, x)] = rd(dk[ak(c.b, c.t0 + i, hh, x)] + dK[i * L.K + x]);
+        db[as(c.b, c.t0 + i, hv)] = dB[i];
+        dg[as(c.b, c.t0 + i, hv)] = dG[i];
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+
+struct Inputs {
+  Vec q, k, v, beta, graw, g, h0, dO, dht, A;  // g = chunk-local cumsum of graw
+};
+
+Vec normal(int64_t n, std::mt19937_64& gen, double mean = 0.0, double sd = 1.0) {
+  std::normal_distribution<double> d(mean, sd);
+  Vec x(n);
+  for (double& e : x) e = d(gen);
+  return x;
+}
+
+void normalize_rows(Vec& x, int64_t D) {
+  for (size_t r = 0; r * D < x.size(); ++r) {
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += x[r * D + d] * x[r * D + d];
+    for (int64_t d = 0; d < D; ++d) x[r * D + d] /= std::sqrt(ss);
+  }
+}
+
+// fp32 "by convention" tensors (gates, states) are float64 in the float64 cases.
+DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
+
+// Values as stored in dtype (what the library reads).
+Vec stored(const Vec& x, DType dt) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = round_to(dt, x[i]);
+  return y;
+}
+
+Inputs make_inputs(const Layout& L, uint64_t seed, DType dt) {
+  std::mt19937_64 gen(seed);
+  Inputs in;
+  const int64_t BTn = L.B * L.T;
+  in.q = normal(BTn * L.H * L.K, gen, 0.1);
+  in.k = normal(BTn * L.H * L.K, gen, 0.1);
+  normalize_rows(in.q, L.K);
+  normalize_rows(in.k, L.K);
+  in.q = stored(in.q, dt);
+  in.k = stored(in.k, dt);
+  in.v = stored(normal(BTn * L.HV * L.V, gen, 0.2), dt);
+  Vec b = normal(BTn * L.HV, gen);
+  for (double& e : b) e = 1.0 / (1.0 + std::exp(-e));
+  in.beta = stored(b, dt);
+  Vec g = normal(BTn * L.HV, gen, 0.0, 1.0);
+  for (double& e : g) e = -0.05 - 0.1 * std::log1p(std::exp(e));  // log decays in (-inf, -0.05)
+  in.graw = stored(g, dt);
+  in.g = o_cumsum(in.graw, L, L.HV, 1, false, 1.0, Rd{DType::kFloat32});
+  in.h0 = stored(normal(L.N() * L.HV * L.K * L.V, gen, 0.0, 0.5), f32or(dt));
+  in.dO = stored(normal(BTn * L.HV * L.V, gen), dt);
+  in.dht = stored(normal(L.N() * L.HV * L.K * L.V, gen), f32or(dt));
+  // A = (I + kkt)^{-1} in float64 from the stored inputs, stored in dt.
+  in.A = stored(o_solve(o_kkt(in.k, in.beta, in.g, L, Rd{DType::kFloat64}), L, L.HV, Rd{DType::kFloat64}), dt);
+  return in;
+}
+
+// A test tensor holding `values` (rounded to dt) with the given shape.
+TestTensor tensor(DType dt, std::vector<int64_t> shape, const Vec& values, Device dev) {
+  TestTensor t(dt, shape);
+  t.set(values);
+  return t.to(dev);
+}
+
+TestTensor poisoned(DType dt, std::vector<int64_t> shape, Device dev) {
+  TestTensor t(dt, shape, dev);
+  t.fill_nan();
+  return t;
+}
+
+// Varlen index tensors for cu (int32 or int64), on the host.
+struct Index {
+  TestTensor cu, ci, co;
+  TensorView cuv() const { return cu.numel() ? cu.view() : TensorView(); }
+};
+
+Index make_index(const Layout& L, DType idt) {
+  Index ix;
+  if (L.cu.empty()) return ix;
+  const int64_t n = static_cast<int64_t>(L.cu.size());
+  ix.cu = TestTensor(idt, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
+    else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
+  }
+  const int64_t nt = gdn_chunk_count(ix.cu.view(), L.BT);
+  ix.ci = TestTensor(idt, {nt, 2});
+  ix.co = TestTensor(idt, {n});
+  prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
+  prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
+  return ix;
+}
+
+struct Case {
+  Layout L;
+  std::string name;
+};
+
+std::vector<Case> cases() {
+  return {
+      {{2, 41, 2, 4, 24, 20, 32, {}}, "B2 T41 GVA2 K24 V20 BT32"},
+      {{1, 60, 2, 2, 20, 36, 16, {0, 15, 15, 37, 60}}, "varlen [0,15,15,37,60] BT16"},
+      {{1, 80, 1, 1, 32, 48, 64, {}}, "B1 T80 K32 V48 BT64"},
+      {{1, 1, 1, 3, 8, 8, 64, {}}, "single token GVA3"},
+  };
+}
+
+const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
+
+template <class Fn>
+void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
+  int checked = 0;
+  for (const auto& b : runnable_backends(op, dir))
+    for (DType dt : kDtypes) {
+      if (!backend_takes(op, dir, b.id, dt)) continue;
+      const auto all = cases();
+      // 16-bit storage runs the first two cases; fp32 and float64 all of them.
+      const size_t ncases = (dt == DType::kBFloat16 || dt == DType::kFloat16) ? 2 : all.size();
+      for (size_t ci = 0; ci < ncases; ++ci) {
+        const Case& cs = all[ci];
+        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + cs.name);
+        fn(b, dt, cs.L);
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 0);
+}
+
+// The precision policy with the tolerance of the coarser of the input and output dtypes. The
+// float64 reference backend must agree with the oracle to 1e-12 relative (summation orders differ).
+void expect_close(const char* what, const TestTensor& ours, const Vec& base, const Vec& ref, DType dt) {
+  const Vec got = ours.to_double();
+  if (dt == DType::kFloat64 && ours.dtype() == DType::kFloat64) {
+    double m = 1, e = max_abs_error(got, ref);
+    for (double r : ref) m = std::max(m, std::abs(r));
+    EXPECT_LE(e, 1e-12 * m) << what << ": float64 max-abs err " << e;
+    return;
+  }
+  const DType tol_dt = floor_for(ours.dtype()) > floor_for(dt) ? ours.dtype() : dt;
+  Vec b = base;
+  if (tol_dt != dt)
+    for (double& x : b) x = round_to(tol_dt, x);
+  Verdict v = check_close(got, b, ref, tol_dt);
+  EXPECT_TRUE(v.pass) << what << ": " << v.describe();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(GatedDeltaRuleSubops, ChunkLocalCumsumScalarVectorReverse) {
+  for_each_case("chunk_local_cumsum", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L, DType::kInt64);
+    std::mt19937_64 gen(7);
+    for (int64_t S : {int64_t{1}, int64_t{5}})
+      for (bool reverse : {false, true}) {
+        std::vector<int64_t> shape = {L.B, L.T, L.HV};
+        if (S > 1) shape.push_back(S);
+        const Vec g = stored(normal(L.B * L.T * L.HV * S, gen, -0.3), dt);
+        TestTensor gt = tensor(dt, shape, g, b.device);
+        TestTensor out = poisoned(DType::kFloat32, shape, b.device);
+        const double scale = reverse ? 1.0 : 1.4426950216;
+        chunk_local_cumsum(b.ctx(), {gt.view(), out.view(), ix.cuv(), ix.ci.numel() ? ix.ci.view() : TensorView(),
+                                     L.BT, reverse, scale});
+        expect_close(reverse ? "reverse" : "forward", out,
+                     o_cumsum(g, L, L.HV, S, reverse, scale, Rd{dt == DType::kFloat64 ? dt : DType::kFloat32}),
+                     o_cumsum(g, L, L.HV, S, reverse, scale, Rd{DType::kFloat64}), DType::kFloat32);
+      }
+  });
+}
+
+TEST(GatedDeltaRuleSubops, ReverseCumsumIsATrueSuffixSum) {
+  for (const auto& b : runnable_backends("chunk_local_cumsum", Direction::kForward)) {
+    SCOPED_TRACE(b.id);
+    const int64_t T = 64;
+    Vec g(T, 1.0);
+    for (int64_t t = 0; t < 32; ++t) g[t] = 1e8;
+    TestTensor gt = tensor(DType::kFloat32, {1, T, 1}, g, b.device);
+    TestTensor out = poisoned(DType::kFloat32, {1, T, 1}, b.device);
+    chunk_local_cumsum(b.ctx(), {gt.view(), out.view(), {}, {}, 64, true, 1.0});
+    const Vec o = out.to_double();
+    for (int64_t t = 32; t < T; ++t) EXPECT_EQ(o[t], static_cast<double>(T - t)) << "t=" << t;
+  }
+}
+
+TEST(GatedDeltaRuleSubops, ScaledDotKktAndSolveTril) {
+  for_each_case("chunk_scaled_dot_kkt", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L, DType::kInt32);
+    const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
+    const Inputs in = make_inputs(L, 11, dt);
+    const Rd r64{DType::kFloat64}, rdt{dt};
+    TestTensor k = tensor(dt, {L.B, L.T, L.H, L.K}, in.k, b.device);
+    TestTensor beta = tensor(dt, {L.B, L.T, L.HV}, in.beta, b.device);
+    TestTensor g = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.g, b.device);
+    for (bool with_g : {true, false}) {
+      TestTensor A = poisoned(DType::kFloat32, {L.B, L.T, L.HV, L.BT}, b.device);
+      chunk_scaled_dot_kkt_fwd(b.ctx(), {k.view(), beta.view(), with_g ? g.view() : TensorView(), A.view(),
+                                         ix.cuv(), ci, L.BT});
+      const Vec gg = with_g ? in.g : Vec();
+      expect_close("kkt A", A, o_kkt(in.k, in.beta, gg, L, rdt), o_kkt(in.k, in.beta, gg, L, r64), dt);
+    }
+    // solve_tril of the float64 kkt (stored in dt), output in dt.
+    if (!backend_takes("solve_tril", Direction::kForward, b.id, dt)) return;
+    const Vec Lm = stored(o_kkt(in.k, in.beta, in.g, L, r64), dt);
+    TestTensor At = tensor(dt, {L.B, L.T, L.HV, L.BT}, Lm, b.device);
+    TestTensor Ai = poisoned(dt, {L.B, L.T, L.HV, L.BT}, b.device);
+    solve_tril(b.ctx(), {At.view(), Ai.view(), ix.cuv(), ci});
+    expect_close("solve_tril", Ai, stored(o_solve(Lm, L, L.HV, rdt), dt), o_solve(Lm, L, L.HV, r64), dt);
+  });
+}
+
+TEST(GatedDeltaRuleSubops, RecomputeWUForwardAndBackward) {
+  for_each_case("recompute_w_u", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L, DType::kInt64);
+    const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
+    const Inputs in = make_inputs(L, 21, dt);
+    const Rd r64{DType::kFloat64}, rdt{dt};
+    TestTensor k = tensor(dt, {L.B, L.T, L.H, L.K}, in.k, b.device);
+    TestTensor v = tensor(dt, {L.B, L.T, L.HV, L.V}, in.v, b.device);
+    TestTensor beta = tensor(dt, {L.B, L.T, L.HV}, in.beta, b.device);
+    TestTensor g = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.g, b.device);
+    TestTensor A = tensor(dt, {L.B, L.T, L.HV, L.BT}, in.A, b.device);
+    std::mt19937_64 gen(5);
+    const Vec dW = stored(normal(L.B * L.T * L.HV * L.K, gen), dt), dU = stored(normal(L.B * L.T * L.HV * L.V, gen), dt);
+    TestTensor dw = tensor(dt, {L.B, L.T, L.HV, L.K}, dW, b.device), du = tensor(dt, {L.B, L.T, L.HV, L.V}, dU, b.device);
+    for (bool with_g : {true, false}) {
+      const Vec gg = with_g ? in.g : Vec();
+      const TensorView gv = with_g ? g.view() : TensorView();
+      TestTensor w = poisoned(dt, {L.B, L.T, L.HV, L.K}, b.device), u = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+      recompute_w_u_fwd(b.ctx(), {k.view(), v.view(), beta.view(), A.view(), gv, w.view(), u.view(), ix.cuv(), ci});
+      Vec w64, u64, wb, ub;
+      o_wu(in.k, in.v, in.beta, in.A, gg, L, r64, w64, u64);
+      o_wu(in.k, in.v, in.beta, in.A, gg, L, rdt, wb, ub);
+      expect_close("w", w, wb, w64, dt);
+      expect_close("u", u, ub, u64, dt);
+      if (!backend_takes("recompute_w_u", Direction::kBackward, b.id, dt)) continue;
+      for (bool acc : {false, true}) {
+        TestTensor dk = poisoned(dt, {L.B, L.T, L.H, L.K}, b.device), dv = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+        TestTensor db = poisoned(DType::kFloat32, {L.B, L.T, L.HV}, b.device), dg = poisoned(DType::kFloat32, {L.B, L.T, L.HV}, b.device);
+        Vec dk0, dg0;
+        if (acc) {
+          dk0 = stored(normal(L.B * L.T * L.H * L.K, gen), dt);
+          dg0 = stored(normal(L.B * L.T * L.HV, gen), DType::kFloat32);
+          dk.set(dk0);
+          dg.set(dg0);
+          dk = dk.to(b.device);
+          dg = dg.to(b.device);
+        }
+        prepare_wy_repr_bwd(b.ctx(), {k.view(), v.view(), beta.view(), A.view(), gv, dw.view(), du.view(), dk.view(),
+                                      dv.view(), db.view(), with_g ? dg.view() : TensorView(), ix.cuv(), ci, acc});
+        Vec k64, v64, b64, g64, kb, vb, bb, gb;
+        o_wy_bwd(in.k, in.v, in.beta, in.A, gg, dW, dU, L, r64, k64, v64, b64, g64);
+        o_wy_bwd(in.k, in.v, in.beta, in.A, gg, dW, dU, L, rdt, kb, vb, bb, gb);
+        if (acc) {
+          for (size_t i = 0; i < k64.size(); ++i) {
+            k64[i] += dk0[i];
+            kb[i] = rdt(kb[i] + dk0[i]);
+          }
+          for (size_t i = 0; i < g64.size(); ++i) {
+            g64[i] += dg0[i];
+            gb[i] = rdt(gb[i] + dg0[i]);
+          }
+        }
+        expect_close("wy dk", dk, kb, k64, dt);
+        expect_close("wy dv", dv, vb, v64, dt);
+        expect_close("wy dbeta", db, bb, b64, dt);
+        if (with_g) expect_close("wy dg", dg, gb, g64, dt);
+      }
+    }
+  });
+}
+
+TEST(GatedDeltaRuleSubops, FwdHFwdOAndTheirBackwardPieces) {
+  for_each_case("chunk_gated_delta_rule_fwd_h", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L, DType::kInt64);
+    const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
+    const TensorView co = ix.co.numel() ? ix.co.view() : TensorView();
+    const Inputs in = make_inputs(L, 31, dt);
+    const Rd r64{DType::kFloat64}, rdt{dt};
+    const double scale = 1.0 / std::sqrt(static_cast<double>(L.K));
+    const int64_t NT = snapshots(L), Bh = L.cu.empty() ? L.B : 1;
+    Vec w64, u64;
+    o_wu(in.k, in.v, in.beta, in.A, in.g, L, r64, w64, u64);
+    const Vec w = stored(w64, dt), u = stored(u64, dt);
+    TestTensor q = tensor(dt, {L.B, L.T, L.H, L.K}, in.q, b.device), k = tensor(dt, {L.B, L.T, L.H, L.K}, in.k, b.device);
+    TestTensor wt = tensor(dt, {L.B, L.T, L.HV, L.K}, w, b.device), ut = tensor(dt, {L.B, L.T, L.HV, L.V}, u, b.device);
+    TestTensor g = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.g, b.device);
+    TestTensor h0 = tensor(f32or(dt), {L.N(), L.HV, L.K, L.V}, in.h0, b.device);
+    for (bool with_g : {true, false}) {
+      SCOPED_TRACE(with_g ? "g" : "no g");
+      const Vec gg = with_g ? in.g : Vec();
+      const TensorView gv = with_g ? g.view() : TensorView();
+      // fwd_h
+      TestTensor h = poisoned(dt, {Bh, NT, L.HV, L.K, L.V}, b.device), vn = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+      TestTensor ht = poisoned(DType::kFloat32, {L.N(), L.HV, L.K, L.V}, b.device);
+      chunk_gated_delta_rule_fwd_h(b.ctx(), {k.view(), wt.view(), ut.view(), gv, {}, h0.view(), h.view(), vn.view(),
+                                             ht.view(), ix.cuv(), co, L.BT});
+      Vec h64, vn64, ht64, hb, vnb, htb;
+      o_fwd_h(in.k, w, u, gg, in.h0, L, r64, h64, vn64, ht64);
+      o_fwd_h(in.k, w, u, gg, in.h0, L, rdt, hb, vnb, htb);
+      expect_close("h", h, hb, h64, dt);
+      expect_close("v_new", vn, vnb, vn64, dt);
+      expect_close("ht", ht, htb, ht64, dt);
+      // fwd_o on the float64 h / v_new (stored in dt)
+      const Vec hs = stored(h64, dt), vns = stored(vn64, dt);
+      TestTensor ht_in = tensor(dt, {Bh, NT, L.HV, L.K, L.V}, hs, b.device), vn_in = tensor(dt, {L.B, L.T, L.HV, L.V}, vns, b.device);
+      TestTensor o = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+      chunk_fwd_o(b.ctx(), {q.view(), k.view(), vn_in.view(), ht_in.view(), gv, o.view(), ix.cuv(), ci, scale, L.BT});
+      expect_close("o", o, o_fwd_o(in.q, in.k, vns, hs, gg, scale, L, rdt), o_fwd_o(in.q, in.k, vns, hs, gg, scale, L, r64), dt);
+      // dv_local
+      TestTensor dO = tensor(dt, {L.B, L.T, L.HV, L.V}, in.dO, b.device);
+      TestTensor dvl = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+      chunk_bwd_dv_local(b.ctx(), {q.view(), k.view(), dO.view(), gv, dvl.view(), ix.cuv(), ci, scale, L.BT});
+      const Vec dvl64 = o_dv_local(in.q, in.k, in.dO, gg, scale, L, r64);
+      expect_close("dv_local", dvl, o_dv_local(in.q, in.k, in.dO, gg, scale, L, rdt), dvl64, dt);
+      // bwd_dhu on the float64 dv_local (stored)
+      const Vec dvls = stored(dvl64, dt);
+      TestTensor dvl_in = tensor(dt, {L.B, L.T, L.HV, L.V}, dvls, b.device);
+      TestTensor dht = tensor(f32or(dt), {L.N(), L.HV, L.K, L.V}, in.dht, b.device);
+      TestTensor dh = poisoned(dt, {Bh, NT, L.HV, L.K, L.V}, b.device), dv2 = poisoned(dt, {L.B, L.T, L.HV, L.V}, b.device);
+      TestTensor dh0 = poisoned(DType::kFloat32, {L.N(), L.HV, L.K, L.V}, b.device);
+      chunk_gated_delta_rule_bwd_dhu(b.ctx(), {q.view(), k.view(), wt.view(), dO.view(), dvl_in.view(), gv, {}, dht.view(),
+                                               dh.view(), dh0.view(), dv2.view(), ix.cuv(), co, scale, L.BT});
+      Vec dh64, dh064, dv264, dhb, dh0b, dv2b;
+      o_bwd_dhu(in.q, in.k, w, in.dO, dvls, gg, in.dht, scale, L, r64, dh64, dh064, dv264);
+      o_bwd_dhu(in.q, in.k, w, in.dO, dvls, gg, in.dht, scale, L, rdt, dhb, dh0b, dv2b);
+      expect_close("dh", dh, dhb, dh64, dt);
+      expect_close("dh0", dh0, dh0b, dh064, dt);
+      expect_close("dv2", dv2, dv2b, dv264, dt);
+      // dqkwg on the float64 snapshots (stored)
+      const Vec dhs = stored(dh64, dt), dv2s = stored(dv264, dt);
+      TestTensor dh_in = tensor(dt, {Bh, NT, L.HV, L.K, L.V}, dhs, b.device), dv2_in = tensor(dt, {L.B, L.T, L.HV, L.V}, dv2s, b.device);
+      TestTensor dq = poisoned(dt, {L.B, L.T, L.H, L.K}, b.device), dk = poisoned(dt, {L.B, L.T, L.H, L.K}, b.device);
+      TestTensor dw = poisoned(dt, {L.B, L.T, L.HV, L.K}, b.device), dg = poisoned(DType::kFloat32, {L.B, L.T, L.HV}, b.device);
+      chunk_bwd_dqkwg(b.ctx(), {q.view(), k.view(), vn_in.view(), dO.view(), ht_in.view(), dh_in.view(), wt.view(),
+                                dv2_in.view(), gv, dq.view(), dk.view(), dw.view(), with_g ? dg.view() : TensorView(),
+                                ix.cuv(), ci, scale, L.BT});
+      Vec dq64, dk64, dw64, dg64, dqb, dkb, dwb, dgb;
+      o_dqkwg(in.q, in.k, vns, in.dO, hs, dhs, dv2s, gg, scale, L, r64, dq64, dk64, dw64, dg64);
+      o_dqkwg(in.q, in.k, vns, in.dO, hs, dhs, dv2s, gg, scale, L, rdt, dqb, dkb, dwb, dgb);
+      expect_close("dqkwg dq", dq, dqb, dq64, dt);
+      expect_close("dqkwg dk", dk, dkb, dk64, dt);
+      expect_close("dqkwg dw", dw, dwb, dw64, dt);
+      if (with_g) expect_close("dqkwg dg", dg, dgb, dg64, dt);
+    }
+  });
+}
+
+TEST(GatedDeltaRuleSubops, GateAndBetaSigmoid) {
+  for_each_case("gdn_gate", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    std::mt19937_64 gen(3);
+    const int64_t HV = L.HV, n = L.B * L.T * HV;
+    const Vec x = stored(normal(n, gen, 0.0, 8.0), dt);  // crosses the softplus threshold of 20
+    const Vec A = stored(normal(HV, gen, 0.0, 0.5), DType::kFloat32), bias = stored(normal(HV, gen), DType::kFloat32);
+    const Vec dy = stored(normal(n, gen), dt);
+    TestTensor xt = tensor(dt, {L.B, L.T, HV}, x, b.device), At = tensor(DType::kFloat32, {HV}, A, b.device);
+    TestTensor bt = tensor(DType::kFloat32, {HV}, bias, b.device), dyt = tensor(dt, {L.B, L.T, HV}, dy, b.device);
+    TestTensor y = poisoned(DType::kFloat32, {L.B, L.T, HV}, b.device);
+    gdn_gate_fwd(b.ctx(), {xt.view(), At.view(), bt.view(), y.view()});
+    auto gate = [&](Rd rd, Vec& yv, Vec& dx, Vec& dA, Vec& db) {
+      yv.assign(n, 0);
+      dx.assign(n, 0);
+      dA.assign(HV, 0);
+      db.assign(HV, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t h = i % HV;
+        const double z = rd(x[i] + bias[h]), ea = rd(std::exp(A[h]));
+        const double sp = z > 20 ? z : rd(std::log1p(rd(std::exp(z))));
+        yv[i] = rd(-ea * sp);
+        dx[i] = rd(rd(-ea * rd(1.0 / (1.0 + std::exp(-z)))) * dy[i]);
+        dA[h] = rd(dA[h] + rd(dy[i] * yv[i]));
+        db[h] = rd(db[h] + dx[i]);
+      }
+    };
+    Vec y64, dx64, dA64, db64, yb, dxb, dAb, dbb;
+    gate(Rd{DType::kFloat64}, y64, dx64, dA64, db64);
+    gate(Rd{dt == DType::kFloat64 ? dt : DType::kFloat32}, yb, dxb, dAb, dbb);
+    expect_close("gate y", y, yb, y64, DType::kFloat32);
+    TestTensor dx = poisoned(dt, {L.B, L.T, HV}, b.device), dAt = poisoned(DType::kFloat32, {HV}, b.device);
+    TestTensor dbt = poisoned(DType::kFloat32, {HV}, b.device);
+    gdn_gate_bwd(b.ctx(), {xt.view(), At.view(), bt.view(), dyt.view(), dx.view(), dAt.view(), dbt.view()});
+    expect_close("gate dx", dx, stored(dxb, dt), dx64, dt);
+    expect_close("gate dA_log", dAt, dAb, dA64, DType::kFloat32);
+    expect_close("gate ddt_bias", dbt, dbb, db64, DType::kFloat32);
+    // beta sigmoid, both eigenvalue ranges
+    for (bool neg : {false, true}) {
+      const double cm = neg ? 2.0 : 1.0;
+      TestTensor s = poisoned(DType::kFloat32, {L.B, L.T, HV}, b.device), ds = poisoned(dt, {L.B, L.T, HV}, b.device);
+      beta_sigmoid_fwd(b.ctx(), {xt.view(), s.view(), neg});
+      beta_sigmoid_bwd(b.ctx(), {xt.view(), dyt.view(), ds.view(), neg});
+      Vec s64(n), ds64(n), sb(n), dsb(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double sg = 1.0 / (1.0 + std::exp(-x[i]));
+        s64[i] = cm * sg;
+        ds64[i] = dy[i] * cm * sg * (1 - sg);
+        const float sf = 1.0f / (1.0f + std::exp(-static_cast<float>(x[i])));
+        sb[i] = static_cast<float>(cm * sf);
+        dsb[i] = round_to(dt, static_cast<float>(static_cast<float>(dy[i]) * cm * sf * (1.0f - sf)));
+      }
+      expect_close("beta_sigmoid", s, sb, s64, DType::kFloat32);
+      expect_close("beta_sigmoid dx", ds, dsb, ds64, dt);
+    }
+  });
+}
+
+TEST(GatedDeltaRuleSubops, RepeatedBackwardPiecesAreBitwiseEqual) {
+  const Layout L{2, 96, 2, 4, 64, 64, 64, {}};
+  for (const auto& b : runnable_backends("chunk_bwd_dqkwg", Direction::kBackward)) {
+    SCOPED_TRACE(b.id);
+    const DType dt = DType::kBFloat16;
+    const Inputs in = make_inputs(L, 41, dt);
+    const int64_t NT = snapshots(L);
+    std::mt19937_64 gen(9);
+    TestTensor q = tensor(dt, {L.B, L.T, L.H, L.K}, in.q, b.device), k = tensor(dt, {L.B, L.T, L.H, L.K}, in.k, b.device);
+    TestTensor vn = tensor(dt, {L.B, L.T, L.HV, L.V}, in.v, b.device), dO = tensor(dt, {L.B, L.T, L.HV, L.V}, in.dO, b.device);
+    TestTensor h = tensor(dt, {L.B, NT, L.HV, L.K, L.V}, normal(L.B * NT * L.HV * L.K * L.V, gen), b.device);
+    TestTensor dh = tensor(dt, {L.B, NT, L.HV, L.K, L.V}, normal(L.B * NT * L.HV * L.K * L.V, gen), b.device);
+    TestTensor g = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.g, b.device);
+    std::vector<std::vector<uint8_t>> runs;
+    for (int r = 0; r < 2; ++r) {
+      TestTensor dq(dt, {L.B, L.T, L.H, L.K}, b.device), dk(dt, {L.B, L.T, L.H, L.K}, b.device);
+      TestTensor dw(dt, {L.B, L.T, L.HV, L.K}, b.device), dg(DType::kFloat32, {L.B, L.T, L.HV}, b.device);
+      chunk_bwd_dqkwg(b.ctx(), {q.view(), k.view(), vn.view(), dO.view(), h.view(), dh.view(), vn.view(), vn.view(), g.view(),
+                                dq.view(), dk.view(), dw.view(), dg.view(), {}, {}, 0.125, 64});
+      auto all = dq.bytes();
+      for (const auto* t : {&dk, &dw, &dg}) {
+        auto x = t->bytes();
+        all.insert(all.end(), x.begin(), x.end());
+      }
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
+TEST(GatedDeltaRuleSubops, BadInputsRaiseClearErrors) {
+  const Context ctx = Context::cpu();
+  const int64_t B = 2, T = 8, H = 2, K = 4;
+  TestTensor g3(DType::kFloat32, {B, T, H}), out3(DType::kFloat32, {B, T, H}), g2(DType::kFloat32, {B, T});
+  expect_error([&] { chunk_local_cumsum(ctx, {g2.view(), g2.view(), {}, {}, 64, false, 1.0}); }, ErrorKind::kValue,
+               "chunk_local_cumsum: g must have rank 3 ([B,T,H], scalar gate) or 4");
+  expect_error([&] { chunk_local_cumsum(ctx, {g3.view(), out3.view(), {}, {}, 48, false, 1.0}); }, ErrorKind::kValue,
+               "chunk_size must be a power of 2, got 48");
+  TestTensor cu(DType::kInt64, {2}), ci(DType::kInt64, {1, 2});
+  static_cast<int64_t*>(cu.data())[0] = 0;
+  static_cast<int64_t*>(cu.data())[1] = T;
+  expect_error([&] { chunk_local_cumsum(ctx, {g3.view(), out3.view(), cu.view(), ci.view(), 64, false, 1.0}); },
+               ErrorKind::kValue, "with cu_seqlens the batch size must be 1");
+  TestTensor g1(DType::kFloat32, {1, T, H}), o1(DType::kFloat32, {1, T, H});
+  expect_error([&] { chunk_local_cumsum(ctx, {g1.view(), o1.view(), cu.view(), {}, 64, false, 1.0}); },
+               ErrorKind::kValue, "chunk_indices is required with cu_seqlens");
+  TestTensor cub(DType::kInt64, {3});
+  static_cast<int64_t*>(cub.data())[0] = 0;
+  static_cast<int64_t*>(cub.data())[1] = 6;
+  static_cast<int64_t*>(cub.data())[2] = 3;
+  expect_error([&] { chunk_local_cumsum(ctx, {g1.view(), o1.view(), cub.view(), ci.view(), 64, false, 1.0}); },
+               ErrorKind::kValue, "cu_seqlens must be non-decreasing, got cu_seqlens[1]=6 > cu_seqlens[2]=3");
+  static_cast<int64_t*>(cub.data())[2] = 9;
+  expect_error([&] { chunk_local_cumsum(ctx, {g1.view(), o1.view(), cub.view(), ci.view(), 64, false, 1.0}); },
+               ErrorKind::kValue, "cu_seqlens must end at T=8");
+  TestTensor ci32(DType::kInt32, {1, 2});
+  expect_error([&] { chunk_local_cumsum(ctx, {g1.view(), o1.view(), cu.view(), ci32.view(), 64, false, 1.0}); },
+               ErrorKind::kType, "chunk_indices must have the dtype of cu_seqlens (int64), got int32");
+  TestTensor A(DType::kFloat32, {B, T, H, 48}), k(DType::kFloat32, {B, T, H, K}), beta(DType::kFloat32, {B, T, 3});
+  expect_error([&] { solve_tril(ctx, {A.view(), A.view(), {}, {}}); }, ErrorKind::kValue,
+               "A's last dimension (the chunk size BT) must be 16, 32 or 64, got 48");
+  TestTensor A64(DType::kFloat32, {B, T, 3, 64});
+  expect_error([&] { chunk_scaled_dot_kkt_fwd(ctx, {k.view(), beta.view(), {}, A64.view(), {}, {}, 64}); },
+               ErrorKind::kValue, "beta has HV=3 heads, which is not a multiple of the 2 heads of k");
+  TestTensor kbig(DType::kFloat32, {B, T, H, 300}), w(DType::kFloat32, {B, T, H, 300}), u(DType::kFloat32, {B, T, H, 4});
+  TestTensor h(DType::kFloat32, {B, 1, H, 300, 4});
+  expect_error([&] { chunk_gated_delta_rule_fwd_h(ctx, {kbig.view(), w.view(), u.view(), {}, {}, {}, h.view(), {}, {}, {}, {}, 64}); },
+               ErrorKind::kValue, "K must be <= 256");
+  TestTensor ki(DType::kInt32, {B, T, H, K});
+  expect_error([&] { chunk_scaled_dot_kkt_fwd(ctx, {ki.view(), beta.view(), {}, A64.view(), {}, {}, 64}); },
+               ErrorKind::kType, "k must have dtype in {float32, bfloat16, float16, float64}, got int32");
+  TestTensor q3(DType::kFloat32, {B, T, 3, K}), vv(DType::kFloat32, {B, T, H, K}), o(DType::kFloat32, {B, T, H, K});
+  TestTensor hh(DType::kFloat32, {B, 1, H, K, K});
+  expect_error([&] { chunk_fwd_o(ctx, {q3.view(), k.view(), vv.view(), hh.view(), {}, o.view(), {}, {}, 1.0, 64}); },
+               ErrorKind::kValue, "q and k must have the same number of heads, got 3 and 2");
+  TestTensor hbad(DType::kFloat32, {B, 2, H, K, K});
+  expect_error([&] { chunk_fwd_o(ctx, {k.view(), k.view(), vv.view(), hbad.view(), {}, o.view(), {}, {}, 1.0, 64}); },
+               ErrorKind::kValue, "h must have shape [2,1,2,4,4]");
+  TestTensor dk(DType::kFloat32, {B, T, H, K}), db(DType::kFloat32, {B, T, H});
+  TestTensor gg(DType::kFloat32, {B, T, H}), Aw(DType::kFloat32, {B, T, H, 64});
+  expect_error([&] {
+    prepare_wy_repr_bwd(ctx, {k.view(), vv.view(), gg.view(), Aw.view(), gg.view(), vv.view(), vv.view(), dk.view(),
+                              vv.view(), db.view(), {}, {}, {}, false});
+  }, ErrorKind::kValue, "dg is required when g is given");
+}
+
+}  // namespace
+}  // namespace fusedops::testing
