@@ -12,6 +12,9 @@ from . import _C
 from ._backend import backends, use_backend, validation
 from .ops.l2norm import l2norm
 from .ops.rmsnorm import rmsnorm_without_weight
+from .ops.sort_chunks import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
+                               sort_chunks_by_idx, sort_chunks_by_idxs)
+from .ops import sort_chunks
 from . import reference
 
 __version__ = "0.1.0"
@@ -22,6 +25,10 @@ __all__ = [
     "validation",
     "rmsnorm_without_weight",
     "l2norm",
+    "sort_chunks_by_idx",
+    "sort_chunks_by_idxs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
     "reference",
     "built_with_cuda",
 ]

@@ -70,3 +70,50 @@ class _L2Norm(torch.autograd.Function):
 def l2norm(x: Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dtype] = None) -> Tensor:
     """float64 reference of :func:`fusedops.l2norm` (``output_dtype`` is ignored: float64 out)."""
     return _L2Norm.apply(x, float(eps))
+
+
+def _cpu_copy(t: Optional[Tensor]) -> Optional[Tensor]:
+    """The permutation references copy values: floating tensors go to float64 (exact), other
+    dtypes keep theirs."""
+    if t is None:
+        return None
+    t = t.detach().to("cpu")
+    return (t.to(torch.float64) if t.is_floating_point() else t).contiguous()
+
+
+class _SortChunksByIdx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp: Tensor, split_sizes: Tensor, sorted_index: Tensor, probs: Optional[Tensor]):
+        x = _cpu_copy(inp)
+        p = _cpu_copy(probs)
+        sizes = split_sizes.detach().to("cpu").contiguous()
+        order = sorted_index.detach().to("cpu").contiguous()
+        out = torch.empty_like(x)
+        p_out = torch.empty_like(p) if p is not None else None
+        row_id_map = torch.empty(x.shape[0], dtype=torch.int32)
+        _C.sort_chunks_by_idx_fwd(context("sort_chunks_by_idx", x, "ref"), x, sizes, order, p, out,
+                                  p_out, row_id_map, None)
+        ctx.save_for_backward(row_id_map)
+        ctx.meta = (inp.device, inp.dtype, None if probs is None else probs.dtype)
+        return out.to(inp.device), (p_out.to(inp.device) if p_out is not None else None)
+
+    @staticmethod
+    def backward(ctx, d_out, d_probs_out):
+        (row_id_map,) = ctx.saved_tensors
+        device, dtype, pdtype = ctx.meta
+        g = _cpu_copy(d_out)
+        gp = _cpu_copy(d_probs_out) if pdtype is not None and d_probs_out is not None else None
+        d_inp = torch.empty_like(g)
+        d_probs = torch.empty_like(gp) if gp is not None else None
+        _C.sort_chunks_by_idx_bwd(context("sort_chunks_by_idx", g, "ref"), g, gp, row_id_map, d_inp,
+                                  d_probs)
+        return (d_inp.to(device, dtype), None, None,
+                d_probs.to(device, pdtype) if d_probs is not None else None)
+
+
+def sort_chunks_by_idx(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
+                       probs: Optional[Tensor] = None):
+    """Reference of :func:`fusedops.sort_chunks_by_idx` (plain loops over ops.md section 6.3):
+    ``(out, probs_out)``, float64 for floating inputs (the values are copied exactly), the input
+    dtype otherwise; gradients flow back in the input dtypes."""
+    return _SortChunksByIdx.apply(inp, split_sizes, sorted_index, probs)

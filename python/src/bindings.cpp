@@ -126,4 +126,5 @@ NB_MODULE(_C, m) {
 
   bind_rmsnorm(m);
   bind_l2norm(m);
+  bind_sort_chunks(m);
 }
