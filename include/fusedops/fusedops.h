@@ -10,3 +10,4 @@
 #include "fusedops/ops/l2norm.h"
 #include "fusedops/ops/rmsnorm.h"
 #include "fusedops/ops/sort_chunks.h"
+#include "fusedops/ops/matmul_add.h"

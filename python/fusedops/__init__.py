@@ -15,6 +15,7 @@ from .ops.rmsnorm import rmsnorm_without_weight
 from .ops.sort_chunks import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
                                sort_chunks_by_idx, sort_chunks_by_idxs)
 from .ops import sort_chunks
+from .ops.matmul_add import matmul_add
 from . import reference
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "sort_chunks_by_idxs",
     "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs",
+    "matmul_add",
     "reference",
     "built_with_cuda",
 ]

@@ -117,3 +117,13 @@ def sort_chunks_by_idx(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
     ``(out, probs_out)``, float64 for floating inputs (the values are copied exactly), the input
     dtype otherwise; gradients flow back in the input dtypes."""
     return _SortChunksByIdx.apply(inp, split_sizes, sorted_index, probs)
+
+
+def matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> Tensor:
+    """float64 reference of :func:`fusedops.matmul_add`: returns ``main_grad + grad_output^T @
+    input`` as a new float64 tensor on main_grad's device (main_grad itself is not modified)."""
+    g = _cpu64(grad_output)
+    x = _cpu64(input)
+    acc = main_grad.detach().to("cpu", torch.float64).contiguous().clone()
+    _C.matmul_add_fwd(context("matmul_add", acc, "ref"), g, x, acc, None)
+    return acc.to(main_grad.device)

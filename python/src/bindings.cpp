@@ -127,4 +127,5 @@ NB_MODULE(_C, m) {
   bind_rmsnorm(m);
   bind_l2norm(m);
   bind_sort_chunks(m);
+  bind_matmul_add(m);
 }

@@ -17,6 +17,9 @@ void register_l2norm_cuda_sm80(Registry& r);
 void register_sort_chunks_by_idx_ref(Registry& r);
 void register_sort_chunks_by_idx_cpu(Registry& r);
 void register_sort_chunks_by_idx_cuda_sm80(Registry& r);
+void register_matmul_add_ref(Registry& r);
+void register_matmul_add_cpu(Registry& r);
+void register_matmul_add_cuda_sm80(Registry& r);
 void register_gated_delta_rule_ref(Registry& r);
 void register_gated_delta_rule_cpu(Registry& r);
 
