@@ -20,6 +20,13 @@ float dotf(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// The gate-gradient terms are differences of large, nearly equal sums: accumulate them in double.
+double dotd(const float* a, const float* b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
 // Stores rows, adding the tensor's current values first when accumulating.
 void store_rows_acc(float* src, int64_t lds, const Tok& t, const Chunk& c, int64_t h, bool acc,
                     float* tmp) {
@@ -67,6 +74,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       float* dB = s.get(19, n);
       float* dG = s.get(20, n);
       float* tmp = s.get(21, std::max(K, V) + n * K);
+      std::vector<double> dgd(n), dbd(n);
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_tril_block(A, c, hv, false, Am, n);
         transpose(Am, n, n, n, At, n);
@@ -93,11 +101,13 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         // R = A^T dW, P = A^T dU.
         gemm(n, K, n, 1.0f, Am, 1, n, dwr.p, dwr.ld, false, R, K, Tri::kUpper);
         gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, P, V, Tri::kUpper);
+        std::vector<double>& dGd = dgd;
+        std::vector<double>& dBd = dbd;
         for (int64_t j = 0; j < n; ++j) {
-          const float rk = dotf(R + j * K, kr.p + j * kr.ld, K);
+          const double rk = dotd(R + j * K, kr.p + j * kr.ld, K);
           for (int64_t x = 0; x < K; ++x) dKs[j * K + x] += bt[j] * eg[j] * R[j * K + x];
-          dB[j] = eg[j] * rk + dotf(P + j * V, vr.p + j * vr.ld, V);
-          dG[j] = bt[j] * eg[j] * rk;
+          dBd[j] = eg[j] * rk + dotd(P + j * V, vr.p + j * vr.ld, V);
+          dGd[j] = static_cast<double>(bt[j]) * eg[j] * rk;
           for (int64_t x = 0; x < V; ++x) P[j * V + x] *= bt[j];  // dV
         }
         store_rows(P, V, dv, c, hv);
@@ -109,13 +119,17 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
             const float gij = g.defined() ? gam[i * n + j] : 1.0f;
             const float dl = dL[i * n + j];
             const float dm = dl * gij;
-            dB[i] += dm * kk[i * n + j];
-            const float dll = dl * bt[i] * kk[i * n + j] * gij;
-            dG[i] += dll;
-            dG[j] -= dll;
+            dBd[i] += static_cast<double>(dm) * kk[i * n + j];
+            const double dll = static_cast<double>(dl) * bt[i] * kk[i * n + j] * gij;
+            dGd[i] += dll;
+            dGd[j] -= dll;
             dL[i * n + j] = dm;  // now dMm
           }
           for (int64_t j = i; j < n; ++j) dL[i * n + j] = 0.0f;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          dB[i] = static_cast<float>(dBd[i]);
+          dG[i] = static_cast<float>(dGd[i]);
         }
         // dK += diag(beta) dMm K + dMm^T diag(beta) K.
         float* t2 = tmp + std::max(K, V);
@@ -132,7 +146,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
             for (int64_t i = 0; i < n; ++i) {
               float old;
               load_floats(dg.ptr(c.b, c.t0 + i, hv), dg.dtype, &old, 1);
-              dG[i] += old;
+              dG[i] = static_cast<float>(dGd[i] + old);
             }
           }
           store_scalars(dG, dg, c, hv);
@@ -305,13 +319,14 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           store_rows(dW, K, dw, c, hv);
         }
         if (dg.defined()) {
-          float sdh = 0.0f, dkik = 0.0f;
-          for (int64_t e2 = 0; e2 < K * V; ++e2) sdh += S[e2] * dH[e2];
+          const double sdh = dotd(S, dH, K * V);
+          double dkik = 0.0;
           for (int64_t i = 0; i < n; ++i) {
-            dG[i] = dotf(dQ + i * K, qr.p + i * qr.ld, K) - dotf(dK + i * K, kr.p + i * kr.ld, K);
-            dkik += dotf(dKi + i * K, kr.p + i * kr.ld, K);
+            dG[i] = static_cast<float>(dotd(dQ + i * K, qr.p + i * qr.ld, K) -
+                                       dotd(dK + i * K, kr.p + i * kr.ld, K));
+            dkik += dotd(dKi + i * K, kr.p + i * kr.ld, K);
           }
-          dG[last] += eg[last] * sdh + dkik;
+          dG[last] = static_cast<float>(dG[last] + eg[last] * sdh + dkik);
           store_scalars(dG, dg, c, hv);
         }
         for (int64_t e2 = 0; e2 < n * K; ++e2) {

@@ -70,22 +70,24 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 
 void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
+  // The running sums are kept in double and rounded once per output: the stored cumsum is then
+  // correctly rounded, which matters because the kernels exponentiate differences of it.
   const Tok g(a.g), out(a.out);
   const auto chunks = chunks_of(a.g.size(0), a.g.size(1), a.cu_seqlens, a.chunk_size);
   const int64_t H = g.H, D = g.D;
-  const float scale = static_cast<float>(a.scale);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 16, [&](int64_t b, int64_t e) {
-    std::vector<float> acc(D), x(D);
+    std::vector<double> acc(D);
+    std::vector<float> x(D);
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H;
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t s = 0; s < c.len; ++s) {
         const int64_t i = a.reverse ? c.len - 1 - s : s;
         load_floats(g.ptr(c.b, c.t0 + i, h), g.dtype, x.data(), D);
         for (int64_t d = 0; d < D; ++d) {
           acc[d] += x[d];
-          x[d] = acc[d] * scale;
+          x[d] = static_cast<float>(acc[d] * a.scale);
         }
         store_floats(x.data(), out.ptr(c.b, c.t0 + i, h), out.dtype, D);
       }

@@ -40,6 +40,7 @@ class Carver {
 struct TopDims {
   int64_t B, T, H, K, HV, V, N, NT, BT;
   DType qdt, vdt, ddt;  // q/k dtype, v dtype, dout dtype (bwd)
+  DType acc;            // fp32 scratch (float64 for float64 inputs: the reference stays exact)
   bool varlen;
 };
 
@@ -59,6 +60,7 @@ TopDims dims_of(const TensorView& q, const TensorView& v, const TensorView& cu,
   d.qdt = q.dtype();
   d.vdt = v.dtype();
   d.ddt = v.dtype();
+  d.acc = q.dtype() == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
   return d;
 }
 
@@ -136,8 +138,8 @@ struct FwdWork {
 FwdWork carve_fwd(Carver& cv, const TopDims& d, bool gate) {
   FwdWork w;
   const int64_t Bh = d.varlen ? 1 : d.B;
-  if (gate) w.g_act = cv.take(DType::kFloat32, {d.B, d.T, d.HV});
-  w.kkt = cv.take(DType::kFloat32, {d.B, d.T, d.HV, d.BT});
+  if (gate) w.g_act = cv.take(d.acc, {d.B, d.T, d.HV});
+  w.kkt = cv.take(d.acc, {d.B, d.T, d.HV, d.BT});
   w.w = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
   w.u = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
   w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
@@ -162,9 +164,9 @@ BwdWork carve_bwd(Carver& cv, const TopDims& d, bool gate, bool sigmoid, bool l2
   w.dh = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
   w.dv2 = cv.take(d.ddt, {d.B, d.T, d.HV, d.V});
   w.dw = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
-  w.dg_part = cv.take(DType::kFloat32, {d.B, d.T, d.HV});
-  if (sigmoid) w.dbeta = cv.take(DType::kFloat32, {d.B, d.T, d.HV});
-  if (gate) w.dg_act = cv.take(DType::kFloat32, {d.B, d.T, d.HV});
+  w.dg_part = cv.take(d.acc, {d.B, d.T, d.HV});
+  if (sigmoid) w.dbeta = cv.take(d.acc, {d.B, d.T, d.HV});
+  if (gate) w.dg_act = cv.take(d.acc, {d.B, d.T, d.HV});
   if (l2) {
     w.dqn = cv.take(d.qdt, {d.B, d.T, d.H, d.K});
     w.dkn = cv.take(d.qdt, {d.B, d.T, d.H, d.K});
