@@ -88,7 +88,7 @@ def backends(op: str | None = None) -> list[dict]:
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its last dim is contiguous and its rows share one stride, else a copy."""
-    if t.dim() == 0:
+    if t.dim() == 0 or t.is_contiguous():
         return t
     if t.size(-1) > 1 and t.stride(-1) != 1:
         return t.contiguous()

@@ -91,7 +91,7 @@ const ArgCheck& ArgCheck::contiguous(const TensorView& t, const char* name) cons
 
 const ArgCheck& ArgCheck::rows_addressable(const TensorView& t, const char* name) const {
   defined(t, name);
-  FUSEDOPS_REQUIRE(t.ndim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1, kValue, op_, name,
+  FUSEDOPS_REQUIRE(t.ndim() == 0 || t.numel() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1, kValue, op_, name,
                    " must have a contiguous last dimension (stride 1), got strides ",
                    shape_string(t.strides(), t.ndim()), " for shape ", t.shape_string());
   FUSEDOPS_REQUIRE(t.rows_collapsible(nullptr), kValue, op_, name,

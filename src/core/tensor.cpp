@@ -36,6 +36,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // frameworks give empty tensors arbitrary strides
   int64_t expected = 1;
   for (int d = ndim_ - 1; d >= 0; --d) {
     if (shape_[d] != 1 && strides_[d] != expected) return false;
@@ -52,6 +53,10 @@ int64_t TensorView::rows() const {
 
 bool TensorView::rows_collapsible(int64_t* row_stride) const {
   if (ndim_ == 0) return false;
+  if (numel() == 0) {  // nothing is addressed: any strides will do
+    if (row_stride) *row_stride = shape_[ndim_ - 1];
+    return true;
+  }
   if (shape_[ndim_ - 1] > 1 && strides_[ndim_ - 1] != 1) return false;
   // Walk the leading dims from the innermost out; each (non-unit) dim must step exactly
   // size*stride of the one inside it.

@@ -2,6 +2,7 @@
 // source location. The Python binding maps the kind to ValueError / TypeError / RuntimeError.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>

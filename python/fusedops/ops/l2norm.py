@@ -1,5 +1,4 @@
-"""l2norm (ops.md section 8) as torch.library custom ops with autograd."""
-
+"""l2norm (ops.md section 8): the C++ core behind autograd (see fusedops._op)."""
 
 from typing import Optional
 
@@ -8,33 +7,35 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
 
 _OP = "l2norm"
 
 
-@torch.library.custom_op("fusedops::l2norm_fwd", mutates_args=())
-def _fwd(x: Tensor, eps: float, output_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
+def _fwd_impl(x: Tensor, eps: float, output_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
     y = torch.empty(x.shape, dtype=output_dtype or x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                       device=x.device)
     _C.l2norm_fwd(context(_OP, x), rows_view(x), y, rstd, eps)
     return y, rstd
 
 
-@_fwd.register_fake
-def _(x: Tensor, eps: float, output_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
-    return x.new_empty(x.shape, dtype=output_dtype or x.dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
+def _fwd_fake(x: Tensor, eps: float, output_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
+    rstd_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape, dtype=output_dtype or x.dtype), x.new_empty(x.shape[:-1], dtype=rstd_dtype)
 
 
-@torch.library.custom_op("fusedops::l2norm_bwd", mutates_args=())
-def _bwd(y: Tensor, rstd: Tensor, dy: Tensor, x_dtype: torch.dtype) -> Tensor:
+def _bwd_impl(y: Tensor, rstd: Tensor, dy: Tensor, x_dtype: torch.dtype) -> Tensor:
     dx = torch.empty(y.shape, dtype=x_dtype, device=y.device)
     _C.l2norm_bwd(context(_OP, y), y, rstd, rows_view(dy.to(y.dtype)), dx)
     return dx
 
 
-@_bwd.register_fake
-def _(y: Tensor, rstd: Tensor, dy: Tensor, x_dtype: torch.dtype) -> Tensor:
+def _bwd_fake(y: Tensor, rstd: Tensor, dy: Tensor, x_dtype: torch.dtype) -> Tensor:
     return y.new_empty(y.shape, dtype=x_dtype)
+
+
+_bwd = PlainOp("l2norm_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
@@ -44,11 +45,13 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, dy, _drstd):
+    if dy is None:
+        return None, None, None
     y, rstd = ctx.saved_tensors
     return _bwd(y, rstd, dy, ctx.x_dtype), None, None
 
 
-torch.library.register_autograd("fusedops::l2norm_fwd", _backward, setup_context=_setup)
+_fwd = DifferentiableOp("l2norm_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 def l2norm_fwd(x: Tensor, eps: float = 1e-6, output_dtype: Optional[torch.dtype] = None):

@@ -1,0 +1,1 @@
+"""The fusedops operator report (run ``python bench/report.py --help``)."""

@@ -1,0 +1,521 @@
+"""Shared pieces of the operator report: the case description, timing, copy bandwidth, peak
+memory, and the precision policy of design.md section 6.
+
+Timing (design.md section 7, .library/device/METHOD.md):
+  * CUDA: a CUDA event pair around each call, a 256 MiB buffer written between timed calls (not
+    timed) so that every call starts with a cold L2, median of many runs after warm-up. A sleep
+    kernel queued first keeps the GPU busy while the host enqueues every timed call, so the
+    events time GPU work rather than launch gaps; the host's time per call is reported apart.
+  * CPU: time.perf_counter around each call, a buffer larger than the last-level cache written
+    between calls, median of repetitions that together take at least `min_time_s`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PASSES = ("fwd", "fwd+bwd")
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation of a case: fusedops, PyTorch eager or a peer library.
+
+    `fwd(inputs)` returns {output name: tensor}; `fwd_bwd(inputs)` runs the forward and the
+    backward of the primary output with `inputs["dy"]` and returns {"dx": tensor}. Outputs have
+    the rows of x as their leading dimension. `prepare(inputs)` runs (untimed) before every
+    call, e.g. to restore a gradient buffer that the implementation overwrites in place.
+    `setup()` runs once, untimed, before the first call (peers are imported there, after
+    fusedops's first calls, so that their imports warm nothing fusedops's first call would pay).
+    `status` is "ok" or why the implementation cannot run here ("not installed", ...).
+    """
+
+    name: str
+    fwd: Callable[[dict], dict] | None = None
+    fwd_bwd: Callable[[dict], dict] | None = None
+    status: str = "ok"
+    note: str = ""
+    prepare: Callable[[dict], None] | None = None
+    setup: Callable[[], None] | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.status == "ok"
+
+    def call(self, pass_name: str) -> Callable[[dict], dict]:
+        return self.fwd if pass_name == "fwd" else self.fwd_bwd
+
+
+@dataclasses.dataclass
+class Case:
+    """One operator at one shape and dtype, with every implementation that is compared.
+
+    `reference(inputs)` returns the float64 results {pass: {output name: tensor}} on the rows it
+    is given; `base(inputs)` the same from the plain PyTorch composite computed in the input
+    dtype (the baseline of the precision policy). `bytes_moved[pass]` is the minimum traffic of
+    the pass, used for every implementation so that their TB/s are comparable.
+    """
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    params: dict[str, Any]
+    make_inputs: Callable[[torch.device, int], dict]
+    impls: list[Impl]
+    reference: Callable[[dict], dict]
+    base: Callable[[dict], dict]
+    bytes_moved: dict[str, int]
+    bytes_note: dict[str, str]
+    ref_row_budget_elems: int = 1 << 21
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} {list(self.shape)} {dtype_name(self.dtype)}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+DTYPE_ALIASES = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+}
+
+
+def parse_dtypes(text: str | None) -> list[torch.dtype] | None:
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part not in DTYPE_ALIASES:
+            raise ValueError(f"unknown dtype '{part}'; choose from bf16, fp16, fp32")
+        out.append(DTYPE_ALIASES[part])
+    return out
+
+
+def randn_inputs(shape, dtype, device, seed: int, names=("x", "dy")) -> dict:
+    """Fresh standard-normal tensors (never zeros: they hide unwritten outputs), one per name,
+    plus `x_req`, a leaf view of x that requires grad for the fwd+bwd pass."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name in names:
+        out[name] = torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
+    out["x_req"] = out["x"].detach().requires_grad_()
+    return out
+
+
+def peer_status(module: str, device: torch.device) -> str:
+    """'ok' when the package of `module` is installed and `device` is CUDA (the peers are Triton
+    kernels), else why not. Nothing is imported here: the import happens in the Impl's setup."""
+    top = module.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return "not installed"
+    if device.type != "cuda":
+        return "CUDA only"
+    return "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# Precision policy (design.md section 6): the one implementation in tests/common/tolerance.py
+#
+#   pass <=> err(ours, ref64) <= 2 * err(base, ref64) + floor(dtype) * max(1, max|ref64|)
+#
+# err is the max-abs error; base is the plain PyTorch composite in the input dtype; floor is two
+# units in the last place at 1.0 of the dtype. NaN/Inf where the reference is finite fails.
+
+
+def _load_tolerance():
+    path = ROOT / "tests" / "common" / "tolerance.py"
+    spec = importlib.util.spec_from_file_location("fusedops_tests_tolerance", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tolerance = _load_tolerance()
+TOLERANCE_SOURCE = "tests/common/tolerance.py"
+
+
+@dataclasses.dataclass
+class Verdict:
+    passed: bool
+    err: float
+    rms_rel: float
+    base_err: float
+    tol: float
+
+
+def check_close(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+                name: str = "") -> Verdict:
+    """The pass rule for one output; `dtype` is the input dtype of the case. Outputs are
+    compared element for element, so a [N, 1] and an [N] tensor of the same rows match."""
+    if out.numel() != ref.numel() or base.numel() != ref.numel():
+        return Verdict(False, math.inf, math.inf, math.nan, math.nan)
+    v = tolerance.check_close(out.reshape(ref.shape), base.reshape(ref.shape), ref, dtype, name)
+    return Verdict(v.passed, v.err, v.rms_rel, v.base_err, v.tol)
+
+
+def row_sample(n_rows: int, row_len: int, budget_elems: int) -> torch.Tensor:
+    """Rows checked against the float64 reference: all of them when they fit the budget, else
+    the first and the last rows (so the first and the last blocks of a kernel are both seen)."""
+    keep = max(2, budget_elems // max(1, row_len))
+    if keep >= n_rows:
+        return torch.arange(n_rows)
+    half = keep // 2
+    return torch.cat([torch.arange(half), torch.arange(n_rows - (keep - half), n_rows)])
+
+
+def describe_rows(idx: torch.Tensor, n_rows: int) -> str:
+    if idx.numel() == n_rows:
+        return f"all {n_rows} rows"
+    # two contiguous runs by construction
+    breaks = (idx[1:] - idx[:-1] != 1).nonzero()
+    if breaks.numel() != 1:
+        return f"{idx.numel()} of {n_rows} rows"
+    b = int(breaks[0]) + 1
+    return (f"rows {int(idx[0])}-{int(idx[b - 1])} and {int(idx[b])}-{int(idx[-1])} "
+            f"({idx.numel()} of {n_rows})")
+
+
+def take_rows(t: torch.Tensor, n_rows: int, idx: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(n_rows, -1)[idx.to(t.device)]
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+
+
+@dataclasses.dataclass
+class Timing:
+    median_s: float
+    p20_s: float
+    p80_s: float
+    reps: int
+    host_s_per_call: float | None = None  # CUDA: host time to enqueue one call (Python, launches)
+
+
+def _summarize(samples: list[float]) -> Timing:
+    s = sorted(samples)
+    n = len(s)
+    med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return Timing(med, s[int(0.2 * (n - 1))], s[int(math.ceil(0.8 * (n - 1)))], n)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache (Linux sysfs), 32 MiB when it cannot be read."""
+    best = 0
+    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size_file.read_text().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or (32 << 20)
+
+
+class Timer:
+    """Times calls on one device (see the module docstring for the method)."""
+
+    def __init__(self, device: torch.device, quick: bool, reps: int | None = None):
+        self.device = device
+        self.quick = quick
+        if device.type == "cuda":
+            flush_bytes = 256 << 20
+            self.warmup = 3 if quick else 10
+            self.reps = reps or (10 if quick else 100)
+        else:
+            flush_bytes = max(64 << 20, 2 * last_level_cache_bytes())
+            # The correctness call just before the timing is the warm-up.
+            self.warmup = 0
+            # At least `reps` calls and min_time_s, or 3 calls once slow_time_s is spent.
+            self.reps = reps or (3 if quick else 5)
+            self.min_time_s = 0.0 if quick else 0.5
+            self.slow_time_s = 1.5
+            self.max_reps = max(self.reps, 3 if quick else 50)
+        self.flush_buf = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+        self.flush_bytes = flush_bytes
+
+    def flush(self) -> None:
+        self.flush_buf.fill_(0x5A)
+
+    def time(self, fn: Callable[[], Any], prepare: Callable[[], None] | None = None) -> Timing:
+        prepare = prepare or (lambda: None)
+        for _ in range(self.warmup):
+            prepare()
+            out = fn()
+            del out
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            return self._time_cuda(fn, prepare)
+        return self._time_cpu(fn, prepare)
+
+    def _sleep_cycles_per_s(self) -> float:
+        if not hasattr(self, "_cycles_per_s"):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            torch.cuda._sleep(10_000_000)
+            e.record()
+            torch.cuda.synchronize(self.device)
+            self._cycles_per_s = 10_000_000 / max(1e-6, s.elapsed_time(e) * 1e-3)
+        return self._cycles_per_s
+
+    def _time_cuda(self, fn, prepare) -> Timing:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        # Host time to enqueue one timed iteration (Python, autograd, launches).
+        t0 = time.perf_counter()
+        for _ in range(2):
+            prepare()
+            self.flush()
+            out = fn()
+            del out
+        self.host_s_per_call = (time.perf_counter() - t0) / 2
+        torch.cuda.synchronize(self.device)
+        # Keep the GPU busy while the host enqueues every timed call, so that the events time
+        # the GPU's work and not gaps in which it waits for Python to launch the next kernel.
+        if hasattr(torch.cuda, "_sleep"):
+            ahead_s = min(2.0, 1.5 * self.host_s_per_call * self.reps + 1e-3)
+            torch.cuda._sleep(int(ahead_s * self._sleep_cycles_per_s()))
+        for i in range(self.reps):
+            prepare()
+            self.flush()
+            starts[i].record()
+            out = fn()
+            ends[i].record()
+            del out
+        torch.cuda.synchronize(self.device)
+        t = _summarize([s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)])
+        t.host_s_per_call = self.host_s_per_call
+        return t
+
+    def _time_cpu(self, fn, prepare) -> Timing:
+        samples: list[float] = []
+        total = 0.0
+        while len(samples) < self.max_reps and (len(samples) < self.reps or total < self.min_time_s):
+            if len(samples) >= 3 and total >= self.slow_time_s:
+                break
+            prepare()
+            self.flush()
+            t0 = time.perf_counter()
+            out = fn()
+            t1 = time.perf_counter()
+            del out  # freeing the outputs is not part of the call
+            samples.append(t1 - t0)
+            total += t1 - t0
+        return _summarize(samples)
+
+
+def first_call(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall time of one call, device synchronized before and after (lazy init, module loading
+    and JIT compilation included)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    t1 = time.perf_counter()
+    del out
+    return t1 - t0
+
+
+def copy_bandwidth(device: torch.device, quick: bool) -> dict:
+    """Device copy bandwidth: dst.copy_(src) on a large buffer, read + write bytes counted."""
+    if device.type == "cuda":
+        nbytes = (256 << 20) if quick else (1 << 30)
+        reps = 10 if quick else 50
+    else:
+        nbytes = (32 << 20) if quick else (256 << 20)
+        reps = 3 if quick else 7
+    src = torch.randn(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    synchronize(device)
+    samples = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)]
+        for s, e in events:
+            s.record()
+            dst.copy_(src)
+            e.record()
+        torch.cuda.synchronize(device)
+        samples = [s.elapsed_time(e) * 1e-3 for s, e in events]
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            samples.append(time.perf_counter() - t0)
+    t = _summarize(samples)
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"bytes_per_s": moved / t.median_s, "buffer_bytes": moved // 2,
+            "median_s": t.median_s, "reps": t.reps}
+
+
+class MachineLoad:
+    """CPU time that other processes took during the run: the busy time of /proc/stat minus this
+    process's own (Linux only). CPU timings on a shared machine are only as good as this is low."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        vals += [0] * (8 - len(vals))
+        hz = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = vals
+        own = 0.0
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+            r = resource.getrusage(who)
+            own += r.ru_utime + r.ru_stime
+        return time.monotonic(), (user + nice + system + irq + softirq) / hz, steal / hz, own
+
+    def summary(self) -> dict | None:
+        end = self._sample()
+        if self.start is None or end is None:
+            return None
+        wall = max(1e-9, end[0] - self.start[0])
+        others = max(0.0, (end[1] - self.start[1]) - (end[3] - self.start[3]))
+        return {"wall_s": wall, "cores": os.cpu_count(), "other_processes_cpu_s": others,
+                "other_processes_cores_avg": others / wall,
+                "steal_cores_avg": (end[2] - self.start[2]) / wall}
+
+
+# --------------------------------------------------------------------------------------------
+# Peak extra memory
+
+CPU_MEMORY_METHOD = ("CPU peak memory: torch's CPU allocator as seen by torch.profiler "
+                     "(profile_memory=True): highest 'Total Allocated' during the call minus "
+                     "the level before it; memory a library allocates outside torch is not seen")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silences the profiler's own log lines (they go to fd 2 from C++)."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_extra_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Any, int | None]:
+    """Runs fn once; returns (its result, the peak of allocated bytes during the call above the
+    level before it, outputs included). CUDA: torch.cuda.max_memory_allocated after
+    reset_peak_memory_stats. CPU: see CPU_MEMORY_METHOD. None where it cannot be measured."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out, torch.cuda.max_memory_allocated(device) - before
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return fn(), None
+    try:
+        with _quiet_stderr():
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                out = fn()
+            with tempfile.TemporaryDirectory() as tmp:
+                trace = Path(tmp) / "trace.json"
+                prof.export_chrome_trace(str(trace))
+                events = json.loads(trace.read_text()).get("traceEvents", [])
+    except Exception:
+        return fn(), None
+    mem = [e["args"] for e in events
+           if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    if not mem:
+        return out, 0
+    mem.sort(key=lambda a: a.get("Ev Idx", 0))
+    if not all("Total Allocated" in a and "Bytes" in a for a in mem):
+        return out, None
+    level = mem[0]["Total Allocated"] - mem[0]["Bytes"]
+    peak = max(a["Total Allocated"] for a in mem)
+    return out, max(0, peak - level)
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us" if s < 1e-4 else f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms" if s < 1e-2 else f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_err(e: float | None) -> str:
+    if e is None or (isinstance(e, float) and math.isnan(e)):
+        return "-"
+    if math.isinf(e):
+        return "inf"
+    if e == 0:
+        return "0"
+    return f"{e:.1e}"
