@@ -11,3 +11,4 @@
 #include "fusedops/ops/rmsnorm.h"
 #include "fusedops/ops/sort_chunks.h"
 #include "fusedops/ops/matmul_add.h"
+#include "fusedops/ops/clipped_swiglu.h"

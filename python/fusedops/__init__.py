@@ -16,6 +16,7 @@ from .ops.sort_chunks import (moe_sort_chunks_by_index, moe_sort_chunks_by_index
                                sort_chunks_by_idx, sort_chunks_by_idxs)
 from .ops import sort_chunks
 from .ops.matmul_add import matmul_add
+from .ops.clipped_swiglu import clipped_swiglu, clipped_swiglu_grad
 from . import reference
 
 __version__ = "0.1.0"
@@ -26,6 +27,8 @@ __all__ = [
     "validation",
     "rmsnorm_without_weight",
     "l2norm",
+    "clipped_swiglu",
+    "clipped_swiglu_grad",
     "sort_chunks_by_idx",
     "sort_chunks_by_idxs",
     "moe_sort_chunks_by_index",

@@ -127,3 +127,37 @@ def matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> Tensor:
     acc = main_grad.detach().to("cpu", torch.float64).contiguous().clone()
     _C.matmul_add_fwd(context("matmul_add", acc, "ref"), g, x, acc, None)
     return acc.to(main_grad.device)
+
+
+class _ClippedSwiglu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group_index: Optional[Tensor], args: tuple):
+        x64 = x.detach().to("cpu", torch.float64).contiguous()
+        gi = None if group_index is None else group_index.detach().to("cpu").contiguous()
+        dim = args[0]
+        shape = list(x64.shape)
+        shape[dim] //= 2
+        y = torch.zeros(shape, dtype=torch.float64)
+        if y.numel():
+            _C.clipped_swiglu_fwd(context("clipped_swiglu", x64, "ref"), x64, gi, y, *args)
+        ctx.save_for_backward(x64)
+        ctx.gi, ctx.args, ctx.device, ctx.dtype = gi, args, x.device, x.dtype
+        return y.to(x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x64,) = ctx.saved_tensors
+        dx = torch.zeros(x64.shape, dtype=torch.float64)
+        if dx.numel():
+            _C.clipped_swiglu_bwd(context("clipped_swiglu", x64, "ref"),
+                                  dy.detach().to("cpu", torch.float64).contiguous(), x64, ctx.gi, dx,
+                                  *ctx.args)
+        return dx.to(ctx.device, ctx.dtype), None, None
+
+
+def clipped_swiglu(x: Tensor, *, group_index: Optional[Tensor] = None, dim: int = -1,
+                   alpha: float = 1.702, limit: float = 7.0, bias: float = 1.0,
+                   interleaved: bool = True, clamp_mode: int = 0) -> Tensor:
+    """float64 reference of :func:`fusedops.clipped_swiglu` (same arguments, float64 out)."""
+    args = (int(dim), float(alpha), float(limit), float(bias), bool(interleaved), int(clamp_mode))
+    return _ClippedSwiglu.apply(x, group_index, args)

@@ -31,5 +31,6 @@ void bind_rmsnorm(nb::module_& m);
 void bind_l2norm(nb::module_& m);
 void bind_sort_chunks(nb::module_& m);
 void bind_matmul_add(nb::module_& m);
+void bind_clipped_swiglu(nb::module_& m);
 
 }  // namespace fusedops::py

@@ -128,4 +128,5 @@ NB_MODULE(_C, m) {
   bind_l2norm(m);
   bind_sort_chunks(m);
   bind_matmul_add(m);
+  bind_clipped_swiglu(m);
 }
