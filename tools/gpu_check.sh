@@ -44,7 +44,11 @@ step "machine"
   "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 } | tee -a "$SUMMARY"
 ARCH="$("$PY" -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}" + ("a" if p[0] == 9 else ""))')"
-export FUSEDOPS_COMMIT="${FUSEDOPS_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || cat "$ROOT/.commit" 2>/dev/null || echo unknown)}"
+if [ -z "${FUSEDOPS_COMMIT:-}" ]; then
+  if [ -f "$ROOT/.commit" ]; then FUSEDOPS_COMMIT="$(cat "$ROOT/.commit")"
+  else FUSEDOPS_COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"; fi
+fi
+export FUSEDOPS_COMMIT
 note "commit $FUSEDOPS_COMMIT, building for sm_$ARCH"
 
 if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
@@ -59,7 +63,8 @@ GTEST_ARG=()
 cmake -S "$ROOT" -B "$WORK/build" -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS="$ARCH" \
   -DFUSEDOPS_BUILD_TESTS=ON -DFUSEDOPS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
   "${GTEST_ARG[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; fail cmake; }
-cmake --build "$WORK/build" -j "$(nproc)" >"$LOGS/build.log" 2>&1 || { grep -B2 -A8 "error" "$LOGS/build.log" | head -60; fail build; }
+cmake --build "$WORK/build" -j "$(nproc)" >"$LOGS/build.log" 2>&1 ||
+  { grep -B2 -A8 "error" "$LOGS/build.log" | head -60; fail build; exit 1; }
 rm -rf "$WORK/py" && mkdir -p "$WORK/py" && cp -r "$ROOT/python/fusedops" "$WORK/py/" &&
   cp "$WORK"/build/_C*.so "$WORK/py/fusedops/" || fail "python package"
 export PYTHONPATH="$WORK/py:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"

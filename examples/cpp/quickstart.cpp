@@ -40,10 +40,10 @@ int main() {
 
 #ifdef FUSEDOPS_WITH_CUDA
   if (cuda_device_count() > 0) {
-    float *dxp, *dyp, *drp;
-    cudaMalloc(&dxp, x.size() * 4);
-    cudaMalloc(&dyp, y.size() * 4);
-    cudaMalloc(&drp, rows * 4);
+    void *dxp = nullptr, *dyp = nullptr, *drp = nullptr;
+    if (cudaMalloc(&dxp, x.size() * 4) != cudaSuccess || cudaMalloc(&dyp, y.size() * 4) != cudaSuccess ||
+        cudaMalloc(&drp, rows * 4) != cudaSuccess)
+      return 1;
     cudaMemcpy(dxp, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
     Context ctx = Context::cuda(0);  // the default stream
     l2norm_fwd(ctx, {TensorView(dxp, DType::kFloat32, Device::cuda(0), {rows, dim}),
