@@ -29,7 +29,7 @@ OP = "sort_chunks_by_idx"
 EP, EXPERTS = 8, 32                  # S = 256 chunks (issue 6's target)
 GPU_SHAPES = [(262144, 4096)]        # issue 6's target shape
 GPU_QUICK_SHAPES = [(32768, 4096)]
-CPU_SHAPES = [(32768, 1024)]
+CPU_SHAPES = [(16384, 1024)]
 CPU_QUICK_SHAPES = [(4096, 256)]
 GPU_DTYPES = [torch.bfloat16]
 CPU_DTYPES = [torch.float32, torch.bfloat16]

@@ -40,12 +40,12 @@ def _operand(t: Tensor) -> Tensor:
 
 @torch.library.custom_op("fusedops::matmul_add", mutates_args=("main_grad",))
 def _matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> None:
-    ctx = context(_OP, main_grad)
+    ctx = context(_OP, grad_output)  # the operands' device is the call's device
     go, x = _operand(grad_output), _operand(input)
     workspace = None
-    if main_grad.device.type == "cuda":
+    if grad_output.device.type == "cuda":
         workspace = torch.empty(_C.matmul_add_workspace_size(ctx), dtype=torch.uint8,
-                                device=main_grad.device)
+                                device=grad_output.device)
     target = main_grad
     if (main_grad.device.type == "cuda" and main_grad.is_contiguous() and main_grad.numel()
             and main_grad.data_ptr() % _ALIGN):

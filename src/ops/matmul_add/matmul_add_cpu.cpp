@@ -2,7 +2,7 @@
 // kernel) straight on fp32 operands; bf16/fp16 operands are converted to fp32 a block of tokens
 // at a time (never the whole tensors) and each block is accumulated with its own beta = 1 GEMM.
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/matmul_add.h"
@@ -40,16 +40,20 @@ void run(const MatmulAddFwdArgs& a) {
     cpu::sgemm(true, false, O, I, tokens, 1.0f, g, ldg, x, ldx, 1.0f, C, I);
   } else {
     const int64_t block = block_tokens(tokens, O, I);
-    std::vector<float> gb(static_cast<size_t>(block * O)), xb(static_cast<size_t>(block * I));
+    // Uninitialized: every element is written by the conversion before the GEMM reads it.
+    std::unique_ptr<float[]> gb(new float[static_cast<size_t>(block * O)]);
+    std::unique_ptr<float[]> xb(new float[static_cast<size_t>(block * I)]);
     for (int64_t t0 = 0; t0 < tokens; t0 += block) {
       const int64_t n = std::min(block, tokens - t0);
-      cpu::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+      // Threads only for blocks big enough to pay for waking them (the GEMM is the cost).
+      const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 20) / std::max<int64_t>(O + I, 1));
+      cpu::parallel_for(0, n, grain, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          cpu::load_float(g + (t0 + r) * ldg, gb.data() + r * O, O);
-          cpu::load_float(x + (t0 + r) * ldx, xb.data() + r * I, I);
+          cpu::load_float(g + (t0 + r) * ldg, gb.get() + r * O, O);
+          cpu::load_float(x + (t0 + r) * ldx, xb.get() + r * I, I);
         }
       });
-      cpu::sgemm(true, false, O, I, n, 1.0f, gb.data(), O, xb.data(), I, 1.0f, C, I);
+      cpu::sgemm(true, false, O, I, n, 1.0f, gb.get(), O, xb.get(), I, 1.0f, C, I);
     }
   }
 }
