@@ -17,7 +17,10 @@ from .ops.sort_chunks import (moe_sort_chunks_by_index, moe_sort_chunks_by_index
 from .ops import sort_chunks
 from .ops.matmul_add import matmul_add
 from .ops.clipped_swiglu import clipped_swiglu, clipped_swiglu_grad
+from .ops.cross_entropy import FusedCrossEntropyLossFunction, fused_cross_entropy_loss
+from .ops.chunk_loss import chunk_loss
 from . import reference
+from . import nn
 
 __version__ = "0.1.0"
 
@@ -34,7 +37,11 @@ __all__ = [
     "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs",
     "matmul_add",
+    "fused_cross_entropy_loss",
+    "FusedCrossEntropyLossFunction",
+    "chunk_loss",
     "reference",
+    "nn",
     "built_with_cuda",
 ]
 

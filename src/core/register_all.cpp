@@ -15,12 +15,18 @@ void register_all_backends(Registry& r) {
   register_gated_delta_rule_cpu(r);
   register_clipped_swiglu_ref(r);
   register_clipped_swiglu_cpu(r);
+  register_fused_cross_entropy_loss_ref(r);
+  register_fused_cross_entropy_loss_cpu(r);
+  register_chunk_loss_ref(r);
+  register_chunk_loss_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
   register_sort_chunks_by_idx_cuda_sm80(r);
   register_matmul_add_cuda_sm80(r);
   register_clipped_swiglu_cuda_sm80(r);
+  register_fused_cross_entropy_loss_cuda_sm80(r);
+  register_chunk_loss_cuda_sm80(r);
 #endif
 }
 

@@ -26,4 +26,10 @@ void register_clipped_swiglu_ref(Registry& r);
 void register_clipped_swiglu_cpu(Registry& r);
 void register_clipped_swiglu_cuda_sm80(Registry& r);
 
+void register_fused_cross_entropy_loss_ref(Registry& r);
+void register_fused_cross_entropy_loss_cpu(Registry& r);
+void register_fused_cross_entropy_loss_cuda_sm80(Registry& r);
+void register_chunk_loss_ref(Registry& r);
+void register_chunk_loss_cpu(Registry& r);
+void register_chunk_loss_cuda_sm80(Registry& r);
 }  // namespace fusedops

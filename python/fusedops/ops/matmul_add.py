@@ -1,6 +1,7 @@
 """matmul_add: the fused weight-gradient accumulation ``main_grad += grad_output^T @ input``
 (MindSpeed's ``npu_matmul_add_fp32``, Megatron's gradient-accumulation fusion) as a
-torch.library custom op that mutates ``main_grad``.
+torch.library custom op (``fusedops::matmul_add``, used when traced; see fusedops._op) that
+mutates ``main_grad``.
 
 There is no autograd formula: the op is itself the weight-gradient step of a linear layer's
 backward, called from inside a backward (or an optimizer hook) on tensors that do not require
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import PlainOp
 
 _OP = "matmul_add"
 _ALIGN = 256  # cuBLASLt's default assumption for matrix addresses (see matmul_add_sm80.cu)
@@ -38,8 +40,7 @@ def _operand(t: Tensor) -> Tensor:
     return _aligned(t)
 
 
-@torch.library.custom_op("fusedops::matmul_add", mutates_args=("main_grad",))
-def _matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> None:
+def _matmul_add_impl(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> None:
     ctx = context(_OP, grad_output)  # the operands' device is the call's device
     go, x = _operand(grad_output), _operand(input)
     workspace = None
@@ -55,9 +56,13 @@ def _matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> None:
         main_grad.copy_(target)
 
 
-@_matmul_add.register_fake
-def _(grad_output, input, main_grad):
+def _matmul_add_fake(grad_output, input, main_grad):
     return None
+
+
+# Eagerly the implementation itself; under torch.compile the custom op fusedops::matmul_add,
+# which declares that it writes main_grad.
+_matmul_add = PlainOp("matmul_add", _matmul_add_impl, _matmul_add_fake, mutates_args=("main_grad",))
 
 
 def matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> Tensor:

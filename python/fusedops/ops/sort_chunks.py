@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
 
 _OP = "sort_chunks_by_idx"
 _OP_MAP = "make_chunk_sort_map"
@@ -91,9 +92,8 @@ def _check_probs(op: str, probs: Optional[Tensor], n: int) -> None:
 # sort_chunks_by_idx: forward (map + permutation) and backward (gather).
 
 
-@torch.library.custom_op("fusedops::sort_chunks_by_idx_fwd", mutates_args=())
-def _fwd(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
-         probs: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _fwd_impl(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
+              probs: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     n = inp.shape[0]
     out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
     probs_out = (torch.empty(n, dtype=probs.dtype, device=inp.device) if probs is not None
@@ -105,15 +105,13 @@ def _fwd(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
     return out, probs_out, row_id_map
 
 
-@_fwd.register_fake
-def _(inp, split_sizes, sorted_index, probs):
+def _fwd_fake(inp, split_sizes, sorted_index, probs):
     n = inp.shape[0]
     probs_out = inp.new_empty(n, dtype=probs.dtype) if probs is not None else inp.new_empty(0)
     return inp.new_empty(inp.shape), probs_out, inp.new_empty(n, dtype=torch.int32)
 
 
-@torch.library.custom_op("fusedops::sort_chunks_by_idx_bwd", mutates_args=())
-def _bwd(d_out: Tensor, d_probs_out: Optional[Tensor], row_id_map: Tensor) -> tuple[Tensor, Tensor]:
+def _bwd_impl(d_out: Tensor, d_probs_out: Optional[Tensor], row_id_map: Tensor) -> tuple[Tensor, Tensor]:
     n = d_out.shape[0]
     d_inp = torch.empty(d_out.shape, dtype=d_out.dtype, device=d_out.device)
     d_probs = (torch.empty(n, dtype=d_probs_out.dtype, device=d_out.device)
@@ -123,15 +121,18 @@ def _bwd(d_out: Tensor, d_probs_out: Optional[Tensor], row_id_map: Tensor) -> tu
     return d_inp, d_probs
 
 
-@_bwd.register_fake
-def _(d_out, d_probs_out, row_id_map):
+def _bwd_fake(d_out, d_probs_out, row_id_map):
     n = d_out.shape[0]
     d_probs = d_out.new_empty(n, dtype=d_probs_out.dtype) if d_probs_out is not None else d_out.new_empty(0)
     return d_out.new_empty(d_out.shape), d_probs
 
 
+_bwd = PlainOp("sort_chunks_by_idx_bwd", _bwd_impl, _bwd_fake)
+
+
 def _setup(ctx, inputs, output):
     ctx.has_probs = inputs[3] is not None
+    ctx.inp_meta = (inputs[0].shape, inputs[0].dtype, inputs[0].device)
     ctx.save_for_backward(output[2])
     ctx.mark_non_differentiable(output[2])
     if not ctx.has_probs:
@@ -140,11 +141,16 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, d_out, d_probs_out, _d_map):
     (row_id_map,) = ctx.saved_tensors
-    d_inp, d_probs = _bwd(d_out, d_probs_out if ctx.has_probs else None, row_id_map)
-    return d_inp, None, None, (d_probs if ctx.has_probs else None)
+    d_probs_out = d_probs_out if ctx.has_probs else None
+    if d_out is None and d_probs_out is None:
+        return None, None, None, None
+    if d_out is None:  # only probs_out was used: gather its gradient alone
+        return None, None, None, d_probs_out[row_id_map.long()]
+    d_inp, d_probs = _bwd(d_out, d_probs_out, row_id_map)
+    return d_inp, None, None, (d_probs if d_probs_out is not None else None)
 
 
-torch.library.register_autograd("fusedops::sort_chunks_by_idx_fwd", _backward, setup_context=_setup)
+_fwd = DifferentiableOp("sort_chunks_by_idx_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 def sort_chunks_by_idx(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
@@ -219,17 +225,18 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Union[Tensor, Sequence[int]]
 # The helpers of MindSpeed / TransformerEngine: the map alone, and a move through a given map.
 
 
-@torch.library.custom_op("fusedops::make_chunk_sort_map", mutates_args=())
-def _make_map(split_sizes: Tensor, sorted_index: Tensor, num_tokens: int) -> Tensor:
+def _make_map_impl(split_sizes: Tensor, sorted_index: Tensor, num_tokens: int) -> Tensor:
     row_id_map = torch.empty(num_tokens, dtype=torch.int32, device=split_sizes.device)
     _C.make_chunk_sort_map(context(_OP_MAP, split_sizes), split_sizes, sorted_index, row_id_map,
                            _workspace(split_sizes.numel(), split_sizes.device))
     return row_id_map
 
 
-@_make_map.register_fake
-def _(split_sizes, sorted_index, num_tokens):
+def _make_map_fake(split_sizes, sorted_index, num_tokens):
     return split_sizes.new_empty(num_tokens, dtype=torch.int32)
+
+
+_make_map = PlainOp("make_chunk_sort_map", _make_map_impl, _make_map_fake)
 
 
 def make_chunk_sort_map(split_sizes: Tensor, sorted_indices: Tensor, num_tokens: int,
@@ -247,9 +254,8 @@ def make_chunk_sort_map(split_sizes: Tensor, sorted_indices: Tensor, num_tokens:
     return _make_map(split_sizes, sorted_indices, int(num_tokens))
 
 
-@torch.library.custom_op("fusedops::sort_chunks_by_map", mutates_args=())
-def _by_map(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor],
-            is_forward: bool) -> tuple[Tensor, Tensor]:
+def _by_map_impl(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor],
+                 is_forward: bool) -> tuple[Tensor, Tensor]:
     n = inp.shape[0]
     out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
     probs_out = (torch.empty(n, dtype=probs.dtype, device=inp.device) if probs is not None
@@ -259,8 +265,7 @@ def _by_map(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor],
     return out, probs_out
 
 
-@_by_map.register_fake
-def _(inp, row_id_map, probs, is_forward):
+def _by_map_fake(inp, row_id_map, probs, is_forward):
     n = inp.shape[0]
     probs_out = inp.new_empty(n, dtype=probs.dtype) if probs is not None else inp.new_empty(0)
     return inp.new_empty(inp.shape), probs_out
@@ -269,6 +274,7 @@ def _(inp, row_id_map, probs, is_forward):
 def _by_map_setup(ctx, inputs, output):
     ctx.has_probs = inputs[2] is not None
     ctx.is_forward = inputs[3]
+    ctx.inp_meta = (inputs[0].shape, inputs[0].dtype, inputs[0].device)
     ctx.save_for_backward(inputs[1])
     if not ctx.has_probs:
         ctx.mark_non_differentiable(output[1])
@@ -277,13 +283,18 @@ def _by_map_setup(ctx, inputs, output):
 def _by_map_backward(ctx, d_out, d_probs_out):
     # A scatter through the map is undone by the gather through the same map, and vice versa.
     (row_id_map,) = ctx.saved_tensors
-    d_inp, d_probs = _by_map(d_out, row_id_map, d_probs_out if ctx.has_probs else None,
-                             not ctx.is_forward)
-    return d_inp, None, (d_probs if ctx.has_probs else None), None
+    d_probs_out = d_probs_out if ctx.has_probs else None
+    if d_out is None and d_probs_out is None:
+        return None, None, None, None
+    shape, dtype, device = ctx.inp_meta
+    if d_out is None:
+        d_out = torch.zeros(shape, dtype=dtype, device=device)
+    d_inp, d_probs = _by_map(d_out, row_id_map, d_probs_out, not ctx.is_forward)
+    return d_inp, None, (d_probs if d_probs_out is not None else None), None
 
 
-torch.library.register_autograd("fusedops::sort_chunks_by_map", _by_map_backward,
-                                setup_context=_by_map_setup)
+_by_map = DifferentiableOp("sort_chunks_by_map", _by_map_impl, _by_map_fake, _by_map_setup,
+                           _by_map_backward)
 
 
 def sort_chunks_by_map(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor], num_tokens: int,

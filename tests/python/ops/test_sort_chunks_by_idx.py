@@ -165,6 +165,27 @@ def test_fp8_rows_with_probs_and_their_gradients(device):
     assert_bitwise(dp, dpb, "d_probs")
 
 
+def test_gradient_of_one_output_only(device, runnable_backends):
+    # Only probs_out (or only out) reaches the loss: the other gradient is absent, not zeros.
+    sizes, order = [3, 0, 5, 4], [1, 3, 2, 0]
+    s_t, o_t = index_tensors(sizes, order, device)
+    for backend in runnable_backends(OP, device):
+        x = torch.randn(12, 7, device=device, requires_grad=True)
+        probs = torch.rand(12, device=device, requires_grad=True)
+        g = torch.randn(12, device=device)
+        with fusedops.use_backend(**{OP: backend}):
+            _, po = fusedops.sort_chunks_by_idx(x, s_t, o_t, probs)
+            dx, dp = torch.autograd.grad(po, [x, probs], g, allow_unused=True)
+        assert dx is None
+        pb = probs.detach().clone().requires_grad_()
+        (want,) = torch.autograd.grad(composite(x.detach(), sizes, order, pb)[1], pb, g)
+        assert_bitwise(dp, want, f"{backend} d_probs alone")
+        with fusedops.use_backend(**{OP: backend}):
+            out, _ = fusedops.sort_chunks_by_idx(x, s_t, o_t, probs)
+            dx, dp = torch.autograd.grad(out, [x, probs], torch.ones_like(out), allow_unused=True)
+        assert dp is None and torch.equal(dx, torch.ones_like(x))
+
+
 # ---------------------------------------------------------------------------------------------
 # Layouts, entry points, helpers.
 
@@ -245,6 +266,10 @@ def test_helpers_make_chunk_sort_map_and_sort_chunks_by_map(device):
     g = torch.randn(n, hd, device=device)
     (dx,) = torch.autograd.grad(out, x, g)
     assert_bitwise(dx, g[row_id_map.long()], "d_inp of the scatter")
+    gp = torch.randn(n, device=device)
+    _, po2 = sc.sort_chunks_by_map(x, row_id_map, probs, n, hd, True)
+    (dp,) = torch.autograd.grad(po2, probs, gp)
+    assert_bitwise(dp, gp[row_id_map.long()], "d_probs of the scatter")
     _, _, saved_map = sc.sort_chunks_by_idx_with_map(x, s_t, o_t)
     assert torch.equal(saved_map, row_id_map)
 

@@ -1,0 +1,101 @@
+// Cross-entropy family. This header: fused_cross_entropy_loss (ops.md section 1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fusedops/core/context.h"
+#include "fusedops/core/tensor.h"
+
+namespace fusedops {
+
+enum class LossReduction : uint8_t { kNone, kSum, kMean };
+
+const char* loss_reduction_name(LossReduction reduction);
+// "none", "sum" or "mean"; anything else raises a kValue Error naming `op` and the choices.
+LossReduction parse_loss_reduction(const std::string& name, const char* op);
+
+// The options of ops.md section 1.2 shared by fused_cross_entropy_loss and chunk_loss.
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  LossReduction reduction = LossReduction::kMean;
+  double label_smoothing = 0.0;               // epsilon in [0, 1]
+  double logit_scale = 1.0;                   // logits are multiplied by it before everything
+  std::optional<double> logit_softcapping;    // s > 0: z = s * tanh(z / s); nullopt: off
+  double lse_square_scale = 0.0;              // lambda >= 0: z-loss lambda * lse^2
+};
+
+// Forward, per row i of logits [..., V] (leading dims flattened to N rows), all in fp32
+// (float64 in the ref backend):
+//   z_v  = logit_scale * logits[i,v];  with softcapping s: t_v = tanh(z_v / s), z_v = s * t_v
+//   lse  = log sum_v exp(z_v)
+//   l_i  = (1-eps) (lse - z_y) + eps (lse - mean_v z_v) + lambda lse^2,   y = labels[i]
+//   l_i  = 0 for rows with y == ignore_index
+// With w_i = loss_weight[i] (1 when absent) and norm = max(1, #non-ignored rows) for "mean",
+// 1 otherwise:
+//   sum / mean:  loss = sum_i w_i l_i / norm            (0-d)
+//   none:        loss[i] = w_i l_i                       (labels' shape)
+//   z_loss:      the same reduction of lambda lse_i^2, unweighted (0 for ignored rows)
+// The gradient is computed here, for an upstream gradient of 1 (ops.md 1.4):
+//   grad_logits[i,v] = logit_scale (1 - t_v^2 if softcapping) * w_i / norm *
+//                      ((1 + 2 lambda lse) softmax(z)_v - (1-eps) [v == y] - eps / V)
+//   grad_loss_weight[i] = l_i / norm
+// and the backward (cross_entropy_bwd) only rescales them. A label outside [0, V) that is not
+// ignore_index gives a NaN loss for its row (and no target term in its gradient); with
+// ctx.validate such labels raise instead (this reads the labels, and synchronizes on CUDA).
+//
+//   logits:      [..., V], V >= 1, fp32/bf16/fp16 (ref: also fp64); last dim stride 1 and the
+//                leading dims flattening to rows with one stride.
+//   labels:      logits' shape without V, int32/int64, contiguous.
+//   loss_weight: optional, labels' shape, any floating dtype, contiguous.
+//   loss:        fp32 (ref: also fp64); 0-d for sum/mean, labels' shape for none. Overwritten.
+//   z_loss:      optional, loss's shape and dtype. Overwritten.
+//   grad_logits: optional (leave undefined when no gradient is wanted: the forward then reads
+//                the logits once and writes nothing else), logits' shape and dtype, contiguous.
+//                It may be logits itself (inplace_backward: the gradient replaces the logits,
+//                which must then be contiguous); any other overlap is an error.
+//   grad_loss_weight: optional, labels' shape, fp32 (ref: also fp64), contiguous.
+//   workspace:   uint8 bytes on the device, at least cross_entropy_workspace_size(ctx, N, V)
+//                (0 on the CPU: may be left undefined there).
+// Saved for the backward: grad_logits and grad_loss_weight (nothing else).
+struct CrossEntropyFwdArgs {
+  TensorView logits;
+  TensorView labels;
+  TensorView loss_weight;
+  TensorView loss;
+  TensorView z_loss;
+  TensorView grad_logits;
+  TensorView grad_loss_weight;
+  TensorView workspace;
+  CrossEntropyOptions options;
+};
+
+// Backward: multiplies the forward's gradients by the upstream gradient g of `loss`.
+//   sum / mean: grad_loss is 0-d; none: grad_loss has labels' shape (one factor per row).
+//   grad_logits[i,:] = g_i * saved_grad_logits[i,:],  grad_loss_weight[i] = g_i * saved[i]
+// Each output may be its saved input itself (in place); an in-place row whose factor is exactly
+// 1 is then not touched, so the common `loss.backward()` costs no pass over the logits. Outputs
+// are overwritten. grad_loss is fp32 (ref: also fp64); outputs have their saved input's shape,
+// the saved logits gradient's dtype resp. any floating dtype for grad_loss_weight; contiguous.
+struct CrossEntropyBwdArgs {
+  TensorView grad_loss;
+  TensorView saved_grad_logits;
+  TensorView grad_logits;
+  TensorView saved_grad_loss_weight;
+  TensorView grad_loss_weight;
+  LossReduction reduction = LossReduction::kMean;
+};
+
+void fused_cross_entropy_loss_fwd(const Context& ctx, const CrossEntropyFwdArgs& args);
+void fused_cross_entropy_loss_bwd(const Context& ctx, const CrossEntropyBwdArgs& args);
+// The float64 reference (plain loops; CPU tensors of any floating dtype).
+void fused_cross_entropy_loss_fwd_ref(const Context& ctx, const CrossEntropyFwdArgs& args);
+void fused_cross_entropy_loss_bwd_ref(const Context& ctx, const CrossEntropyBwdArgs& args);
+
+// Bytes of device workspace the forward needs for `rows` rows of `vocab` logits on ctx.device
+// (0 on the CPU).
+size_t cross_entropy_workspace_size(const Context& ctx, int64_t rows, int64_t vocab);
+
+}  // namespace fusedops

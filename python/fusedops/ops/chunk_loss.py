@@ -1,0 +1,265 @@
+"""chunk_loss (ops.md section 10): the LM head and cross-entropy without materialized logits, as
+torch.library custom ops with autograd.
+
+The forward runs the whole computation chunk by chunk over the tokens (logits GEMM, fused
+cross-entropy, two gradient GEMMs) and keeps d_hidden and d_weight; the backward only rescales
+them by the upstream gradient (in place in eager mode, skipped on the device when it is 1;
+functional under torch.compile). A second backward through the same call raises.
+"""
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from .._backend import _validate, context, rows_view
+from .cross_entropy import _acc, _grad_loss, _is_eager
+
+_OP = "chunk_loss"
+_EMPTY = (0,)
+
+
+def _prepare(hidden: Tensor, labels: Tensor, alpha):
+    """(hidden, labels, scalar alpha, per-sample alpha tensor) in the form the C++ op takes. A
+    tensor alpha divides per sample: [B] for hidden [B, S, H]; a 0-d tensor is read on the device
+    (no host synchronization) by treating the rows as one sample."""
+    alpha_t = None
+    alpha_s = 1.0
+    if isinstance(alpha, Tensor):
+        alpha_t = alpha.to(torch.float32)
+        if alpha.dim() == 0:
+            hidden = hidden.reshape(1, -1, hidden.shape[-1])
+            labels = labels.reshape(1, -1)
+            alpha_t = alpha_t.reshape(1)
+        alpha_t = alpha_t.contiguous()
+    elif alpha is not None:
+        alpha_s = float(alpha)
+    return hidden, labels, alpha_s, alpha_t
+
+
+def _run_fwd(hidden, weight, bias, labels, loss_weight, alpha_s, alpha_t, grad_weight, accumulate,
+             ignore_index, reduction, label_smoothing, logit_scale, softcap, lse_square_scale,
+             chunk_size, memory_budget, want_z_loss, want_grad_hidden, want_weight_grad):
+    dev = hidden.device
+    h = rows_view(hidden)
+    w = weight.contiguous()
+    acc = _acc(hidden)
+    loss = torch.empty((), dtype=acc, device=dev)
+    z_loss = torch.empty((), dtype=acc, device=dev) if want_z_loss else None
+    dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=dev) if want_grad_hidden else None
+    glw = torch.empty(labels.shape, dtype=acc, device=dev) if want_weight_grad else None
+    ctx = context(_OP, hidden)
+    n = _C.chunk_loss_workspace_size(ctx, h, w, dh, grad_weight, accumulate, chunk_size, memory_budget)
+    ws = torch.empty(n, dtype=torch.uint8, device=dev) if n else None
+    _C.chunk_loss_fwd(ctx, h, w, bias, labels.contiguous(),
+                      loss_weight.contiguous() if loss_weight is not None else None, alpha_s, alpha_t,
+                      loss, z_loss, dh, grad_weight, accumulate, glw, chunk_size, memory_budget, ws,
+                      ignore_index, reduction, label_smoothing, logit_scale, softcap, lse_square_scale)
+    return loss, z_loss, dh, glw
+
+
+@torch.library.custom_op("fusedops::chunk_loss_fwd", mutates_args=())
+def _fwd(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
+         loss_weight: Optional[Tensor], alpha: float, alpha_per_sample: Optional[Tensor],
+         ignore_index: int, reduction: str, label_smoothing: float, logit_scale: float,
+         softcap: Optional[float], lse_square_scale: float, chunk_size: int, memory_budget: int,
+         want_z_loss: bool, want_grad_hidden: bool, want_grad_weight: bool,
+         want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_grad_weight else None
+    loss, z_loss, dh, glw = _run_fwd(hidden, weight, bias, labels, loss_weight, alpha,
+                                     alpha_per_sample, dw, False, ignore_index, reduction,
+                                     label_smoothing, logit_scale, softcap, lse_square_scale,
+                                     chunk_size, memory_budget, want_z_loss, want_grad_hidden,
+                                     want_weight_grad)
+    def f32():  # a distinct placeholder per absent output (returns must not alias)
+        return hidden.new_empty(_EMPTY, dtype=_acc(hidden))
+    return (loss, z_loss if z_loss is not None else f32(),
+            dh if dh is not None else hidden.new_empty(_EMPTY),
+            dw if dw is not None else weight.new_empty(_EMPTY), glw if glw is not None else f32())
+
+
+@_fwd.register_fake
+def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, ignore_index, reduction,
+      label_smoothing, logit_scale, softcap, lse_square_scale, chunk_size, memory_budget,
+      want_z_loss, want_grad_hidden, want_grad_weight, want_weight_grad):
+    f32 = _acc(hidden)
+    return (hidden.new_empty((), dtype=f32), hidden.new_empty(() if want_z_loss else _EMPTY, dtype=f32),
+            hidden.new_empty(hidden.shape if want_grad_hidden else _EMPTY),
+            weight.new_empty(weight.shape if want_grad_weight else _EMPTY),
+            hidden.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
+
+
+@torch.library.custom_op("fusedops::chunk_loss_fwd_accumulate", mutates_args=("grad_weight_buffer",))
+def _fwd_accumulate(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
+                    loss_weight: Optional[Tensor], alpha: float, alpha_per_sample: Optional[Tensor],
+                    grad_weight_buffer: Tensor, ignore_index: int, reduction: str,
+                    label_smoothing: float, logit_scale: float, softcap: Optional[float],
+                    lse_square_scale: float, chunk_size: int, memory_budget: int, want_z_loss: bool,
+                    want_grad_hidden: bool, want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward that adds d_weight into a caller's fp32 buffer."""
+    loss, z_loss, dh, glw = _run_fwd(hidden, weight, bias, labels, loss_weight, alpha,
+                                     alpha_per_sample, grad_weight_buffer, True, ignore_index,
+                                     reduction, label_smoothing, logit_scale, softcap,
+                                     lse_square_scale, chunk_size, memory_budget, want_z_loss,
+                                     want_grad_hidden, want_weight_grad)
+    def f32():
+        return hidden.new_empty(_EMPTY, dtype=_acc(hidden))
+    return (loss, z_loss if z_loss is not None else f32(),
+            dh if dh is not None else hidden.new_empty(_EMPTY), glw if glw is not None else f32())
+
+
+@_fwd_accumulate.register_fake
+def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, grad_weight_buffer,
+      ignore_index, reduction, label_smoothing, logit_scale, softcap, lse_square_scale, chunk_size,
+      memory_budget, want_z_loss, want_grad_hidden, want_weight_grad):
+    f32 = _acc(hidden)
+    return (hidden.new_empty((), dtype=f32), hidden.new_empty(() if want_z_loss else _EMPTY, dtype=f32),
+            hidden.new_empty(hidden.shape if want_grad_hidden else _EMPTY),
+            hidden.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
+
+
+@torch.library.custom_op("fusedops::chunk_loss_bwd", mutates_args=())
+def _bwd(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
+         grad_loss_weight: Optional[Tensor], weight_dtype: Optional[torch.dtype]
+         ) -> tuple[Tensor, Tensor, Tensor]:
+    """Functional backward: new tensors g * saved."""
+    def like(t, dtype=None):
+        return torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device) if t is not None else None
+    dh, dw, dlw = like(grad_hidden), like(grad_weight), like(grad_loss_weight, weight_dtype)
+    _C.chunk_loss_bwd(context(_OP, grad_loss), _grad_loss(grad_loss), grad_hidden, dh, grad_weight,
+                      dw, grad_loss_weight, dlw)
+    return tuple(t if t is not None else grad_loss.new_empty(_EMPTY) for t in (dh, dw, dlw))
+
+
+@_bwd.register_fake
+def _(grad_loss, grad_hidden, grad_weight, grad_loss_weight, weight_dtype):
+    def empty():
+        return grad_loss.new_empty(_EMPTY)
+    return (grad_hidden.new_empty(grad_hidden.shape) if grad_hidden is not None else empty(),
+            grad_weight.new_empty(grad_weight.shape) if grad_weight is not None else empty(),
+            grad_loss_weight.new_empty(grad_loss_weight.shape, dtype=weight_dtype)
+            if grad_loss_weight is not None else empty())
+
+
+@torch.library.custom_op("fusedops::chunk_loss_bwd_inplace",
+                         mutates_args=("grad_hidden", "grad_weight", "grad_loss_weight"))
+def _bwd_inplace(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
+                 grad_loss_weight: Optional[Tensor]) -> None:
+    """Eager backward: saved *= g in place (nothing is touched when g == 1)."""
+    _C.chunk_loss_bwd(context(_OP, grad_loss), _grad_loss(grad_loss), grad_hidden, grad_hidden,
+                      grad_weight, grad_weight, grad_loss_weight, grad_loss_weight)
+
+
+@_bwd_inplace.register_fake
+def _(grad_loss, grad_hidden, grad_weight, grad_loss_weight):
+    return None
+
+
+def _rescale(ctx, grad_loss, dh, dw, glw):
+    if _is_eager(grad_loss, dh, dw, glw):
+        _bwd_inplace(grad_loss, dh, dw, glw)
+        return dh, dw, glw.to(ctx.weight_dtype) if glw is not None else None
+    out = _bwd(grad_loss, dh, dw, glw, ctx.weight_dtype)
+    return tuple(o if s is not None else None for o, s in zip(out, (dh, dw, glw)))
+
+
+def _setup(ctx, inputs, output):
+    loss_weight = inputs[4]
+    ctx.want = inputs[16:19]  # grad_hidden, grad_weight, loss-weight gradient
+    ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+    ctx.save_for_backward(output[2], output[3], output[4])
+
+
+def _backward(ctx, grad_loss, _g_z, _g_dh, _g_dw, _g_glw):
+    saved = ctx.saved_tensors
+    dh, dw, glw = (t if want else None for t, want in zip(saved, ctx.want))
+    dh, dw, dlw = _rescale(ctx, grad_loss, dh, dw, glw)
+    return (dh, dw, None, None, dlw) + (None,) * 14
+
+
+torch.library.register_autograd("fusedops::chunk_loss_fwd", _backward, setup_context=_setup)
+
+
+class _Accumulate(torch.autograd.Function):
+    """grad_weight_buffer given (eager): d_weight is added to the buffer in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, buffer,
+                *rest):
+        want_grad_hidden, want_weight_grad = rest[-2], rest[-1]
+        loss, z_loss, dh, glw = _fwd_accumulate(hidden, weight, bias, labels, loss_weight, alpha,
+                                                alpha_per_sample, buffer, *rest)
+        ctx.want = (want_grad_hidden, False, want_weight_grad)
+        ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+        ctx.save_for_backward(dh, glw)
+        ctx.mark_non_differentiable(z_loss)
+        return loss, z_loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, _g_z):
+        dh, glw = ctx.saved_tensors
+        if grad_loss.device.type == "cpu" or _validate.get():
+            if bool(grad_loss != 1):
+                raise RuntimeError(
+                    "fusedops: chunk_loss: with grad_weight_buffer the weight gradient is added "
+                    "to the buffer in the forward for an upstream gradient of 1, but the upstream "
+                    f"gradient is {float(grad_loss)}; scale the loss after the buffer is used or "
+                    "leave grad_weight_buffer unset")
+        dh, _, dlw = _rescale(ctx, grad_loss, dh if ctx.want[0] else None, None,
+                              glw if ctx.want[2] else None)
+        return (dh, None, None, None, dlw) + (None,) * 14
+
+
+def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Optional[Tensor] = None,
+               *, chunk_size: Optional[int] = None, ignore_index: int = -100, reduction: str = "sum",
+               alpha: Union[None, float, Tensor] = None, label_smoothing: float = 0.0,
+               lse_square_scale: float = 0.0, softcap: Optional[float] = None,
+               bias: Optional[Tensor] = None, logit_scale: float = 1.0,
+               memory_budget: Optional[int] = None, return_z_loss: bool = False,
+               grad_weight_buffer: Optional[Tensor] = None):
+    """``CE(hidden @ weight.T)`` computed in chunks of tokens so that the ``[N, V]`` logits never
+    exist (ops.md section 10, MindSpeed-MM's ChunkLoss with the loss of section 1).
+
+    * ``hidden``: ``[B, S, H]`` or ``[N, H]``; ``weight``: ``[V, H]`` (same dtype); ``labels``:
+      hidden's shape without ``H`` (already shifted); ``loss_weight``: per token, differentiable.
+    * ``reduction``: ``"sum"`` (default, MindSpeed) or ``"mean"`` (over the non-ignored tokens of
+      the whole batch). ``alpha``: MindSpeed's normaliser, the loss is divided by it; a ``[B]``
+      tensor divides each sample's rows by its own alpha.
+    * The cross-entropy options (``ignore_index``, ``label_smoothing``, ``lse_square_scale``
+      z-loss, ``softcap``, ``logit_scale``) are those of :func:`fused_cross_entropy_loss`.
+    * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
+      gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 256 MiB on the CPU).
+    * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
+      gradient is added to during the forward instead of being returned through autograd; the
+      upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
+      inside ``fusedops.validation()``).
+    * ``bias`` is rejected (``ValueError``), as in MindSpeed.
+
+    Returns the float32 scalar loss (and the z-loss, not differentiable, with ``return_z_loss``).
+    """
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"fusedops: {_OP}: reduction must be 'sum' or 'mean' (the weight "
+                         f"gradient cannot be rescaled per row after the forward), got {reduction!r}")
+    if chunk_size is not None and chunk_size <= 0:
+        raise ValueError(f"fusedops: {_OP}: chunk_size must be > 0 (or None to choose it from "
+                         f"memory_budget), got {chunk_size}")
+    h, lab, alpha_s, alpha_t = _prepare(hidden, labels, alpha)
+    grad_on = torch.is_grad_enabled()
+    want_dh = grad_on and hidden.requires_grad
+    want_dw = grad_on and weight.requires_grad and grad_weight_buffer is None
+    want_lw = grad_on and loss_weight is not None and loss_weight.requires_grad
+    lw = loss_weight.reshape(lab.shape) if loss_weight is not None and loss_weight.shape != lab.shape \
+        else loss_weight
+    opts = (int(ignore_index), reduction, float(label_smoothing), float(logit_scale),
+            None if softcap is None else float(softcap), float(lse_square_scale),
+            int(chunk_size or 0), int(memory_budget or 0), bool(return_z_loss))
+    if grad_weight_buffer is not None:
+        loss, z_loss = _Accumulate.apply(h, weight, bias, lab, lw, alpha_s, alpha_t, grad_weight_buffer,
+                                         *opts, want_dh, want_lw)
+    else:
+        loss, z_loss, _, _, _ = _fwd(h, weight, bias, lab, lw, alpha_s, alpha_t, *opts, want_dh,
+                                     want_dw, want_lw)
+    if return_z_loss:
+        return loss, z_loss.detach()
+    return loss

@@ -1,0 +1,243 @@
+// chunk_loss, CPU backend: per chunk of rows, Z = H_c W^T (cpu::sgemm), the cross-entropy
+// engine writing the gradient over Z in place, dH_c = G W and dW += G^T H_c (sgemm, fp32).
+// fp32 copies of 16-bit operands: the weight once ([V, H]), hidden one chunk at a time.
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/chunk_loss.h"
+#include "src/core/visit.h"
+#include "src/cpu/gemm.h"
+#include "src/cpu/parallel.h"
+#include "src/cpu/simd.h"
+#include "src/ops/cross_entropy/ce_common.h"
+#include "src/ops/cross_entropy/ce_cpu.h"
+
+namespace fusedops {
+namespace {
+
+constexpr const char* kOp = "chunk_loss";
+
+bool supports_fwd(const ChunkLossFwdArgs& a) {
+  return a.loss.dtype() == DType::kFloat32 &&
+         (!a.grad_loss_weight.defined() || a.grad_loss_weight.dtype() == DType::kFloat32) &&
+         (!a.alpha_per_sample.defined() || a.alpha_per_sample.dtype() == DType::kFloat32) &&
+         (!a.grad_weight.defined() || a.grad_weight.dtype() != DType::kFloat64);
+}
+
+bool supports_bwd(const ChunkLossBwdArgs& a) {
+  return a.grad_loss.dtype() == DType::kFloat32 &&
+         (!a.saved_grad_loss_weight.defined() || a.saved_grad_loss_weight.dtype() == DType::kFloat32);
+}
+
+// rows x cols of T (row stride `stride`) -> contiguous fp32, threads over rows.
+void to_float_rows(const void* src, DType dtype, int64_t stride, int64_t rows, int64_t cols, float* dst) {
+  visit_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1)),
+                      [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* s = static_cast<const T*>(src) + r * stride;
+        float* d = dst + r * cols;
+        if constexpr (std::is_same_v<T, double>) {
+          for (int64_t c = 0; c < cols; ++c) d[c] = static_cast<float>(s[c]);
+        } else {
+          cpu::load_float(s, d, cols);
+        }
+      }
+    });
+  });
+}
+
+void from_float_rows(const float* src, int64_t rows, int64_t cols, void* dst, DType dtype) {
+  visit_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1)),
+                      [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        T* d = static_cast<T*>(dst) + r * cols;
+        const float* s = src + r * cols;
+        if constexpr (std::is_same_v<T, double>) {
+          for (int64_t c = 0; c < cols; ++c) d[c] = s[c];
+        } else {
+          cpu::store_float(s, d, cols);
+        }
+      }
+    });
+  });
+}
+
+void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
+  const CrossEntropyOptions& o = a.options;
+  const int64_t N = a.hidden.rows(), H = a.hidden.size(-1), V = a.weight.size(0);
+  const DType dt = a.hidden.dtype();
+  const bool f32 = dt == DType::kFloat32;
+  const bool int64 = a.labels.dtype() == DType::kInt64;
+  if (ctx.validate) {
+    if (int64)
+      ce::check_labels_host(kOp, a.labels.data_as<const int64_t>(), N, V, o.ignore_index);
+    else
+      ce::check_labels_host(kOp, a.labels.data_as<const int32_t>(), N, V, o.ignore_index);
+  }
+  const bool want_grad = a.grad_hidden.defined() || a.grad_weight.defined();
+
+  std::vector<float> row_scale(N), row_norm(N), row_loss(N), row_z(N);
+  cpu::ce::ScaleParams sp{};
+  sp.labels = a.labels.data();
+  sp.labels_int64 = int64;
+  sp.loss_weight = a.loss_weight.defined() ? a.loss_weight.data() : nullptr;
+  sp.loss_weight_dtype = a.loss_weight.defined() ? a.loss_weight.dtype() : DType::kFloat32;
+  sp.alpha_per_sample = a.alpha_per_sample.defined() ? a.alpha_per_sample.data_as<const float>() : nullptr;
+  sp.rows_per_sample = a.alpha_per_sample.defined() ? a.hidden.size(1) : 1;
+  sp.alpha = a.alpha;
+  sp.rows = N;
+  sp.ignore_index = o.ignore_index;
+  sp.mean = o.reduction == LossReduction::kMean;
+  sp.row_scale = row_scale.data();
+  sp.row_norm = row_norm.data();
+  cpu::ce::row_scales(sp);
+
+  // fp32 operands.
+  std::vector<float> w32;
+  const float* W = nullptr;
+  if (f32) {
+    W = a.weight.data_as<const float>();
+  } else {
+    w32.resize(static_cast<size_t>(V) * H);
+    to_float_rows(a.weight.data(), dt, H, V, H, w32.data());
+    W = w32.data();
+  }
+  // fp32 weight-gradient accumulator: the output itself when it is fp32.
+  std::vector<float> dw_own;
+  float* dW = nullptr;
+  bool dw_started = false;
+  if (a.grad_weight.defined()) {
+    if (a.grad_weight.dtype() == DType::kFloat32) {
+      dW = a.grad_weight.data_as<float>();
+      dw_started = a.accumulate_grad_weight;
+    } else {
+      dw_own.resize(static_cast<size_t>(V) * H);
+      dW = dw_own.data();
+    }
+  }
+
+  const int64_t C = chunk_loss_chunk_rows(ctx, a);
+  const int64_t ldh = a.hidden.row_stride();
+  std::vector<float> z(static_cast<size_t>(std::min(C, N)) * V);
+  std::vector<float> h32(f32 ? 0 : static_cast<size_t>(std::min(C, N)) * H);
+  std::vector<float> dh32((a.grad_hidden.defined() && !f32) ? static_cast<size_t>(std::min(C, N)) * H : 0);
+  const size_t label_size = int64 ? 8 : 4;
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t rows = std::min(C, N - r0);
+    const float* Hc;
+    int64_t ldhc;
+    if (f32) {
+      Hc = a.hidden.data_as<const float>() + r0 * ldh;
+      ldhc = ldh;
+    } else {
+      to_float_rows(static_cast<const uint8_t*>(a.hidden.data()) + r0 * ldh * dtype_size(dt), dt, ldh,
+                    rows, H, h32.data());
+      Hc = h32.data();
+      ldhc = H;
+    }
+    cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z.data(), V);
+
+    cpu::ce::RowsParams rp{};
+    rp.logits = z.data();
+    rp.logits_dtype = DType::kFloat32;
+    rp.logits_row_stride = V;
+    rp.grad = want_grad ? z.data() : nullptr;
+    rp.grad_dtype = DType::kFloat32;
+    rp.grad_row_stride = V;
+    rp.labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
+    rp.labels_int64 = int64;
+    rp.row_scale = row_scale.data() + r0;
+    rp.row_loss = row_loss.data() + r0;
+    rp.row_z = row_z.data() + r0;
+    rp.rows = rows;
+    rp.vocab = V;
+    rp.ignore_index = o.ignore_index;
+    rp.logit_scale = static_cast<float>(o.logit_scale);
+    rp.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
+    rp.label_smoothing = static_cast<float>(o.label_smoothing);
+    rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
+    cpu::ce::rows(rp);
+
+    if (a.grad_hidden.defined()) {
+      if (f32) {
+        cpu::sgemm(false, false, rows, H, V, 1.0f, z.data(), V, W, H, 0.0f,
+                   a.grad_hidden.data_as<float>() + r0 * H, H);
+      } else {
+        cpu::sgemm(false, false, rows, H, V, 1.0f, z.data(), V, W, H, 0.0f, dh32.data(), H);
+        from_float_rows(dh32.data(), rows, H,
+                        static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
+      }
+    }
+    if (dW) {
+      cpu::sgemm(true, false, V, H, rows, 1.0f, z.data(), V, Hc, ldhc, dw_started ? 1.0f : 0.0f, dW, H);
+      dw_started = true;
+    }
+  }
+  if (dW && !dw_started) std::fill(dW, dW + static_cast<size_t>(V) * H, 0.0f);  // no rows
+  if (!dw_own.empty()) from_float_rows(dw_own.data(), V, H, a.grad_weight.data(), a.grad_weight.dtype());
+
+  cpu::ce::FinalizeParams fp{};
+  fp.row_scale = row_scale.data();
+  fp.row_norm = row_norm.data();
+  fp.row_loss = row_loss.data();
+  fp.row_z = row_z.data();
+  fp.rows = N;
+  fp.per_row = false;
+  fp.loss = a.loss.data();
+  fp.loss_dtype = a.loss.dtype();
+  fp.z_loss = a.z_loss.defined() ? a.z_loss.data() : nullptr;
+  fp.z_loss_dtype = a.z_loss.defined() ? a.z_loss.dtype() : DType::kFloat32;
+  fp.grad_loss_weight = a.grad_loss_weight.defined() ? a.grad_loss_weight.data() : nullptr;
+  fp.grad_loss_weight_dtype = DType::kFloat32;
+  cpu::ce::finalize(fp);
+}
+
+void scale_pair(const TensorView& saved, const TensorView& out, const float* g) {
+  if (!saved.defined() || saved.numel() == 0) return;
+  cpu::ce::ScaleRowsParams p{};
+  p.in = saved.data();
+  p.out = out.data();
+  p.dtype = saved.dtype();
+  p.rows = saved.ndim() >= 2 ? saved.rows() : 1;
+  p.cols = saved.ndim() >= 1 ? saved.size(-1) : 1;
+  p.g = g;
+  p.per_row = false;
+  cpu::ce::scale_rows(p);
+}
+
+void bwd(const Context&, const ChunkLossBwdArgs& a) {
+  const float* g = a.grad_loss.data_as<const float>();
+  scale_pair(a.saved_grad_hidden, a.grad_hidden, g);
+  scale_pair(a.saved_grad_weight, a.grad_weight, g);
+  if (a.saved_grad_loss_weight.defined()) {
+    const float* in = a.saved_grad_loss_weight.data_as<const float>();
+    visit_float(a.grad_loss_weight.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* out = a.grad_loss_weight.data_as<T>();
+      for (int64_t i = 0; i < a.saved_grad_loss_weight.numel(); ++i) {
+        if constexpr (std::is_same_v<T, double>)
+          out[i] = static_cast<double>(g[0]) * in[i];
+        else
+          out[i] = from_float<T>(g[0] * in[i]);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void register_chunk_loss_cpu(Registry& r) {
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  r.add<ChunkLossFwdArgs>(kOp, Direction::kForward, spec, supports_fwd, fwd);
+  r.add<ChunkLossBwdArgs>(kOp, Direction::kBackward, spec, supports_bwd, bwd);
+}
+
+}  // namespace fusedops

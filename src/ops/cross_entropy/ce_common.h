@@ -1,0 +1,118 @@
+// Host-side pieces shared by the cross-entropy and chunk_loss backends: the label check of
+// validate mode, the CUDA workspace layouts (also needed by the *_workspace_size queries, which
+// are compiled without CUDA), and the chunk size rule of chunk_loss.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedops/core/check.h"
+#include "fusedops/core/dtype.h"
+#include "fusedops/core/error.h"
+#include "fusedops/ops/cross_entropy.h"
+
+namespace fusedops::ce {
+
+// Raises unless every label is ignore_index or in [0, vocab).
+template <class L>
+void check_labels_host(const char* op, const L* labels, int64_t n, int64_t vocab,
+                       int64_t ignore_index) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t y = static_cast<int64_t>(labels[i]);
+    FUSEDOPS_REQUIRE(y == ignore_index || (y >= 0 && y < vocab), kValue, op, "labels[", i,
+                     "] = ", y, " is outside [0, ", vocab, ") and is not ignore_index (",
+                     ignore_index, ")");
+  }
+}
+
+inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// CUDA workspace of the cross-entropy passes over `rows` rows: four fp32 arrays of one value per
+// row and a small block for counters. Every part starts on a 256-byte boundary.
+struct RowsLayout {
+  size_t row_scale = 0, row_norm = 0, row_loss = 0, row_z = 0, misc = 0, total = 0;
+};
+
+inline RowsLayout rows_layout(int64_t rows, size_t base = 0) {
+  RowsLayout l;
+  const size_t bytes = align_up(static_cast<size_t>(std::max<int64_t>(rows, 1)) * 4, 256);
+  l.row_scale = align_up(base, 256);
+  l.row_norm = l.row_scale + bytes;
+  l.row_loss = l.row_norm + bytes;
+  l.row_z = l.row_loss + bytes;
+  l.misc = l.row_z + bytes;
+  l.total = l.misc + 256;
+  return l;
+}
+
+// Default memory for the per-chunk buffers of chunk_loss.
+inline constexpr int64_t kChunkBudgetCuda = int64_t(2) << 30;
+inline constexpr int64_t kChunkBudgetCpu = int64_t(256) << 20;
+
+// Rows per chunk: chunk_size when given, else as many rows as `budget` bytes hold at
+// `bytes_per_row`, rounded to a multiple of 64 and balanced so the chunks have equal sizes.
+inline int64_t chunk_rows(int64_t rows, int64_t chunk_size, int64_t budget, int64_t bytes_per_row) {
+  if (rows <= 0) return 1;
+  if (chunk_size > 0) return std::min(chunk_size, rows);
+  int64_t cmax = std::max<int64_t>(1, budget / std::max<int64_t>(bytes_per_row, 1));
+  if (cmax >= rows) return rows;
+  if (cmax >= 64) cmax = cmax / 64 * 64;
+  const int64_t chunks = (rows + cmax - 1) / cmax;
+  int64_t c = (rows + chunks - 1) / chunks;
+  if (cmax >= 64) c = round_up(c, 64);
+  return std::min(std::min(c, cmax), rows);
+}
+
+// Leading dimension of the per-chunk logits / gradient buffers on CUDA: 16-byte rows.
+inline int64_t chunk_ld(int64_t vocab) { return round_up(vocab, 8); }
+
+// CUDA workspace of chunk_loss: cuBLASLt workspace, the per-row arrays over all rows, the fp32
+// logits chunk, a separate gradient chunk when the operands are 16-bit (fp32 gradients replace
+// the logits in place), and an fp32 weight-gradient accumulator when `own_dw` (a 16-bit weight
+// gradient that the caller does not accumulate).
+struct ChunkLayout {
+  int64_t chunk = 1, ld = 8;
+  size_t gemm = 0, z = 0, g = 0, dw = 0, total = 0;
+  RowsLayout rows;
+  bool separate_g = false, own_dw = false;
+};
+
+inline ChunkLayout chunk_layout(int64_t rows, int64_t vocab, int64_t hidden, DType dtype,
+                                bool need_grad, bool own_dw, int64_t chunk_size, int64_t budget,
+                                size_t gemm_bytes) {
+  ChunkLayout l;
+  l.ld = chunk_ld(vocab);
+  l.separate_g = need_grad && dtype != DType::kFloat32;
+  const int64_t per_row =
+      l.ld * 4 + (l.separate_g ? l.ld * static_cast<int64_t>(dtype_size(dtype)) : 0);
+  l.chunk = chunk_rows(rows, chunk_size, budget > 0 ? budget : kChunkBudgetCuda, per_row);
+  l.own_dw = own_dw;
+  l.gemm = 0;
+  l.rows = rows_layout(rows, align_up(gemm_bytes, 256));
+  l.z = align_up(l.rows.total, 256);
+  size_t end = l.z + static_cast<size_t>(l.chunk) * static_cast<size_t>(l.ld) * 4;
+  if (l.separate_g) {
+    l.g = align_up(end, 256);
+    end = l.g + static_cast<size_t>(l.chunk) * static_cast<size_t>(l.ld) * dtype_size(dtype);
+  }
+  if (l.own_dw) {
+    l.dw = align_up(end, 256);
+    end = l.dw + static_cast<size_t>(vocab) * static_cast<size_t>(hidden) * 4;
+  }
+  l.total = align_up(end, 256);
+  return l;
+}
+
+// Argument checks shared by the API files (defined in cross_entropy_api.cpp).
+void check_options(const char* op, const CrossEntropyOptions& o);
+// Contiguous, or empty (torch gives empty tensors arbitrary strides).
+void check_dense(const ArgCheck& c, const TensorView& t, const char* name);
+// `out` is `in` itself or does not overlap it.
+void check_in_place_or_apart(const ArgCheck& c, const TensorView& out, const char* out_name,
+                             const TensorView& in, const char* in_name);
+// A uint8 device workspace of at least `need` bytes on a 256-byte boundary (nothing if need == 0).
+void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, size_t need);
+
+}  // namespace fusedops::ce

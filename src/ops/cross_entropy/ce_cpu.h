@@ -1,0 +1,87 @@
+// The CPU cross-entropy engine shared by fused_cross_entropy_loss and chunk_loss: per-row
+// scales, the fused loss + gradient pass over the rows, and the final reductions. fp32 math
+// (the final sums in double), threads over rows, results independent of the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "fusedops/core/dtype.h"
+#include "fusedops/ops/cross_entropy.h"
+
+namespace fusedops::cpu::ce {
+
+// row_norm[i] = 1 / norm_i (0 for ignored rows) with norm_i = (#valid for "mean", else 1) *
+// alpha_i; row_scale[i] = w_i * row_norm[i]. alpha_i = alpha_per_sample[i / rows_per_sample]
+// when given, else alpha.
+struct ScaleParams {
+  const void* labels;
+  bool labels_int64;
+  const void* loss_weight;  // nullptr: w = 1
+  DType loss_weight_dtype;
+  const float* alpha_per_sample;  // nullptr: the scalar alpha
+  int64_t rows_per_sample;
+  double alpha;
+  int64_t rows;
+  int64_t ignore_index;
+  bool mean;
+  float* row_scale;
+  float* row_norm;
+};
+void row_scales(const ScaleParams& p);
+
+// For each row: l_i (row_loss), lambda lse^2 (row_z, optional) and, when grad is given,
+// grad[i,:] = row_scale[i] * dl_i/dlogits[i,:]. grad may be the logits buffer itself (same
+// dtype and row stride).
+struct RowsParams {
+  const void* logits;
+  DType logits_dtype;
+  int64_t logits_row_stride;
+  void* grad;  // nullptr: loss only
+  DType grad_dtype;
+  int64_t grad_row_stride;
+  const void* labels;
+  bool labels_int64;
+  const float* row_scale;
+  float* row_loss;
+  float* row_z;  // nullptr: not wanted
+  int64_t rows, vocab;
+  int64_t ignore_index;
+  float logit_scale;
+  float softcap;  // 0: off
+  float label_smoothing;
+  float lse_square_scale;
+};
+void rows(const RowsParams& p);
+
+// loss = sum_i row_scale[i] row_loss[i] (or per row for "none"), z_loss likewise with row_norm,
+// grad_loss_weight[i] = row_norm[i] row_loss[i]; outputs of any floating dtype, each optional
+// except loss.
+struct FinalizeParams {
+  const float* row_scale;
+  const float* row_norm;
+  const float* row_loss;
+  const float* row_z;
+  int64_t rows;
+  bool per_row;
+  void* loss;
+  DType loss_dtype;
+  void* z_loss;  // nullptr: not wanted
+  DType z_loss_dtype;
+  void* grad_loss_weight;  // nullptr: not wanted
+  DType grad_loss_weight_dtype;
+};
+void finalize(const FinalizeParams& p);
+
+// out[i, :] = factor_i * in[i, :] for rows of `cols` elements (contiguous), factor_i = g[i] when
+// per_row else g[0]; out may be in (then rows with factor 1 are skipped).
+struct ScaleRowsParams {
+  const void* in;
+  void* out;
+  DType dtype;
+  int64_t rows, cols;
+  const float* g;
+  bool per_row;
+};
+void scale_rows(const ScaleRowsParams& p);
+
+}  // namespace fusedops::cpu::ce

@@ -1,0 +1,375 @@
+// fused_cross_entropy_loss, CPU backend, and the CPU engine (ce_cpu.h) that chunk_loss shares:
+// one pass per row over an fp32 copy of the row (max, exponentials, sums, gradient), threads
+// over rows, vectorisable fp32 loops with lane-blocked (fixed-order) reductions.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/cross_entropy.h"
+#include "src/core/visit.h"
+#include "src/cpu/parallel.h"
+#include "src/cpu/simd.h"
+#include "src/ops/cross_entropy/ce_common.h"
+#include "src/ops/cross_entropy/ce_cpu.h"
+
+namespace fusedops::cpu::ce {
+namespace {
+
+// exp(x) for x <= 0 in fp32, about 2 ulp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), a
+// degree-6 polynomial for exp(r), 2^n from the exponent bits. No branches and no float->int
+// conversion, so loops over it vectorise. NaN stays NaN; x < -87 gives 0.
+inline float exp_nonpositive(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;  // a comparison with NaN is false: NaN passes
+  const float k = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: round(x / ln2)
+  const float n = k - 12582912.0f;
+  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t ni = std::bit_cast<uint32_t>(k) - 0x4B400000u;  // n as a two's complement int
+  const float s = std::bit_cast<float>((ni + 127u) << 23);
+  const float e = p * s;
+  return x < -87.0f ? 0.0f : e;
+}
+
+float max_lanes(const float* a, int64_t n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<float>::max();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = a[i + l] > acc[l] ? a[i + l] : acc[l];
+  for (int l = 0; i + l < n; ++l) acc[l] = a[i + l] > acc[l] ? a[i + l] : acc[l];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
+  return acc[0];
+}
+
+float sum_lanes(const float* a, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l];
+  return reduce_lanes(acc);
+}
+
+// a[i] = exp(a[i] - m); returns the lane-blocked sum of the results.
+float exp_shift_sum(float* a, int64_t n, float m) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float e = exp_nonpositive(a[i + l] - m);
+      a[i + l] = e;
+      acc[l] += e;
+    }
+  for (int l = 0; i + l < n; ++l) {
+    const float e = exp_nonpositive(a[i + l] - m);
+    a[i + l] = e;
+    acc[l] += e;
+  }
+  return reduce_lanes(acc);
+}
+
+int64_t label_of(const void* labels, bool int64, int64_t i) {
+  return int64 ? static_cast<const int64_t*>(labels)[i] : static_cast<const int32_t*>(labels)[i];
+}
+
+template <class TIn, class TOut>
+void rows_typed(const RowsParams& p) {
+  const int64_t V = p.vocab;
+  const bool capped = p.softcap > 0.0f;
+  const float inv_cap = capped ? 1.0f / p.softcap : 0.0f;
+  const float eps = p.label_smoothing, lambda = p.lse_square_scale;
+  const float inv_v = 1.0f / static_cast<float>(V);
+  const int64_t grain = std::max<int64_t>(1, 16384 / V);
+  parallel_for(0, p.rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> z(V), t(capped ? V : 0), out(std::is_same_v<TOut, float> ? 0 : V);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t y = label_of(p.labels, p.labels_int64, r);
+      TOut* g = p.grad ? static_cast<TOut*>(p.grad) + r * p.grad_row_stride : nullptr;
+      if (y == p.ignore_index) {
+        p.row_loss[r] = 0.0f;
+        if (p.row_z) p.row_z[r] = 0.0f;
+        if (g) std::fill(g, g + V, from_float<TOut>(0.0f));
+        continue;
+      }
+      // z = transformed logits (a copy: the gradient may overwrite the logits).
+      const TIn* x = static_cast<const TIn*>(p.logits) + r * p.logits_row_stride;
+      load_float(x, z.data(), V);
+      for (int64_t v = 0; v < V; ++v) z[v] *= p.logit_scale;
+      if (capped) {
+        for (int64_t v = 0; v < V; ++v) {
+          t[v] = std::tanh(z[v] * inv_cap);
+          z[v] = p.softcap * t[v];
+        }
+      }
+      const bool in_range = y >= 0 && y < V;
+      const float zy = in_range ? z[y] : std::numeric_limits<float>::quiet_NaN();
+      const float sz = eps > 0.0f ? sum_lanes(z.data(), V) : 0.0f;
+      const float m = max_lanes(z.data(), V);
+      const float d = exp_shift_sum(z.data(), V, m);  // z now holds exp(z - m)
+      const float log_d = std::log(d);
+      const float lse = m + log_d;
+      const float row_z = lambda * lse * lse;
+      p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
+      if (p.row_z) p.row_z[r] = row_z;
+      if (!g) continue;
+      const float c = p.row_scale[r];
+      const float a = c * (1.0f + 2.0f * lambda * lse) * p.logit_scale / d;
+      const float b = c * eps * inv_v * p.logit_scale;
+      float* o = std::is_same_v<TOut, float> ? reinterpret_cast<float*>(g) : out.data();
+      if (capped) {
+        for (int64_t v = 0; v < V; ++v) o[v] = (a * z[v] - b) * (1.0f - t[v] * t[v]);
+      } else {
+        for (int64_t v = 0; v < V; ++v) o[v] = a * z[v] - b;
+      }
+      if (in_range) {
+        // The target entry again in one fp32 expression (no cancellation after a rounding).
+        const float cy = c * (1.0f - eps) * p.logit_scale;
+        o[y] = (a * z[y] - b - cy) * (capped ? 1.0f - t[y] * t[y] : 1.0f);
+      }
+      if constexpr (!std::is_same_v<TOut, float>) store_float(o, g, V);
+    }
+  });
+}
+
+void store_any(void* base, DType dtype, int64_t i, double v) {
+  visit_float(dtype, [&](auto tag) {
+    using U = decltype(tag);
+    if constexpr (std::is_same_v<U, double>)
+      static_cast<double*>(base)[i] = v;
+    else
+      static_cast<U*>(base)[i] = from_float<U>(static_cast<float>(v));
+  });
+}
+
+}  // namespace
+
+void row_scales(const ScaleParams& p) {
+  int64_t valid = 0;
+  for (int64_t i = 0; i < p.rows; ++i) valid += label_of(p.labels, p.labels_int64, i) != p.ignore_index;
+  const double mean_div = p.mean ? static_cast<double>(std::max<int64_t>(valid, 1)) : 1.0;
+  for (int64_t i = 0; i < p.rows; ++i) {
+    if (label_of(p.labels, p.labels_int64, i) == p.ignore_index) {
+      p.row_scale[i] = p.row_norm[i] = 0.0f;
+      continue;
+    }
+    const double alpha =
+        p.alpha_per_sample ? static_cast<double>(p.alpha_per_sample[i / p.rows_per_sample]) : p.alpha;
+    const double inv = 1.0 / (mean_div * alpha);
+    double w = 1.0;
+    if (p.loss_weight) {
+      w = visit_float(p.loss_weight_dtype, [&](auto tag) {
+        using U = decltype(tag);
+        if constexpr (std::is_same_v<U, double>)
+          return static_cast<const double*>(p.loss_weight)[i];
+        else
+          return static_cast<double>(to_float(static_cast<const U*>(p.loss_weight)[i]));
+      });
+    }
+    p.row_norm[i] = static_cast<float>(inv);
+    p.row_scale[i] = static_cast<float>(w * inv);
+  }
+}
+
+void rows(const RowsParams& p) {
+  if (p.rows <= 0) return;
+  visit_float(p.logits_dtype, [&](auto in_tag) {
+    using TIn = decltype(in_tag);
+    if constexpr (std::is_same_v<TIn, double>) {
+      FUSEDOPS_FAIL(kType, "fused_cross_entropy_loss", "the cpu backend does not take float64");
+    } else {
+      visit_float(p.grad ? p.grad_dtype : p.logits_dtype, [&](auto out_tag) {
+        using TOut = decltype(out_tag);
+        if constexpr (std::is_same_v<TOut, double>) {
+          FUSEDOPS_FAIL(kType, "fused_cross_entropy_loss", "the cpu backend does not take float64");
+        } else {
+          rows_typed<TIn, TOut>(p);
+        }
+      });
+    }
+  });
+}
+
+void finalize(const FinalizeParams& p) {
+  // Ignored rows have row_loss = row_z = 0 and row_scale = row_norm = 0, so they add 0; a row
+  // with a NaN loss (an out-of-range label) stays NaN even with a weight of 0, as in the
+  // reference.
+  double loss = 0, z = 0;
+  for (int64_t i = 0; i < p.rows; ++i) {
+    const double li = static_cast<double>(p.row_scale[i]) * p.row_loss[i];
+    const double zi = p.row_z ? static_cast<double>(p.row_norm[i]) * p.row_z[i] : 0.0;
+    if (p.per_row) {
+      store_any(p.loss, p.loss_dtype, i, li);
+      if (p.z_loss) store_any(p.z_loss, p.z_loss_dtype, i, zi);
+    } else {
+      loss += li;
+      z += zi;
+    }
+    if (p.grad_loss_weight)
+      store_any(p.grad_loss_weight, p.grad_loss_weight_dtype, i,
+                static_cast<double>(p.row_norm[i]) * p.row_loss[i]);
+  }
+  if (!p.per_row) {
+    store_any(p.loss, p.loss_dtype, 0, loss);
+    if (p.z_loss) store_any(p.z_loss, p.z_loss_dtype, 0, z);
+  }
+}
+
+void scale_rows(const ScaleRowsParams& p) {
+  visit_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool in_place = p.in == p.out;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(p.cols, 1));
+    parallel_for(0, p.rows, grain, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(std::is_same_v<T, float> ? 0 : p.cols);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float f = p.g[p.per_row ? r : 0];
+        const T* in = static_cast<const T*>(p.in) + r * p.cols;
+        T* out = static_cast<T*>(p.out) + r * p.cols;
+        if (in_place && f == 1.0f) continue;
+        if constexpr (std::is_same_v<T, double>) {
+          for (int64_t c = 0; c < p.cols; ++c) out[c] = in[c] * f;
+        } else if constexpr (std::is_same_v<T, float>) {
+          for (int64_t c = 0; c < p.cols; ++c) out[c] = in[c] * f;
+        } else {
+          load_float(in, buf.data(), p.cols);
+          for (int64_t c = 0; c < p.cols; ++c) buf[c] *= f;
+          store_float(buf.data(), out, p.cols);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace fusedops::cpu::ce
+
+namespace fusedops {
+namespace {
+
+constexpr const char* kOp = "fused_cross_entropy_loss";
+
+bool supports_fwd(const CrossEntropyFwdArgs& a) {
+  return a.loss.dtype() == DType::kFloat32 &&
+         (!a.grad_loss_weight.defined() || a.grad_loss_weight.dtype() == DType::kFloat32);
+}
+
+bool supports_bwd(const CrossEntropyBwdArgs& a) {
+  return a.grad_loss.dtype() == DType::kFloat32 &&
+         (!a.saved_grad_loss_weight.defined() || a.saved_grad_loss_weight.dtype() == DType::kFloat32);
+}
+
+void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
+  const CrossEntropyOptions& o = a.options;
+  const int64_t N = a.logits.rows(), V = a.logits.size(-1);
+  const bool int64 = a.labels.dtype() == DType::kInt64;
+  if (ctx.validate) {
+    if (int64)
+      ce::check_labels_host(kOp, a.labels.data_as<const int64_t>(), N, V, o.ignore_index);
+    else
+      ce::check_labels_host(kOp, a.labels.data_as<const int32_t>(), N, V, o.ignore_index);
+  }
+  std::vector<float> row_scale(N), row_norm(N), row_loss(N), row_z(N);
+  cpu::ce::ScaleParams sp{};
+  sp.labels = a.labels.data();
+  sp.labels_int64 = int64;
+  sp.loss_weight = a.loss_weight.defined() ? a.loss_weight.data() : nullptr;
+  sp.loss_weight_dtype = a.loss_weight.defined() ? a.loss_weight.dtype() : DType::kFloat32;
+  sp.alpha_per_sample = nullptr;
+  sp.rows_per_sample = 1;
+  sp.alpha = 1.0;
+  sp.rows = N;
+  sp.ignore_index = o.ignore_index;
+  sp.mean = o.reduction == LossReduction::kMean;
+  sp.row_scale = row_scale.data();
+  sp.row_norm = row_norm.data();
+  cpu::ce::row_scales(sp);
+
+  cpu::ce::RowsParams rp{};
+  rp.logits = a.logits.data();
+  rp.logits_dtype = a.logits.dtype();
+  rp.logits_row_stride = a.logits.row_stride();
+  rp.grad = a.grad_logits.defined() ? a.grad_logits.data() : nullptr;
+  rp.grad_dtype = a.logits.dtype();
+  rp.grad_row_stride = V;
+  rp.labels = a.labels.data();
+  rp.labels_int64 = int64;
+  rp.row_scale = row_scale.data();
+  rp.row_loss = row_loss.data();
+  rp.row_z = row_z.data();
+  rp.rows = N;
+  rp.vocab = V;
+  rp.ignore_index = o.ignore_index;
+  rp.logit_scale = static_cast<float>(o.logit_scale);
+  rp.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
+  rp.label_smoothing = static_cast<float>(o.label_smoothing);
+  rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
+  cpu::ce::rows(rp);
+
+  cpu::ce::FinalizeParams fp{};
+  fp.row_scale = row_scale.data();
+  fp.row_norm = row_norm.data();
+  fp.row_loss = row_loss.data();
+  fp.row_z = row_z.data();
+  fp.rows = N;
+  fp.per_row = o.reduction == LossReduction::kNone;
+  fp.loss = a.loss.data();
+  fp.loss_dtype = a.loss.dtype();
+  fp.z_loss = a.z_loss.defined() ? a.z_loss.data() : nullptr;
+  fp.z_loss_dtype = a.z_loss.defined() ? a.z_loss.dtype() : DType::kFloat32;
+  fp.grad_loss_weight = a.grad_loss_weight.defined() ? a.grad_loss_weight.data() : nullptr;
+  fp.grad_loss_weight_dtype = DType::kFloat32;
+  cpu::ce::finalize(fp);
+}
+
+void bwd(const Context&, const CrossEntropyBwdArgs& a) {
+  const bool per_row = a.reduction == LossReduction::kNone;
+  const float* g = a.grad_loss.data_as<const float>();
+  if (a.saved_grad_logits.defined() && a.saved_grad_logits.numel() > 0) {
+    cpu::ce::ScaleRowsParams p{};
+    p.in = a.saved_grad_logits.data();
+    p.out = a.grad_logits.data();
+    p.dtype = a.saved_grad_logits.dtype();
+    p.rows = a.saved_grad_logits.rows();
+    p.cols = a.saved_grad_logits.size(-1);
+    p.g = g;
+    p.per_row = per_row;
+    cpu::ce::scale_rows(p);
+  }
+  if (a.saved_grad_loss_weight.defined()) {
+    const float* in = a.saved_grad_loss_weight.data_as<const float>();
+    const int64_t n = a.saved_grad_loss_weight.numel();
+    visit_float(a.grad_loss_weight.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* out = a.grad_loss_weight.data_as<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = g[per_row ? i : 0] * in[i];
+        if constexpr (std::is_same_v<T, double>)
+          out[i] = v;
+        else
+          out[i] = from_float<T>(v);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void register_fused_cross_entropy_loss_cpu(Registry& r) {
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  r.add<CrossEntropyFwdArgs>(kOp, Direction::kForward, spec, supports_fwd, fwd);
+  r.add<CrossEntropyBwdArgs>(kOp, Direction::kBackward, spec, supports_bwd, bwd);
+}
+
+}  // namespace fusedops

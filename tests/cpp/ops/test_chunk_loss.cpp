@@ -1,0 +1,403 @@
+// chunk_loss: every runnable backend against a float64 oracle written here (logits = h W^T in
+// double, the cross-entropy of ops.md section 1, dH and dW by the chain rule), the loss, z-loss,
+// grad_hidden, grad_weight (overwritten and accumulated) and grad_loss_weight, for row counts
+// that are not a multiple of the chunk, V = 32003, all rows ignored, per-sample alpha, large
+// logits; the backward rescaling; determinism; the error messages.
+#include <cmath>
+#include <limits>
+
+#include "tests/common/tolerance.h"
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+constexpr const char* kOp = "chunk_loss";
+
+struct Grads {
+  std::vector<double> loss, z_loss, dh, dw, dlw;
+};
+
+// dtype kFloat64: exact. Otherwise the plain composite in dtype: matmuls accumulated one term at
+// a time in fp32 and rounded to dtype (a linear layer in dtype), the cross-entropy with every
+// intermediate rounded.
+Grads oracle(const std::vector<double>& h, const std::vector<double>& W, int64_t N, int64_t H, int64_t V,
+             const std::vector<int64_t>& y, const std::vector<double>* w, const std::vector<double>& alpha_row,
+             const CrossEntropyOptions& o, DType dtype) {
+  auto rd = [&](double v) { return round_to(dtype, v); };
+  auto rd32 = [&](double v) { return dtype == DType::kFloat64 ? v : round_to(DType::kFloat32, v); };
+  int64_t valid = 0;
+  for (int64_t i = 0; i < N; ++i) valid += y[i] != o.ignore_index;
+  const double mean_div = o.reduction == LossReduction::kMean ? std::max<int64_t>(valid, 1) : 1.0;
+  const double eps = o.label_smoothing, lambda = o.lse_square_scale;
+  const bool capped = o.logit_softcapping.has_value();
+  const double cap = capped ? *o.logit_softcapping : 1.0;
+  Grads g;
+  g.dh.assign(N * H, 0.0);
+  g.dw.assign(V * H, 0.0);
+  g.dlw.assign(N, 0.0);
+  double loss = 0, zl = 0;
+  std::vector<double> z(V), t(V), gz(V);
+  for (int64_t i = 0; i < N; ++i) {
+    if (y[i] == o.ignore_index) continue;
+    const double inv = 1.0 / (mean_div * alpha_row[i]);
+    double m = -std::numeric_limits<double>::infinity(), sz = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      double s = 0;
+      for (int64_t k = 0; k < H; ++k) s = rd32(s + h[i * H + k] * W[v * H + k]);
+      z[v] = rd(o.logit_scale * rd(s));
+      t[v] = 0;
+      if (capped) {
+        t[v] = rd(std::tanh(rd(z[v] / cap)));
+        z[v] = rd(cap * t[v]);
+      }
+      m = std::max(m, z[v]);
+      sz += z[v];
+    }
+    double s = 0;
+    for (int64_t v = 0; v < V; ++v) s += rd(std::exp(rd(z[v] - m)));
+    const double lse = rd(m + rd(std::log(s)));
+    const bool in_range = y[i] >= 0 && y[i] < V;
+    const double zy = in_range ? z[y[i]] : std::nan("");
+    const double rz = rd(lambda * rd(lse * lse));
+    const double li = rd(rd(rd((1 - eps) * rd(lse - zy)) + rd(eps * rd(lse - rd(sz / V)))) + rz);
+    const double wi = w ? (*w)[i] : 1.0;
+    loss += wi * inv * li;
+    zl += inv * rz;
+    g.dlw[i] = rd(li * inv);
+    const double c = wi * inv;
+    for (int64_t v = 0; v < V; ++v) {
+      const double p = rd(std::exp(rd(z[v] - lse)));
+      double dz = rd(rd((1 + 2 * lambda * lse) * p) - rd(eps / V));
+      if (in_range && v == y[i]) dz = rd(dz - (1 - eps));
+      dz = rd(c * dz);
+      gz[v] = rd(o.logit_scale * (capped ? rd(dz * rd(1 - t[v] * t[v])) : dz));
+    }
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t k = 0; k < H; ++k) {
+        g.dh[i * H + k] = rd32(g.dh[i * H + k] + gz[v] * W[v * H + k]);
+        g.dw[v * H + k] = rd32(g.dw[v * H + k] + gz[v] * h[i * H + k]);
+      }
+  }
+  for (auto& v : g.dh) v = rd(v);
+  for (auto& v : g.dw) v = rd(v);
+  g.loss = {rd32(loss)};
+  g.z_loss = {rd32(zl)};
+  return g;
+}
+
+struct Case {
+  const char* name;
+  std::vector<int64_t> hidden_shape;  // [N, H] or [B, S, H]
+  int64_t V;
+  int64_t chunk;
+  CrossEntropyOptions o;
+  bool weights;
+  int ignore_every;
+  bool per_sample_alpha;
+  double alpha;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  CrossEntropyOptions sum;
+  sum.reduction = LossReduction::kSum;
+  CrossEntropyOptions mean;
+  out.push_back({"one row", {1, 8}, 5, 0, mean, false, 0, false, 1.0});
+  out.push_back({"sum, 37 rows in chunks of 8", {37, 16}, 129, 8, sum, true, 3, false, 1.0});
+  out.push_back({"mean, chunks of 16, scalar alpha", {70, 24}, 1003, 16, mean, false, 5, false, 2.5});
+  CrossEntropyOptions all = sum;
+  all.label_smoothing = 0.1;
+  all.lse_square_scale = 1e-3;
+  all.logit_softcapping = 4.0;
+  all.logit_scale = 0.8;
+  out.push_back({"everything, per-sample alpha", {2, 19, 12}, 257, 7, all, true, 4, true, 1.0});
+  out.push_back({"V = 32003", {9, 8}, 32003, 4, mean, true, 0, false, 1.0});
+  CrossEntropyOptions ign = mean;
+  ign.ignore_index = 3;
+  out.push_back({"all rows ignored", {6, 8}, 11, 4, ign, true, 1, false, 1.0});
+  out.push_back({"no rows", {0, 8}, 11, 0, mean, false, 0, false, 1.0});
+  return out;
+}
+
+struct Outcome {
+  Grads got, ref, base;
+  std::vector<uint8_t> dh_bytes, dw_bytes, loss_bytes;
+};
+
+std::vector<DType> dtypes_of(const BackendCase& b) {
+  std::vector<DType> out;
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
+    if (backend_takes(kOp, Direction::kForward, b.id, d)) out.push_back(d);
+  return out;
+}
+
+TestTensor labels_tensor(const std::vector<int64_t>& y, std::vector<int64_t> shape, bool int64, Device dev) {
+  TestTensor host(int64 ? DType::kInt64 : DType::kInt32, std::move(shape));
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (int64)
+      static_cast<int64_t*>(host.data())[i] = y[i];
+    else
+      static_cast<int32_t*>(host.data())[i] = static_cast<int32_t>(y[i]);
+  }
+  return host.to(dev);
+}
+
+// One forward on backend b. accumulate: grad_weight is an fp32 buffer holding `acc0` first.
+Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, bool accumulate = false,
+        double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1) {
+  const int64_t H = c.hidden_shape.back(), V = c.V;
+  int64_t N = 1;
+  for (size_t d = 0; d + 1 < c.hidden_shape.size(); ++d) N *= c.hidden_shape[d];
+  std::vector<int64_t> lead(c.hidden_shape.begin(), c.hidden_shape.end() - 1);
+  const DType od = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  TestTensor hidden(dtype, c.hidden_shape, b.device), weight(dtype, {V, H}, b.device);
+  const auto hv = hidden.fill_normal(seed, 0.0, spread);
+  const auto wv = weight.fill_normal(seed + 1, 0.0, 1.0 / std::sqrt(static_cast<double>(H)));
+  std::mt19937_64 gen(seed + 2);
+  std::vector<int64_t> y(N);
+  for (int64_t i = 0; i < N; ++i) {
+    y[i] = static_cast<int64_t>(gen() % static_cast<uint64_t>(V));
+    if (c.ignore_every && i % c.ignore_every == 0) y[i] = c.o.ignore_index;
+  }
+  const TestTensor labels = labels_tensor(y, lead, labels64, b.device);
+  TestTensor lw(DType::kFloat32, lead, b.device);
+  std::vector<double> wv0(N);
+  for (auto& v : wv0) v = 0.5 + static_cast<double>(gen() % 1000) / 1000.0;
+  const auto wv_stored = lw.set(wv0);
+  const int64_t B = c.hidden_shape.size() == 3 ? c.hidden_shape[0] : 1;
+  TestTensor alpha(od, {B}, b.device);
+  std::vector<double> av(B);
+  for (int64_t i = 0; i < B; ++i) av[i] = 1.5 + i;
+  const auto av_stored = alpha.set(av);
+  std::vector<double> alpha_row(N, c.alpha);
+  if (c.per_sample_alpha)
+    for (int64_t i = 0; i < N; ++i) alpha_row[i] = av_stored[i / c.hidden_shape[1]];
+
+  TestTensor loss(od, {}, b.device), z(od, {}, b.device), dh(dtype, c.hidden_shape, b.device);
+  TestTensor dw(accumulate ? (dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32) : dtype, {V, H}, b.device);
+  TestTensor dlw(od, lead, b.device);
+  loss.fill_nan();
+  z.fill_nan();
+  dh.fill_nan();
+  dlw.fill_nan();
+  std::vector<double> acc0;
+  if (accumulate)
+    acc0 = dw.fill_normal(seed + 3);
+  else
+    dw.fill_nan();
+
+  ChunkLossFwdArgs a;
+  a.hidden = hidden.view();
+  a.weight = weight.view();
+  a.labels = labels.view();
+  a.loss_weight = c.weights ? lw.view() : TensorView();
+  a.alpha = c.alpha;
+  a.alpha_per_sample = c.per_sample_alpha ? alpha.view() : TensorView();
+  a.loss = loss.view();
+  a.z_loss = z.view();
+  a.grad_hidden = dh.view();
+  a.grad_weight = dw.view();
+  a.accumulate_grad_weight = accumulate;
+  a.grad_loss_weight = dlw.view();
+  a.chunk_size = chunk_override >= 0 ? chunk_override : c.chunk;
+  a.options = c.o;
+  const Context ctx = b.ctx();
+  const size_t wsb = chunk_loss_workspace_size(ctx, a);
+  TestTensor ws(DType::kUInt8, {static_cast<int64_t>(std::max<size_t>(wsb, 1))}, b.device);
+  if (wsb) a.workspace = ws.view();
+  chunk_loss_fwd(ctx, a);
+
+  Outcome r;
+  r.got.loss = loss.to_double();
+  r.got.z_loss = z.to_double();
+  r.got.dh = dh.to_double();
+  r.got.dw = dw.to_double();
+  r.got.dlw = dlw.to_double();
+  r.dh_bytes = dh.bytes();
+  r.dw_bytes = dw.bytes();
+  r.loss_bytes = loss.bytes();
+  const std::vector<double>* w = c.weights ? &wv_stored : nullptr;
+  r.ref = oracle(hv, wv, N, H, V, y, w, alpha_row, c.o, DType::kFloat64);
+  r.base = oracle(hv, wv, N, H, V, y, w, alpha_row, c.o, dtype);
+  if (accumulate) {
+    for (size_t i = 0; i < acc0.size(); ++i) {
+      r.ref.dw[i] += acc0[i];
+      r.base.dw[i] += acc0[i];
+    }
+  }
+  return r;
+}
+
+void expect_matches(const Outcome& r, DType dtype, const std::string& what) {
+  const std::pair<const char*, std::vector<double> Grads::*> fields[] = {
+      {"loss", &Grads::loss}, {"z_loss", &Grads::z_loss}, {"grad_hidden", &Grads::dh},
+      {"grad_weight", &Grads::dw}, {"grad_loss_weight", &Grads::dlw}};
+  for (const auto& [name, field] : fields) {
+    const Verdict v = check_close(r.got.*field, r.base.*field, r.ref.*field, dtype);
+    EXPECT_TRUE(v.pass) << what << " " << name << ": " << v.describe();
+  }
+}
+
+TEST(ChunkLoss, MatchesLinearPlusCrossEntropyInFloat64OnEveryBackend) {
+  int checked = 0;
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : dtypes_of(b)) {
+      for (const auto& c : cases()) {
+        if (dtype == DType::kFloat64 && c.V > 10000) continue;
+        const std::string what = case_name(b.id, dtype, c.hidden_shape) + " V=" + std::to_string(c.V) + " " + c.name;
+        SCOPED_TRACE(what);
+        expect_matches(run(b, dtype, c, 100 + checked, false, 1.0, checked % 2 == 0), dtype, what);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ChunkLoss, AccumulatesIntoAnFp32WeightGradientBuffer) {
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
+      const Case c = cases()[1];
+      const std::string what = b.id + "/" + dtype_name(dtype) + " accumulate";
+      SCOPED_TRACE(what);
+      expect_matches(run(b, dtype, c, 7, true), dtype, what);
+    }
+  }
+}
+
+TEST(ChunkLoss, LargeLogitsAndSoftcapStayFinite) {
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : dtypes_of(b)) {
+      for (int k : {1, 3}) {
+        const Case c = cases()[k];
+        const std::string what = b.id + "/" + dtype_name(dtype) + " large logits " + c.name;
+        SCOPED_TRACE(what);
+        // hidden ~ N(0, 3000^2) and weight ~ N(0, 1/H): logits of magnitude ~1e4.
+        const Outcome r = run(b, dtype, c, 11 + k, false, 3000.0);
+        ASSERT_TRUE(std::isfinite(r.got.loss[0])) << r.got.loss[0];
+        for (double v : r.got.dh) ASSERT_TRUE(std::isfinite(v));
+        for (double v : r.got.dw) ASSERT_TRUE(std::isfinite(v));
+        expect_matches(r, dtype, what);
+      }
+    }
+  }
+}
+
+TEST(ChunkLoss, ChunkSizeChangesOnlyRoundingAndRepeatedRunsAreBitwiseIdentical) {
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
+      const Case c = cases()[2];
+      SCOPED_TRACE(b.id + "/" + dtype_name(dtype));
+      const Outcome a = run(b, dtype, c, 21);
+      const Outcome again = run(b, dtype, c, 21);
+      EXPECT_EQ(a.loss_bytes, again.loss_bytes);
+      EXPECT_EQ(a.dh_bytes, again.dh_bytes);
+      EXPECT_EQ(a.dw_bytes, again.dw_bytes);
+      for (int64_t chunk : {0, 1, 64, 1000}) {
+        const Outcome other = run(b, dtype, c, 21, false, 1.0, true, chunk);
+        expect_matches(other, dtype, b.id + " chunk " + std::to_string(chunk));
+      }
+    }
+  }
+}
+
+TEST(ChunkLoss, BackwardRescalesTheSavedGradients) {
+  for (const auto& b : runnable_backends(kOp, Direction::kBackward)) {
+    for (DType dtype : dtypes_of(b)) {
+      for (double gval : {1.0, -0.75}) {
+        for (bool in_place : {false, true}) {
+          SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " g " + std::to_string(gval) + (in_place ? " in place" : ""));
+          const DType od = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+          TestTensor g(od, {}, b.device), sh(dtype, {3, 5, 24}, b.device), sw(dtype, {41, 24}, b.device);
+          TestTensor slw(od, {3, 5}, b.device), oh(dtype, {3, 5, 24}, b.device), ow(dtype, {41, 24}, b.device);
+          TestTensor olw(od, {3, 5}, b.device);
+          const auto gv = g.set({gval});
+          const auto shv = sh.fill_normal(1), swv = sw.fill_normal(2), slwv = slw.fill_normal(3);
+          oh.fill_nan();
+          ow.fill_nan();
+          olw.fill_nan();
+          ChunkLossBwdArgs a{g.view(), sh.view(), in_place ? sh.view() : oh.view(), sw.view(),
+                             in_place ? sw.view() : ow.view(), slw.view(), in_place ? slw.view() : olw.view()};
+          chunk_loss_bwd(b.ctx(), a);
+          auto check = [&](const TestTensor& out, const std::vector<double>& saved, DType dt, const char* name) {
+            std::vector<double> ref(saved.size()), base(saved.size());
+            for (size_t i = 0; i < saved.size(); ++i) {
+              ref[i] = gv[0] * saved[i];
+              base[i] = round_to(dt, ref[i]);
+            }
+            const Verdict v = check_close(out.to_double(), base, ref, dt);
+            EXPECT_TRUE(v.pass) << name << ": " << v.describe();
+          };
+          check(in_place ? sh : oh, shv, dtype, "grad_hidden");
+          check(in_place ? sw : ow, swv, dtype, "grad_weight");
+          check(in_place ? slw : olw, slwv, od, "grad_loss_weight");
+        }
+      }
+    }
+  }
+}
+
+TEST(ChunkLoss, BadInputsRaiseClearErrors) {
+  const Context ctx = Context::cpu();
+  TestTensor h(DType::kFloat32, {6, 8}), w(DType::kFloat32, {11, 8}), w9(DType::kFloat32, {11, 9});
+  TestTensor labels(DType::kInt64, {6}), labels5(DType::kInt64, {5}), loss(DType::kFloat32, {});
+  TestTensor bias(DType::kFloat32, {11}), dw16(DType::kBFloat16, {11, 8}), alpha(DType::kFloat32, {4});
+  TestTensor h3(DType::kFloat32, {2, 3, 8}), labels3(DType::kInt64, {2, 3});
+  auto args = [&]() {
+    ChunkLossFwdArgs a;
+    a.hidden = h.view();
+    a.weight = w.view();
+    a.labels = labels.view();
+    a.loss = loss.view();
+    return a;
+  };
+  auto expect = [&](const ChunkLossFwdArgs& a, ErrorKind kind, const std::string& text) {
+    expect_error([&] { chunk_loss_fwd(ctx, a); }, kind, text);
+  };
+  auto a = args();
+  a.bias = bias.view();
+  expect(a, ErrorKind::kValue, "chunk_loss: a bias is not supported");
+  a = args();
+  a.options.reduction = LossReduction::kNone;
+  expect(a, ErrorKind::kValue, "reduction 'none' is not supported");
+  a = args();
+  a.weight = w9.view();
+  expect(a, ErrorKind::kValue, "weight must have shape [V, H] with V >= 1 and H = 8 (hidden's last dimension), got [11,9]");
+  a = args();
+  a.labels = labels5.view();
+  expect(a, ErrorKind::kValue, "labels must have shape [6] (hidden's shape without its last dimension), got [5]");
+  a = args();
+  a.chunk_size = -1;
+  expect(a, ErrorKind::kValue, "chunk_size must be > 0 (or 0 to choose it from memory_budget), got -1");
+  a = args();
+  a.alpha = 0;
+  expect(a, ErrorKind::kValue, "alpha must be a finite nonzero number, got 0");
+  a = args();
+  a.alpha_per_sample = alpha.view();
+  expect(a, ErrorKind::kValue, "alpha must be a scalar or have shape [B] for hidden [B, S, H], got alpha [4] with hidden [6,8]");
+  a = args();
+  a.hidden = h3.view();
+  a.labels = labels3.view();
+  a.alpha_per_sample = alpha.view();
+  expect(a, ErrorKind::kValue, "alpha must be a scalar or have shape [B] for hidden [B, S, H] (B = 2), got alpha [4]");
+  a = args();
+  a.grad_weight = dw16.view();
+  a.accumulate_grad_weight = true;
+  expect(a, ErrorKind::kType, "grad_weight (accumulated) must have dtype in {float32, float64}, got bfloat16");
+  a = args();
+  a.grad_weight = dw16.view();
+  expect(a, ErrorKind::kType, "grad_weight must have the dtype of weight (float32), got bfloat16");
+  a = args();
+  a.options.logit_softcapping = -2.0;
+  expect(a, ErrorKind::kValue, "logit_softcapping must be a finite number > 0 (or None), got -2");
+  TestTensor hi(DType::kInt32, {6, 8});
+  a = args();
+  a.hidden = hi.view();
+  expect(a, ErrorKind::kType, "hidden must have dtype in {float32, bfloat16, float16, float64}, got int32");
+}
+
+}  // namespace
+}  // namespace fusedops::testing
