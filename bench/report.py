@@ -422,6 +422,14 @@ def main(argv=None) -> int:
     order = sorted(((ci, impl) for ci, c in enumerate(cases) for impl in c.impls if impl.available),
                    key=lambda t: (t[1].name != "fusedops", t[0]))
     dynamo_imported_by = None
+    # Warm PyTorch itself (allocator, kernels of the ops every implementation uses, autograd's
+    # engine and its device threads) so that the first calls below measure the implementations,
+    # not process start-up that any PyTorch program pays once.
+    warm = torch.randn(64, 64, device=device, requires_grad=True)
+    (warm.float() * 2).to(torch.bfloat16).sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
     for ci, impl in order:
         if impl.setup:
             t_setup = time.perf_counter()
@@ -479,7 +487,8 @@ def main(argv=None) -> int:
             "memory_method": ("torch.cuda.max_memory_allocated delta after reset_peak_memory_stats"
                               if device.type == "cuda" else common.CPU_MEMORY_METHOD),
             "first_call": "first call of each implementation at each case in this process "
-                          "(fusedops first); fwd+bwd after the fwd's first call",
+                          "(fusedops first, after one small PyTorch autograd step warmed PyTorch "
+                          "itself); fwd+bwd after the fwd's first call",
             "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR") if device.type == "cuda" else None,
         },
         "cases": [],

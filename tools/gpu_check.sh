@@ -73,7 +73,7 @@ export PYTHONUNBUFFERED=1
 step "C++ tests (one process per suite)"
 TESTS="$WORK/build/fusedops_tests"
 mkdir -p "$LOGS/gtest"
-for suite in $("$TESTS" --gtest_list_tests | grep -E '^[A-Za-z]' | tr -d '.'); do
+for suite in $("$TESTS" --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.'); do
   if "$TESTS" --gtest_filter="$suite.*" --gtest_output="json:$LOGS/gtest/$suite.json" >"$LOGS/gtest/$suite.log" 2>&1; then
     note "gtest $suite: $(grep -E '^\[  PASSED  \]' "$LOGS/gtest/$suite.log" | head -1)"
   else

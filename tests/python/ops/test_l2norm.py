@@ -8,6 +8,8 @@ tolerance base is the same composite run in the input dtype (tests/common/tolera
 
 from __future__ import annotations
 
+import threading
+
 import fusedops
 import pytest
 import torch
@@ -59,10 +61,7 @@ ZERO_SIZE_BUG = ("library bug: TensorView::is_contiguous / rows_collapsible reje
                  "of zero-size tensors (y and dx [4,0] have strides [1,1]; x [3,0,8] has [8,8,1])")
 FLOAT64_BUG = ("library bug: the torch layer keeps rstd in float32 for float64 inputs, so the "
                "backward (which uses the saved rstd) is only float32-accurate on the ref backend")
-# Not probed (it needs a CUDA device): strict xfail on CUDA in the one test that shows it.
-CONTEXT_BUG = ("library bug: use_backend is a contextvar and autograd runs CUDA backward on its "
-               "device thread, which does not see it (the backward falls back to FUSEDOPS_BACKEND or "
-               "the default backend)")
+
 
 
 def _zero_size_bug_present() -> bool:
@@ -416,4 +415,26 @@ def test_backward_runs_on_the_backend_forced_around_it(device, request, monkeypa
     with fusedops.use_backend(**{OP: runnable_backends(OP, device)[0]}):
         y = fusedops.l2norm(x)
         y.sum().backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+
+
+def test_backward_on_another_thread_keeps_the_forward_forcing(monkeypatch):
+    # What CUDA's autograd device thread does, on the CPU: the backward runs on a thread that never
+    # entered the use_backend block; it runs under the forcing its forward saw.
+    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
+    x = (torch.randn(4, 8) + 0.3).requires_grad_()
+    with fusedops.use_backend(**{OP: "cpu"}):
+        y = fusedops.l2norm(x)
+    errors = []
+
+    def run_backward():
+        try:
+            y.sum().backward()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run_backward)
+    t.start()
+    t.join()
+    assert not errors, f"backward on another thread lost the forcing: {errors[0]!r}"
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())

@@ -7,6 +7,8 @@ tolerance base is the same composite run in the input dtype (tests/common/tolera
 
 from __future__ import annotations
 
+import threading
+
 import fusedops
 import pytest
 import torch
@@ -57,10 +59,7 @@ ZERO_SIZE_BUG = ("library bug: TensorView::is_contiguous / rows_collapsible reje
                  "the expanded gradient of an empty output has stride 0)")
 FLOAT64_BUG = ("library bug: the torch layer keeps rstd in float32 for float64 inputs, so r, y's "
                "gradient and dx are only float32-accurate on the ref backend")
-# Not probed (it needs a CUDA device): strict xfail on CUDA in the one test that shows it.
-CONTEXT_BUG = ("library bug: use_backend is a contextvar and autograd runs CUDA backward on its "
-               "device thread, which does not see it (the backward falls back to FUSEDOPS_BACKEND or "
-               "the default backend)")
+
 
 
 def _zero_size_bug_present() -> bool:
@@ -446,3 +445,25 @@ def test_float64_on_cuda_says_no_backend_can_run_it(device):
         pytest.skip("float64 runs on the CPU (ref backend); this checks the CUDA refusal")
     with pytest.raises(RuntimeError, match="no backend can run"):
         fusedops.rmsnorm_without_weight(torch.randn(4, 8, dtype=torch.float64, device=device))
+
+
+def test_backward_on_another_thread_keeps_the_forward_forcing(monkeypatch):
+    # What CUDA's autograd device thread does, on the CPU: the backward runs on a thread that never
+    # entered the use_backend block; it runs under the forcing its forward saw.
+    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
+    x = (torch.randn(4, 8) + 0.3).requires_grad_()
+    with fusedops.use_backend(**{OP: "cpu"}):
+        y = fusedops.rmsnorm_without_weight(x, return_normalized=True)[0]
+    errors = []
+
+    def run_backward():
+        try:
+            y.sum().backward()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run_backward)
+    t.start()
+    t.join()
+    assert not errors, f"backward on another thread lost the forcing: {errors[0]!r}"
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
