@@ -19,6 +19,7 @@ from .ops.matmul_add import matmul_add
 from .ops.clipped_swiglu import clipped_swiglu, clipped_swiglu_grad
 from .ops.cross_entropy import FusedCrossEntropyLossFunction, fused_cross_entropy_loss
 from .ops.chunk_loss import chunk_loss
+from .ops.rmsnorm_gated import rms_norm_gated, rmsnorm_fn
 from . import reference
 from . import nn
 
@@ -30,6 +31,8 @@ __all__ = [
     "validation",
     "rmsnorm_without_weight",
     "l2norm",
+    "rms_norm_gated",
+    "rmsnorm_fn",
     "clipped_swiglu",
     "clipped_swiglu_grad",
     "sort_chunks_by_idx",

@@ -72,3 +72,62 @@ class ChunkLoss(torch.nn.Module):
                           lse_square_scale=self.lse_square_scale, softcap=self.softcap,
                           logit_scale=self.logit_scale, memory_budget=self.memory_budget,
                           return_z_loss=self.return_z_loss)
+
+
+class RMSNormGated(torch.nn.Module):
+    """Gated RMSNorm (flash-linear-attention's ``RMSNormGated`` / ``FusedRMSNormGated``), backed
+    by :func:`fusedops.rms_norm_gated`.
+
+    Defaults follow FLA's ``layernorm_gated.RMSNormGated``: eps 1e-5, ``norm_before_gate=False``
+    (``y = x*silu(z) * r * weight``), a weight initialised to ones and no bias. With
+    ``norm_before_gate=True`` the gate comes after the norm and may be ``"sigmoid"``;
+    ``forward`` then also takes FLA ``fused_norm_gate``'s residual / prenorm / residual_in_fp32.
+
+    Args:
+        hidden_size: D.
+        eps: added to the mean of squares.
+        group_size: columns per rstd group (None: one group per row).
+        norm_before_gate: where the gate goes (see above).
+        activation: ``"silu"``/``"swish"`` or ``"sigmoid"`` (norm_before_gate only).
+        elementwise_affine: learn a weight (default True).
+        bias: learn a bias (default False).
+        device, dtype: of the parameters.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: Optional[int] = None,
+                 norm_before_gate: bool = False, activation: str = "silu",
+                 elementwise_affine: bool = True, bias: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in ("silu", "swish", "sigmoid"):
+            raise ValueError(f"fusedops: RMSNormGated: activation must be one of 'silu', 'swish', "
+                             f"'sigmoid', got {activation!r}")
+        if group_size is not None and (group_size <= 0 or hidden_size % group_size):
+            raise ValueError(f"fusedops: RMSNormGated: group_size must divide hidden_size: "
+                             f"hidden_size = {hidden_size}, group_size = {group_size}")
+        factory = {"device": device, "dtype": dtype}
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, **factory)) if elementwise_affine else None
+        self.bias = torch.nn.Parameter(torch.empty(hidden_size, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.ones_(self.weight)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"{self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+                f"norm_before_gate={self.norm_before_gate}, activation={self.activation}")
+
+    def forward(self, x: Tensor, z: Optional[Tensor] = None, residual: Optional[Tensor] = None,
+                prenorm: bool = False, residual_in_fp32: bool = False):
+        from .ops.rmsnorm_gated import rms_norm_gated
+
+        return rms_norm_gated(x, z, self.weight, self.bias, self.eps, self.group_size,
+                              self.norm_before_gate, self.activation, residual, prenorm,
+                              residual_in_fp32)

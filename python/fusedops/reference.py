@@ -272,3 +272,50 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
                                     reduction, float(label_smoothing), float(logit_scale),
                                     None if softcap is None else float(softcap), float(lse_square_scale))
     return (loss, z_loss) if return_z_loss else loss
+
+
+class _RmsNormGated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+                residual: Optional[Tensor], args: tuple):
+        eps, group_size, norm_before_gate, act = args
+        x64, z64, w64, b64, r64 = (_cpu64(t) for t in (x, z, weight, bias, residual))
+        D = x64.shape[-1]
+        g = group_size if group_size > 0 else D
+        y = torch.zeros(x64.shape, dtype=torch.float64)
+        rstd = torch.zeros(tuple(x64.shape[:-1]) + ((D // g) if g else 0,), dtype=torch.float64)
+        res_out = torch.zeros(x64.shape, dtype=torch.float64) if r64 is not None else None
+        if x64.numel():
+            _C.rmsnorm_gated_fwd(context("rmsnorm_gated", x64, "ref"), x64, z64, w64, b64, r64, y, res_out,
+                                 rstd, eps, group_size, norm_before_gate, act)
+        ctx.save_for_backward(res_out if r64 is not None else x64, z64, w64, b64, rstd)
+        ctx.meta = (args, [(t.device, t.dtype) if t is not None else None for t in (x, z, weight, bias, residual)])
+        return y.to(x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xs, z64, w64, b64, rstd = ctx.saved_tensors
+        (eps, group_size, norm_before_gate, act), meta = ctx.meta
+        dy64 = dy.detach().to("cpu", torch.float64).contiguous()
+        dx = torch.zeros(xs.shape, dtype=torch.float64)
+        dz = torch.zeros(xs.shape, dtype=torch.float64) if z64 is not None else None
+        dw = torch.zeros(w64.shape, dtype=torch.float64) if w64 is not None else None
+        db = torch.zeros(b64.shape, dtype=torch.float64) if b64 is not None else None
+        if xs.numel():
+            _C.rmsnorm_gated_bwd(context("rmsnorm_gated", xs, "ref"), dy64, xs, z64, w64, b64, rstd, None, dx,
+                                 dz, dw, db, None, None, group_size, norm_before_gate, act)
+        out = []
+        for g, m in zip((dx, dz, dw, db, dx), meta):
+            out.append(None if m is None or g is None else g.to(m[0], m[1]))
+        return (*out, None)
+
+
+def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                   bias: Optional[Tensor] = None, eps: float = 1e-6, group_size: Optional[int] = None,
+                   norm_before_gate: bool = True, activation: str = "silu",
+                   residual: Optional[Tensor] = None) -> Tensor:
+    """float64 reference of :func:`fusedops.rms_norm_gated` (y only; with a residual the norm
+    applies to ``x + residual`` in float64). Gradients flow back in the inputs' dtypes."""
+    act = {"silu": 0, "swish": 0, "sigmoid": 1}[activation]
+    args = (float(eps), 0 if group_size is None else int(group_size), bool(norm_before_gate), act)
+    return _RmsNormGated.apply(x, z, weight, bias, residual, args)

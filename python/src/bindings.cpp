@@ -131,4 +131,5 @@ NB_MODULE(_C, m) {
   bind_sort_chunks(m);
   bind_matmul_add(m);
   bind_clipped_swiglu(m);
+  bind_rmsnorm_gated(m);
 }

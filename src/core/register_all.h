@@ -32,4 +32,7 @@ void register_fused_cross_entropy_loss_cuda_sm80(Registry& r);
 void register_chunk_loss_ref(Registry& r);
 void register_chunk_loss_cpu(Registry& r);
 void register_chunk_loss_cuda_sm80(Registry& r);
+void register_rmsnorm_gated_ref(Registry& r);
+void register_rmsnorm_gated_cpu(Registry& r);
+void register_rmsnorm_gated_cuda_sm80(Registry& r);
 }  // namespace fusedops
