@@ -24,9 +24,8 @@ compares main_grad rows (the report's row sample) with float64 main_grad + grad_
 
 from __future__ import annotations
 
-import torch
-
 import fusedops
+import torch
 
 from .. import common
 from ..common import Case, Impl

@@ -17,9 +17,8 @@ definition puts there (float64), on the report's sample of rows.
 
 from __future__ import annotations
 
-import torch
-
 import fusedops
+import torch
 
 from .. import common
 from ..common import Case, Impl

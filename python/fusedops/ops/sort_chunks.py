@@ -11,8 +11,6 @@ works (fp8 included) and results are bit-identical to ``torch.split`` + ``torch.
 permutation), which copies them to the host.
 """
 
-from __future__ import annotations
-
 from typing import Optional, Sequence, Union
 
 import torch

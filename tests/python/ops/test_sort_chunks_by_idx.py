@@ -10,11 +10,11 @@ gradient must be bit-identical to the composite.
 
 from __future__ import annotations
 
+import fusedops
 import pytest
 import torch
-
-import fusedops
 from fusedops.ops import sort_chunks as sc
+
 from tests.common.tolerance import assert_close
 
 OP = "sort_chunks_by_idx"
@@ -67,6 +67,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def assert_bitwise(a, b, what):
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
     assert torch.equal(bits(a), bits(b)), f"{what}: not bit-identical"
+
+
+def backends_here(runnable_backends, device):
+    ids = runnable_backends(OP, device)
+    assert ids, f"no {OP} backend runs on {device}"
+    return ids
 
 
 def forced(case):
@@ -142,7 +148,7 @@ def test_any_element_dtype_is_copied_bit_for_bit(device, runnable_backends, dtyp
     x = x.to(device)
     s_t, o_t = index_tensors(sizes, order, device)
     want, _ = composite(x, sizes, order)
-    for backend in runnable_backends(OP, device):
+    for backend in backends_here(runnable_backends, device):
         with fusedops.use_backend(**{OP: backend}):
             got = fusedops.moe_sort_chunks_by_index(x, s_t, o_t)
         assert got.dtype == dtype
@@ -169,7 +175,7 @@ def test_gradient_of_one_output_only(device, runnable_backends):
     # Only probs_out (or only out) reaches the loss: the other gradient is absent, not zeros.
     sizes, order = [3, 0, 5, 4], [1, 3, 2, 0]
     s_t, o_t = index_tensors(sizes, order, device)
-    for backend in runnable_backends(OP, device):
+    for backend in backends_here(runnable_backends, device):
         x = torch.randn(12, 7, device=device, requires_grad=True)
         probs = torch.rand(12, device=device, requires_grad=True)
         g = torch.randn(12, device=device)
@@ -200,7 +206,7 @@ def test_non_contiguous_inputs(device, runnable_backends):
         "every_other_row_probs": base[:, :24],
     }
     probs = torch.rand(34, device=device)[::2]  # stride 2
-    for backend in runnable_backends(OP, device):
+    for backend in backends_here(runnable_backends, device):
         for name, x in layouts.items():
             assert not x.is_contiguous()
             with fusedops.use_backend(**{OP: backend}):
@@ -213,7 +219,7 @@ def test_non_contiguous_inputs(device, runnable_backends):
 def test_expanded_gradient_from_sum(device, runnable_backends):
     sizes, order = [4, 0, 9, 2], [3, 1, 2, 0]
     s_t, o_t = index_tensors(sizes, order, device)
-    for backend in runnable_backends(OP, device):
+    for backend in backends_here(runnable_backends, device):
         x = torch.randn(15, 11, device=device, requires_grad=True)
         probs = torch.rand(15, device=device, requires_grad=True)
         with fusedops.use_backend(**{OP: backend}):
