@@ -10,6 +10,7 @@ import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
 from . import _C
 from ._backend import backends, use_backend, validation
+from .ops.causal_conv1d import causal_conv1d
 from .ops.l2norm import l2norm
 from .ops.rmsnorm import rmsnorm_without_weight
 from .ops.sort_chunks import (moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs,
@@ -31,6 +32,7 @@ __all__ = [
     "validation",
     "rmsnorm_without_weight",
     "l2norm",
+    "causal_conv1d",
     "rms_norm_gated",
     "rmsnorm_fn",
     "clipped_swiglu",

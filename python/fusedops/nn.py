@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .ops.causal_conv1d import causal_conv1d
+
 
 class FusedCrossEntropyLoss(torch.nn.Module):
     """Cross-entropy with the gradient computed in the forward, backed by
@@ -131,3 +133,76 @@ class RMSNormGated(torch.nn.Module):
         return rms_norm_gated(x, z, self.weight, self.bias, self.eps, self.group_size,
                               self.norm_before_gate, self.activation, residual, prenorm,
                               residual_in_fp32)
+
+
+class ShortConvolution(torch.nn.Conv1d):
+    """Depthwise causal short convolution with optional SiLU and state caching
+    (flash-linear-attention's ``ShortConvolution``), backed by :func:`fusedops.causal_conv1d`.
+
+    Weight layout: ``self.weight`` is ``[hidden_size, 1, kernel_size]``, the ``nn.Conv1d``
+    depthwise layout that FLA's module also holds, so its state dicts load unchanged;
+    ``self.weight[d, 0, k]`` multiplies token ``t - (W-1) + k`` of channel d (``k = W-1`` is the
+    current token). The op is given the ``[W, D]`` view ``self.weight[:, 0, :].t()`` (no copy).
+    ``self.bias`` is ``[hidden_size]`` or None.
+
+    Args:
+        hidden_size: channels D.
+        kernel_size: width W.
+        bias: learn a channel bias (default False).
+        activation: ``"silu"`` (default), ``"swish"`` or None.
+        device, dtype: of the parameters.
+    """
+
+    def __init__(self, hidden_size: int, kernel_size: int, bias: bool = False,
+                 activation: Optional[str] = "silu", device=None, dtype=None, **kwargs) -> None:
+        super().__init__(in_channels=hidden_size, out_channels=hidden_size,
+                         kernel_size=kernel_size, padding=kernel_size - 1, groups=hidden_size,
+                         bias=bias, device=device, dtype=dtype)
+        if activation not in (None, "silu", "swish"):
+            raise ValueError(f"fusedops: ShortConvolution: activation must be None, 'silu' or "
+                             f"'swish', got {activation!r}")
+        self.hidden_size = hidden_size
+        self.activation = activation
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation}"
+
+    @property
+    def state_size(self) -> int:
+        return self.hidden_size * self.kernel_size[0]
+
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                cache: Optional[Tensor] = None, output_final_state: bool = False,
+                cu_seqlens: Optional[Tensor] = None, **kwargs) -> tuple[Tensor, Optional[Tensor]]:
+        """``x [B, T, D]`` (B == 1 with ``cu_seqlens``) -> ``(y, final_state or None)``.
+
+        ``cache [N, D, W]`` is the initial state. As in FLA, a decoding call (one token per
+        sequence, autograd off) with a cache writes the new state into ``cache`` in place; other
+        calls leave it untouched and return the new state when ``output_final_state``.
+        ``mask [B, T]`` zeroes padded positions of x first (not with ``cu_seqlens``).
+        """
+        B, T = x.shape[0], x.shape[1]
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        if mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("fusedops: ShortConvolution: `mask` and `cu_seqlens` cannot be "
+                                 "given together")
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        decode = cache is not None and not torch.is_grad_enabled() and B * T == N
+        y, final = causal_conv1d(x, self.weight[:, 0, :].t(), self.bias, residual, cache,
+                                 self.activation, cu_seqlens, output_final_state or decode)
+        if decode:
+            cache.copy_(final)
+            final = cache
+        return y, (final if output_final_state else None)
+
+    def step(self, x: Tensor, residual: Optional[Tensor], cache: Optional[Tensor],
+             output_final_state: bool = False,
+             cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """One decoding step (FLA's ``step``): a zero cache when none is given; the cache is
+        updated in place when autograd is off."""
+        if cache is None:
+            N = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+            cache = x.new_zeros(N, self.hidden_size, self.kernel_size[0])
+        return self.forward(x, residual=residual, cache=cache,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens)

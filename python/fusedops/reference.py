@@ -319,3 +319,62 @@ def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tenso
     act = {"silu": 0, "swish": 0, "sigmoid": 1}[activation]
     args = (float(eps), 0 if group_size is None else int(group_size), bool(norm_before_gate), act)
     return _RmsNormGated.apply(x, z, weight, bias, residual, args)
+
+
+class _CausalConv1d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, initial_state, cu_seqlens, activation,
+                output_final_state):
+        def c64(t):
+            return None if t is None else t.detach().to("cpu", torch.float64).contiguous()
+
+        x64, w64, b64, h64 = c64(x), c64(weight), c64(bias), c64(initial_state)
+        cu = None if cu_seqlens is None else cu_seqlens.detach().cpu().contiguous()
+        n = x.shape[0] if cu is None else cu.shape[0] - 1
+        d = 1
+        for s in x.shape[2:]:
+            d *= s
+        y = torch.empty(x64.shape, dtype=torch.float64)
+        final = torch.empty((n, d, weight.shape[0]), dtype=torch.float64)
+        _C.causal_conv1d_fwd(context("causal_conv1d", x64, "ref"), x64, w64, b64, c64(residual),
+                             h64, cu, y, final if output_final_state else None, activation)
+        ctx.save_for_backward(x64, w64, b64, h64, cu)
+        ctx.activation, ctx.output_final_state = activation, output_final_state
+        ctx.meta = [(t.device, t.dtype) if t is not None else None
+                    for t in (x, weight, bias, residual, initial_state)]
+        out_final = final if output_final_state else final.new_empty(0)
+        return y.to(x.device), out_final.to(x.device)
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
+        x64, w64, b64, h64, cu = ctx.saved_tensors
+        dx = torch.empty(x64.shape, dtype=torch.float64)
+        dw = torch.empty(w64.shape, dtype=torch.float64)
+        db = None if b64 is None else torch.empty(b64.shape, dtype=torch.float64)
+        dh0 = None if h64 is None else torch.empty(h64.shape, dtype=torch.float64)
+        dy64 = (torch.zeros_like(x64) if dy is None
+                else dy.detach().to("cpu", torch.float64).contiguous())
+        dfin = (d_final.detach().to("cpu", torch.float64).contiguous()
+                if ctx.output_final_state and d_final is not None else None)
+        _C.causal_conv1d_bwd(context("causal_conv1d", x64, "ref"), x64, w64, b64, h64, cu, dy64,
+                             dfin, dx, dw, db, dh0, None, ctx.activation)
+        mx, mw, mb, mr, mh = ctx.meta
+
+        def back(t, m):
+            return None if t is None or m is None else t.to(m[0], m[1])
+
+        dres = back(dy64, mr)
+        return (back(dx, mx), back(dw, mw), back(db, mb), dres, back(dh0, mh), None, None, None)
+
+
+def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                  residual: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
+                  activation: Optional[str] = None, cu_seqlens: Optional[Tensor] = None,
+                  output_final_state: bool = False, *, weight_layout: str = "WD"):
+    """float64 reference of :func:`fusedops.causal_conv1d` (same arguments; y and final_state
+    float64)."""
+    if weight_layout.upper() == "DW":
+        weight = weight.t()
+    y, final = _CausalConv1d.apply(x, weight, bias, residual, initial_state, cu_seqlens,
+                                   activation or "", bool(output_final_state))
+    return y, (final if output_final_state else None)

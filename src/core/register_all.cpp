@@ -7,6 +7,8 @@ void register_all_backends(Registry& r) {
   register_rmsnorm_without_weight_cpu(r);
   register_l2norm_ref(r);
   register_l2norm_cpu(r);
+  register_causal_conv1d_ref(r);
+  register_causal_conv1d_cpu(r);
   register_sort_chunks_by_idx_ref(r);
   register_sort_chunks_by_idx_cpu(r);
   register_matmul_add_ref(r);
@@ -24,6 +26,7 @@ void register_all_backends(Registry& r) {
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
+  register_causal_conv1d_cuda_sm80(r);
   register_sort_chunks_by_idx_cuda_sm80(r);
   register_matmul_add_cuda_sm80(r);
   register_clipped_swiglu_cuda_sm80(r);

@@ -1,0 +1,352 @@
+// causal_conv1d, CPU backend: threads over (time chunk of one sequence, channel block) tasks,
+// fp32 math over whole channel rows (loops the compiler vectorises), a ring of the last W input
+// rows per task so that each x row is converted once. Weight and bias gradients are per-task
+// fp32 partial rows, summed over tasks in task order: bitwise reproducible for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/causal_conv1d.h"
+#include "src/core/visit.h"
+#include "src/cpu/parallel.h"
+#include "src/cpu/simd.h"
+#include "src/ops/causal_conv1d/causal_conv1d_common.h"
+
+namespace fusedops {
+namespace {
+
+using conv1d::Geometry;
+
+constexpr int64_t kRows = 256;  // time steps per task
+constexpr int64_t kCols = 512;  // channels per task (W rows of them stay in L1)
+
+// e^x to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it vectorise.
+inline float vexp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+float load_any(const TensorView& t, int64_t off) {
+  return visit_float(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return to_float(t.data_as<const T>()[off]);
+  });
+}
+
+void store_any(const TensorView& t, int64_t off, float v) {
+  visit_float(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    t.data_as<T>()[off] = from_float<T>(v);
+  });
+}
+
+// One time chunk [t0, t1) (local times) of sequence n.
+struct Task {
+  int64_t n, batch, begin, L, t0, t1;
+};
+
+std::vector<Task> time_tasks(const Geometry& g, const TensorView& cu) {
+  std::vector<Task> out;
+  for (int64_t n = 0; n < g.N; ++n) {
+    const conv1d::Span s = conv1d::host_span(g, cu, n);
+    const int64_t L = s.end - s.begin;
+    for (int64_t t0 = 0; t0 < L; t0 += kRows)
+      out.push_back({n, s.batch, s.begin, L, t0, std::min(L, t0 + kRows)});
+  }
+  return out;
+}
+
+// Everything a task reads, with the small tensors (weight, bias) converted to fp32 once.
+struct Problem {
+  Geometry g;
+  bool silu = false;
+  std::vector<float> w;  // [W][D]
+  std::vector<float> b;  // [D] or empty
+  TensorView h0;         // [N, D, W] or undefined
+  TensorView dht;        // [N, D, W] or undefined
+  const TensorView* cu = nullptr;
+
+  Problem(const TensorView& x, const TensorView& weight, const TensorView& bias,
+          const TensorView& initial_state, const TensorView& cu_seqlens,
+          CausalConv1dActivation act)
+      : g(conv1d::geometry(x, weight, cu_seqlens)), silu(act == CausalConv1dActivation::kSilu),
+        h0(initial_state), cu(&cu_seqlens) {
+    w.resize(g.W * g.D);
+    for (int64_t k = 0; k < g.W; ++k)
+      for (int64_t d = 0; d < g.D; ++d)
+        w[k * g.D + d] = load_any(weight, k * weight.stride(0) + d * weight.stride(1));
+    if (bias.defined()) {
+      b.resize(g.D);
+      for (int64_t d = 0; d < g.D; ++d) b[d] = load_any(bias, d * bias.stride(0));
+    }
+  }
+  int64_t slot(int64_t r) const { return ((r % g.W) + g.W) % g.W; }
+};
+
+// Row access to a [B, T, D] view with dense channels.
+template <class T>
+struct Rows {
+  T* base = nullptr;
+  int64_t sb = 0, st = 0;
+  Rows() = default;
+  explicit Rows(const TensorView& v)
+      : base(v.defined() ? v.data_as<T>() : nullptr),
+        sb(v.defined() ? conv1d::batch_stride(v) : 0),
+        st(v.defined() ? conv1d::time_stride(v) : 0) {}
+  T* row(int64_t batch, int64_t t) const { return base + batch * sb + t * st; }
+};
+
+// x~[tau] of the task's sequence, channels [d0, d0+nd), as floats (tau >= -W).
+template <class T>
+void extended_row(const Problem& p, const Rows<const T>& x, const Task& tk, int64_t tau,
+                  int64_t d0, int64_t nd, float* out) {
+  if (tau >= 0) {
+    cpu::load_float(x.row(tk.batch, tk.begin + tau) + d0, out, nd);
+  } else if (!p.h0.defined()) {
+    std::fill(out, out + nd, 0.0f);
+  } else {
+    const int64_t W = p.g.W;
+    for (int64_t d = 0; d < nd; ++d) out[d] = load_any(p.h0, (tk.n * p.g.D + d0 + d) * W + tau + W);
+  }
+}
+
+// a = bias + sum_k w[k] * x~[t-W+1+k] from the ring holding rows t-W+1..t.
+void preactivation(const Problem& p, const float* ring, int64_t t, int64_t d0, int64_t nd,
+                   float* __restrict a) {
+  const int64_t D = p.g.D, W = p.g.W;
+  if (!p.b.empty()) {
+    std::memcpy(a, p.b.data() + d0, nd * sizeof(float));
+  } else {
+    std::fill(a, a + nd, 0.0f);
+  }
+  for (int64_t k = 0; k < W; ++k) {
+    const float* __restrict row = ring + p.slot(t - W + 1 + k) * nd;
+    const float* __restrict wk = p.w.data() + k * D + d0;
+    for (int64_t d = 0; d < nd; ++d) a[d] += wk[d] * row[d];
+  }
+}
+
+template <class T>
+void fwd_task(const Problem& p, const CausalConv1dFwdArgs& args, const Task& tk, int64_t d0,
+              int64_t nd, float* scratch) {
+  const int64_t W = p.g.W;
+  const Rows<const T> x(args.x), res(args.residual);
+  T* y = args.y.data_as<T>();
+  float* ring = scratch;           // W rows
+  float* a = ring + W * nd;        // 1 row
+  float* rbuf = a + nd;            // 1 row
+  for (int64_t r = tk.t0 - W + 1; r < tk.t0; ++r)
+    extended_row(p, x, tk, r, d0, nd, ring + p.slot(r) * nd);
+  for (int64_t t = tk.t0; t < tk.t1; ++t) {
+    cpu::load_float(x.row(tk.batch, tk.begin + t) + d0, ring + p.slot(t) * nd, nd);
+    preactivation(p, ring, t, d0, nd, a);
+    if (p.silu)
+      for (int64_t d = 0; d < nd; ++d) a[d] = a[d] / (1.0f + vexp(-a[d]));
+    if (res.base) {
+      cpu::load_float(res.row(tk.batch, tk.begin + t) + d0, rbuf, nd);
+      for (int64_t d = 0; d < nd; ++d) a[d] += rbuf[d];
+    }
+    cpu::store_float(a, y + (tk.batch * p.g.T + tk.begin + t) * p.g.D + d0, nd);
+  }
+}
+
+template <class T>
+void fwd_typed(const CausalConv1dFwdArgs& args) {
+  const Problem p(args.x, args.weight, args.bias, args.initial_state, args.cu_seqlens,
+                  args.activation);
+  const Geometry& g = p.g;
+  const std::vector<Task> tasks = time_tasks(g, args.cu_seqlens);
+  const int64_t cblocks = (g.D + kCols - 1) / kCols;
+  cpu::parallel_for(0, static_cast<int64_t>(tasks.size()) * cblocks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch((g.W + 2) * std::min(kCols, g.D));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t d0 = (i % cblocks) * kCols;
+      fwd_task<T>(p, args, tasks[i / cblocks], d0, std::min(kCols, g.D - d0), scratch.data());
+    }
+  });
+  if (!args.final_state.defined()) return;
+  // final_state[n,d,j] = x~[L-W+j]
+  const Rows<const T> x(args.x);
+  cpu::parallel_for(0, g.N, 1, [&](int64_t n0, int64_t n1) {
+    std::vector<float> row(g.D);
+    for (int64_t n = n0; n < n1; ++n) {
+      const conv1d::Span s = conv1d::host_span(g, args.cu_seqlens, n);
+      const Task tk{n, s.batch, s.begin, s.end - s.begin, 0, 0};
+      for (int64_t j = 0; j < g.W; ++j) {
+        extended_row(p, x, tk, tk.L - g.W + j, 0, g.D, row.data());
+        for (int64_t d = 0; d < g.D; ++d) store_any(args.final_state, (n * g.D + d) * g.W + j, row[d]);
+      }
+    }
+  });
+}
+
+// g = dy * act'(a), in place in a (dyrow holds dy).
+void activation_grad(const Problem& p, const float* __restrict dyrow, float* __restrict a,
+                     int64_t nd) {
+  if (p.silu) {
+    for (int64_t d = 0; d < nd; ++d) {
+      const float s = 1.0f / (1.0f + vexp(-a[d]));
+      a[d] = dyrow[d] * s * (1.0f + a[d] * (1.0f - s));
+    }
+  } else {
+    std::memcpy(a, dyrow, nd * sizeof(float));
+  }
+}
+
+// dx rows [t0, t1) and this task's partial sums of dweight (rows 0..W-1) and dbias (row W) into
+// partial (rows of D floats).
+template <class T>
+void bwd_task(const Problem& p, const CausalConv1dBwdArgs& args, const Task& tk, int64_t d0,
+              int64_t nd, float* partial, float* scratch) {
+  const int64_t W = p.g.W, D = p.g.D;
+  const Rows<const T> x(args.x), dy(args.dy);
+  T* dx = args.dx.data_as<T>();
+  float* xring = scratch;
+  float* gring = xring + W * nd;
+  float* dyrow = gring + W * nd;
+  float* out = dyrow + nd;
+  float* dw = partial + d0;  // row k at dw + k*D; dbias at row W
+  float* db = partial + W * D + d0;
+  for (int64_t r = tk.t0 - W + 1; r < tk.t0; ++r)
+    extended_row(p, x, tk, r, d0, nd, xring + p.slot(r) * nd);
+  const int64_t look_end = std::min(tk.L, tk.t1 + W - 1);
+  for (int64_t u = tk.t0; u < tk.t1 + W - 1; ++u) {
+    float* __restrict gu = gring + p.slot(u) * nd;
+    if (u < look_end) {
+      cpu::load_float(x.row(tk.batch, tk.begin + u) + d0, xring + p.slot(u) * nd, nd);
+      preactivation(p, xring, u, d0, nd, gu);
+      cpu::load_float(dy.row(tk.batch, tk.begin + u) + d0, dyrow, nd);
+      activation_grad(p, dyrow, gu, nd);
+      if (u < tk.t1) {
+        for (int64_t d = 0; d < nd; ++d) db[d] += gu[d];
+        for (int64_t k = 0; k < W; ++k) {
+          const float* __restrict row = xring + p.slot(u - W + 1 + k) * nd;
+          float* __restrict acc = dw + k * D;
+          for (int64_t d = 0; d < nd; ++d) acc[d] += gu[d] * row[d];
+        }
+      }
+    } else {
+      std::fill(gu, gu + nd, 0.0f);  // past the end of the sequence
+    }
+    const int64_t tau = u - W + 1;
+    if (tau < tk.t0) continue;
+    std::fill(out, out + nd, 0.0f);
+    for (int64_t j = 0; j < W; ++j) {
+      const float* __restrict gr = gring + p.slot(tau + j) * nd;
+      const float* __restrict wk = p.w.data() + (W - 1 - j) * D + d0;
+      for (int64_t d = 0; d < nd; ++d) out[d] += wk[d] * gr[d];
+    }
+    if (p.dht.defined() && tau >= tk.L - W)
+      for (int64_t d = 0; d < nd; ++d)
+        out[d] += load_any(p.dht, (tk.n * D + d0 + d) * W + tau - tk.L + W);
+    cpu::store_float(out, dx + (tk.batch * p.g.T + tk.begin + tau) * D + d0, nd);
+  }
+}
+
+template <class T>
+void bwd_typed(const CausalConv1dBwdArgs& args) {
+  Problem p(args.x, args.weight, args.bias, args.initial_state, args.cu_seqlens, args.activation);
+  p.dht = args.d_final_state;
+  const Geometry& g = p.g;
+  const std::vector<Task> tasks = time_tasks(g, args.cu_seqlens);
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
+  const int64_t cblocks = (g.D + kCols - 1) / kCols;
+  const bool want_params = args.dweight.defined() || args.dbias.defined();
+  // Per-task partial rows: W of dweight, 1 of dbias. Tasks that want no parameter gradient
+  // accumulate into one throw-away row block per thread chunk instead.
+  const int64_t prows = g.W + 1;
+  std::vector<float> partials(want_params ? ntasks * prows * g.D : 0, 0.0f);
+  cpu::parallel_for(0, ntasks * cblocks, 1, [&](int64_t i0, int64_t i1) {
+    const int64_t cols = std::min(kCols, g.D);
+    std::vector<float> scratch((2 * g.W + 2) * cols);
+    std::vector<float> sink(want_params ? 0 : prows * g.D);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t tt = i / cblocks, d0 = (i % cblocks) * kCols;
+      float* part = want_params ? partials.data() + tt * prows * g.D : sink.data();
+      bwd_task<T>(p, args, tasks[tt], d0, std::min(kCols, g.D - d0), part, scratch.data());
+    }
+  });
+  if (want_params) {
+    cpu::parallel_for(0, g.D, 1024, [&](int64_t c0, int64_t c1) {
+      std::vector<float> acc(c1 - c0);
+      for (int64_t k = 0; k < prows; ++k) {
+        const TensorView& dst = k < g.W ? args.dweight : args.dbias;
+        if (!dst.defined()) continue;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t tt = 0; tt < ntasks; ++tt) {
+          const float* src = partials.data() + (tt * prows + k) * g.D + c0;
+          for (int64_t d = 0; d < c1 - c0; ++d) acc[d] += src[d];
+        }
+        const int64_t base = k < g.W ? k * g.D : 0;
+        for (int64_t d = c0; d < c1; ++d) store_any(dst, base + d, acc[d - c0]);
+      }
+    });
+  }
+  if (!args.d_initial_state.defined()) return;
+  // dh0[n,d,s] = sum_{t < min(s,L)} w[s-1-t] g[t] + dht[n,d,s-L] (s >= L): g of the first W-1
+  // tokens, recomputed.
+  const Rows<const T> x(args.x), dy(args.dy);
+  cpu::parallel_for(0, g.N, 1, [&](int64_t n0, int64_t n1) {
+    std::vector<float> ring(g.W * g.D), grows(std::max<int64_t>(g.W - 1, 1) * g.D), dyrow(g.D);
+    for (int64_t n = n0; n < n1; ++n) {
+      const conv1d::Span s = conv1d::host_span(g, args.cu_seqlens, n);
+      const Task tk{n, s.batch, s.begin, s.end - s.begin, 0, 0};
+      const int64_t head = std::min(g.W - 1, tk.L);
+      for (int64_t t = 0; t < head; ++t) {
+        for (int64_t r = t - g.W + 1; r <= t; ++r)
+          extended_row(p, x, tk, r, 0, g.D, ring.data() + p.slot(r) * g.D);
+        float* gt = grows.data() + t * g.D;
+        preactivation(p, ring.data(), t, 0, g.D, gt);
+        cpu::load_float(dy.row(tk.batch, tk.begin + t), dyrow.data(), g.D);
+        activation_grad(p, dyrow.data(), gt, g.D);
+      }
+      for (int64_t d = 0; d < g.D; ++d) {
+        for (int64_t sl = 0; sl < g.W; ++sl) {
+          float v = 0.0f;
+          for (int64_t t = 0; t < std::min(sl, tk.L); ++t)
+            v += p.w[(sl - 1 - t) * g.D + d] * grows[t * g.D + d];
+          if (sl >= tk.L && p.dht.defined()) v += load_any(p.dht, (n * g.D + d) * g.W + sl - tk.L);
+          store_any(args.d_initial_state, (n * g.D + d) * g.W + sl, v);
+        }
+      }
+    }
+  });
+}
+
+bool lowp_or_f32(DType d) {
+  return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16;
+}
+bool supports_fwd(const CausalConv1dFwdArgs& a) { return lowp_or_f32(a.x.dtype()); }
+bool supports_bwd(const CausalConv1dBwdArgs& a) { return lowp_or_f32(a.x.dtype()); }
+
+void fwd(const Context&, const CausalConv1dFwdArgs& a) {
+  visit_float(a.x.dtype(), [&](auto tag) { fwd_typed<decltype(tag)>(a); });
+}
+void bwd(const Context&, const CausalConv1dBwdArgs& a) {
+  visit_float(a.x.dtype(), [&](auto tag) { bwd_typed<decltype(tag)>(a); });
+}
+
+}  // namespace
+
+void register_causal_conv1d_cpu(Registry& r) {
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  r.add<CausalConv1dFwdArgs>("causal_conv1d", Direction::kForward, spec, supports_fwd, fwd);
+  r.add<CausalConv1dBwdArgs>("causal_conv1d", Direction::kBackward, spec, supports_bwd, bwd);
+}
+
+}  // namespace fusedops
