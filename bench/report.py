@@ -426,8 +426,8 @@ def main(argv=None) -> int:
     # engine and its device threads) so that the first calls below measure the implementations,
     # not process start-up that any PyTorch program pays once.
     warm = torch.randn(64, 64, device=device, requires_grad=True)
-    out = (warm.float() * 2).to(torch.bfloat16)
-    torch.autograd.grad(out, warm, torch.ones_like(out))  # its first call imports sympy (~2 s)
+    warm_out = (warm.float() * 2).to(torch.bfloat16)
+    torch.autograd.grad(warm_out, warm, torch.ones_like(warm_out))  # first call imports sympy (~2 s)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
