@@ -9,9 +9,8 @@ The forward saves only x (the backward recomputes the activation).
 
 from __future__ import annotations
 
-import torch
-
 import fusedops
+import torch
 
 from ..common import Case, Impl, peer_status
 

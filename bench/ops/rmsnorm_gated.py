@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import importlib
 
+import fusedops
 import torch
 import torch.nn.functional as F
-
-import fusedops
 
 from ..common import Case, Impl, peer_status
 

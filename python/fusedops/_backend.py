@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
 from . import _C
 
 # {op name or "*": backend id} forced by the innermost use_backend() blocks.
-_forced: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("fusedops_forced", default={})
+_forced: contextvars.ContextVar[Optional[dict[str, str]]] = contextvars.ContextVar("fusedops_forced", default=None)
 _validate: contextvars.ContextVar[bool] = contextvars.ContextVar("fusedops_validate", default=False)
 
 
@@ -24,7 +24,7 @@ def use_backend(backend: str | None = None, /, **per_op: str) -> Iterator[None]:
     ``cuda_sm90``. Takes precedence over the ``FUSEDOPS_BACKEND`` environment variable. A forced
     backend that cannot run the call raises an error that says why.
     """
-    forced = dict(_forced.get())
+    forced = dict(_forced.get() or {})
     if backend is not None:
         forced["*"] = backend
     forced.update(per_op)
@@ -46,7 +46,7 @@ def validation(enabled: bool = True) -> Iterator[None]:
 
 
 def forced_backend(op: str) -> str:
-    forced = _forced.get()
+    forced = _forced.get() or {}
     return forced.get(op, forced.get("*", ""))
 
 

@@ -9,11 +9,11 @@ dtype (tests/common/tolerance.py).
 
 from __future__ import annotations
 
+import fusedops
 import pytest
 import torch
 import torch.nn.functional as F
 
-import fusedops
 from tests.common.tolerance import assert_close, max_abs_error
 
 OP = "causal_conv1d"
@@ -248,7 +248,7 @@ def test_non_contiguous_inputs_and_weight_layouts(backend_case, fresh_normal, se
                 y, _ = fusedops.causal_conv1d(x, wl, None, res, None, "silu")
             (y * gy).sum().backward()
         results.append((y.detach(), src.grad, wl.grad))
-    for i, (name, r) in enumerate(zip(("strided", "dw_layout", "transposed_view"), results[1:])):
+    for _i, (name, r) in enumerate(zip(("strided", "dw_layout", "transposed_view"), results[1:])):
         for a, b in zip(r, results[0]):
             assert max_abs_error(a, b) <= 2e-2 * max(1.0, float(b.abs().max())), name
     assert bitwise_equal(results[1][0], results[0][0]) or dt == torch.bfloat16

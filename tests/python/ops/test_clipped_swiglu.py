@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
+import fusedops
 import pytest
 import torch
 
-import fusedops
 from tests.common.tolerance import assert_close, max_abs_error
 
 OP = "clipped_swiglu"

@@ -9,11 +9,11 @@ in ``test_reference_matches_own_float64_composite``.
 
 from __future__ import annotations
 
+import fusedops
 import pytest
 import torch
 import torch.nn.functional as F
 
-import fusedops
 from tests.common.tolerance import assert_close, coarsest, max_abs_error
 
 OP = "rmsnorm_gated"
@@ -132,7 +132,7 @@ def test_forward_and_gradients_match_float64(backend_case, geometry, config, fre
 def test_reference_matches_own_float64_composite(config, geometry, fresh_normal, seed_of):
     shape, gs = geometry
     cfg = CONFIGS[config]
-    nbg, act, has_res = cfg[0], cfg[1], cfg[5]
+    nbg, act, _has_res = cfg[0], cfg[1], cfg[5]
     inp = make_inputs(shape, torch.float64, "cpu", seed_of("ref", config, shape), cfg[:6] + (False,), fresh_normal)
     names = [k for k, v in inp.items() if v is not None]
     kw = dict(eps=1e-5, group_size=gs, norm_before_gate=nbg, activation=act)
