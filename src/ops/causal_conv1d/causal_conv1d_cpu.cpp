@@ -22,10 +22,18 @@ using conv1d::Geometry;
 constexpr int64_t kRows = 256;  // time steps per task
 constexpr int64_t kCols = 512;  // channels per task (W rows of them stay in L1)
 
+// The activation loops, compiled without -ftrapping-math (GCC): otherwise the clamps in vexp
+// are not if-converted and the loops stay scalar. No result changes (nothing here traps).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 // e^x to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it vectorise.
 inline float vexp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);  // std::floor would not inline here
   const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -34,11 +42,28 @@ inline float vexp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
   float scale;
   std::memcpy(&scale, &bits, 4);
   return p * scale;
 }
+
+// a = silu(a) over a row.
+void silu_row(float* __restrict a, int64_t nd) {
+  for (int64_t d = 0; d < nd; ++d) a[d] = a[d] / (1.0f + vexp(-a[d]));
+}
+
+// a = dy * silu'(a) over a row.
+void silu_grad_row(const float* __restrict dy, float* __restrict a, int64_t nd) {
+  for (int64_t d = 0; d < nd; ++d) {
+    const float s = 1.0f / (1.0f + vexp(-a[d]));
+    a[d] = dy[d] * s * (1.0f + a[d] * (1.0f - s));
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 float load_any(const TensorView& t, int64_t off) {
   return visit_float(t.dtype(), [&](auto tag) {
@@ -154,8 +179,7 @@ void fwd_task(const Problem& p, const CausalConv1dFwdArgs& args, const Task& tk,
   for (int64_t t = tk.t0; t < tk.t1; ++t) {
     cpu::load_float(x.row(tk.batch, tk.begin + t) + d0, ring + p.slot(t) * nd, nd);
     preactivation(p, ring, t, d0, nd, a);
-    if (p.silu)
-      for (int64_t d = 0; d < nd; ++d) a[d] = a[d] / (1.0f + vexp(-a[d]));
+    if (p.silu) silu_row(a, nd);
     if (res.base) {
       cpu::load_float(res.row(tk.batch, tk.begin + t) + d0, rbuf, nd);
       for (int64_t d = 0; d < nd; ++d) a[d] += rbuf[d];
@@ -198,10 +222,7 @@ void fwd_typed(const CausalConv1dFwdArgs& args) {
 void activation_grad(const Problem& p, const float* __restrict dyrow, float* __restrict a,
                      int64_t nd) {
   if (p.silu) {
-    for (int64_t d = 0; d < nd; ++d) {
-      const float s = 1.0f / (1.0f + vexp(-a[d]));
-      a[d] = dyrow[d] * s * (1.0f + a[d] * (1.0f - s));
-    }
+    silu_grad_row(dyrow, a, nd);
   } else {
     std::memcpy(a, dyrow, nd * sizeof(float));
   }

@@ -1,13 +1,15 @@
 // causal_conv1d, generic CUDA backend (sm_80 and later).
 //
-// Forward: one pass over x. A block owns (a time tile, 32 channel vectors); each of its 8 warps
-// rows (threadIdx.y) a run of consecutive time steps, each thread 16 bytes of channels (8 bf16 /
-// fp16 or 4 fp32; 1 element on the scalar fallback). A thread slides over its run keeping the
-// last W input rows in registers (a ring whose slots are compile-time within an unrolled chunk
-// of rows, so no register moves), reads the W-1 rows before its run once (the halo), and issues
-// the loads of a chunk of rows before using them.
+// Forward: one pass over x. A block owns (a time tile, 32 channel vectors); each of its 8 rows of
+// threads (threadIdx.y) takes a run of 16 consecutive time steps, each thread 16 bytes of
+// channels (8 bf16 / fp16 or 4 fp32; 4 channels when a residual is streamed too; 1 element on
+// the scalar fallback). A thread slides over its run keeping the last W input rows in registers
+// (a ring whose slots are compile-time within an unrolled chunk of rows, so no register moves),
+// reads the W-1 rows before its run once (the halo), issues the loads of a chunk of rows before
+// using them and prefetches the next chunk into L2.
 //
-// Backward: the same walk recomputes a = conv(x) + bias, forms g = dy * act'(a), keeps the last
+// Backward (2 channels per thread, 32 steps per run, 93 registers: two blocks per SM without
+// spills): the same walk recomputes a = conv(x) + bias, forms g = dy * act'(a), keeps the last
 // W values of g in a second ring and emits dx[t-W+1] = sum_j w[W-1-j] g[t-W+1+j] (+ the
 // final-state gradient on the last W tokens of a sequence); it reads W-1 rows of x and dy past
 // its run (g there feeds dx of its own rows). dweight and dbias are per-thread fp32 sums over
