@@ -15,3 +15,4 @@
 #include "fusedops/ops/sort_chunks.h"
 #include "fusedops/ops/matmul_add.h"
 #include "fusedops/ops/clipped_swiglu.h"
+#include "fusedops/ops/mhc.h"

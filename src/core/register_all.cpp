@@ -23,6 +23,8 @@ void register_all_backends(Registry& r) {
   register_chunk_loss_cpu(r);
   register_rmsnorm_gated_ref(r);
   register_rmsnorm_gated_cpu(r);
+  register_sinkhorn_ref(r);
+  register_sinkhorn_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
@@ -33,6 +35,7 @@ void register_all_backends(Registry& r) {
   register_fused_cross_entropy_loss_cuda_sm80(r);
   register_chunk_loss_cuda_sm80(r);
   register_rmsnorm_gated_cuda_sm80(r);
+  register_sinkhorn_cuda_sm80(r);
 #endif
 }
 

@@ -38,4 +38,7 @@ void register_chunk_loss_cuda_sm80(Registry& r);
 void register_rmsnorm_gated_ref(Registry& r);
 void register_rmsnorm_gated_cpu(Registry& r);
 void register_rmsnorm_gated_cuda_sm80(Registry& r);
+void register_sinkhorn_ref(Registry& r);
+void register_sinkhorn_cpu(Registry& r);
+void register_sinkhorn_cuda_sm80(Registry& r);
 }  // namespace fusedops

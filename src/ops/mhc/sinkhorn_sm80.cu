@@ -1,0 +1,663 @@
+// sinkhorn and hc_split_sinkhorn, generic CUDA backend (sm_80 and later).
+//
+// Layout: a group of G = sinkhorn_group(n) threads (4, 8 or 16; G >= n) owns one matrix; thread g
+// keeps row g AND column g of the current matrix in registers (Kr, Kc), so row sums and column
+// sums are both thread-local. After a step, the n scale factors are exchanged with shuffles and
+// each thread rescales its two copies; the two copies of an element always see the same
+// operations, so they stay bitwise equal. A block of 128 threads holds 128 / G matrices.
+//
+// Backward (ops.md 3.3, the unrolled iteration): recompute the forward keeping every step's
+// denominator d = sum + eps (thread g keeps those of row g and column g: 2 floats per iteration)
+// in shared memory, then walk the steps in reverse: G <- (G - sum_axis(G * Q)) / d and rebuild
+// the step's input as Q * d. When the history of all iterations does not fit (48 KB per block),
+// the iterations are split into segments processed last to first, each recomputed from the
+// start (O(T^2 / segment) extra steps; none for T <= 38 at any n). The log variant keeps the
+// potentials f, g instead. The parameter gradients of hc_split_sinkhorn are summed per block in
+// row order (stage 1, to a workspace) and then over blocks in a fixed order (stage 2).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/mhc.h"
+#include "src/cuda/check.cuh"
+#include "src/cuda/reduce.cuh"
+#include "src/cuda/vec.cuh"
+#include "src/ops/mhc/sinkhorn_common.h"
+
+namespace fusedops {
+namespace {
+
+using cuda::from_f;
+using cuda::to_f;
+using mhc::kSinkhornBlockThreads;
+
+constexpr int kThreads = kSinkhornBlockThreads;
+constexpr int kSmemBudgetFloats = 48 * 1024 / 4;  // without the opt-in for larger shared memory
+constexpr int kMindSpeed = 0, kDeepSeek = 1, kLog = 2;
+
+struct SkParams {
+  const void* in;  // sinkhorn: logits [rows, n, n]; hc_split_sinkhorn: mixes [rows, (2+n)n]
+  int64_t in_rs;   // elements between rows of `in`
+  const float* scale;
+  const float* base;
+  void* pre;
+  void* post;
+  void* comb;  // forward output [rows, n, n]
+  const void* dpre;
+  const void* dpost;
+  const void* dcomb;  // backward input [rows, n, n] (may be null: zero)
+  void* dout;         // dlogits [rows, n, n] or dmixes [rows, (2+n)n], contiguous
+  float* partials;    // [blocks, 3 + (2+n)n]
+  int64_t rows;
+  int n;
+  int iters;
+  float eps;
+  int variant;
+  int seg;  // iterations per history segment
+};
+
+template <int G>
+__device__ __forceinline__ float gather(float v, int j) {
+  return __shfl_sync(0xffffffffu, v, j, G);
+}
+
+// x / d correctly rounded, given inv = RN(1/d) (Markstein: one residual FMA corrects x * inv).
+// The backward's recomputation divides (rather than multiplying by 1/d as the forward does)
+// because that halves the error of the gradients; see README.md.
+__device__ __forceinline__ float div_rn(float x, float d, float inv) {
+  const float q = x * inv;
+  const float r = fmaf(-q, d, x);
+  return fmaf(r, inv, q);
+}
+
+template <class T, bool kFused>
+__device__ __forceinline__ float logit(const SkParams& p, int64_t row, int i, int j) {
+  const T* in = static_cast<const T*>(p.in) + row * p.in_rs;
+  if constexpr (kFused) {
+    const int e = 2 * p.n + i * p.n + j;
+    return p.scale[2] * to_f(in[e]) + p.base[e];
+  } else {
+    return to_f(in[i * p.n + j]);
+  }
+}
+
+// Per-thread state of one matrix: row g and column g of L and of the current matrix.
+template <int G>
+struct Lanes {
+  float Lr[G], Lc[G];
+  float Kr[G], Kc[G];
+  int g;       // row / column owned by this thread
+  int n;
+  bool act;    // g < n and the row exists
+};
+
+template <class T, int G, bool kFused>
+__device__ __forceinline__ void load_logits(const SkParams& p, int64_t row, Lanes<G>& s) {
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const bool in = s.act && j < s.n;
+    s.Lr[j] = in ? logit<T, kFused>(p, row, s.g, j) : 0.0f;
+    s.Lc[j] = in ? logit<T, kFused>(p, row, j, s.g) : 0.0f;
+  }
+}
+
+// K0: mindspeed exp(L - rowmax); deepseek softmax_row(L) + eps. Zero outside the matrix.
+template <int G, bool kDiv>
+__device__ __forceinline__ void init_k(Lanes<G>& s, int variant, float eps) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+    if (j < s.n) m = fmaxf(m, s.Lr[j]);
+  if (!s.act) m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const float mj = gather<G>(m, j);
+    const bool in = s.act && j < s.n;
+    s.Kr[j] = in ? expf(s.Lr[j] - m) : 0.0f;
+    s.Kc[j] = in ? expf(s.Lc[j] - mj) : 0.0f;
+  }
+  if (variant == kDeepSeek) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < G; ++j) sum += s.Kr[j];
+    const float inv = s.act ? __frcp_rn(sum) : 0.0f;
+    const float sd = s.act ? sum : 0.0f;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const float inv_j = gather<G>(inv, j);
+      const float sum_j = gather<G>(sd, j);
+      const bool in = s.act && j < s.n;
+      if constexpr (kDiv) {
+        s.Kr[j] = in ? div_rn(s.Kr[j], sd, inv) + eps : 0.0f;
+        s.Kc[j] = in ? div_rn(s.Kc[j], sum_j, inv_j) + eps : 0.0f;
+      } else {
+        s.Kr[j] = in ? s.Kr[j] * inv + eps : 0.0f;
+        s.Kc[j] = in ? s.Kc[j] * inv_j + eps : 0.0f;
+      }
+    }
+  }
+}
+
+// Row step (kRow) or column step: returns d = own sum + eps. kDiv: divide (backward), else
+// multiply by the reciprocal (forward).
+template <int G, bool kRow, bool kDiv>
+__device__ __forceinline__ float normalise(Lanes<G>& s, float eps) {
+  float* own = kRow ? s.Kr : s.Kc;
+  float* other = kRow ? s.Kc : s.Kr;
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j) sum += own[j];
+  const float d = sum + eps;
+  const float inv = s.act ? __frcp_rn(d) : 0.0f;
+  const float dd = s.act ? d : 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const float inv_j = gather<G>(inv, j);
+    if constexpr (kDiv) {
+      const float d_j = gather<G>(dd, j);
+      own[j] = div_rn(own[j], dd, inv);
+      other[j] = div_rn(other[j], d_j, inv_j);
+    } else {
+      own[j] *= inv;
+      other[j] *= inv_j;
+    }
+  }
+  return d;
+}
+
+__device__ __forceinline__ bool has_row_step(int variant, int t) {
+  return variant == kMindSpeed || t > 0;
+}
+
+// Iterations [t0, t1); with `hist`, d of each step goes to hist[((t - t0) * 2 + {0: row, 1: col})
+// * kThreads + threadIdx.x].
+template <int G, bool kDiv>
+__device__ __forceinline__ void iterate(Lanes<G>& s, int variant, float eps, int t0, int t1,
+                                        float* hist) {
+  for (int t = t0; t < t1; ++t) {
+    if (has_row_step(variant, t)) {
+      const float d = normalise<G, true, kDiv>(s, eps);
+      if (hist) hist[((t - t0) * 2 + 0) * kThreads + threadIdx.x] = d;
+    }
+    const float d = normalise<G, false, kDiv>(s, eps);
+    if (hist) hist[((t - t0) * 2 + 1) * kThreads + threadIdx.x] = d;
+  }
+}
+
+// Reverse of a row step (kRow) or a column step whose output is the current K.
+template <int G, bool kRow>
+__device__ __forceinline__ void reverse_step(Lanes<G>& s, float (&Gr)[G], float (&Gc)[G], float d) {
+  float* kown = kRow ? s.Kr : s.Kc;
+  float* kother = kRow ? s.Kc : s.Kr;
+  float* gown = kRow ? Gr : Gc;
+  float* gother = kRow ? Gc : Gr;
+  const float inv = s.act ? __frcp_rn(d) : 0.0f;
+  const float dd = s.act ? d : 0.0f;
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j) dot += gown[j] * kown[j];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const float dot_j = gather<G>(dot, j);
+    const float inv_j = gather<G>(inv, j);
+    const float d_j = gather<G>(dd, j);
+    if (j < s.n) {
+      gown[j] = div_rn(gown[j] - dot, dd, inv);
+      gother[j] = div_rn(gother[j] - dot_j, d_j, inv_j);
+    }
+    kown[j] *= dd;
+    kother[j] *= d_j;
+  }
+}
+
+// -LSE_j(v_j) over j < n.
+template <int G>
+__device__ __forceinline__ float neg_lse(const float (&v)[G], int n) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+    if (j < n) m = fmaxf(m, v[j]);
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+    if (j < n) sum += expf(v[j] - m);
+  return -(m + logf(sum));
+}
+
+// Log variant iterations [t0, t1) on the potentials (f: own row, gp: own column); with `hist`,
+// f and g after each iteration are stored like the denominators above.
+template <int G>
+__device__ __forceinline__ void log_iterate(Lanes<G>& s, float& f, float& gp, int t0, int t1,
+                                            float* hist) {
+  for (int t = t0; t < t1; ++t) {
+    float v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = s.Lr[j] + gather<G>(gp, j);
+    f = s.act ? neg_lse<G>(v, s.n) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = s.Lc[j] + gather<G>(f, j);
+    gp = s.act ? neg_lse<G>(v, s.n) : 0.0f;
+    if (hist) {
+      hist[((t - t0) * 2 + 0) * kThreads + threadIdx.x] = f;
+      hist[((t - t0) * 2 + 1) * kThreads + threadIdx.x] = gp;
+    }
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ float sigmoidf_(float u) { return 1.0f / (1.0f + expf(-u)); }
+
+template <class T, int G, bool kFused>
+__global__ void __launch_bounds__(kThreads) sinkhorn_fwd_kernel(SkParams p) {
+  constexpr int R = kThreads / G;
+  Lanes<G> s;
+  s.g = threadIdx.x % G;
+  s.n = p.n;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * R + threadIdx.x / G;
+  s.act = row < p.rows && s.g < p.n;
+  const int n = p.n;
+  if constexpr (kFused) {
+    if (s.act) {
+      const T* m = static_cast<const T*>(p.in) + row * p.in_rs;
+      const float pre = sigmoidf_(p.scale[0] * to_f(m[s.g]) + p.base[s.g]) + p.eps;
+      const float post = 2.0f * sigmoidf_(p.scale[1] * to_f(m[n + s.g]) + p.base[n + s.g]);
+      static_cast<T*>(p.pre)[row * n + s.g] = from_f<T>(pre);
+      static_cast<T*>(p.post)[row * n + s.g] = from_f<T>(post);
+    }
+  }
+  load_logits<T, G, kFused>(p, row, s);
+  float out[G];
+  if (p.variant == kLog) {
+    float f = 0.0f, gp = 0.0f;
+    log_iterate<G>(s, f, gp, 0, p.iters, nullptr);
+#pragma unroll
+    for (int j = 0; j < G; ++j) out[j] = expf(f + s.Lr[j] + gather<G>(gp, j));
+  } else {
+    init_k<G, false>(s, p.variant, p.eps);
+    iterate<G, false>(s, p.variant, p.eps, 0, p.iters, nullptr);
+#pragma unroll
+    for (int j = 0; j < G; ++j) out[j] = s.Kr[j];
+  }
+  if (s.act) {
+    T* comb = static_cast<T*>(p.comb) + row * n * n + s.g * n;
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if (j < n) comb[j] = from_f<T>(out[j]);
+  }
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+// dL (row g) of the multiplicative variants; Gr/Gc hold dP on entry.
+template <int G>
+__device__ __forceinline__ void mult_backward(const SkParams& p, Lanes<G>& s, float (&Gr)[G],
+                                              float (&Gc)[G], float* hist, float (&dL)[G]) {
+  int end = p.iters;
+  while (end > 0) {
+    const int start = max(0, end - p.seg);
+    init_k<G, true>(s, p.variant, p.eps);
+    iterate<G, true>(s, p.variant, p.eps, 0, start, nullptr);
+    iterate<G, true>(s, p.variant, p.eps, start, end, hist);
+    for (int t = end - 1; t >= start; --t) {
+      reverse_step<G, false>(s, Gr, Gc, hist[((t - start) * 2 + 1) * kThreads + threadIdx.x]);
+      if (has_row_step(p.variant, t))
+        reverse_step<G, true>(s, Gr, Gc, hist[((t - start) * 2 + 0) * kThreads + threadIdx.x]);
+    }
+    end = start;
+  }
+  // Gr = dK0 (row g). mindspeed: dL = dK0 * exp(L - rowmax); deepseek: softmax backward.
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+    if (j < s.n) m = fmaxf(m, s.Lr[j]);
+  float e[G], sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    e[j] = (s.act && j < s.n) ? expf(s.Lr[j] - m) : 0.0f;
+    sum += e[j];
+  }
+  if (p.variant == kMindSpeed) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) dL[j] = Gr[j] * e[j];
+  } else {
+    const float inv = s.act ? __frcp_rn(sum) : 0.0f;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      e[j] = div_rn(e[j], sum, inv);  // S, as in the recomputation
+      dot += Gr[j] * e[j];
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) dL[j] = e[j] * (Gr[j] - dot);
+  }
+}
+
+// dL (row g) of the log variant; Gr/Gc hold dP on entry.
+template <int G>
+__device__ __forceinline__ void log_backward(const SkParams& p, Lanes<G>& s, const float (&Gr)[G],
+                                             const float (&Gc)[G], float* hist, float (&dL)[G]) {
+  float fbar = 0.0f, gbar = 0.0f;
+  int end = p.iters;
+  while (end > 0) {
+    const int start = max(0, end - p.seg);
+    float f = 0.0f, gp = 0.0f;
+    log_iterate<G>(s, f, gp, 0, start, nullptr);
+    const float g_before = gp;  // g after iteration start-1 (0 when start == 0)
+    log_iterate<G>(s, f, gp, start, end, hist);
+    if (end == p.iters) {
+      // P = exp(f + L + g): dZ = dP * P flows into L, f (row sums) and g (column sums).
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const float fj = gather<G>(f, j);
+        const float gj = gather<G>(gp, j);
+        const bool in = s.act && j < s.n;
+        const float zr = in ? Gr[j] * expf(f + s.Lr[j] + gj) : 0.0f;
+        const float zc = in ? Gc[j] * expf(fj + s.Lc[j] + gp) : 0.0f;
+        dL[j] = zr;
+        fbar += zr;
+        gbar += zc;
+      }
+    }
+    for (int t = end - 1; t >= start; --t) {
+      const float ft = hist[((t - start) * 2 + 0) * kThreads + threadIdx.x];
+      const float gt = hist[((t - start) * 2 + 1) * kThreads + threadIdx.x];
+      const float gprev = t == 0 ? 0.0f
+                          : t > start ? hist[((t - 1 - start) * 2 + 1) * kThreads + threadIdx.x]
+                                      : g_before;
+      // g-step: B_gj = exp(L_gj + f_g + g_j); dL_gj -= gbar_j B_gj; fbar_g -= sum_j gbar_j B_gj.
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const float gj = gather<G>(gt, j);
+        const float gbj = gather<G>(gbar, j);
+        if (s.act && j < s.n) {
+          const float w = gbj * expf(s.Lr[j] + ft + gj);
+          dL[j] -= w;
+          fbar -= w;
+        }
+      }
+      // f-step: A_gj = exp(L_gj + gprev_j + f_g); dL_gj -= fbar_g A_gj;
+      // gbar'_g (column g) = -sum_j fbar_j A_jg.
+      float gnew = 0.0f;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const float gpj = gather<G>(gprev, j);
+        const float fbj = gather<G>(fbar, j);
+        const float fj = gather<G>(ft, j);
+        if (s.act && j < s.n) {
+          dL[j] -= fbar * expf(s.Lr[j] + gpj + ft);
+          gnew -= fbj * expf(s.Lc[j] + gprev + fj);
+        }
+      }
+      gbar = gnew;
+      fbar = 0.0f;
+    }
+    end = start;
+  }
+}
+
+template <class T, int G, bool kFused>
+__global__ void __launch_bounds__(kThreads, 3) sinkhorn_bwd_kernel(SkParams p) {
+  constexpr int R = kThreads / G;
+  extern __shared__ float smem[];
+  float* hist = smem;                              // [seg][2][kThreads]
+  float* part = smem + p.seg * 2 * kThreads;       // fused: [R][3 + (2+n)n]
+  Lanes<G> s;
+  s.g = threadIdx.x % G;
+  s.n = p.n;
+  const int r_local = threadIdx.x / G;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * R + r_local;
+  const bool row_act = row < p.rows;
+  s.act = row_act && s.g < p.n;
+  const int n = p.n;
+  load_logits<T, G, kFused>(p, row, s);
+  float Gr[G], Gc[G], dL[G];
+  const T* dcomb = p.dcomb ? static_cast<const T*>(p.dcomb) + (row_act ? row : 0) * n * n : nullptr;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const bool in = s.act && j < n && dcomb;
+    Gr[j] = in ? to_f(dcomb[s.g * n + j]) : 0.0f;
+    Gc[j] = in ? to_f(dcomb[j * n + s.g]) : 0.0f;
+    dL[j] = 0.0f;
+  }
+  if (p.variant == kLog) {
+    log_backward<G>(p, s, Gr, Gc, hist, dL);
+  } else {
+    mult_backward<G>(p, s, Gr, Gc, hist, dL);
+  }
+  if constexpr (!kFused) {
+    if (s.act) {
+      T* out = static_cast<T*>(p.dout) + row * n * n + s.g * n;
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if (j < n) out[j] = from_f<T>(dL[j]);
+    }
+  } else {
+    const int w = (2 + n) * n, np = 3 + w;
+    const float a0 = p.scale[0], a1 = p.scale[1], a2 = p.scale[2];
+    const T* m = static_cast<const T*>(p.in) + (row_act ? row : 0) * p.in_rs;
+    T* dm = static_cast<T*>(p.dout) + (row_act ? row : 0) * w;
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, du = 0.0f, dv = 0.0f;
+    if (s.act) {
+      const int i = s.g;
+      const float mp = to_f(m[i]), mq = to_f(m[n + i]);
+      const float sp = sigmoidf_(a0 * mp + p.base[i]);
+      const float gpre = p.dpre ? to_f(static_cast<const T*>(p.dpre)[row * n + i]) : 0.0f;
+      du = gpre * sp * (1.0f - sp);
+      const float sq = sigmoidf_(a1 * mq + p.base[n + i]);
+      const float gpost = p.dpost ? to_f(static_cast<const T*>(p.dpost)[row * n + i]) : 0.0f;
+      dv = gpost * 2.0f * sq * (1.0f - sq);
+      dm[i] = from_f<T>(du * a0);
+      dm[n + i] = from_f<T>(dv * a1);
+      c0 = du * mp;
+      c1 = dv * mq;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        if (j < n) {
+          dm[2 * n + i * n + j] = from_f<T>(dL[j] * a2);
+          c2 += dL[j] * to_f(m[2 * n + i * n + j]);
+        }
+      }
+    }
+    c0 = cuda::warp_sum(c0, G);
+    c1 = cuda::warp_sum(c1, G);
+    c2 = cuda::warp_sum(c2, G);
+    // Every slot of part[r_local][*] is written, with zeros for rows past the end.
+    float* pr = part + r_local * np;
+    if (s.g == 0) {
+      pr[0] = c0;
+      pr[1] = c1;
+      pr[2] = c2;
+    }
+    if (s.g < n) {
+      pr[3 + s.g] = du;
+      pr[3 + n + s.g] = dv;
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if (j < n) pr[3 + 2 * n + s.g * n + j] = s.act ? dL[j] : 0.0f;
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < np; q += kThreads) {
+      float acc = 0.0f;
+      for (int r = 0; r < R; ++r) acc += part[r * np + q];
+      p.partials[static_cast<int64_t>(blockIdx.x) * np + q] = acc;
+    }
+  }
+}
+
+// Stage 2: one warp per parameter sums the block partials (lane-strided, then a butterfly).
+__global__ void __launch_bounds__(256) split_param_reduce_kernel(const float* partials,
+                                                                 int64_t blocks, int np,
+                                                                 float* dscale, float* dbase) {
+  const int q = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (q >= np) return;  // uniform per warp
+  float acc = 0.0f;
+  for (int64_t b = lane; b < blocks; b += 32) acc += partials[b * np + q];
+  acc = cuda::warp_sum(acc);
+  if (lane == 0) {
+    if (q < 3) dscale[q] = acc;
+    else dbase[q - 3] = acc;
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+constexpr const char* kSinkhorn = "sinkhorn";
+constexpr const char* kSplit = "hc_split_sinkhorn";
+
+template <class Fn>
+void with_group(int n, Fn&& fn) {
+  switch (mhc::sinkhorn_group(n)) {
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    default: fn(std::integral_constant<int, 16>{}); break;
+  }
+}
+
+// History segment length (iterations) and dynamic shared memory for the backward.
+void plan_backward(SkParams& p, int part_floats, size_t* smem_bytes) {
+  const int room = (kSmemBudgetFloats - part_floats) / (2 * kThreads);
+  p.seg = std::max(1, std::min(p.iters, room));
+  *smem_bytes = static_cast<size_t>(p.seg * 2 * kThreads + part_floats) * sizeof(float);
+}
+
+unsigned blocks_for(int64_t rows, int G) {
+  const int64_t per = kThreads / G;
+  return static_cast<unsigned>((rows + per - 1) / per);
+}
+
+void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
+  cuda::DeviceGuard guard(kSinkhorn, ctx.device.index);
+  const int n = static_cast<int>(a.logits.size(-1));
+  SkParams p{};
+  p.in = a.logits.data();
+  p.in_rs = static_cast<int64_t>(n) * n;
+  p.comb = a.out.data();
+  p.rows = a.logits.numel() / (static_cast<int64_t>(n) * n);
+  p.n = n;
+  p.iters = a.num_iters;
+  p.eps = static_cast<float>(a.eps);
+  p.variant = static_cast<int>(a.variant);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    with_group(n, [&](auto gt) {
+      constexpr int G = decltype(gt)::value;
+      sinkhorn_fwd_kernel<T, G, false><<<blocks_for(p.rows, G), kThreads, 0, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+    });
+  });
+}
+
+void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
+  cuda::DeviceGuard guard(kSinkhorn, ctx.device.index);
+  const int n = static_cast<int>(a.logits.size(-1));
+  SkParams p{};
+  p.in = a.logits.data();
+  p.in_rs = static_cast<int64_t>(n) * n;
+  p.dcomb = a.dout.data();
+  p.dout = a.dlogits.data();
+  p.rows = a.logits.numel() / (static_cast<int64_t>(n) * n);
+  p.n = n;
+  p.iters = a.num_iters;
+  p.eps = static_cast<float>(a.eps);
+  p.variant = static_cast<int>(a.variant);
+  size_t smem = 0;
+  plan_backward(p, 0, &smem);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    with_group(n, [&](auto gt) {
+      constexpr int G = decltype(gt)::value;
+      sinkhorn_bwd_kernel<T, G, false><<<blocks_for(p.rows, G), kThreads, smem, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+    });
+  });
+}
+
+bool split_supports_fwd(const HcSplitSinkhornFwdArgs& a) { return a.hc_scale.dtype() == DType::kFloat32; }
+bool split_supports_bwd(const HcSplitSinkhornBwdArgs& a) { return a.hc_scale.dtype() == DType::kFloat32; }
+
+void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
+  cuda::DeviceGuard guard(kSplit, ctx.device.index);
+  const int n = a.hc_mult;
+  SkParams p{};
+  p.in = a.mixes.data();
+  p.in_rs = a.mixes.row_stride();
+  p.scale = a.hc_scale.data_as<const float>();
+  p.base = a.hc_base.data_as<const float>();
+  p.pre = a.pre.data();
+  p.post = a.post.data();
+  p.comb = a.comb.data();
+  p.rows = a.mixes.rows();
+  p.n = n;
+  p.iters = a.sinkhorn_iters;
+  p.eps = static_cast<float>(a.eps);
+  p.variant = static_cast<int>(a.variant);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    with_group(n, [&](auto gt) {
+      constexpr int G = decltype(gt)::value;
+      sinkhorn_fwd_kernel<T, G, true><<<blocks_for(p.rows, G), kThreads, 0, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+    });
+  });
+}
+
+void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
+  cuda::DeviceGuard guard(kSplit, ctx.device.index);
+  const int n = a.hc_mult;
+  const int np = mhc::split_param_count(n);
+  SkParams p{};
+  p.in = a.mixes.data();
+  p.in_rs = a.mixes.rows() > 0 ? a.mixes.row_stride() : 0;
+  p.scale = a.hc_scale.data_as<const float>();
+  p.base = a.hc_base.data_as<const float>();
+  p.dpre = a.dpre.defined() ? a.dpre.data() : nullptr;
+  p.dpost = a.dpost.defined() ? a.dpost.data() : nullptr;
+  p.dcomb = a.dcomb.defined() ? a.dcomb.data() : nullptr;
+  p.dout = a.dmixes.data();
+  p.partials = a.workspace.defined() ? a.workspace.data_as<float>() : nullptr;
+  p.rows = a.mixes.rows();
+  p.n = n;
+  p.iters = a.sinkhorn_iters;
+  p.eps = static_cast<float>(a.eps);
+  p.variant = static_cast<int>(a.variant);
+  const int G = mhc::sinkhorn_group(n);
+  const int64_t blocks = (p.rows + kThreads / G - 1) / (kThreads / G);
+  size_t smem = 0;
+  plan_backward(p, (kThreads / G) * np, &smem);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  if (blocks > 0) {
+    cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      with_group(n, [&](auto gt) {
+        constexpr int kG = decltype(gt)::value;
+        sinkhorn_bwd_kernel<T, kG, true><<<blocks_for(p.rows, kG), kThreads, smem, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      });
+    });
+  }
+  const unsigned reduce_blocks = static_cast<unsigned>((np * 32 + 255) / 256);
+  split_param_reduce_kernel<<<reduce_blocks, 256, 0, stream>>>(
+      p.partials, blocks, np, a.dhc_scale.data_as<float>(), a.dhc_base.data_as<float>());
+  FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+}
+
+}  // namespace
+
+void register_sinkhorn_cuda_sm80(Registry& r) {
+  BackendSpec spec{"cuda_sm80", DeviceKind::kCUDA, 80, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm80};
+  r.add<SinkhornFwdArgs>(kSinkhorn, Direction::kForward, spec, nullptr, run_fwd);
+  r.add<SinkhornBwdArgs>(kSinkhorn, Direction::kBackward, spec, nullptr, run_bwd);
+  r.add<HcSplitSinkhornFwdArgs>(kSplit, Direction::kForward, spec, split_supports_fwd, split_fwd);
+  r.add<HcSplitSinkhornBwdArgs>(kSplit, Direction::kBackward, spec, split_supports_bwd, split_bwd);
+}
+
+}  // namespace fusedops
