@@ -1,7 +1,5 @@
 """causal_conv1d (ops.md section 4): the C++ core behind autograd (see fusedops._op)."""
 
-from __future__ import annotations
-
 from typing import Optional
 
 import torch
