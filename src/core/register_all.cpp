@@ -25,6 +25,8 @@ void register_all_backends(Registry& r) {
   register_rmsnorm_gated_cpu(r);
   register_sinkhorn_ref(r);
   register_sinkhorn_cpu(r);
+  register_mhc_ref(r);
+  register_mhc_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
@@ -36,6 +38,7 @@ void register_all_backends(Registry& r) {
   register_chunk_loss_cuda_sm80(r);
   register_rmsnorm_gated_cuda_sm80(r);
   register_sinkhorn_cuda_sm80(r);
+  register_mhc_cuda_sm80(r);
 #endif
 }
 

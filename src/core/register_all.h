@@ -41,4 +41,7 @@ void register_rmsnorm_gated_cuda_sm80(Registry& r);
 void register_sinkhorn_ref(Registry& r);
 void register_sinkhorn_cpu(Registry& r);
 void register_sinkhorn_cuda_sm80(Registry& r);
+void register_mhc_ref(Registry& r);
+void register_mhc_cpu(Registry& r);
+void register_mhc_cuda_sm80(Registry& r);
 }  // namespace fusedops
