@@ -47,50 +47,6 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.detach().contiguous().view(iv), b.detach().contiguous().view(iv))
 
 
-def rows_of(shape) -> int:
-    rows = 1
-    for n in shape[:-1]:
-        rows *= n
-    return rows
-
-
-# Library bugs reported with this suite. Each is probed once at import; while a probe still sees
-# the bug, the tests it breaks are strict xfails (they must still fail), and once it is fixed they
-# run as ordinary tests.
-ZERO_SIZE_BUG = ("library bug: TensorView::is_contiguous / rows_collapsible reject torch's strides "
-                 "of zero-size tensors (y and dx [4,0] have strides [1,1]; x [3,0,8] has [8,8,1])")
-FLOAT64_BUG = ("library bug: the torch layer keeps rstd in float32 for float64 inputs, so the "
-               "backward (which uses the saved rstd) is only float32-accurate on the ref backend")
-
-
-
-def _zero_size_bug_present() -> bool:
-    try:
-        x = torch.zeros(4, 0, requires_grad=True)
-        grads_of([fusedops.l2norm(x)], x, [torch.zeros(4, 0)])
-        fusedops.l2norm(torch.zeros(3, 0, 8))
-    except ValueError:
-        return True
-    return False
-
-
-def _float64_bug_present() -> bool:
-    x = torch.tensor([[0.3, 1.7, -2.1]], dtype=torch.float64, requires_grad=True)
-    g = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
-    x64 = x.detach().clone().requires_grad_()
-    return max_abs_error(grads_of([fusedops.l2norm(x)], x, [g]),
-                         grads_of([composite(x64)[0]], x64, [g])) > 1e-13
-
-
-KNOWN = {ZERO_SIZE_BUG: _zero_size_bug_present(), FLOAT64_BUG: _float64_bug_present()}
-
-
-def zero_size_bug(request, shape):
-    empty_rows = shape[-1] == 0 and rows_of(shape) > 0
-    if KNOWN[ZERO_SIZE_BUG] and (empty_rows or (len(shape) > 2 and 0 in shape[:-1])):
-        request.applymarker(pytest.mark.xfail(strict=True, raises=ValueError, reason=ZERO_SIZE_BUG))
-
-
 def forced(case):
     return fusedops.use_backend(**{OP: case.backend})
 
@@ -105,9 +61,8 @@ def dname(dt) -> str:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("output_dtype", OUTPUT_DTYPES, ids=dname)
-def test_forward_matches_float64(backend_case, shape, output_dtype, request, fresh_normal, seed_of):
+def test_forward_matches_float64(backend_case, shape, output_dtype, fresh_normal, seed_of):
     case = backend_case
-    zero_size_bug(request, shape)
     dt, dev = case.dtype, case.device
     x = fresh_normal(shape, dt, dev, seed_of(OP, "fwd", shape, str(dt), dname(output_dtype)),
                      mean=0.1, std=2.0)
@@ -130,14 +85,9 @@ def test_forward_matches_float64(backend_case, shape, output_dtype, request, fre
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("output_dtype", OUTPUT_DTYPES, ids=dname)
-def test_gradient_matches_float64(backend_case, shape, output_dtype, request, fresh_normal, seed_of):
+def test_gradient_matches_float64(backend_case, shape, output_dtype, fresh_normal, seed_of):
     case = backend_case
-    zero_size_bug(request, shape)
     dt, dev = case.dtype, case.device
-    # (With D == 1 the gradient is ~eps-sized, so the float32 rstd error stays under the floor.)
-    if (KNOWN[FLOAT64_BUG] and dt == torch.float64 and output_dtype is None and rows_of(shape) > 0
-            and shape[-1] > 1):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=FLOAT64_BUG))
     seed = seed_of(OP, "bwd", shape, str(dt), dname(output_dtype))
     x = fresh_normal(shape, dt, dev, seed, mean=0.1, std=2.0).requires_grad_()
     out_dt = output_dtype or dt
@@ -216,8 +166,7 @@ def test_random_shapes_scales_and_eps_on_cpu(rows, D, log_scale, eps, seed):
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-2, 0.0])
-def test_empty_rows_give_eps_to_the_minus_half(device, eps, request):
-    zero_size_bug(request, (4, 0))
+def test_empty_rows_give_eps_to_the_minus_half(device, eps):
     # D == 0: the sum over an empty row is 0, so rstd = eps**-0.5 (inf for eps == 0).
     x = torch.empty(4, 0, device=device)
     _, rstd = l2norm_fwd(x, eps)
@@ -232,8 +181,7 @@ def test_empty_rows_give_eps_to_the_minus_half(device, eps, request):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (4, 3, 128), (5,), (4, 0)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_reference_matches_own_float64_composite(shape, dtype, request, seed_of):
-    zero_size_bug(request, shape)
+def test_reference_matches_own_float64_composite(shape, dtype, seed_of):
     g = torch.Generator().manual_seed(seed_of("ref", OP, shape, str(dtype)))
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.3 - 0.4).to(dtype).requires_grad_()
     x64 = x.detach().double().requires_grad_()
@@ -407,9 +355,10 @@ def test_backward_dy_of_another_shape_is_a_value_error(device):
         l2norm_bwd(y, rstd, torch.randn(4, 7, device=device))
 
 
-def test_backward_runs_on_the_backend_forced_around_it(device, request, monkeypatch, runnable_backends):
+def test_backward_runs_on_the_backend_forced_around_it(device, monkeypatch, runnable_backends):
     # FUSEDOPS_BACKEND names a backend that does not exist, so a backward that misses the forcing of
-    # the use_backend block around it fails.
+    # the use_backend block around it fails (on CUDA autograd runs the backward on its device
+    # thread, which does not see the caller's context variables by itself).
     monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
     x = (torch.randn(4, 8, device=device) + 0.3).requires_grad_()
     with fusedops.use_backend(**{OP: runnable_backends(OP, device)[0]}):

@@ -51,56 +51,6 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.detach().contiguous().view(iv), b.detach().contiguous().view(iv))
 
 
-# Library bugs reported with this suite. Each is probed once at import; while a probe still sees
-# the bug, the tests it breaks are strict xfails (they must still fail), and once it is fixed they
-# run as ordinary tests.
-ZERO_SIZE_BUG = ("library bug: TensorView::is_contiguous / rows_collapsible reject torch's strides "
-                 "of zero-size tensors (y and dx [4,0] have strides [1,1]; x [3,0,8] has [8,8,1]; "
-                 "the expanded gradient of an empty output has stride 0)")
-FLOAT64_BUG = ("library bug: the torch layer keeps rstd in float32 for float64 inputs, so r, y's "
-               "gradient and dx are only float32-accurate on the ref backend")
-
-
-
-def _zero_size_bug_present() -> bool:
-    try:
-        x = torch.zeros(4, 0, requires_grad=True)
-        y, r = fusedops.rmsnorm_without_weight(x, return_normalized=True)
-        grads_of([y, r], x, [torch.zeros_like(y), torch.ones_like(r)])
-        fusedops.rmsnorm_without_weight(torch.zeros(3, 0, 8))
-        e = torch.zeros(0, 16, requires_grad=True)
-        fusedops.rmsnorm_without_weight(e, return_normalized=True)[0].sum().backward()
-    except ValueError:
-        return True
-    return False
-
-
-def _float64_bug_present() -> bool:
-    x = torch.tensor([[0.3, 1.7, -2.1]], dtype=torch.float64)
-    return max_abs_error(fusedops.rmsnorm_without_weight(x, EPS), composite(x)) > 1e-13
-
-
-KNOWN = {ZERO_SIZE_BUG: _zero_size_bug_present(), FLOAT64_BUG: _float64_bug_present()}
-
-
-def expect_bug(request, bug: str, raises=None):
-    if KNOWN[bug]:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=raises, reason=bug))
-
-
-def known_bugs(request, dtype, shape):
-    rows = 1
-    for n in shape[:-1]:
-        rows *= n
-    reasons = []
-    if KNOWN[ZERO_SIZE_BUG] and ((shape[-1] == 0 and rows > 0) or (len(shape) > 2 and 0 in shape[:-1])):
-        reasons.append(ZERO_SIZE_BUG)
-    if KNOWN[FLOAT64_BUG] and dtype == torch.float64 and rows > 0 and shape[-1] > 0:
-        reasons.append(FLOAT64_BUG)
-    if reasons:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="; ".join(reasons)))
-
-
 def forced(case):
     return fusedops.use_backend(**{OP: case.backend})
 
@@ -111,9 +61,8 @@ def forced(case):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mode", MODES)
-def test_forward_and_gradients_match_float64(backend_case, shape, mode, request, fresh_normal, seed_of):
+def test_forward_and_gradients_match_float64(backend_case, shape, mode, fresh_normal, seed_of):
     case = backend_case
-    known_bugs(request, case.dtype, shape)
     dt, dev = case.dtype, case.device
     seed = seed_of(OP, shape, mode, str(dt))
     x = fresh_normal(shape, dt, dev, seed, mean=0.3, std=1.5).requires_grad_()
@@ -193,8 +142,7 @@ def test_empty_rows_give_eps_to_the_minus_half(device, eps):
 
 
 @pytest.mark.parametrize("mode", ["r", "both"])
-def test_empty_batch_returns_empty(device, mode, request):
-    expect_bug(request, ZERO_SIZE_BUG, ValueError)
+def test_empty_batch_returns_empty(device, mode):
     x = torch.randn(0, 16, device=device, requires_grad=True)
     out = fusedops.rmsnorm_without_weight(x, return_normalized=(mode != "r"))
     outs = [out] if mode == "r" else list(out)
@@ -211,9 +159,7 @@ def test_empty_batch_returns_empty(device, mode, request):
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("return_normalized", [False, True])
-def test_reference_matches_own_float64_composite(shape, dtype, return_normalized, request, seed_of):
-    if shape[-1] == 0:
-        expect_bug(request, ZERO_SIZE_BUG, ValueError)
+def test_reference_matches_own_float64_composite(shape, dtype, return_normalized, seed_of):
     g = torch.Generator().manual_seed(seed_of("ref", shape, str(dtype)))
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.3 - 0.4).to(dtype).requires_grad_()
     x64 = x.detach().double().requires_grad_()
@@ -428,16 +374,16 @@ def test_forced_backend_of_another_device_says_so(device):
         fusedops.rmsnorm_without_weight(torch.randn(4, 8, device=device))
 
 
-def test_backward_runs_on_the_backend_forced_around_it(device, request, monkeypatch, runnable_backends):
+def test_backward_runs_on_the_backend_forced_around_it(device, monkeypatch, runnable_backends):
     # FUSEDOPS_BACKEND names a backend that does not exist, so a backward that misses the forcing of
-    # the use_backend block around it fails.
+    # the use_backend block around it fails (on CUDA autograd runs the backward on its device
+    # thread, which does not see the caller's context variables by itself).
     monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
     x = (torch.randn(4, 8, device=device) + 0.3).requires_grad_()
     with fusedops.use_backend(**{OP: runnable_backends(OP, device)[0]}):
         y = fusedops.rmsnorm_without_weight(x, return_normalized=True)[0]
         y.sum().backward()
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())
-
 
 
 def test_float64_on_cuda_says_no_backend_can_run_it(device):
