@@ -21,6 +21,9 @@ from .ops.clipped_swiglu import clipped_swiglu, clipped_swiglu_grad
 from .ops.cross_entropy import FusedCrossEntropyLossFunction, fused_cross_entropy_loss
 from .ops.chunk_loss import chunk_loss
 from .ops.rmsnorm_gated import rms_norm_gated, rmsnorm_fn
+from .ops.mhc import (hc_head_split, hc_split_sinkhorn, mhc_post, mhc_post_mindspeed, mhc_pre_bmm,
+                      sinkhorn)
+from .ops import mhc
 from . import reference
 from . import nn
 
@@ -45,6 +48,13 @@ __all__ = [
     "fused_cross_entropy_loss",
     "FusedCrossEntropyLossFunction",
     "chunk_loss",
+    "sinkhorn",
+    "hc_split_sinkhorn",
+    "hc_head_split",
+    "mhc_pre_bmm",
+    "mhc_post",
+    "mhc_post_mindspeed",
+    "mhc",
     "reference",
     "nn",
     "built_with_cuda",

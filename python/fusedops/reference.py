@@ -378,3 +378,119 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     y, final = _CausalConv1d.apply(x, weight, bias, residual, initial_state, cu_seqlens,
                                    activation or "", bool(output_final_state))
     return y, (final if output_final_state else None)
+
+
+# ---- mHC family: sinkhorn, hc_split_sinkhorn, mhc_pre_bmm, mhc_post (ops.md 3 and 9) ----------
+
+
+def _cpu64c(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to("cpu", torch.float64).contiguous()
+
+
+class _Sinkhorn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, args: tuple):
+        l64 = _cpu64c(logits)
+        out = torch.empty(l64.shape, dtype=torch.float64)
+        _C.sinkhorn_fwd(context("sinkhorn", l64, "ref"), l64, out, *args)
+        ctx.save_for_backward(l64)
+        ctx.args, ctx.device, ctx.dtype = args, logits.device, logits.dtype
+        return out.to(logits.device)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (l64,) = ctx.saved_tensors
+        dl = torch.empty(l64.shape, dtype=torch.float64)
+        _C.sinkhorn_bwd(context("sinkhorn", l64, "ref"), l64, _cpu64c(dout), dl, *ctx.args)
+        return dl.to(ctx.device, ctx.dtype), None
+
+
+def sinkhorn(logits: Tensor, num_iters: int = 20, eps: float = 1e-6, variant: str = "mindspeed") -> Tensor:
+    """float64 reference of :func:`fusedops.sinkhorn` (float64 out)."""
+    return _Sinkhorn.apply(logits, (int(num_iters), float(eps), str(variant)))
+
+
+class _HcSplitSinkhorn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, args: tuple):
+        m64, s64, b64 = _cpu64c(mixes), _cpu64c(hc_scale), _cpu64c(hc_base)
+        n = args[0]
+        lead = tuple(m64.shape[:-1])
+        pre = torch.empty(lead + (n,), dtype=torch.float64)
+        post = torch.empty(lead + (n,), dtype=torch.float64)
+        comb = torch.empty(lead + (n, n), dtype=torch.float64)
+        _C.hc_split_sinkhorn_fwd(context("hc_split_sinkhorn", m64, "ref"), m64, s64, b64, pre, post,
+                                 comb, *args)
+        ctx.save_for_backward(m64, s64, b64)
+        ctx.args = args
+        ctx.meta = [(t.device, t.dtype) for t in (mixes, hc_scale, hc_base)]
+        dev = mixes.device
+        return pre.to(dev), post.to(dev), comb.to(dev)
+
+    @staticmethod
+    def backward(ctx, dpre, dpost, dcomb):
+        m64, s64, b64 = ctx.saved_tensors
+        dm = torch.empty(m64.shape, dtype=torch.float64)
+        ds = torch.empty(3, dtype=torch.float64)
+        db = torch.empty(b64.shape, dtype=torch.float64)
+        ws_bytes = _C.hc_split_sinkhorn_bwd_workspace_size(m64, ctx.args[0])
+        ws = torch.empty(ws_bytes // 4, dtype=torch.float32) if ws_bytes else None
+        _C.hc_split_sinkhorn_bwd(context("hc_split_sinkhorn", m64, "ref"), m64, s64, b64,
+                                 _cpu64c(dpre), _cpu64c(dpost), _cpu64c(dcomb), dm, ds, db, ws,
+                                 *ctx.args)
+        grads = [g.to(dev, dt) for g, (dev, dt) in zip((dm, ds, db), ctx.meta)]
+        return grads[0], grads[1], grads[2], None
+
+
+def hc_split_sinkhorn(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int = 4,
+                      sinkhorn_iters: int = 20, eps: float = 1e-6, *, variant: str = "mindspeed"):
+    """float64 reference of :func:`fusedops.hc_split_sinkhorn`: ``(pre, post, comb)`` in float64."""
+    return _HcSplitSinkhorn.apply(mixes, hc_scale, hc_base,
+                                  (int(hc_mult), int(sinkhorn_iters), float(eps), str(variant)))
+
+
+class _MhcPreBmm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_pre: Tensor, x: Tensor):
+        h64, x64 = _cpu64c(h_pre), _cpu64c(x)
+        y = torch.empty(x64.shape[:-2] + x64.shape[-1:], dtype=torch.float64)
+        _C.mhc_pre_bmm_fwd(context("mhc_pre_bmm", x64, "ref"), h64, x64, y)
+        ctx.save_for_backward(h64, x64)
+        ctx.meta = [(t.device, t.dtype) for t in (h_pre, x)]
+        return y.to(x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h64, x64 = ctx.saved_tensors
+        dh = torch.empty(h64.shape, dtype=torch.float64)
+        dx = torch.empty(x64.shape, dtype=torch.float64)
+        _C.mhc_pre_bmm_bwd(context("mhc_pre_bmm", x64, "ref"), h64, x64, _cpu64c(dy), dh, dx)
+        return tuple(g.to(dev, dt) for g, (dev, dt) in zip((dh, dx), ctx.meta))
+
+
+def mhc_pre_bmm(h_pre: Tensor, x: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """float64 reference of :func:`fusedops.mhc_pre_bmm` (``out_dtype`` ignored: float64 out)."""
+    return _MhcPreBmm.apply(h_pre, x)
+
+
+class _MhcPost(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor):
+        ts = [_cpu64c(t) for t in (x, h_res, h_out, h_post)]
+        out = torch.empty(ts[0].shape, dtype=torch.float64)
+        _C.mhc_post_fwd(context("mhc_post", ts[0], "ref"), *ts, out)
+        ctx.save_for_backward(*ts)
+        ctx.meta = [(t.device, t.dtype) for t in (x, h_res, h_out, h_post)]
+        return out.to(x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        ts = ctx.saved_tensors
+        grads = [torch.empty(t.shape, dtype=torch.float64) for t in ts]
+        _C.mhc_post_bwd(context("mhc_post", ts[0], "ref"), *ts, _cpu64c(dy), *grads)
+        return tuple(g.to(dev, dt) for g, (dev, dt) in zip(grads, ctx.meta))
+
+
+def mhc_post(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
+    """float64 reference of :func:`fusedops.mhc_post` (float64 out)."""
+    return _MhcPost.apply(x, h_res, h_out, h_post)

@@ -36,5 +36,6 @@ void bind_sort_chunks(nb::module_& m);
 void bind_matmul_add(nb::module_& m);
 void bind_clipped_swiglu(nb::module_& m);
 void bind_rmsnorm_gated(nb::module_& m);
+void bind_mhc(nb::module_& m);
 
 }  // namespace fusedops::py

@@ -133,4 +133,5 @@ NB_MODULE(_C, m) {
   bind_matmul_add(m);
   bind_clipped_swiglu(m);
   bind_rmsnorm_gated(m);
+  bind_mhc(m);
 }
