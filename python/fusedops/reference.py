@@ -494,3 +494,114 @@ class _MhcPost(torch.autograd.Function):
 def mhc_post(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
     """float64 reference of :func:`fusedops.mhc_post` (float64 out)."""
     return _MhcPost.apply(x, h_res, h_out, h_post)
+
+
+class _FusedCrossEntropyLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_index: int,
+                reduction: str, label_smoothing: float, logit_scale: float,
+                logit_softcapping: Optional[float], lse_square_scale: float):
+        x64 = _cpu64(logits)
+        lab = labels.detach().to("cpu").contiguous()
+        w64 = None if loss_weight is None else loss_weight.detach().to("cpu", torch.float64).contiguous()
+        shape = tuple(lab.shape) if reduction == "none" else ()
+        loss = torch.empty(shape, dtype=torch.float64)
+        z_loss = torch.empty(shape, dtype=torch.float64)
+        grad = torch.empty(x64.shape, dtype=torch.float64)
+        glw = torch.empty(lab.shape, dtype=torch.float64)
+        _C.fused_cross_entropy_loss_fwd(context("fused_cross_entropy_loss", x64, "ref"), x64, lab, w64, loss,
+                                        z_loss, grad, glw, None, ignore_index, reduction, label_smoothing,
+                                        logit_scale, logit_softcapping, lse_square_scale)
+        ctx.save_for_backward(grad, glw)
+        ctx.reduction = reduction
+        ctx.meta = (logits.device, logits.dtype, None if loss_weight is None else loss_weight.dtype)
+        z_loss = z_loss.to(logits.device)
+        ctx.mark_non_differentiable(z_loss)
+        return loss.to(logits.device), z_loss
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_z):
+        grad, glw = ctx.saved_tensors
+        g = g_loss.detach().to("cpu", torch.float64).contiguous()
+        dlogits, dlw = torch.empty_like(grad), torch.empty_like(glw)
+        _C.fused_cross_entropy_loss_bwd(context("fused_cross_entropy_loss", grad, "ref"), g, grad, dlogits,
+                                        glw, dlw, ctx.reduction)
+        dev, dt, wdt = ctx.meta
+        return (dlogits.to(dev, dt), None, None if wdt is None else dlw.to(dev, wdt),
+                None, None, None, None, None, None)
+
+
+def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor] = None, *,
+                             ignore_index: int = -100, reduction: Optional[str] = None,
+                             label_smoothing: float = 0.0, logit_scale: float = 1.0,
+                             logit_softcapping: Optional[float] = None, lse_square_scale: float = 0.0,
+                             return_z_loss: bool = False, inplace_backward: bool = False):
+    """float64 reference of :func:`fusedops.fused_cross_entropy_loss` (same arguments and return
+    convention, float64 outputs; ``inplace_backward`` is ignored)."""
+    if reduction is None:
+        reduction = "sum" if loss_weight is not None else "mean"
+    loss, z_loss = _FusedCrossEntropyLoss.apply(
+        logits, labels, loss_weight, int(ignore_index), reduction, float(label_smoothing),
+        float(logit_scale), None if logit_softcapping is None else float(logit_softcapping),
+        float(lse_square_scale))
+    return (loss, z_loss) if return_z_loss else loss
+
+
+class _ChunkLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Optional[Tensor],
+                alpha: float, alpha_per_sample: Optional[Tensor], ignore_index: int, reduction: str,
+                label_smoothing: float, logit_scale: float, softcap: Optional[float],
+                lse_square_scale: float):
+        h = _cpu64(hidden)
+        w = weight.detach().to("cpu", torch.float64).contiguous()
+        lab = labels.detach().to("cpu").contiguous()
+        lw = None if loss_weight is None else loss_weight.detach().to("cpu", torch.float64).contiguous()
+        ap = None if alpha_per_sample is None else alpha_per_sample.detach().to("cpu", torch.float64).contiguous()
+        loss = torch.empty((), dtype=torch.float64)
+        z_loss = torch.empty((), dtype=torch.float64)
+        dh = torch.empty(h.shape, dtype=torch.float64)
+        dw = torch.empty(w.shape, dtype=torch.float64)
+        glw = torch.empty(lab.shape, dtype=torch.float64)
+        _C.chunk_loss_fwd(context("chunk_loss", h, "ref"), h, w, None, lab, lw, alpha, ap, loss, z_loss, dh, dw,
+                          False, glw, 0, 0, None, ignore_index, reduction, label_smoothing, logit_scale,
+                          softcap, lse_square_scale)
+        ctx.save_for_backward(dh, dw, glw)
+        ctx.meta = [(t.device, t.dtype) if t is not None else None for t in (hidden, weight, loss_weight)]
+        z_loss = z_loss.to(hidden.device)
+        ctx.mark_non_differentiable(z_loss)
+        return loss.to(hidden.device), z_loss
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_z):
+        saved = ctx.saved_tensors
+        g = g_loss.detach().to("cpu", torch.float64).contiguous()
+        outs = [torch.empty_like(t) for t in saved]
+        _C.chunk_loss_bwd(context("chunk_loss", saved[0], "ref"), g, saved[0], outs[0], saved[1], outs[1],
+                          saved[2], outs[2])
+        dh, dw, dlw = (None if m is None else o.to(*m) for o, m in zip(outs, ctx.meta))
+        return (dh, dw, None, dlw) + (None,) * 8
+
+
+def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Optional[Tensor] = None, *,
+               chunk_size: Optional[int] = None, ignore_index: int = -100, reduction: str = "sum",
+               alpha=None, label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
+               softcap: Optional[float] = None, bias: Optional[Tensor] = None, logit_scale: float = 1.0,
+               memory_budget: Optional[int] = None, return_z_loss: bool = False):
+    """float64 reference of :func:`fusedops.chunk_loss` (no chunking; float64 outputs)."""
+    if bias is not None:
+        raise ValueError("fusedops: chunk_loss: a bias is not supported")
+    alpha_s, alpha_t = 1.0, None
+    if isinstance(alpha, Tensor):
+        alpha_t = alpha
+        if alpha.dim() == 0:
+            hidden = hidden.reshape(1, -1, hidden.shape[-1])
+            labels = labels.reshape(1, -1)
+            loss_weight = None if loss_weight is None else loss_weight.reshape(1, -1)
+            alpha_t = alpha.reshape(1)
+    elif alpha is not None:
+        alpha_s = float(alpha)
+    loss, z_loss = _ChunkLoss.apply(hidden, weight, labels, loss_weight, alpha_s, alpha_t, int(ignore_index),
+                                    reduction, float(label_smoothing), float(logit_scale),
+                                    None if softcap is None else float(softcap), float(lse_square_scale))
+    return (loss, z_loss) if return_z_loss else loss

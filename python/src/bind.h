@@ -29,6 +29,8 @@ inline auto release_gil() { return nb::call_guard<nb::gil_scoped_release>(); }
 
 void bind_rmsnorm(nb::module_& m);
 void bind_l2norm(nb::module_& m);
+void bind_cross_entropy(nb::module_& m);
+void bind_chunk_loss(nb::module_& m);
 void bind_causal_conv1d(nb::module_& m);
 void bind_cross_entropy(nb::module_& m);
 void bind_chunk_loss(nb::module_& m);

@@ -126,6 +126,8 @@ NB_MODULE(_C, m) {
 
   bind_rmsnorm(m);
   bind_l2norm(m);
+  bind_cross_entropy(m);
+  bind_chunk_loss(m);
   bind_causal_conv1d(m);
   bind_cross_entropy(m);
   bind_chunk_loss(m);

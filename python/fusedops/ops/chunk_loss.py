@@ -168,10 +168,15 @@ def _setup(ctx, inputs, output):
     loss_weight = inputs[4]
     ctx.want = inputs[16:19]  # grad_hidden, grad_weight, loss-weight gradient
     ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+    # The saved gradients are outputs too: without this, autograd would hand the backward
+    # zero-filled "gradients" of their sizes ([V, H] for the weight).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[2], output[3], output[4])
 
 
 def _backward(ctx, grad_loss, _g_z, _g_dh, _g_dw, _g_glw):
+    if grad_loss is None:
+        return (None,) * 19
     saved = ctx.saved_tensors
     dh, dw, glw = (t if want else None for t, want in zip(saved, ctx.want))
     dh, dw, dlw = _rescale(ctx, grad_loss, dh, dw, glw)
@@ -192,12 +197,15 @@ class _Accumulate(torch.autograd.Function):
                                                 alpha_per_sample, buffer, *rest)
         ctx.want = (want_grad_hidden, False, want_weight_grad)
         ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(dh, glw)
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
 
     @staticmethod
     def backward(ctx, grad_loss, _g_z):
+        if grad_loss is None:
+            return (None,) * 19
         dh, glw = ctx.saved_tensors
         if grad_loss.device.type == "cpu" or _validate.get():
             if bool(grad_loss != 1):

@@ -173,10 +173,15 @@ def _setup(ctx, inputs, output):
     ctx.reduction = reduction
     ctx.want_grad, ctx.want_weight_grad = want_grad, want_weight_grad
     ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+    # The saved gradient is an output too: without this, autograd would hand the backward a
+    # zero-filled [N, V] "gradient" for it.
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[2], output[3])
 
 
 def _backward(ctx, grad_loss, _g_z, _g_grad, _g_glw):
+    if grad_loss is None:
+        return (None,) * 12
     grad, glw = ctx.saved_tensors
     dlogits, dlw = _rescale(ctx, grad_loss, grad if ctx.want_grad else None,
                             glw if ctx.want_weight_grad else None)
@@ -199,12 +204,15 @@ class _InplaceBackward(torch.autograd.Function):
         ctx.reduction = reduction
         ctx.want_weight_grad = want_weight_grad
         ctx.weight_dtype = loss_weight.dtype if loss_weight is not None else torch.float32
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(logits, glw)
         ctx.mark_non_differentiable(z_loss, glw)
         return loss, z_loss, glw
 
     @staticmethod
     def backward(ctx, grad_loss, _g_z, _g_glw):
+        if grad_loss is None:
+            return (None,) * 11
         grad, glw = ctx.saved_tensors
         dlogits, dlw = _rescale(ctx, grad_loss, grad, glw if ctx.want_weight_grad else None)
         return dlogits, None, dlw, None, None, None, None, None, None, None, None

@@ -3,6 +3,7 @@
 // fp32 copies of 16-bit operands: the weight once ([V, H]), hidden one chunk at a time.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -19,6 +20,10 @@ namespace fusedops {
 namespace {
 
 constexpr const char* kOp = "chunk_loss";
+
+// An uninitialised fp32 buffer (a std::vector would zero it: a full pass over memory that is
+// overwritten anyway).
+std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]); }
 
 bool supports_fwd(const ChunkLossFwdArgs& a) {
   return a.loss.dtype() == DType::kFloat32 &&
@@ -100,17 +105,17 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   cpu::ce::row_scales(sp);
 
   // fp32 operands.
-  std::vector<float> w32;
+  std::unique_ptr<float[]> w32;
   const float* W = nullptr;
   if (f32) {
     W = a.weight.data_as<const float>();
   } else {
-    w32.resize(static_cast<size_t>(V) * H);
-    to_float_rows(a.weight.data(), dt, H, V, H, w32.data());
-    W = w32.data();
+    w32 = scratch(V * H);
+    to_float_rows(a.weight.data(), dt, H, V, H, w32.get());
+    W = w32.get();
   }
   // fp32 weight-gradient accumulator: the output itself when it is fp32.
-  std::vector<float> dw_own;
+  std::unique_ptr<float[]> dw_own;
   float* dW = nullptr;
   bool dw_started = false;
   if (a.grad_weight.defined()) {
@@ -118,16 +123,18 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       dW = a.grad_weight.data_as<float>();
       dw_started = a.accumulate_grad_weight;
     } else {
-      dw_own.resize(static_cast<size_t>(V) * H);
-      dW = dw_own.data();
+      dw_own = scratch(V * H);
+      dW = dw_own.get();
     }
   }
 
   const int64_t C = chunk_loss_chunk_rows(ctx, a);
   const int64_t ldh = a.hidden.row_stride();
-  std::vector<float> z(static_cast<size_t>(std::min(C, N)) * V);
-  std::vector<float> h32(f32 ? 0 : static_cast<size_t>(std::min(C, N)) * H);
-  std::vector<float> dh32((a.grad_hidden.defined() && !f32) ? static_cast<size_t>(std::min(C, N)) * H : 0);
+  const int64_t Cn = std::min(C, N);
+  std::unique_ptr<float[]> zbuf = scratch(Cn * V);
+  std::unique_ptr<float[]> h32 = scratch(f32 ? 0 : Cn * H);
+  std::unique_ptr<float[]> dh32 = scratch((a.grad_hidden.defined() && !f32) ? Cn * H : 0);
+  float* z = zbuf.get();
   const size_t label_size = int64 ? 8 : 4;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t rows = std::min(C, N - r0);
@@ -138,17 +145,17 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       ldhc = ldh;
     } else {
       to_float_rows(static_cast<const uint8_t*>(a.hidden.data()) + r0 * ldh * dtype_size(dt), dt, ldh,
-                    rows, H, h32.data());
-      Hc = h32.data();
+                    rows, H, h32.get());
+      Hc = h32.get();
       ldhc = H;
     }
-    cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z.data(), V);
+    cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z, V);
 
     cpu::ce::RowsParams rp{};
-    rp.logits = z.data();
+    rp.logits = z;
     rp.logits_dtype = DType::kFloat32;
     rp.logits_row_stride = V;
-    rp.grad = want_grad ? z.data() : nullptr;
+    rp.grad = want_grad ? z : nullptr;
     rp.grad_dtype = DType::kFloat32;
     rp.grad_row_stride = V;
     rp.labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
@@ -167,21 +174,21 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
 
     if (a.grad_hidden.defined()) {
       if (f32) {
-        cpu::sgemm(false, false, rows, H, V, 1.0f, z.data(), V, W, H, 0.0f,
+        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f,
                    a.grad_hidden.data_as<float>() + r0 * H, H);
       } else {
-        cpu::sgemm(false, false, rows, H, V, 1.0f, z.data(), V, W, H, 0.0f, dh32.data(), H);
-        from_float_rows(dh32.data(), rows, H,
+        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f, dh32.get(), H);
+        from_float_rows(dh32.get(), rows, H,
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
     }
     if (dW) {
-      cpu::sgemm(true, false, V, H, rows, 1.0f, z.data(), V, Hc, ldhc, dw_started ? 1.0f : 0.0f, dW, H);
+      cpu::sgemm(true, false, V, H, rows, 1.0f, z, V, Hc, ldhc, dw_started ? 1.0f : 0.0f, dW, H);
       dw_started = true;
     }
   }
   if (dW && !dw_started) std::fill(dW, dW + static_cast<size_t>(V) * H, 0.0f);  // no rows
-  if (!dw_own.empty()) from_float_rows(dw_own.data(), V, H, a.grad_weight.data(), a.grad_weight.dtype());
+  if (dw_own) from_float_rows(dw_own.get(), V, H, a.grad_weight.data(), a.grad_weight.dtype());
 
   cpu::ce::FinalizeParams fp{};
   fp.row_scale = row_scale.data();

@@ -21,10 +21,15 @@ namespace fusedops::cpu::ce {
 namespace {
 
 // exp(x) for x <= 0 in fp32, about 2 ulp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), a
-// degree-6 polynomial for exp(r), 2^n from the exponent bits. No branches and no float->int
-// conversion, so loops over it vectorise. NaN stays NaN; x < -87 gives 0.
+// degree-6 polynomial for exp(r), 2^n from the exponent bits. x < -87 gives 0 and NaN stays NaN.
+// The range handling uses integer masks, not float selects: GCC does not if-convert float
+// comparisons under -ftrapping-math (its default), and the loops over this must vectorise.
 inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;  // a comparison with NaN is false: NaN passes
+  const uint32_t ux = std::bit_cast<uint32_t>(x);
+  const uint32_t mag = ux & 0x7fffffffu;
+  const uint32_t big = 0u - static_cast<uint32_t>(mag > 0x42AE0000u);  // |x| > 87 or NaN
+  const uint32_t nan = 0u - static_cast<uint32_t>(mag > 0x7F800000u);
+  const float xc = std::bit_cast<float>((big & 0xC2AE0000u) | (~big & ux));  // -87 when big
   const float k = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: round(x / ln2)
   const float n = k - 12582912.0f;
   const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
@@ -36,9 +41,24 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const uint32_t ni = std::bit_cast<uint32_t>(k) - 0x4B400000u;  // n as a two's complement int
-  const float s = std::bit_cast<float>((ni + 127u) << 23);
-  const float e = p * s;
-  return x < -87.0f ? 0.0f : e;
+  const float e = p * std::bit_cast<float>((ni + 127u) << 23);
+  return std::bit_cast<float>((~big & std::bit_cast<uint32_t>(e)) | (nan & 0x7FC00000u));
+}
+
+// float -> T for a span, branch-free for bf16 (src/core/half.h's scalar conversion returns early
+// for NaN, which keeps the loop scalar); the same rounding (nearest even, NaN stays NaN).
+template <class T>
+inline void store_span(const float* __restrict in, T* __restrict out, int64_t n) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = std::bit_cast<uint32_t>(in[i]);
+      const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      out[i].bits = static_cast<uint16_t>((nan & ((u >> 16) | 0x40u)) | (~nan & rounded));
+    }
+  } else {
+    store_float(in, out, n);
+  }
 }
 
 float max_lanes(const float* a, int64_t n) {
@@ -138,7 +158,7 @@ void rows_typed(const RowsParams& p) {
         const float cy = c * (1.0f - eps) * p.logit_scale;
         o[y] = (a * z[y] - b - cy) * (capped ? 1.0f - t[y] * t[y] : 1.0f);
       }
-      if constexpr (!std::is_same_v<TOut, float>) store_float(o, g, V);
+      if constexpr (!std::is_same_v<TOut, float>) store_span(o, g, V);
     }
   });
 }
@@ -245,7 +265,7 @@ void scale_rows(const ScaleRowsParams& p) {
         } else {
           load_float(in, buf.data(), p.cols);
           for (int64_t c = 0; c < p.cols; ++c) buf[c] *= f;
-          store_float(buf.data(), out, p.cols);
+          store_span(buf.data(), out, p.cols);
         }
       }
     });
