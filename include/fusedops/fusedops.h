@@ -12,8 +12,6 @@
 #include "fusedops/ops/rmsnorm.h"
 #include "fusedops/ops/cross_entropy.h"
 #include "fusedops/ops/chunk_loss.h"
-#include "fusedops/ops/cross_entropy.h"
-#include "fusedops/ops/chunk_loss.h"
 #include "fusedops/ops/sort_chunks.h"
 #include "fusedops/ops/matmul_add.h"
 #include "fusedops/ops/clipped_swiglu.h"

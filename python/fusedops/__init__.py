@@ -24,8 +24,6 @@ from .ops.rmsnorm_gated import rms_norm_gated, rmsnorm_fn
 from .ops.mhc import (hc_head_split, hc_split_sinkhorn, mhc_post, mhc_post_mindspeed, mhc_pre_bmm,
                       sinkhorn)
 from .ops import mhc
-from .ops.cross_entropy import FusedCrossEntropyLossFunction, fused_cross_entropy_loss
-from .ops.chunk_loss import chunk_loss
 from . import reference
 from . import nn
 
@@ -57,9 +55,6 @@ __all__ = [
     "mhc_post",
     "mhc_post_mindspeed",
     "mhc",
-    "fused_cross_entropy_loss",
-    "FusedCrossEntropyLossFunction",
-    "chunk_loss",
     "reference",
     "nn",
     "built_with_cuda",

@@ -32,8 +32,6 @@ void bind_l2norm(nb::module_& m);
 void bind_cross_entropy(nb::module_& m);
 void bind_chunk_loss(nb::module_& m);
 void bind_causal_conv1d(nb::module_& m);
-void bind_cross_entropy(nb::module_& m);
-void bind_chunk_loss(nb::module_& m);
 void bind_sort_chunks(nb::module_& m);
 void bind_matmul_add(nb::module_& m);
 void bind_clipped_swiglu(nb::module_& m);

@@ -129,8 +129,6 @@ NB_MODULE(_C, m) {
   bind_cross_entropy(m);
   bind_chunk_loss(m);
   bind_causal_conv1d(m);
-  bind_cross_entropy(m);
-  bind_chunk_loss(m);
   bind_sort_chunks(m);
   bind_matmul_add(m);
   bind_clipped_swiglu(m);

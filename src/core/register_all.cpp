@@ -27,10 +27,6 @@ void register_all_backends(Registry& r) {
   register_sinkhorn_cpu(r);
   register_mhc_ref(r);
   register_mhc_cpu(r);
-  register_fused_cross_entropy_loss_ref(r);
-  register_fused_cross_entropy_loss_cpu(r);
-  register_chunk_loss_ref(r);
-  register_chunk_loss_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
@@ -43,8 +39,6 @@ void register_all_backends(Registry& r) {
   register_rmsnorm_gated_cuda_sm80(r);
   register_sinkhorn_cuda_sm80(r);
   register_mhc_cuda_sm80(r);
-  register_fused_cross_entropy_loss_cuda_sm80(r);
-  register_chunk_loss_cuda_sm80(r);
 #endif
 }
 

@@ -44,10 +44,4 @@ void register_sinkhorn_cuda_sm80(Registry& r);
 void register_mhc_ref(Registry& r);
 void register_mhc_cpu(Registry& r);
 void register_mhc_cuda_sm80(Registry& r);
-void register_fused_cross_entropy_loss_ref(Registry& r);
-void register_fused_cross_entropy_loss_cpu(Registry& r);
-void register_fused_cross_entropy_loss_cuda_sm80(Registry& r);
-void register_chunk_loss_ref(Registry& r);
-void register_chunk_loss_cpu(Registry& r);
-void register_chunk_loss_cuda_sm80(Registry& r);
 }  // namespace fusedops
