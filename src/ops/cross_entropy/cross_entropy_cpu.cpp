@@ -104,6 +104,56 @@ int64_t label_of(const void* labels, bool int64, int64_t i) {
   return int64 ? static_cast<const int64_t*>(labels)[i] : static_cast<const int32_t*>(labels)[i];
 }
 
+// sum_i exp(a[i] - m), lane-blocked; a is left as it is.
+float exp_sum(const float* a, int64_t n, float m) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(a[i + l] - m);
+  for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(a[i + l] - m);
+  return reduce_lanes(acc);
+}
+
+// Branch-free float -> bf16 bits (round to nearest even, NaN stays NaN).
+inline uint16_t bf16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  return static_cast<uint16_t>((nan & ((u >> 16) | 0x40u)) | (~nan & ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)));
+}
+
+template <class T>
+inline void store_one(T* p, float v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    p->bits = bf16_bits(v);
+  else
+    *p = from_float<T>(v);
+}
+
+// z[v] = logit_scale * x[v] for a row, returning max_v z (lane-blocked, so it vectorises).
+template <class TIn>
+float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, float scale) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<float>::max();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = to_float(x[i + l]) * scale;
+      z[i + l] = v;
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int l = 0; i + l < n; ++l) {
+    const float v = to_float(x[i + l]) * scale;
+    z[i + l] = v;
+    acc[l] = v > acc[l] ? v : acc[l];
+  }
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
+  return acc[0];
+}
+
+// One row per iteration: pass A transforms the row into an fp32 copy z and takes its max (and
+// sum for label smoothing), pass B sums exp(z - m) (storing it when a gradient is wanted), pass
+// C writes the gradient in the output dtype. The copy makes in-place gradients safe.
 template <class TIn, class TOut>
 void rows_typed(const RowsParams& p) {
   const int64_t V = p.vocab;
@@ -113,7 +163,7 @@ void rows_typed(const RowsParams& p) {
   const float inv_v = 1.0f / static_cast<float>(V);
   const int64_t grain = std::max<int64_t>(1, 16384 / V);
   parallel_for(0, p.rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> z(V), t(capped ? V : 0), out(std::is_same_v<TOut, float> ? 0 : V);
+    std::vector<float> z(V), t(capped ? V : 0);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t y = label_of(p.labels, p.labels_int64, r);
       TOut* g = p.grad ? static_cast<TOut*>(p.grad) + r * p.grad_row_stride : nullptr;
@@ -123,21 +173,22 @@ void rows_typed(const RowsParams& p) {
         if (g) std::fill(g, g + V, from_float<TOut>(0.0f));
         continue;
       }
-      // z = transformed logits (a copy: the gradient may overwrite the logits).
       const TIn* x = static_cast<const TIn*>(p.logits) + r * p.logits_row_stride;
-      load_float(x, z.data(), V);
-      for (int64_t v = 0; v < V; ++v) z[v] *= p.logit_scale;
+      float m;
       if (capped) {
         for (int64_t v = 0; v < V; ++v) {
-          t[v] = std::tanh(z[v] * inv_cap);
+          t[v] = std::tanh(to_float(x[v]) * p.logit_scale * inv_cap);
           z[v] = p.softcap * t[v];
         }
+        m = max_lanes(z.data(), V);
+      } else {
+        m = scale_and_max(x, z.data(), V, p.logit_scale);
       }
       const bool in_range = y >= 0 && y < V;
       const float zy = in_range ? z[y] : std::numeric_limits<float>::quiet_NaN();
       const float sz = eps > 0.0f ? sum_lanes(z.data(), V) : 0.0f;
-      const float m = max_lanes(z.data(), V);
-      const float d = exp_shift_sum(z.data(), V, m);  // z now holds exp(z - m)
+      // With a gradient z now holds exp(z - m); without, it keeps z.
+      const float d = g ? exp_shift_sum(z.data(), V, m) : exp_sum(z.data(), V, m);
       const float log_d = std::log(d);
       const float lse = m + log_d;
       const float row_z = lambda * lse * lse;
@@ -147,18 +198,18 @@ void rows_typed(const RowsParams& p) {
       const float c = p.row_scale[r];
       const float a = c * (1.0f + 2.0f * lambda * lse) * p.logit_scale / d;
       const float b = c * eps * inv_v * p.logit_scale;
-      float* o = std::is_same_v<TOut, float> ? reinterpret_cast<float*>(g) : out.data();
       if (capped) {
-        for (int64_t v = 0; v < V; ++v) o[v] = (a * z[v] - b) * (1.0f - t[v] * t[v]);
+        for (int64_t v = 0; v < V; ++v) store_one(g + v, (a * z[v] - b) * (1.0f - t[v] * t[v]));
+      } else if constexpr (std::is_same_v<TOut, bf16_t>) {
+        for (int64_t v = 0; v < V; ++v) g[v].bits = bf16_bits(a * z[v] - b);
       } else {
-        for (int64_t v = 0; v < V; ++v) o[v] = a * z[v] - b;
+        for (int64_t v = 0; v < V; ++v) g[v] = from_float<TOut>(a * z[v] - b);
       }
       if (in_range) {
         // The target entry again in one fp32 expression (no cancellation after a rounding).
         const float cy = c * (1.0f - eps) * p.logit_scale;
-        o[y] = (a * z[y] - b - cy) * (capped ? 1.0f - t[y] * t[y] : 1.0f);
+        store_one(g + y, (a * z[y] - b - cy) * (capped ? 1.0f - t[y] * t[y] : 1.0f));
       }
-      if constexpr (!std::is_same_v<TOut, float>) store_span(o, g, V);
     }
   });
 }
