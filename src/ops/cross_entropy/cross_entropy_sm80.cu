@@ -17,6 +17,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -550,6 +551,17 @@ int pow2_at_least(int64_t v, int cap) {
   return p;
 }
 
+// FUSEDOPS_CE_ROW_THREADS=256|512|1024 forces the group size of long rows (a tuning aid: fewer
+// threads per row means more rows in flight per SM and less of each row on chip).
+int forced_row_threads() {
+  static const int forced = [] {
+    const char* v = std::getenv("FUSEDOPS_CE_ROW_THREADS");
+    const int t = v ? std::atoi(v) : 0;
+    return (t == 256 || t == 512 || t == 1024) ? t : 0;
+  }();
+  return forced;
+}
+
 struct Plan {
   bool vec;
   int tpr, threads, iters, smem_iters;
@@ -578,6 +590,7 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, int optin) {
     } else {
       const int cap = std::max(0, (optin - 2048) / (kMaxThreads * 16));
       pl.tpr = std::max(256, pow2_at_least((U + 3 + cap) / (4 + cap), kMaxThreads));
+      if (forced_row_threads()) pl.tpr = forced_row_threads();
       const int64_t need = (U + pl.tpr - 1) / pl.tpr;
       pl.iters = 4;
       pl.smem_iters = static_cast<int>(std::min<int64_t>(std::max<int64_t>(need - 4, 0), cap));
