@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/chunk_loss.h"
@@ -64,7 +65,16 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   float* dw = a.grad_weight.defined() ? (own_dw ? reinterpret_cast<float*>(ws + l.dw) : a.grad_weight.data_as<float>())
                                       : nullptr;
 
-  if (ctx.validate) cuda::ce::validate_labels(kOp, a.labels.data(), int64, N, V, o.ignore_index, stream);
+  if (ctx.validate) {
+    cuda::ce::validate_labels(kOp, a.labels.data(), int64, N, V, o.ignore_index, stream);
+    if (a.alpha_per_sample.defined()) {
+      std::vector<float> alpha(a.alpha_per_sample.numel());
+      FUSEDOPS_CUDA_CHECK(kOp, cudaMemcpyAsync(alpha.data(), a.alpha_per_sample.data(), alpha.size() * 4,
+                                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+      FUSEDOPS_CUDA_CHECK(kOp, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+      ce::check_alpha_host(kOp, alpha.data(), static_cast<int64_t>(alpha.size()));
+    }
+  }
 
   cuda::ce::ScaleParams sp{};
   sp.labels = a.labels.data();

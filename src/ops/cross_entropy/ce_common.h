@@ -26,6 +26,16 @@ void check_labels_host(const char* op, const L* labels, int64_t n, int64_t vocab
   }
 }
 
+// Validate mode for chunk_loss's per-sample alpha: every value finite and nonzero.
+template <class A>
+void check_alpha_host(const char* op, const A* alpha, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = static_cast<double>(alpha[i]);
+    FUSEDOPS_REQUIRE(a == a && a != 0 && a - a == 0, kValue, op, "alpha[", i,
+                     "] must be a finite nonzero number, got ", a);
+  }
+}
+
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 

@@ -272,6 +272,9 @@ def test_bad_arguments_raise(device):
         fusedops.chunk_loss(hidden, weight.double(), labels)
     with fusedops.validation(), pytest.raises(ValueError, match="is outside \\[0, 129\\)"):
         fusedops.chunk_loss(hidden, weight, torch.full_like(labels, 129))
+    h3, w3, l3, _, _, _ = make("everything-per-sample-alpha", torch.float32, device, 1)
+    with fusedops.validation(), pytest.raises(ValueError, match="alpha\\[1\\] must be a finite nonzero number, got 0"):
+        fusedops.chunk_loss(h3, w3, l3, alpha=torch.tensor([1.0, 0.0], device=device))
 
 
 def test_cuda_graph_capture_matches_eager():
