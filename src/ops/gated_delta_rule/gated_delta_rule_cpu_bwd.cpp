@@ -20,11 +20,15 @@ float dotf(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// The gate-gradient terms are differences of large, nearly equal sums: accumulate them in double.
+// The gate-gradient terms are differences of large, nearly equal sums: accumulate them in double
+// (eight independent lanes, so the loop vectorises without reassociation).
 double dotd(const float* a, const float* b, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(a[i + l]) * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += static_cast<double>(a[i + l]) * b[i + l];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 // Stores rows, adding the tensor's current values first when accumulating.
@@ -38,22 +42,26 @@ void store_rows_acc(float* src, int64_t lds, const Tok& t, const Chunk& c, int64
   store_rows(src, lds, t, c, h);
 }
 
-// B5: prepare_wy_repr_bwd.
+// B5: prepare_wy_repr_bwd. The beta / exp(g) factors of Kbg and Vb are applied to the [C,C]
+// blocks (columns of dA, rows of dMm), so K and V are read in place.
 void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
   const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), dw(a.dw), du(a.du);
   const Tok dk(a.dk), dv(a.dv), dbeta(a.dbeta), dg(a.dg);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
+    std::vector<double> dGd, dBd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
+      dGd.assign(n, 0.0);
+      dBd.assign(n, 0.0);
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
       float* kt = s.get(1, K * n);
       transpose(kr.p, kr.ld, n, K, kt, n);
       float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n, Tri::kNone, true);
       float* dKs = s.get(3, n * K);
       std::fill(dKs, dKs + n * K, 0.0f);
       float* Am = s.get(4, n * n);
@@ -61,20 +69,17 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       float* bt = s.get(6, n);
       float* gm = s.get(7, n);
       float* eg = s.get(8, n);
-      float* kbg = s.get(9, n * K);  // then beta * k
-      float* kbgT = s.get(10, K * n);
-      float* vb = s.get(11, n * V);
-      float* vbT = s.get(12, V * n);
-      float* dA = s.get(13, n * n);
-      float* R = s.get(14, n * K);
-      float* P = s.get(15, n * V);
-      float* T1 = s.get(16, n * n);
-      float* dL = s.get(17, n * n);
-      float* gam = s.get(18, n * n);
-      float* dB = s.get(19, n);
-      float* dG = s.get(20, n);
-      float* tmp = s.get(21, std::max(K, V) + n * K);
-      std::vector<double> dgd(n), dbd(n);
+      float* vt = s.get(9, V * n);
+      float* dA = s.get(10, n * n);
+      float* tmp = s.get(11, n * n);
+      float* R = s.get(12, n * K);
+      float* P = s.get(13, n * V);
+      float* T1 = s.get(14, n * n);
+      float* dL = s.get(15, n * n);
+      float* gam = s.get(16, n * n);
+      float* dB = s.get(17, n);
+      float* dG = s.get(18, n);
+      float* rowbuf = s.get(19, std::max(K, V));
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_tril_block(A, c, hv, false, Am, n);
         transpose(Am, n, n, n, At, n);
@@ -82,64 +87,57 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         load_scalars(g, c, hv, gm);
         std::copy(gm, gm + n, eg);
         exp_inplace(eg, n);
-        decay_matrix(gm, n, true, gam, n);
-        const Rows vr = view_rows(v, c, hv, s.get(22, n * V));
-        const Rows dwr = view_rows(dw, c, hv, s.get(23, n * K));
-        const Rows dur = view_rows(du, c, hv, s.get(24, n * V));
+        if (g.defined()) decay_matrix(gm, n, true, gam, n);
+        const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
+        const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
+        const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
+        transpose(vr.p, vr.ld, n, V, vt, n);
+        // dA = dW Kbg^T + dU Vb^T = (dW K^T) diag(beta e^g) + (dU V^T) diag(beta), strictly lower.
+        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kt, n, false, dA, n, Tri::kNone, true);
+        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vt, n, false, tmp, n, Tri::kNone, true);
         for (int64_t i = 0; i < n; ++i) {
-          const float fk = bt[i] * eg[i];
-          for (int64_t x = 0; x < K; ++x) kbg[i * K + x] = fk * kr.p[i * kr.ld + x];
-          for (int64_t x = 0; x < V; ++x) vb[i * V + x] = bt[i] * vr.p[i * vr.ld + x];
+          float* d = dA + i * n;
+          const float* t = tmp + i * n;
+          for (int64_t j = 0; j < i; ++j) d[j] = bt[j] * (eg[j] * d[j] + t[j]);
+          std::fill(d + i, d + n, 0.0f);
         }
-        transpose(kbg, K, n, K, kbgT, n);
-        transpose(vb, V, n, V, vbT, n);
-        // dA = dW Kbg^T + dU Vb^T, strictly lower part only.
-        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kbgT, n, false, dA, n);
-        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vbT, n, true, dA, n);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = i; j < n; ++j) dA[i * n + j] = 0.0f;
         // R = A^T dW, P = A^T dU.
         gemm(n, K, n, 1.0f, Am, 1, n, dwr.p, dwr.ld, false, R, K, Tri::kUpper);
-        gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, P, V, Tri::kUpper);
-        std::vector<double>& dGd = dgd;
-        std::vector<double>& dBd = dbd;
+        const OutRows Po = out_rows(dv, c, hv, P);
+        gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, Po.p, Po.ld, Tri::kUpper);
         for (int64_t j = 0; j < n; ++j) {
           const double rk = dotd(R + j * K, kr.p + j * kr.ld, K);
           for (int64_t x = 0; x < K; ++x) dKs[j * K + x] += bt[j] * eg[j] * R[j * K + x];
-          dBd[j] = eg[j] * rk + dotd(P + j * V, vr.p + j * vr.ld, V);
+          float* pj = Po.p + j * Po.ld;
+          dBd[j] = eg[j] * rk + dotd(pj, vr.p + j * vr.ld, V);
           dGd[j] = static_cast<double>(bt[j]) * eg[j] * rk;
-          for (int64_t x = 0; x < V; ++x) P[j * V + x] *= bt[j];  // dV
+          for (int64_t x = 0; x < V; ++x) pj[x] *= bt[j];  // dV
         }
-        store_rows(P, V, dv, c, hv);
+        commit_rows(Po, dv, c, hv);
         // dL = -M> . (A^T (M>.dA) A^T).
         gemm(n, n, n, 1.0f, Am, 1, n, dA, n, false, T1, n, Tri::kUpper);
-        gemm(n, n, n, -1.0f, T1, n, 1, At, n, false, dL, n);
+        gemm(n, n, n, -1.0f, T1, n, 1, At, n, false, dL, n, Tri::kNone, true);
         for (int64_t i = 0; i < n; ++i) {
+          float* d = dL + i * n;
           for (int64_t j = 0; j < i; ++j) {
             const float gij = g.defined() ? gam[i * n + j] : 1.0f;
-            const float dl = dL[i * n + j];
+            const float dl = d[j];
             const float dm = dl * gij;
             dBd[i] += static_cast<double>(dm) * kk[i * n + j];
             const double dll = static_cast<double>(dl) * bt[i] * kk[i * n + j] * gij;
             dGd[i] += dll;
             dGd[j] -= dll;
-            dL[i * n + j] = dm;  // now dMm
+            d[j] = bt[i] * dm;  // now diag(beta) dMm
           }
-          for (int64_t j = i; j < n; ++j) dL[i * n + j] = 0.0f;
+          std::fill(d + i, d + n, 0.0f);
         }
         for (int64_t i = 0; i < n; ++i) {
           dB[i] = static_cast<float>(dBd[i]);
           dG[i] = static_cast<float>(dGd[i]);
         }
         // dK += diag(beta) dMm K + dMm^T diag(beta) K.
-        float* t2 = tmp + std::max(K, V);
-        gemm(n, K, n, 1.0f, dL, n, 1, kr.p, kr.ld, false, t2, K, Tri::kLower);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) {
-            dKs[i * K + x] += bt[i] * t2[i * K + x];
-            kbg[i * K + x] = bt[i] * kr.p[i * kr.ld + x];
-          }
-        gemm(n, K, n, 1.0f, dL, 1, n, kbg, K, true, dKs, K, Tri::kUpper);
+        gemm(n, K, n, 1.0f, dL, n, 1, kr.p, kr.ld, true, dKs, K, Tri::kLower);
+        gemm(n, K, n, 1.0f, dL, 1, n, kr.p, kr.ld, true, dKs, K, Tri::kUpper);
         store_scalars(dB, dbeta, c, hv);
         if (dg.defined()) {
           if (a.accumulate_dk_dg) {
@@ -152,7 +150,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
           store_scalars(dG, dg, c, hv);
         }
       }
-      store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, tmp);
+      store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, rowbuf);
     }
   });
 }
@@ -167,7 +165,7 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const int64_t N = static_cast<int64_t>(seqs.size());
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
   fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
       const int64_t vt = std::min(vt_max, V - v0);
@@ -181,31 +179,45 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
         store_state_tile(X, dh, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
-        float* D2 = s.get(3, len * vt);
+        // fp32 rows of whole-V tiles are read and written in place.
+        const bool whole = vt == V;
+        auto in_rows = [&](const Tok& t, float* buf, int64_t& ld) -> const float* {
+          if (whole && t.dtype == DType::kFloat32) {
+            ld = t.st;
+            return reinterpret_cast<const float*>(t.ptr(c.b, c.t0, hv));
+          }
+          for (int64_t i = 0; i < len; ++i)
+            load_floats(col_ptr(t, c.b, c.t0 + i, hv, v0), t.dtype, buf + i * vt, vt);
+          ld = vt;
+          return buf;
+        };
+        int64_t ldl, ldo;
+        const float* Dl = in_rows(dvl, s.get(3, len * vt), ldl);
+        const float* dOt = in_rows(dO, s.get(5, len * vt), ldo);
+        const bool direct_out = whole && dv2.dtype == DType::kFloat32;
+        float* D2 = direct_out ? reinterpret_cast<float*>(dv2.ptr(c.b, c.t0, hv)) : s.get(8, len * vt);
+        const int64_t ld2 = direct_out ? dv2.st : vt;
         float* tmp = s.get(4, len * vt);
-        float* dOt = s.get(5, len * vt);
         float* qg = s.get(6, len * K);
         float* gm = s.get(7, std::max(len, K));
-        for (int64_t i = 0; i < len; ++i) {
-          load_floats(col_ptr(dvl, c.b, c.t0 + i, hv, v0), dvl.dtype, D2 + i * vt, vt);
-          load_floats(col_ptr(dO, c.b, c.t0 + i, hv, v0), dO.dtype, dOt + i * vt, vt);
-        }
+        const Rows qr = view_rows(q, c, hv / G, s.get(9, len * K));
         gemm(len, vt, K, 1.0f, kr.p, kr.ld, 1, X, vt, false, tmp, vt);
-        load_rows(q, c, hv / G, qg, K);
         if (g.defined()) {
           load_scalars(g, c, hv, gm);
           const float gl = gm[last];
           for (int64_t i = 0; i < len; ++i) {
             const float f = std::exp(gl - gm[i]);
             const float fq = scale * std::exp(gm[i]);
-            for (int64_t x = 0; x < vt; ++x) D2[i * vt + x] += f * tmp[i * vt + x];
-            for (int64_t y = 0; y < K; ++y) qg[i * K + y] *= fq;
+            for (int64_t x = 0; x < vt; ++x) D2[i * ld2 + x] = Dl[i * ldl + x] + f * tmp[i * vt + x];
+            for (int64_t y = 0; y < K; ++y) qg[i * K + y] = fq * qr.p[i * qr.ld + y];
           }
           const float d = std::exp(gl);
           for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
         } else {
-          for (int64_t e2 = 0; e2 < len * vt; ++e2) D2[e2] += tmp[e2];
-          for (int64_t e2 = 0; e2 < len * K; ++e2) qg[e2] *= scale;
+          for (int64_t i = 0; i < len; ++i) {
+            for (int64_t x = 0; x < vt; ++x) D2[i * ld2 + x] = Dl[i * ldl + x] + tmp[i * vt + x];
+            for (int64_t y = 0; y < K; ++y) qg[i * K + y] = scale * qr.p[i * qr.ld + y];
+          }
           if (gk.defined()) {
             load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gm, K);
             exp_inplace(gm, K);
@@ -213,10 +225,11 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
               for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gm[y];
           }
         }
-        for (int64_t i = 0; i < len; ++i)
-          store_floats(D2 + i * vt, col_ptr(dv2, c.b, c.t0 + i, hv, v0), dv2.dtype, vt);
-        gemm(K, vt, len, 1.0f, qg, 1, K, dOt, vt, true, X, vt);
-        gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, vt, true, X, vt);
+        if (!direct_out)
+          for (int64_t i = 0; i < len; ++i)
+            store_floats(D2 + i * vt, col_ptr(dv2, c.b, c.t0 + i, hv, v0), dv2.dtype, vt);
+        gemm(K, vt, len, 1.0f, qg, 1, K, dOt, ldo, true, X, vt);
+        gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, ld2, true, X, vt);
       }
       if (dh0.defined()) store_state_tile(X, dh0, n * HV + hv, v0, vt);
     }
@@ -230,7 +243,7 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
@@ -239,17 +252,19 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
       float* kt = s.get(2, K * n);
       transpose(kr.p, kr.ld, n, K, kt, n);
       float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
       float* P = s.get(4, n * n);
       float* gm = s.get(5, n);
       float* D = s.get(6, n * V);
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
         load_scalars(g, c, hv, gm);
         decay_matrix(gm, n, false, P, n);
-        for (int64_t e2 = 0; e2 < n * n; ++e2) P[e2] *= scale * qk[e2];
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
         const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
-        gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, D, V, Tri::kUpper);
-        store_rows(D, V, dv, c, hv);
+        const OutRows Do = out_rows(dv, c, hv, D);
+        gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, Do.p, Do.ld, Tri::kUpper);
+        commit_rows(Do, dv, c, hv);
       }
     }
   });
@@ -264,7 +279,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len, last = n - 1;
@@ -299,8 +314,9 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         // Ds = scale M>= . Gamma . (dO Vnew^T).
         decay_matrix(gm, n, false, Ds, n);
         float* dov = s.get(20, n * n);
-        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vnT, n, false, dov, n);
-        for (int64_t e2 = 0; e2 < n * n; ++e2) Ds[e2] *= scale * dov[e2];
+        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vnT, n, false, dov, n, Tri::kNone, true);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
         // dQ = scale diag(e^g) dO S^T + Ds K.
         gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, St, K, false, dQ, K);
         for (int64_t i = 0; i < n; ++i)
@@ -315,8 +331,9 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, K, Tri::kUpper);
         if (dw.defined()) {
           const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
-          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, St, K, false, dW, K);
-          store_rows(dW, K, dw, c, hv);
+          const OutRows Wo = out_rows(dw, c, hv, dW);
+          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, St, K, false, Wo.p, Wo.ld);
+          commit_rows(Wo, dw, c, hv);
         }
         if (dg.defined()) {
           const double sdh = dotd(S, dH, K * V);

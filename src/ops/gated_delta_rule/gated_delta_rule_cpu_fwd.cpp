@@ -100,7 +100,7 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const int64_t H = k.H, HV = beta.H, G = HV / H, K = k.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
@@ -108,9 +108,8 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
       float* kt = s.get(1, K * n);
       transpose(kr.p, kr.ld, n, K, kt, n);
       float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n, Tri::kNone, true);
       float* gam = s.get(3, n * n);
-      float* L = s.get(4, n * n);
       float* bt = s.get(5, n);
       float* gm = s.get(6, n);
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
@@ -119,10 +118,19 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
           load_scalars(g, c, hv, gm);
           decay_matrix(gm, n, true, gam, n);
         }
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            L[i * n + j] = j < i ? bt[i] * kk[i * n + j] * (g.defined() ? gam[i * n + j] : 1.0f) : 0.0f;
-        store_square_block(L, n, A, c, hv);
+        const OutRows L = out_rows(A, c, hv, s.get(4, n * A.D));
+        for (int64_t i = 0; i < n; ++i) {
+          float* l = L.p + i * L.ld;
+          const float* kki = kk + i * n;
+          if (g.defined()) {
+            const float* gi = gam + i * n;
+            for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j] * gi[j];
+          } else {
+            for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j];
+          }
+          std::fill(l + i, l + A.D, 0.0f);
+        }
+        commit_rows(L, A, c, hv);
       }
     }
   });
@@ -133,7 +141,7 @@ void solve(const Context&, const SolveTrilArgs& a) {
   const int64_t H = A.H;
   const auto chunks = chunks_of(a.A.size(0), a.A.size(1), a.cu_seqlens, A.D);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 4, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
@@ -147,18 +155,19 @@ void solve(const Context&, const SolveTrilArgs& a) {
 }
 
 void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
+  // W = (A diag(beta e^g)) K and U = (A diag(beta)) V: the column scaling goes on the [C,C] block,
+  // so K and V are read in place.
   const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), w(a.w), u(a.u);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
       float* Am = s.get(1, n * n);
-      float* kbg = s.get(2, n * K);
-      float* vb = s.get(3, n * V);
+      float* Aw = s.get(2, n * n);
       float* W = s.get(4, n * K);
       float* U = s.get(5, n * V);
       float* bt = s.get(6, n);
@@ -168,18 +177,19 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
         load_scalars(beta, c, hv, bt);
         load_scalars(g, c, hv, eg);
         exp_inplace(eg, n);
-        const Rows vr = view_rows(v, c, hv, vb);
         for (int64_t i = 0; i < n; ++i) {
-          const float fk = bt[i] * eg[i], fv = bt[i];
-          for (int64_t x = 0; x < K; ++x) kbg[i * K + x] = fk * kr.p[i * kr.ld + x];
-          float* vrow = vb + i * V;
-          const float* src = vr.p + i * vr.ld;
-          for (int64_t x = 0; x < V; ++x) vrow[x] = fv * src[x];
+          for (int64_t j = 0; j <= i; ++j) {
+            Aw[i * n + j] = Am[i * n + j] * bt[j] * eg[j];
+            Am[i * n + j] *= bt[j];
+          }
+          std::fill(Aw + i * n + i + 1, Aw + (i + 1) * n, 0.0f);
         }
-        gemm(n, K, n, 1.0f, Am, n, 1, kbg, K, false, W, K, Tri::kLower);
-        gemm(n, V, n, 1.0f, Am, n, 1, vb, V, false, U, V, Tri::kLower);
-        store_rows(W, K, w, c, hv);
-        store_rows(U, V, u, c, hv);
+        const Rows vr = view_rows(v, c, hv, s.get(3, n * V));
+        const OutRows Wo = out_rows(w, c, hv, W), Uo = out_rows(u, c, hv, U);
+        gemm(n, K, n, 1.0f, Aw, n, 1, kr.p, kr.ld, false, Wo.p, Wo.ld, Tri::kLower);
+        gemm(n, V, n, 1.0f, Am, n, 1, vr.p, vr.ld, false, Uo.p, Uo.ld, Tri::kLower);
+        commit_rows(Wo, w, c, hv);
+        commit_rows(Uo, u, c, hv);
       }
     }
   });
@@ -193,7 +203,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const int64_t N = static_cast<int64_t>(seqs.size());
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
   fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
       const int64_t vt = std::min(vt_max, V - v0);
@@ -205,13 +215,30 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
         store_state_tile(X, h, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
-        float* Vn = s.get(3, len * vt);
-        for (int64_t i = 0; i < len; ++i)
-          load_floats(col_ptr(u, c.b, c.t0 + i, hv, v0), u.dtype, Vn + i * vt, vt);
-        gemm(len, vt, K, -1.0f, wr.p, wr.ld, 1, X, vt, true, Vn, vt);
-        if (vn.defined())
+        // Vn = U - W X, written straight into v_new when it is an fp32 row view of the tile.
+        const bool whole = vt == V;
+        const bool direct_out = vn.defined() && whole && vn.dtype == DType::kFloat32;
+        float* Vn = direct_out ? reinterpret_cast<float*>(vn.ptr(c.b, c.t0, hv)) : s.get(3, len * vt);
+        const int64_t ldn = direct_out ? vn.st : vt;
+        const float* U;
+        int64_t ldu;
+        if (whole && u.dtype == DType::kFloat32) {
+          U = reinterpret_cast<const float*>(u.ptr(c.b, c.t0, hv));
+          ldu = u.st;
+        } else {
+          float* ub = s.get(5, len * vt);
+          for (int64_t i = 0; i < len; ++i)
+            load_floats(col_ptr(u, c.b, c.t0 + i, hv, v0), u.dtype, ub + i * vt, vt);
+          U = ub;
+          ldu = vt;
+        }
+        gemm(len, vt, K, -1.0f, wr.p, wr.ld, 1, X, vt, false, Vn, ldn, Tri::kNone, false, U, ldu);
+        if (vn.defined() && !direct_out)
           for (int64_t i = 0; i < len; ++i)
             store_floats(Vn + i * vt, col_ptr(vn, c.b, c.t0 + i, hv, v0), vn.dtype, vt);
+        // Vg = diag(exp(g_last - g)) Vn (or Vn itself without a scalar gate).
+        float* Vg = s.get(6, len * vt);
+        for (int64_t i = 0; i < len; ++i) std::copy(Vn + i * ldn, Vn + i * ldn + vt, Vg + i * vt);
         if (g.defined()) {
           float* gm = s.get(4, len);
           load_scalars(g, c, hv, gm);
@@ -219,7 +246,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
           for (int64_t i = 0; i < len; ++i) gm[i] = gl - gm[i];
           exp_inplace(gm, len);
           for (int64_t i = 0; i < len; ++i)
-            for (int64_t x = 0; x < vt; ++x) Vn[i * vt + x] *= gm[i];
+            for (int64_t x = 0; x < vt; ++x) Vg[i * vt + x] *= gm[i];
           const float d = std::exp(gl);
           for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
         } else if (gk.defined()) {
@@ -229,7 +256,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
           for (int64_t y = 0; y < K; ++y)
             for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gl[y];
         }
-        gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vn, vt, true, X, vt);
+        gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vg, vt, true, X, vt);
       }
       if (ht.defined()) store_state_tile(X, ht, n * HV + hv, v0, vt);
     }
@@ -243,7 +270,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch s;
+    Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
@@ -252,7 +279,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
       float* kt = s.get(2, K * n);
       transpose(kr.p, kr.ld, n, K, kt, n);
       float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
       float* P = s.get(4, n * n);
       float* gm = s.get(5, n);
       float* eg = s.get(6, n);
@@ -260,16 +287,18 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
         load_scalars(g, c, hv, gm);
         decay_matrix(gm, n, false, P, n);
-        for (int64_t e2 = 0; e2 < n * n; ++e2) P[e2] *= scale * qk[e2];
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
         std::copy(gm, gm + n, eg);
         exp_inplace(eg, n);
         const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
-        gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, O, V);
+        const OutRows Oo = out_rows(o, c, hv, O);
+        gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, Oo.p, Oo.ld);
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < V; ++x) O[i * V + x] *= scale * eg[i];
+          for (int64_t x = 0; x < V; ++x) Oo.p[i * Oo.ld + x] *= scale * eg[i];
         const Rows vr = view_rows(v, c, hv, s.get(9, n * V));
-        gemm(n, V, n, 1.0f, P, n, 1, vr.p, vr.ld, true, O, V, Tri::kLower);
-        store_rows(O, V, o, c, hv);
+        gemm(n, V, n, 1.0f, P, n, 1, vr.p, vr.ld, true, Oo.p, Oo.ld, Tri::kLower);
+        commit_rows(Oo, o, c, hv);
       }
     }
   });

@@ -12,6 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
 #include "src/ops/gated_delta_rule/gdn_common.h"
 
 namespace fusedops::gdn::cpu {
@@ -34,18 +38,18 @@ enum class Tri { kNone, kLower, kUpper };  // kLower: A(i,k) = 0 for k > i; kUpp
 constexpr int kNR = 16;  // columns per panel (two vectors)
 constexpr int kMR = 6;   // rows per register block
 
-// C[r, 0:16] (=|+=) alpha * sum_{k in [k0,k1)} A(r,k) B[k, 0:16] for MR rows.
+// C[r, 0:16] (=|+=) alpha * sum_k Ap[k*MR + r] B[k, 0:16] for MR rows, with the A block packed
+// as [kn][MR] (one pointer, so the row offsets stay out of the register file).
 template <int MR>
-inline void micro_16(int64_t k0, int64_t k1, const float* A, int64_t ars, int64_t acs,
-                     const float* B, int64_t ldb, float alpha, bool accumulate, float* C,
-                     int64_t ldc) {
+inline void micro_16(int64_t kn, const float* __restrict Ap, const float* __restrict B, int64_t ldb,
+                     float alpha, const float* Cb, int64_t ldcb, float* C, int64_t ldc) {
   v8f c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = splat(0.0f);
-  for (int64_t k = k0; k < k1; ++k) {
+  for (int64_t k = 0; k < kn; ++k) {
     const v8f b0 = load8(B + k * ldb), b1 = load8(B + k * ldb + 8);
-    const float* a = A + k * acs;
+    const float* a = Ap + k * MR;
     for (int r = 0; r < MR; ++r) {
-      const v8f av = splat(a[r * ars]);
+      const v8f av = splat(a[r]);
       c0[r] += av * b0;
       c1[r] += av * b1;
     }
@@ -53,9 +57,10 @@ inline void micro_16(int64_t k0, int64_t k1, const float* A, int64_t ars, int64_
   const v8f al = splat(alpha);
   for (int r = 0; r < MR; ++r) {
     float* c = C + r * ldc;
-    if (accumulate) {
-      store8(c, load8(c) + al * c0[r]);
-      store8(c + 8, load8(c + 8) + al * c1[r]);
+    if (Cb) {
+      const float* cb = Cb + r * ldcb;
+      store8(c, load8(cb) + al * c0[r]);
+      store8(c + 8, load8(cb + 8) + al * c1[r]);
     } else {
       store8(c, al * c0[r]);
       store8(c + 8, al * c1[r]);
@@ -64,65 +69,113 @@ inline void micro_16(int64_t k0, int64_t k1, const float* A, int64_t ars, int64_
 }
 
 // The same for a panel narrower than 16 columns (nw < 16), scalar over the columns.
-inline void micro_tail(int mr, int nw, int64_t k0, int64_t k1, const float* A, int64_t ars,
-                       int64_t acs, const float* B, int64_t ldb, float alpha, bool accumulate,
-                       float* C, int64_t ldc) {
-  float acc[kMR][kNR] = {};
-  for (int64_t k = k0; k < k1; ++k) {
+inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int pstride, const float* B,
+                       int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C,
+                       int64_t ldc) {
+  float acc[6][16] = {};
+  for (int64_t k = 0; k < kn; ++k) {
     const float* b = B + k * ldb;
     for (int r = 0; r < mr; ++r) {
-      const float a = A[r * ars + k * acs];
+      const float a = Ap[k * pstride + r];
       for (int j = 0; j < nw; ++j) acc[r][j] += a * b[j];
     }
   }
   for (int r = 0; r < mr; ++r)
     for (int j = 0; j < nw; ++j)
-      C[r * ldc + j] = accumulate ? C[r * ldc + j] + alpha * acc[r][j] : alpha * acc[r][j];
+      C[r * ldc + j] = Cb ? Cb[r * ldcb + j] + alpha * acc[r][j] : alpha * acc[r][j];
 }
 
 // C[M,N] (=|+=) alpha * A[M,K] B[K,N]. A(i,k) = A[i*ars + k*acs] (any strides: pass ars=1,
 // acs=lda for a transposed operand); B row-major with leading dimension ldb; C row-major (ldc).
 // With accumulate=false C is overwritten (its old contents, NaN included, are never read).
+// tri skips the zero part of A; c_lower computes only the blocks of C that touch the lower
+// triangle (j <= i), leaving the rest of C unspecified. With cin, C = Cin + alpha * A B (Cin
+// [M,N] with leading dimension ldcin; it may be C itself).
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t ars,
                  int64_t acs, const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc,
-                 Tri tri = Tri::kNone) {
+                 Tri tri = Tri::kNone, bool c_lower = false, const float* cin = nullptr,
+                 int64_t ldcin = 0) {
   if (M <= 0 || N <= 0) return;
-  for (int64_t j0 = 0; j0 < N; j0 += kNR) {
-    const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
-    for (int64_t i0 = 0; i0 < M; i0 += kMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMR, M - i0));
-      int64_t k0 = 0, k1 = K;
-      if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
-      if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
-      const float* a = A + i0 * ars;
-      const float* b = B + j0;
+  alignas(32) float pack[kMR * 256];
+  std::vector<float> big;
+  for (int64_t i0 = 0; i0 < M; i0 += kMR) {
+    const int mr = static_cast<int>(std::min<int64_t>(kMR, M - i0));
+    int64_t k0 = 0, k1 = K;
+    if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
+    if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
+    const int64_t kn = std::max<int64_t>(0, k1 - k0);
+    float* ap = pack;
+    if (kn > 256) {
+      big.resize(kMR * kn);
+      ap = big.data();
+    }
+    // Pack A[i0:i0+mr, k0:k1] as [kn][mr]: one contiguous stream for the broadcasts, whatever
+    // A's strides (transposed operands included).
+    const float* a = A + i0 * ars + k0 * acs;
+    for (int64_t k = 0; k < kn; ++k)
+      for (int r = 0; r < mr; ++r) ap[k * mr + r] = a[r * ars + k * acs];
+    const float* b = B + k0 * ldb;
+    const int64_t jend = c_lower ? std::min<int64_t>(N, i0 + mr) : N;
+    for (int64_t j0 = 0; j0 < jend; j0 += kNR) {
+      const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
       float* c = C + i0 * ldc + j0;
+      const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
+      const int64_t ldcb = cin ? ldcin : ldc;
       if (nw == kNR) {
         switch (mr) {
-          case 6: micro_16<6>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
-          case 5: micro_16<5>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
-          case 4: micro_16<4>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
-          case 3: micro_16<3>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
-          case 2: micro_16<2>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
-          default: micro_16<1>(k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc); break;
+          case 6: micro_16<6>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 5: micro_16<5>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 4: micro_16<4>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 3: micro_16<3>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 2: micro_16<2>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          default: micro_16<1>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
         }
       } else {
-        micro_tail(mr, nw, k0, k1, a, ars, acs, b, ldb, alpha, accumulate, c, ldc);
+        micro_tail(mr, nw, kn, ap, mr, b + j0, ldb, alpha, cb, ldcb, c, ldc);
       }
     }
   }
 }
 
+#ifdef __AVX__
+// dst[0..7][0..7] = src[0..7][0..7]^T with AVX shuffles.
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(src + 0 * lds), r1 = _mm256_loadu_ps(src + 1 * lds);
+  __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+  __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+  __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
 // dst[c, r] = src[r, c] for an [rows, cols] block (ld = leading dimensions).
 inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
                       int64_t ldd) {
-  constexpr int64_t kB = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
-      const int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c) dst[c * ldd + r] = src[r * lds + c];
-    }
+  int64_t r8 = 0, c8 = 0;
+#ifdef __AVX__
+  r8 = rows / 8 * 8;
+  c8 = cols / 8 * 8;
+  for (int64_t r = 0; r < r8; r += 8)
+    for (int64_t c = 0; c < c8; c += 8) transpose8x8(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+#endif
+  // The edges (everything without AVX).
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
 
 // y[i] = exp(x[i]) in fp32 (Cody-Waite range reduction and a degree-6 polynomial, within ~2 ulp;
@@ -179,6 +232,21 @@ inline void load_rows(const Tok& t, const Chunk& c, int64_t h, float* buf, int64
 inline void store_rows(const float* src, int64_t lds, const Tok& t, const Chunk& c, int64_t h) {
   for (int64_t i = 0; i < c.len; ++i) store_floats(src + i * lds, t.ptr(c.b, c.t0 + i, h), t.dtype, t.D);
 }
+// Output rows of a chunk: the tensor itself when it is fp32 (ld = its T stride), else buf (ld =
+// D), written back by commit_rows.
+struct OutRows {
+  float* p;
+  int64_t ld;
+  bool direct;
+};
+inline OutRows out_rows(const Tok& t, const Chunk& c, int64_t h, float* buf) {
+  if (t.dtype == DType::kFloat32) return {reinterpret_cast<float*>(t.ptr(c.b, c.t0, h)), t.st, true};
+  return {buf, t.D, false};
+}
+inline void commit_rows(const OutRows& o, const Tok& t, const Chunk& c, int64_t h) {
+  if (!o.direct) store_rows(o.p, o.ld, t, c, h);
+}
+
 // One value per token of a [B,T,H] tensor (gates, beta) into out[0..len).
 inline void load_scalars(const Tok& t, const Chunk& c, int64_t h, float* out) {
   if (!t.defined()) {
@@ -202,7 +270,7 @@ inline void decay_matrix(const float* g, int64_t n, bool strict, float* gam, int
   }
 }
 
-// A per-thread scratch arena of fp32 buffers.
+// A scratch arena of fp32 buffers (buffer i keeps its largest size).
 class Scratch {
  public:
   float* get(size_t i, int64_t n) {
@@ -214,5 +282,12 @@ class Scratch {
  private:
   std::vector<std::vector<float>> bufs_;
 };
+
+// The calling thread's arena for the chunk kernels (a few MiB at most: blocks of one chunk), kept
+// across calls so that the buffers are not allocated, zeroed and faulted in again every call.
+inline Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
 
 }  // namespace fusedops::gdn::cpu
