@@ -504,6 +504,247 @@ __global__ void __launch_bounds__(256) split_param_reduce_kernel(const float* pa
   }
 }
 
+// ---- n = 4 fast path -------------------------------------------------------------------------
+//
+// For n = 4 and the multiplicative variants (the DeepSeek-V4 / MindSpeed case) one thread owns a
+// whole matrix: the 16 logits, the current matrix and its adjoint stay in registers, every sum is
+// thread-local and nothing is shuffled (the group kernels above exchange scale factors and keep
+// each element twice). Same arithmetic as the group kernels and the CPU backend. Blocks of 64
+// threads: 2 warps of 32 rows, one parameter-gradient partial (32 rows for n = 4) per warp; the
+// backward's history is 8 floats per iteration per thread (20 iterations fit in one segment
+// beside the partial sums, 24 without them).
+
+constexpr int kN4 = 4;
+constexpr int kThreads4 = 64;
+constexpr int kRowsPerPartial4 = 32;  // hc_split_sinkhorn_partial_rows(4)
+
+template <class T, bool kFused>
+__device__ __forceinline__ void load4(const SkParams& p, int64_t row, bool act, float (&L)[16]) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) L[e] = act ? logit<T, kFused>(p, row, e / kN4, e % kN4) : 0.0f;
+}
+
+template <bool kDiv>
+__device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int variant, float eps) {
+#pragma unroll
+  for (int i = 0; i < kN4; ++i) {
+    float m = L[i * kN4];
+#pragma unroll
+    for (int j = 1; j < kN4; ++j) m = fmaxf(m, L[i * kN4 + j]);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kN4; ++j) {
+      K[i * kN4 + j] = expf(L[i * kN4 + j] - m);
+      s += K[i * kN4 + j];
+    }
+    if (variant == kDeepSeek) {
+      const float inv = __frcp_rn(s);
+#pragma unroll
+      for (int j = 0; j < kN4; ++j)
+        K[i * kN4 + j] = (kDiv ? div_rn(K[i * kN4 + j], s, inv) : K[i * kN4 + j] * inv) + eps;
+    }
+  }
+}
+
+// Element (a, o) of a row step (kRow: row a) or a column step (column a).
+template <bool kRow>
+__device__ __forceinline__ int at4(int a, int o) {
+  return kRow ? a * kN4 + o : o * kN4 + a;
+}
+
+template <bool kRow, bool kDiv>
+__device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)[kN4]) {
+#pragma unroll
+  for (int a = 0; a < kN4; ++a) {
+    float s = 0.0f;
+#pragma unroll
+    for (int o = 0; o < kN4; ++o) s += K[at4<kRow>(a, o)];
+    d[a] = s + eps;
+    const float inv = __frcp_rn(d[a]);
+#pragma unroll
+    for (int o = 0; o < kN4; ++o) {
+      float& k = K[at4<kRow>(a, o)];
+      k = kDiv ? div_rn(k, d[a], inv) : k * inv;
+    }
+  }
+}
+
+// Iterations [t0, t1); with `hist`, the 8 denominators of iteration t go to
+// hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] (k < 4: rows, k >= 4: columns).
+template <bool kDiv>
+__device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps, int t0, int t1,
+                                         float* hist) {
+  for (int t = t0; t < t1; ++t) {
+    float d[kN4];
+    if (has_row_step(variant, t)) {
+      normalise4<true, kDiv>(K, eps, d);
+      if (hist) {
+#pragma unroll
+        for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] = d[k];
+      }
+    }
+    normalise4<false, kDiv>(K, eps, d);
+    if (hist) {
+#pragma unroll
+      for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + 4 + k) * kThreads4 + threadIdx.x] = d[k];
+    }
+  }
+}
+
+template <bool kRow>
+__device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const float* hist_t) {
+#pragma unroll
+  for (int a = 0; a < kN4; ++a) {
+    const float d = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
+    const float inv = __frcp_rn(d);
+    float dot = 0.0f;
+#pragma unroll
+    for (int o = 0; o < kN4; ++o) dot += G[at4<kRow>(a, o)] * K[at4<kRow>(a, o)];
+#pragma unroll
+    for (int o = 0; o < kN4; ++o) {
+      const int e = at4<kRow>(a, o);
+      G[e] = div_rn(G[e] - dot, d, inv);
+      K[e] *= d;
+    }
+  }
+}
+
+template <class T, bool kFused>
+__global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kThreads4 + threadIdx.x;
+  if (row >= p.rows) return;  // no collective operations
+  if constexpr (kFused) {
+    const T* m = static_cast<const T*>(p.in) + row * p.in_rs;
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) {
+      const float pre = sigmoidf_(p.scale[0] * to_f(m[i]) + p.base[i]) + p.eps;
+      const float post = 2.0f * sigmoidf_(p.scale[1] * to_f(m[kN4 + i]) + p.base[kN4 + i]);
+      static_cast<T*>(p.pre)[row * kN4 + i] = from_f<T>(pre);
+      static_cast<T*>(p.post)[row * kN4 + i] = from_f<T>(post);
+    }
+  }
+  float L[16], K[16];
+  load4<T, kFused>(p, row, true, L);
+  init4<false>(L, K, p.variant, p.eps);
+  iterate4<false>(K, p.variant, p.eps, 0, p.iters, nullptr);
+  T* comb = static_cast<T*>(p.comb) + row * 16;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) comb[e] = from_f<T>(K[e]);
+}
+
+template <class T, bool kFused>
+__global__ void __launch_bounds__(kThreads4, 8) sinkhorn4_bwd_kernel(SkParams p) {
+  constexpr int kW = (2 + kN4) * kN4, kP = 3 + kW;
+  extern __shared__ float smem[];
+  float* hist = smem;                           // [seg][8][kThreads4]
+  float* part = smem + p.seg * 8 * kThreads4;   // fused: [kThreads4][kP]
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kThreads4 + threadIdx.x;
+  const bool act = row < p.rows;
+  const int64_t r = act ? row : 0;
+  float L[16], K[16], G[16];
+  load4<T, kFused>(p, r, act, L);
+  const T* dcomb = p.dcomb ? static_cast<const T*>(p.dcomb) + r * 16 : nullptr;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) G[e] = (act && dcomb) ? to_f(dcomb[e]) : 0.0f;
+
+  int end = p.iters;
+  while (end > 0) {
+    const int start = max(0, end - p.seg);
+    init4<true>(L, K, p.variant, p.eps);
+    iterate4<true>(K, p.variant, p.eps, 0, start, nullptr);
+    iterate4<true>(K, p.variant, p.eps, start, end, hist);
+    for (int t = end - 1; t >= start; --t) {
+      const float* h = hist + (t - start) * 8 * kThreads4;
+      reverse4<false>(K, G, h);
+      if (has_row_step(p.variant, t)) reverse4<true>(K, G, h);
+    }
+    end = start;
+  }
+  // G = dK0 -> dL (rowmax a constant; deepseek: softmax backward with S as recomputed).
+  float dL[16];
+#pragma unroll
+  for (int i = 0; i < kN4; ++i) {
+    float m = L[i * kN4];
+#pragma unroll
+    for (int j = 1; j < kN4; ++j) m = fmaxf(m, L[i * kN4 + j]);
+    float e[kN4], s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kN4; ++j) {
+      e[j] = expf(L[i * kN4 + j] - m);
+      s += e[j];
+    }
+    if (p.variant == kMindSpeed) {
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = G[i * kN4 + j] * e[j];
+    } else {
+      const float inv = __frcp_rn(s);
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) {
+        e[j] = div_rn(e[j], s, inv);
+        dot += G[i * kN4 + j] * e[j];
+      }
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = e[j] * (G[i * kN4 + j] - dot);
+    }
+  }
+  if constexpr (!kFused) {
+    if (act) {
+      T* out = static_cast<T*>(p.dout) + row * 16;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) out[e] = from_f<T>(dL[e]);
+    }
+  } else {
+    const float a0 = p.scale[0], a1 = p.scale[1], a2 = p.scale[2];
+    const T* m = static_cast<const T*>(p.in) + r * p.in_rs;
+    T* dm = static_cast<T*>(p.dout) + r * kW;
+    float* pr = part + threadIdx.x * kP;  // this row's contributions, zeros past the end
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) {
+      const float mp = act ? to_f(m[i]) : 0.0f, mq = act ? to_f(m[kN4 + i]) : 0.0f;
+      const float sp = sigmoidf_(a0 * mp + p.base[i]);
+      const float gpre = (act && p.dpre) ? to_f(static_cast<const T*>(p.dpre)[row * kN4 + i]) : 0.0f;
+      const float du = gpre * sp * (1.0f - sp);
+      const float sq = sigmoidf_(a1 * mq + p.base[kN4 + i]);
+      const float gpost = (act && p.dpost) ? to_f(static_cast<const T*>(p.dpost)[row * kN4 + i]) : 0.0f;
+      const float dv = gpost * 2.0f * sq * (1.0f - sq);
+      if (act) {
+        dm[i] = from_f<T>(du * a0);
+        dm[kN4 + i] = from_f<T>(dv * a1);
+      }
+      c0 += du * mp;
+      c1 += dv * mq;
+      pr[3 + i] = du;
+      pr[3 + kN4 + i] = dv;
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const float dz = act ? dL[e] : 0.0f;
+      if (act) {
+        dm[2 * kN4 + e] = from_f<T>(dz * a2);
+        c2 += dz * to_f(m[2 * kN4 + e]);
+      }
+      pr[3 + 2 * kN4 + e] = dz;
+    }
+    pr[0] = c0;
+    pr[1] = c1;
+    pr[2] = c2;
+    __syncthreads();
+    // One partial per warp (32 rows), rows added in order; a warp wholly past the end writes
+    // nothing (its partial index is beyond the workspace).
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kThreads4 + warp * kRowsPerPartial4;
+    if (first_row < p.rows) {
+      for (int q = lane; q < kP; q += 32) {
+        float acc = 0.0f;
+        for (int rr = 0; rr < kRowsPerPartial4; ++rr) acc += part[(warp * kRowsPerPartial4 + rr) * kP + q];
+        p.partials[(first_row / kRowsPerPartial4) * kP + q] = acc;
+      }
+    }
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------
 
 constexpr const char* kSinkhorn = "sinkhorn";
@@ -530,6 +771,17 @@ unsigned blocks_for(int64_t rows, int G) {
   return static_cast<unsigned>((rows + per - 1) / per);
 }
 
+// The one-thread-per-matrix kernels serve n = 4 with the multiplicative variants.
+bool fast4(int n, int variant) { return n == kN4 && variant != kLog; }
+
+unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
+
+void plan_backward4(SkParams& p, int part_floats, size_t* smem_bytes) {
+  const int room = (kSmemBudgetFloats - part_floats) / (8 * kThreads4);
+  p.seg = std::max(1, std::min(p.iters, room));
+  *smem_bytes = static_cast<size_t>(p.seg * 8 * kThreads4 + part_floats) * sizeof(float);
+}
+
 void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
   cuda::DeviceGuard guard(kSinkhorn, ctx.device.index);
   const int n = static_cast<int>(a.logits.size(-1));
@@ -545,6 +797,11 @@ void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    if (fast4(n, p.variant)) {
+      sinkhorn4_fwd_kernel<T, false><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      return;
+    }
     with_group(n, [&](auto gt) {
       constexpr int G = decltype(gt)::value;
       sinkhorn_fwd_kernel<T, G, false><<<blocks_for(p.rows, G), kThreads, 0, stream>>>(p);
@@ -567,8 +824,17 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
   p.eps = static_cast<float>(a.eps);
   p.variant = static_cast<int>(a.variant);
   size_t smem = 0;
-  plan_backward(p, 0, &smem);
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  if (fast4(n, p.variant)) {
+    plan_backward4(p, 0, &smem);
+    cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      sinkhorn4_bwd_kernel<T, false><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+    });
+    return;
+  }
+  plan_backward(p, 0, &smem);
   cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     with_group(n, [&](auto gt) {
@@ -601,6 +867,11 @@ void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    if (fast4(n, p.variant)) {
+      sinkhorn4_fwd_kernel<T, true><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      return;
+    }
     with_group(n, [&](auto gt) {
       constexpr int G = decltype(gt)::value;
       sinkhorn_fwd_kernel<T, G, true><<<blocks_for(p.rows, G), kThreads, 0, stream>>>(p);
@@ -629,11 +900,21 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   p.eps = static_cast<float>(a.eps);
   p.variant = static_cast<int>(a.variant);
   const int G = mhc::sinkhorn_group(n);
-  const int64_t blocks = (p.rows + kThreads / G - 1) / (kThreads / G);
+  // Partial sums of hc_split_sinkhorn_partial_rows(n) rows: one per block of the group kernels,
+  // one per warp of the n = 4 kernel (both 32 rows for n = 4).
+  const int64_t per = hc_split_sinkhorn_partial_rows(n);
+  const int64_t partials = (p.rows + per - 1) / per;
   size_t smem = 0;
-  plan_backward(p, (kThreads / G) * np, &smem);
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  if (blocks > 0) {
+  if (partials > 0 && fast4(n, p.variant)) {
+    plan_backward4(p, kThreads4 * np, &smem);
+    cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      sinkhorn4_bwd_kernel<T, true><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+    });
+  } else if (partials > 0) {
+    plan_backward(p, (kThreads / G) * np, &smem);
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
       with_group(n, [&](auto gt) {
@@ -645,7 +926,7 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   }
   const unsigned reduce_blocks = static_cast<unsigned>((np * 32 + 255) / 256);
   split_param_reduce_kernel<<<reduce_blocks, 256, 0, stream>>>(
-      p.partials, blocks, np, a.dhc_scale.data_as<float>(), a.dhc_base.data_as<float>());
+      p.partials, partials, np, a.dhc_scale.data_as<float>(), a.dhc_base.data_as<float>());
   FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
 }
 

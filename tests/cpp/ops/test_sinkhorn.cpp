@@ -140,8 +140,9 @@ TEST(Sinkhorn, MatchesOracleOnEveryBackendVariantAndSize) {
 }
 
 TEST(Sinkhorn, ManyIterationsAndManyBlocks) {
-  // More iterations than the CUDA backward keeps in shared memory at once (48 per segment), at
-  // n = 4 and n = 16; and a batch spanning many CUDA blocks.
+  // More iterations than the CUDA backward keeps in shared memory at once (24 per segment in the
+  // n = 4 one-thread kernel, 48 in the group kernels), at n = 4 and n = 16; and a batch spanning
+  // many CUDA blocks.
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
     if (b.id == "ref") continue;  // the plain loops have no segments or blocks
     for (SinkhornVariant v : kVariants) {

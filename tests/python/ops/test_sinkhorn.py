@@ -93,7 +93,7 @@ def test_forward_and_gradient_match_float64(backend_case, n, variant, fresh_norm
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("num_iters", [1, 2, 100])
 def test_iteration_counts(backend_case, num_iters, variant, fresh_normal, seed_of):
-    # 1 (the spec's must-cover case), and more than one CUDA history segment (48).
+    # 1 (the spec's must-cover case), and more than one CUDA history segment (24 / 48).
     run_and_check(backend_case, (33, 4, 4), num_iters, variant, seed_of("T", num_iters, variant), fresh_normal)
 
 
