@@ -16,3 +16,4 @@
 #include "fusedops/ops/matmul_add.h"
 #include "fusedops/ops/clipped_swiglu.h"
 #include "fusedops/ops/mhc.h"
+#include "fusedops/ops/gated_delta_rule.h"

@@ -24,6 +24,8 @@ from .ops.rmsnorm_gated import rms_norm_gated, rmsnorm_fn
 from .ops.mhc import (hc_head_split, hc_split_sinkhorn, mhc_post, mhc_post_mindspeed, mhc_pre_bmm,
                       sinkhorn)
 from .ops import mhc
+from .ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .ops import gated_delta_rule
 from . import reference
 from . import nn
 
@@ -55,6 +57,9 @@ __all__ = [
     "mhc_post",
     "mhc_post_mindspeed",
     "mhc",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "gated_delta_rule",
     "reference",
     "nn",
     "built_with_cuda",

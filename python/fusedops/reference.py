@@ -494,3 +494,49 @@ class _MhcPost(torch.autograd.Function):
 def mhc_post(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
     """float64 reference of :func:`fusedops.mhc_post` (float64 out)."""
     return _MhcPost.apply(x, h_res, h_out, h_post)
+
+
+def _to64(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to("cpu", torch.float64)
+
+
+def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                           scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           cu_seqlens: Optional[Tensor] = None, **kwargs):
+    """float64 reference of :func:`fusedops.chunk_gated_delta_rule`: the same chunked pipeline
+    run by the ``ref`` backend (float64 loops) on float64 copies of the inputs. Returns float64
+    ``(o, final_state)`` on the input's device; gradients flow back in the inputs' dtypes."""
+    from ._backend import use_backend
+    from .ops import gated_delta_rule as gdn
+
+    kwargs = dict(kwargs)
+    for name in ("A_log", "dt_bias"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = _to64(kwargs[name])
+    names = ("chunk_gated_delta_rule", "l2norm")
+    with use_backend(**{n: "ref" for n in names}):
+        o, ht = gdn.chunk_gated_delta_rule(
+            _to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
+            output_final_state, use_qk_l2norm_in_kernel,
+            None if cu_seqlens is None else cu_seqlens.cpu(), **kwargs)
+    return o.to(q.device), (None if ht is None else ht.to(q.device))
+
+
+def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None,
+                                     beta: Optional[Tensor] = None, scale: Optional[float] = None,
+                                     initial_state: Optional[Tensor] = None,
+                                     output_final_state: bool = False,
+                                     use_qk_l2norm_in_kernel: bool = False,
+                                     cu_seqlens: Optional[Tensor] = None):
+    """float64 reference of :func:`fusedops.fused_recurrent_gated_delta_rule` (the per-token
+    recurrence of the ``ref`` backend on float64 copies)."""
+    from ._backend import use_backend
+    from .ops import gated_delta_rule as gdn
+
+    with use_backend(fused_recurrent_gated_delta_rule="ref", l2norm="ref"):
+        o, ht = gdn.fused_recurrent_gated_delta_rule(
+            _to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
+            output_final_state, use_qk_l2norm_in_kernel,
+            None if cu_seqlens is None else cu_seqlens.cpu())
+    return o.to(q.device), (None if ht is None else ht.to(q.device))

@@ -134,4 +134,5 @@ NB_MODULE(_C, m) {
   bind_clipped_swiglu(m);
   bind_rmsnorm_gated(m);
   bind_mhc(m);
+  bind_gated_delta_rule(m);
 }

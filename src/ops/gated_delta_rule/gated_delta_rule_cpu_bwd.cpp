@@ -300,6 +300,19 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
       float* gm = s.get(12, n);
       float* eg = s.get(13, n);
       float* dG = s.get(14, n);
+      // The gate gradient is assembled from its separate terms (each summed in double) rather
+      // than from dQ.Q - dK.K, whose two large parts cancel: the intra-chunk part is
+      // rowsum(M) - colsum(M) with M = Ds . (Q K^T) (the diagonal cancels exactly).
+      float* qk = nullptr;
+      std::vector<double> t1, rs;
+      if (dg.defined()) {
+        float* kt = s.get(21, K * n);
+        qk = s.get(22, n * n);
+        transpose(kr.p, kr.ld, n, K, kt, n);
+        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
+        t1.resize(n);
+        rs.resize(n);
+      }
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
         const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
         const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
@@ -319,6 +332,8 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
         // dQ = scale diag(e^g) dO S^T + Ds K.
         gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, St, K, false, dQ, K);
+        if (dg.defined())
+          for (int64_t i = 0; i < n; ++i) t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * K, qr.p + i * qr.ld, K);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t y = 0; y < K; ++y) dQ[i * K + y] *= scale * eg[i];
         gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, K, Tri::kLower);
@@ -338,12 +353,20 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         if (dg.defined()) {
           const double sdh = dotd(S, dH, K * V);
           double dkik = 0.0;
+          std::fill(rs.begin(), rs.end(), 0.0);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < i; ++j) {
+              const double m = static_cast<double>(Ds[i * n + j]) * qk[i * n + j];
+              rs[i] += m;
+              rs[j] -= m;
+            }
           for (int64_t i = 0; i < n; ++i) {
-            dG[i] = static_cast<float>(dotd(dQ + i * K, qr.p + i * qr.ld, K) -
-                                       dotd(dK + i * K, kr.p + i * kr.ld, K));
-            dkik += dotd(dKi + i * K, kr.p + i * kr.ld, K);
+            const double kik = dotd(dKi + i * K, kr.p + i * kr.ld, K);
+            dkik += kik;
+            rs[i] += t1[i] - kik;
           }
-          dG[last] = static_cast<float>(dG[last] + eg[last] * sdh + dkik);
+          rs[last] += eg[last] * sdh + dkik;
+          for (int64_t i = 0; i < n; ++i) dG[i] = static_cast<float>(rs[i]);
           store_scalars(dG, dg, c, hv);
         }
         for (int64_t e2 = 0; e2 < n * K; ++e2) {

@@ -1,0 +1,201 @@
+"""chunk_gated_delta_rule (GDN, linear_attention.md section 1) in the operator report.
+
+The op is bound by arithmetic (chunk products of 64 x 128 x 128), not bytes. FLOPs per
+(sequence, head) chunk of C tokens with K = V = D (multiply-adds x 2):
+  fwd      kkt C*C*D + w,u 2*C*C*D/2 + state 2*C*D*D + output C*C*D + C*D*D + C*C*D/2  ~ 2*(3.5 C^2 D + 3 C D^2)
+  fwd+bwd  fwd + recompute (w,u, state) + dv_local + dhu + dqkwg + wy  ~ 4x the forward
+Minimum bytes (s = element size): read q,k,v,g,beta, write o (fwd); fwd+bwd also reads dO and
+writes dq,dk,dv,dg,dbeta: (2*H*K + 2*HV*V + 2*HV) * B*T*s for fwd, x2 for fwd+bwd.
+
+Rows (case shape [B,T,HV,V]):
+  fusedops   fusedops.chunk_gated_delta_rule (chunk_size 64)
+  eager      the chunked algorithm written in plain PyTorch the way a user would: vectorised over
+             batch, heads and chunks for the intra-chunk parts (kkt, a batched triangular solve,
+             w/u), a Python loop over chunks for the state recurrence, backward by autograd
+  recurrent  the naive per-token recurrence in PyTorch (loop over T), backward by autograd
+  fla        flash-linear-attention's chunk_gated_delta_rule (Triton, CUDA only) when installed
+The check compares o (fwd) and dq, dk, dv, dg, dbeta (fwd+bwd) with the eager chunked algorithm
+in float64 (base of the precision policy: the same in the input dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import fusedops
+
+from .. import common
+from ..common import Case, Impl, peer_status
+
+OP = "chunk_gated_delta_rule"
+
+GPU_SHAPES = [(8, 4096, 16, 128)]      # (B, T, H, K=V): issue 7's target shape
+GPU_QUICK_SHAPES = [(2, 1024, 16, 128)]
+CPU_SHAPES = [(2, 2048, 4, 128)]       # issue 3's CPU target: forward+backward >= 3x eager
+CPU_QUICK_SHAPES = [(1, 256, 2, 64)]
+GPU_DTYPES = [torch.bfloat16]
+CPU_DTYPES = [torch.float32]
+BT = 64
+
+
+def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
+    """The gated delta rule chunk by chunk in plain PyTorch (the 'eager' baseline)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    pad = (chunk_size - T % chunk_size) % chunk_size
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    N = (T + pad) // chunk_size
+    q, k, v = (x.reshape(B, N, chunk_size, H, -1).permute(0, 3, 1, 2, 4) for x in (q, k, v))
+    g, beta = (x.reshape(B, N, chunk_size, H).permute(0, 3, 1, 2) for x in (g, beta))
+    g = g.cumsum(-1)
+    mask = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    diff = g[..., :, None] - g[..., None, :]
+    decay = torch.where(mask, diff, torch.full_like(diff, float("-inf"))).exp()
+    kb = k * beta[..., None]
+    L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
+    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
+    A = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    w = A @ (kb * g.exp()[..., None])
+    u = A @ (v * beta[..., None])
+    S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    qs = q * scale
+    outs = []
+    for i in range(N):
+        qi, ki, ui, wi, gi, di = qs[:, :, i], k[:, :, i], u[:, :, i], w[:, :, i], g[:, :, i], decay[:, :, i]
+        vn = ui - wi @ S
+        outs.append((qi * gi.exp()[..., None]) @ S + ((qi @ ki.transpose(-1, -2)) * di) @ vn)
+        gl = gi[..., -1:]
+        S = S * gl[..., None].exp() + (ki * (gl - gi).exp()[..., None]).transpose(-1, -2) @ vn
+    o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * chunk_size, H, V)[:, :T]
+    return o, S
+
+
+def recurrent_torch(q, k, v, g, beta, scale, initial_state=None):
+    """The naive per-token recurrence (section 1.1) in plain PyTorch."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    outs = []
+    for t in range(T):
+        S = S * g[:, t, :, None, None].exp()
+        delta = beta[:, t, :, None] * (v[:, t] - (S * k[:, t, :, :, None]).sum(-2))
+        S = S + k[:, t, :, :, None] * delta[:, :, None, :]
+        outs.append(scale * (S * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(outs, 1), S
+
+
+def _grads(out, inp, names):
+    leaves = [inp[n + "_req"] for n in names]
+    gs = torch.autograd.grad(out, leaves, inp["dy"])
+    return {"d" + n: g for n, g in zip(names, gs)}
+
+
+NAMES = ("q", "k", "v", "g", "beta")
+
+
+def _impl(name, fn, note=""):
+    def fwd(inp):
+        return {"o": fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])}
+
+    def fwd_bwd(inp):
+        o = fn(*(inp[n + "_req"] for n in NAMES))
+        return _grads(o, inp, NAMES)
+
+    return Impl(name, fwd, fwd_bwd, note=note)
+
+
+def _impls(device, K):
+    scale = K ** -0.5
+    out = [
+        _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(q, k, v, g, b, scale)[0]),
+        _impl("eager", lambda q, k, v, g, b: chunked_torch(q, k, v, g, b, scale)[0],
+              note="PyTorch eager chunked GDN (vectorised over batch/heads/chunks, loop over chunks "
+                   "for the state, batched solve_triangular, backward by autograd)"),
+        _impl("recurrent", lambda q, k, v, g, b: recurrent_torch(q, k, v, g, b, scale)[0],
+              note="naive per-token recurrence in PyTorch (loop over T), backward by autograd"),
+    ]
+    note = "flash-linear-attention chunk_gated_delta_rule (Triton)"
+    status = peer_status("fla.ops.gated_delta_rule", device)
+    if status != "ok":
+        out.append(Impl("fla", status=status, note=note))
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+        out.append(_impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale)[0], note=note))
+    return out
+
+
+def bytes_moved(B, T, H, D, dtype) -> dict[str, int]:
+    s = torch.empty(0, dtype=dtype).element_size()
+    fwd = (2 * H * D + 2 * H * D + 2 * H) * B * T * s
+    return {"fwd": fwd, "fwd+bwd": 2 * fwd}
+
+
+BYTES_NOTE = {"fwd": "read q, k, v, g, beta; write o",
+              "fwd+bwd": "fwd + read dO; write dq, dk, dv, dg, dbeta"}
+
+
+def _case(device, B, T, H, D, dtype) -> Case:
+    held: dict = {}
+
+    def make(dev, seed):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def randn(*shape):
+            return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+        inp = {
+            "q": F.normalize(randn(B, T, H, D), dim=-1),
+            "k": F.normalize(randn(B, T, H, D), dim=-1),
+            "v": randn(B, T, H, D),
+            "g": F.logsigmoid(torch.rand(B, T, H, generator=gen)),
+            "beta": torch.rand(B, T, H, generator=gen).sigmoid(),
+            "dy": randn(B, T, H, D),
+        }
+        inp = {n: t.to(dev, dtype if n in ("q", "k", "v", "dy") else torch.float32) for n, t in inp.items()}
+        for n in NAMES:
+            inp[n + "_req"] = inp[n].detach().requires_grad_()
+        inp["x"] = inp["v"]  # the report slices rows of x and dy; the checks below use the whole
+        held["inputs"] = inp
+        return inp
+
+    def run(inp, dt):
+        ts = [inp[n].detach().to(dt).requires_grad_() for n in NAMES]
+        o, _ = chunked_torch(*ts, D ** -0.5)
+        gs = torch.autograd.grad(o, ts, inp["dy"].to(dt))
+        return o.detach(), {"d" + n: g for n, g in zip(NAMES, gs)}
+
+    def pick(t, rows):
+        return t.detach().reshape(case.rows, -1)[rows.to(t.device)]
+
+    def reference(_sliced):
+        inp = held["inputs"]
+        rows = common.row_sample(case.rows, D, case.ref_row_budget_elems)
+        o64, g64 = run({n: inp[n].cpu() for n in (*NAMES, "dy")}, torch.float64)
+        ob, gb = run(inp, dtype)
+        held["base"] = {"fwd": {"o": pick(ob, rows)}, "fwd+bwd": {n: pick(t, rows) for n, t in gb.items()}}
+        return {"fwd": {"o": pick(o64, rows)}, "fwd+bwd": {n: pick(t, rows) for n, t in g64.items()}}
+
+    def base(_sliced):
+        out = held.pop("base")
+        held.clear()
+        return out
+
+    case = Case(op=OP, shape=(B, T, H, D), dtype=dtype,
+                params={"K=V": D, "chunk_size": BT, "gflop_fwd": round(
+                    2 * B * H * (T / BT) * (3.5 * BT * BT * D + 3 * BT * D * D) / 1e9, 2)},
+                make_inputs=make, impls=_impls(device, D), reference=reference, base=base,
+                bytes_moved=bytes_moved(B, T, H, D, dtype), bytes_note=BYTES_NOTE)
+    return case
+
+
+def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
+    if device.type == "cuda":
+        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
+        dtypes = dtypes or GPU_DTYPES
+    else:
+        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
+        dtypes = dtypes or CPU_DTYPES
+    return [_case(device, *s, dt) for s in shapes for dt in dtypes]

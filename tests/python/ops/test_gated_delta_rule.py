@@ -1,0 +1,769 @@
+"""Gated delta rule (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, the sub-operators)
+through the torch layer.
+
+Oracle: the per-token recurrence (linear_attention.md 1.1) written here in plain torch float64 and
+differentiated by torch.autograd. Base of the precision policy: the chunked algorithm written here
+in plain torch in the input dtype for the chunk form (the recurrence in the input dtype for the
+recurrent form). Every registered backend is forced in turn (``backend_case``). The spec's
+RMS-ratio metric (section 13) is recorded with every comparison (``--precision-report``).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+from fusedops import gated_delta_rule as gdn
+from tests.common import tolerance
+from tests.common.tolerance import assert_close, max_abs_error
+
+OP = "chunk_gated_delta_rule"
+BITWISE = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+           torch.float16: torch.int16}
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracles and bases written here.
+
+
+def _seqs(B, T, cu):
+    if cu is None:
+        return [(b, 0, T) for b in range(B)]
+    cu = [int(x) for x in cu]
+    return [(0, cu[i], cu[i + 1] - cu[i]) for i in range(len(cu) - 1)]
+
+
+def l2n(x, eps=1e-6):
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def preprocess(q, k, g, beta, opts, A_log=None, dt_bias=None):
+    if opts.get("l2"):
+        q, k = l2n(q), l2n(k)
+    if opts.get("sig"):
+        beta = (2.0 if opts.get("neg") else 1.0) * torch.sigmoid(beta)
+    if opts.get("gate"):
+        b = dt_bias if dt_bias is not None else torch.zeros_like(A_log)
+        g = -A_log.exp() * F.softplus(g + b, beta=1.0, threshold=20.0)
+    return q, k, g, beta
+
+
+def recurrence(q, k, v, g, beta, scale, h0=None, cu=None):
+    """The per-token recurrence in plain torch (any dtype; float64 for the oracle). g / beta may
+    be None (no decay / beta = 1). Returns (o, final states [N,HV,K,V])."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
+    q, k = q.repeat_interleave(G, 2), k.repeat_interleave(G, 2)
+    outs, finals = [], []
+    for n, (b, t0, L) in enumerate(_seqs(B, T, cu)):
+        S = h0[n] if h0 is not None else q.new_zeros(HV, K, V)
+        rows = []
+        for t in range(t0, t0 + L):
+            if g is not None:
+                S = S * g[b, t].exp()[:, None, None]
+            p = torch.einsum("hkv,hk->hv", S, k[b, t])
+            bt = beta[b, t][:, None] if beta is not None else 1.0
+            delta = bt * (v[b, t] - p)
+            S = S + k[b, t][:, :, None] * delta[:, None, :]
+            rows.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))
+        outs.append(torch.stack(rows, 0) if rows else v.new_zeros(0, HV, V))
+        finals.append(S)
+    if cu is None:
+        o = torch.stack(outs, 0)
+    else:
+        o = torch.cat(outs, 0)[None]
+    return o, torch.stack(finals, 0)
+
+
+def unit_lower_inverse(L):
+    """(I + L)^{-1} of strictly lower [..., n, n] by forward substitution (any dtype)."""
+    n = L.shape[-1]
+    rows = []
+    eye = torch.eye(n, dtype=L.dtype, device=L.device).expand(L.shape)
+    for i in range(n):
+        r = eye[..., i, :]
+        for m in range(i):
+            r = r - L[..., i, m, None] * rows[m]
+        rows.append(r)
+    return torch.stack(rows, -2)
+
+
+def chunked(q, k, v, g, beta, scale, h0=None, cu=None, BT=64):
+    """The chunked algorithm (sections 1.3-1.4) in plain torch, per sequence, in the tensors'
+    dtype: the base of the precision policy for chunk_gated_delta_rule."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
+    q, k = q.repeat_interleave(G, 2), k.repeat_interleave(G, 2)
+    outs, finals = [], []
+    for n, (b, t0, L) in enumerate(_seqs(B, T, cu)):
+        S = h0[n] if h0 is not None else q.new_zeros(HV, K, V)
+        rows = []
+        for c0 in range(t0, t0 + L, BT):
+            c1 = min(c0 + BT, t0 + L)
+            Q, Kc, Vc = (x[b, c0:c1].transpose(0, 1) for x in (q, k, v))  # [HV, C, D]
+            gm = g[b, c0:c1].transpose(0, 1).cumsum(-1)  # [HV, C]
+            bt = beta[b, c0:c1].transpose(0, 1)
+            C = c1 - c0
+            mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+            diff = gm[:, :, None] - gm[:, None, :]
+            Gam = torch.where(mask, diff, torch.full_like(diff, -math.inf)).exp()
+            Lm = ((bt[:, :, None] * (Kc @ Kc.transpose(-1, -2))) * Gam).tril(-1)
+            A = unit_lower_inverse(Lm)
+            W = A @ ((bt * gm.exp())[:, :, None] * Kc)
+            U = A @ (bt[:, :, None] * Vc)
+            Vn = U - W @ S
+            O = scale * (gm.exp()[:, :, None] * (Q @ S) + ((Q @ Kc.transpose(-1, -2)) * Gam) @ Vn)
+            rows.append(O.transpose(0, 1))
+            gl = gm[:, -1:]
+            S = gl.exp()[:, :, None] * S + ((gl - gm).exp()[:, :, None] * Kc).transpose(-1, -2) @ Vn
+        outs.append(torch.cat(rows, 0) if rows else v.new_zeros(0, HV, V))
+        finals.append(S)
+    o = torch.stack(outs, 0) if cu is None else torch.cat(outs, 0)[None]
+    return o, torch.stack(finals, 0)
+
+
+def spec_ratio(ours, ref) -> float:
+    """The spec's metric (section 13): RMS(ref - ours) / (RMS(ref) + 1e-8)."""
+    a, b = ours.detach().double().cpu(), ref.detach().double().cpu()
+    if b.numel() == 0:
+        return 0.0
+    return float((a - b).pow(2).mean().sqrt() / (b.pow(2).mean().sqrt() + 1e-8))
+
+
+def check(name, ours, base, ref, dtype):
+    v = assert_close(ours, base, ref, dtype, name)
+    tolerance.report(f"{name} [spec RMS ratio {spec_ratio(ours, ref):.2e}]", v.err, v.base_err, v.rms_rel, v.tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def make_inputs(B, T, H, HV, K, V, dtype, seed, cu=None, opts=None, h0=True, gate_scale=1.0):
+    opts = opts or {}
+    gen = torch.Generator().manual_seed(seed)
+    N = B if cu is None else len(cu) - 1
+
+    def rn(*s, std=1.0, mean=0.0):
+        return torch.randn(*s, generator=gen, dtype=torch.float64) * std + mean
+
+    q, k = rn(B, T, H, K, mean=0.1), rn(B, T, H, K, mean=0.1)
+    if not opts.get("l2"):
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    d = {
+        "q": q.to(dtype), "k": k.to(dtype), "v": rn(B, T, HV, V, mean=0.1).to(dtype),
+        "g": (2 * rn(B, T, HV) if opts.get("gate") else -gate_scale * (0.02 + 0.3 * F.softplus(rn(B, T, HV)))).float(),
+        "beta": (rn(B, T, HV) if opts.get("sig") else torch.sigmoid(rn(B, T, HV))).float(),
+        "h0": (0.5 * rn(N, HV, K, V)).float() if h0 else None,
+        "A_log": rn(HV, mean=-1.0, std=0.3).float(), "dt_bias": rn(HV, std=0.5).float(),
+        "do": rn(B, T, HV, V).to(dtype), "dht": rn(N, HV, K, V).float(),
+    }
+    return d
+
+
+def forced(backend):
+    return fusedops.use_backend(**{OP: backend, "l2norm": backend if backend in ("ref", "cpu") else backend})
+
+
+def leaves(d, names, dtype=None, device="cpu"):
+    out = {}
+    for n in names:
+        t = d[n]
+        if t is None:
+            out[n] = None
+            continue
+        t = t.detach().to(device)
+        if dtype is not None:
+            t = t.to(dtype)
+        out[n] = t.requires_grad_()
+    return out
+
+
+DIFF = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+
+
+def run_ours(d, scale, cu, opts, BT, device, dtype=None, fn=None, final=True):
+    x = leaves(d, DIFF, dtype, device)
+    fn = fn or fusedops.chunk_gated_delta_rule
+    o, ht = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale, initial_state=x["h0"],
+               output_final_state=final, use_qk_l2norm_in_kernel=bool(opts.get("l2")),
+               cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device),
+               chunk_size=BT, use_gate_in_kernel=bool(opts.get("gate")),
+               A_log=x["A_log"] if opts.get("gate") else None,
+               dt_bias=x["dt_bias"] if opts.get("gate") else None,
+               use_beta_sigmoid_in_kernel=bool(opts.get("sig")), allow_neg_eigval=bool(opts.get("neg")))
+    outs, gos = [o], [d["do"].to(device, o.dtype)]
+    if final:
+        outs.append(ht)
+        gos.append(d["dht"].to(device))
+    wrt = [n for n in DIFF if x[n] is not None and (n not in ("A_log", "dt_bias") or opts.get("gate"))]
+    gr = torch.autograd.grad(outs, [x[n] for n in wrt], gos)
+    return o, ht, dict(zip(wrt, gr))
+
+
+def run_composite(d, scale, cu, opts, BT, dtype, kind="chunk"):
+    """The oracle (float64 recurrence) or the base (chunked composite in dtype), with grads."""
+    x = leaves(d, DIFF, dtype)
+    q, k, g, beta = preprocess(x["q"], x["k"], x["g"], x["beta"], opts, x["A_log"], x["dt_bias"])
+    if kind == "chunk":
+        o, ht = chunked(q, k, x["v"], g, beta, scale, x["h0"], cu, BT)
+    else:
+        o, ht = recurrence(q, k, x["v"], g, beta, scale, x["h0"], cu)
+    outs, gos = [o, ht], [d["do"].to(dtype), d["dht"].to(dtype)]
+    wrt = [n for n in DIFF if x[n] is not None and (n not in ("A_log", "dt_bias") or opts.get("gate"))]
+    gr = torch.autograd.grad(outs, [x[n] for n in wrt], gos, allow_unused=True)
+    return o, ht, {n: (gg if gg is not None else torch.zeros_like(x[n])) for n, gg in zip(wrt, gr)}
+
+
+def compare_all(tag, ours, base, ref, dtype):
+    o, ht, g = ours
+    ob, htb, gb = base
+    o64, ht64, g64 = ref
+    check(f"{tag} o", o, ob, o64, dtype)
+    check(f"{tag} final_state", ht, htb, ht64, tolerance.coarsest(dtype, torch.float32))
+    for n in g:
+        dt = dtype if n in ("q", "k", "v") else tolerance.coarsest(dtype, torch.float32)
+        check(f"{tag} d{n}", g[n], gb[n], g64[n], dt)
+
+
+# ---------------------------------------------------------------------------------------------
+# The top level against the oracle, every backend and dtype.
+
+CASES = [
+    # (name, B, T, H, HV, K, V, BT, cu, opts)
+    ("B2 T70 GVA2 K32 V24 BT64", 2, 70, 1, 2, 32, 24, 64, None, {}),
+    ("varlen [0,20,20,75] BT16", 1, 75, 2, 2, 20, 36, 16, [0, 20, 20, 75], {}),
+    ("l2norm+gate+sigmoid(neg) BT32", 1, 45, 2, 4, 16, 16, 32, None,
+     {"l2": True, "gate": True, "sig": True, "neg": True}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_chunk_forward_and_gradients_match_float64_recurrence(backend_case, case):
+    name, B, T, H, HV, K, V, BT, cu, opts = case
+    bc = backend_case
+    if bc.dtype in (torch.bfloat16, torch.float16) and opts:
+        pytest.skip("16-bit storage runs the plain cases (the options are checked in fp32/fp64)")
+    d = make_inputs(B, T, H, HV, K, V, bc.dtype, seed=zlib.crc32(name.encode()) % 1000, cu=cu, opts=opts)
+    scale = K ** -0.5
+    with forced(bc.backend):
+        ours = run_ours(d, scale, cu, opts, BT, bc.device)
+    assert ours[0].dtype == bc.dtype and ours[1].dtype == (torch.float64 if bc.dtype == torch.float64 else torch.float32)
+    ref = run_composite(d, scale, cu, opts, BT, torch.float64, kind="recurrent")
+    base = run_composite(d, scale, cu, opts, BT, bc.dtype, kind="chunk")
+    compare_all(f"{bc.id} {name}", ours, base, ref, bc.dtype)
+
+
+def test_fused_recurrent_matches_float64_recurrence(device):
+    for cu in (None, [0, 9, 9, 30]):
+        B = 2 if cu is None else 1
+        d = make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
+        x = leaves(d, DIFF, device=device)
+        cut = None if cu is None else torch.tensor(cu, device=device)
+        o, ht = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.7,
+                                                          x["h0"], True, cu_seqlens=cut)
+        names = ["q", "k", "v", "g", "beta", "h0"]
+        gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
+        ours = (o, ht, dict(zip(names, gr)))
+
+        def comp(dtype):
+            y = leaves(d, DIFF, dtype)
+            oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
+            gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
+            return oo, hh, dict(zip(names, gg))
+
+        compare_all(f"{device} fused_recurrent cu={cu}", ours, comp(torch.float32), comp(torch.float64), torch.float32)
+
+
+def test_fused_recurrent_without_gate_and_beta_and_with_l2norm(device):
+    d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=6, opts={"l2": True})
+    x = leaves(d, ("q", "k", "v"), device=device)
+    o, _ = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], use_qk_l2norm_in_kernel=True)
+    gr = torch.autograd.grad(o, [x["q"], x["k"], x["v"]], d["do"].to(device))
+    y = leaves(d, ("q", "k", "v"), torch.float64)
+    o64, _ = recurrence(l2n(y["q"]), l2n(y["k"]), y["v"], None, None, 8 ** -0.5)
+    g64 = torch.autograd.grad(o64, [y["q"], y["k"], y["v"]], d["do"].double())
+    z = leaves(d, ("q", "k", "v"), torch.float32)
+    ob, _ = recurrence(l2n(z["q"]), l2n(z["k"]), z["v"], None, None, 8 ** -0.5)
+    gb = torch.autograd.grad(ob, [z["q"], z["k"], z["v"]], d["do"].float())
+    check(f"{device} fused_recurrent bare o", o, ob, o64, torch.float32)
+    for n, a, b, c in zip("qkv", gr, gb, g64):
+        check(f"{device} fused_recurrent bare d{n}", a, b, c, torch.float32)
+
+
+def test_chunk_and_recurrent_forms_agree(device):
+    d = make_inputs(2, 100, 2, 2, 32, 32, torch.float32, seed=8)
+    c = run_ours(d, 0.2, None, {}, 64, device)
+    r = run_ours(d, 0.2, None, {}, 64, device, fn=_recurrent_as_chunk)
+    assert spec_ratio(c[0], r[0]) < 2e-6 and spec_ratio(c[1], r[1]) < 2e-6
+    for n in c[2]:
+        assert spec_ratio(c[2][n], r[2][n]) < 1e-5, n
+
+
+def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                        cu_seqlens, chunk_size, **_):
+    return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                     use_qk_l2norm_in_kernel, cu_seqlens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure: varlen, continuation, layouts, options.
+
+
+def test_varlen_equals_separate_sequences(device):
+    lens = [13, 0, 64, 50]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    T = cu[-1]
+    d = make_inputs(1, T, 2, 4, 16, 24, torch.float32, seed=11, cu=cu)
+    o, ht, g = run_ours(d, 0.3, cu, {}, 32, device)
+    for n, L in enumerate(lens):
+        sl = slice(cu[n], cu[n + 1])
+        sub = {key: (val[:, sl] if key in ("q", "k", "v", "g", "beta", "do") else val) for key, val in d.items()}
+        sub["h0"] = d["h0"][n:n + 1]
+        sub["dht"] = d["dht"][n:n + 1]
+        if L == 0:
+            # an empty sequence passes its state through
+            torch.testing.assert_close(ht[n].cpu(), d["h0"][n])
+            torch.testing.assert_close(g["h0"][n].cpu(), d["dht"][n])
+            continue
+        os_, hts, gs = run_ours(sub, 0.3, None, {}, 32, device)
+        torch.testing.assert_close(o[:, sl], os_, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ht[n:n + 1], hts, rtol=1e-5, atol=1e-6)
+        for key in ("q", "k", "v", "g", "beta"):
+            torch.testing.assert_close(g[key][:, sl], gs[key], rtol=1e-4, atol=2e-6, msg=key)
+        torch.testing.assert_close(g["h0"][n:n + 1], gs["h0"], rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("split", [40, 64])
+def test_prefix_then_suffix_equals_whole(device, split):
+    T = 100
+    d = make_inputs(1, T, 2, 2, 16, 16, torch.float32, seed=12)
+    whole = run_ours(d, 0.3, None, {}, 64, device)
+    x = leaves(d, DIFF, device=device)
+    sl1, sl2 = slice(0, split), slice(split, T)
+    o1, h1 = fusedops.chunk_gated_delta_rule(x["q"][:, sl1], x["k"][:, sl1], x["v"][:, sl1], x["g"][:, sl1],
+                                             x["beta"][:, sl1], 0.3, x["h0"], True)
+    o2, h2 = fusedops.chunk_gated_delta_rule(x["q"][:, sl2], x["k"][:, sl2], x["v"][:, sl2], x["g"][:, sl2],
+                                             x["beta"][:, sl2], 0.3, h1, True)
+    o = torch.cat([o1, o2], 1)
+    names = ["q", "k", "v", "g", "beta", "h0"]
+    gr = torch.autograd.grad([o, h2], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
+    torch.testing.assert_close(o, whole[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h2, whole[1], rtol=1e-5, atol=1e-6)
+    for n, gg in zip(names, gr):
+        torch.testing.assert_close(gg, whole[2][n], rtol=1e-4, atol=2e-6, msg=n)
+
+
+def test_non_contiguous_inputs_match_contiguous(device):
+    B, T, H, K = 2, 40, 2, 16
+    d = make_inputs(B, T, H, H, K, K, torch.float32, seed=13)
+    qkv = torch.cat([d["q"], d["k"], d["v"]], -1).to(device)  # a fused projection's output
+    q, k, v = qkv.split(K, -1)
+    assert not q.is_contiguous()
+    g = torch.stack([d["g"], d["beta"]], -1).to(device)
+    gg, bb = g[..., 0], g[..., 1]
+    assert not gg.is_contiguous()
+    o1, h1 = fusedops.chunk_gated_delta_rule(q, k, v, gg, bb, 0.25, d["h0"].to(device), True)
+    o2, h2 = fusedops.chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), gg.contiguous(),
+                                             bb.contiguous(), 0.25, d["h0"].to(device), True)
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
+def test_state_v_first_is_a_transpose(device):
+    d = make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
+    x = leaves(d, DIFF, device=device)
+    o1, h1 = fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, x["h0"], True)
+    h0t = x["h0"].detach().transpose(-1, -2).contiguous().requires_grad_()
+    o2, h2 = fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, h0t, True,
+                                             state_v_first=True)
+    assert h2.shape == (1, 2, 8, 16)
+    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    torch.testing.assert_close(h1, h2.transpose(-1, -2), rtol=0, atol=0)
+    (dh1,) = torch.autograd.grad(h1, x["h0"], d["dht"].to(device))
+    (dh2,) = torch.autograd.grad(h2, h0t, d["dht"].to(device).transpose(-1, -2))
+    torch.testing.assert_close(dh1, dh2.transpose(-1, -2), rtol=0, atol=0)
+
+
+def test_extreme_gates_and_betas_stay_finite(device):
+    d = make_inputs(1, 100, 1, 2, 16, 16, torch.float32, seed=15)
+    d["g"][0, 3::7] = -1000.0
+    d["beta"][0, 0::2] = 1e-7
+    d["beta"][0, 1::2] = 1 - 1e-7
+    o, ht, g = run_ours(d, 0.25, None, {}, 64, device)
+    for t in [o, ht, *g.values()]:
+        assert torch.isfinite(t).all()
+    # still close to the truth by the spec's RMS ratio (the max-abs policy cannot apply: the fp32
+    # chunk-local cumsum has an ulp of 6e-5 after a -1000 step)
+    ref = run_composite(d, 0.25, None, {}, 64, torch.float64, kind="recurrent")
+    assert spec_ratio(o, ref[0]) < 5e-3
+    for n in g:
+        assert spec_ratio(g[n], ref[2][n]) < 2e-2, n
+
+
+def test_empty_inputs(device):
+    d = make_inputs(2, 0, 1, 1, 8, 8, torch.float32, seed=16)
+    o, ht, g = run_ours(d, 0.3, None, {}, 64, device)
+    assert o.shape == (2, 0, 1, 8)
+    torch.testing.assert_close(ht.cpu(), d["h0"])
+    torch.testing.assert_close(g["h0"].cpu(), d["dht"])
+
+
+def test_repeated_backward_is_bitwise_identical(device):
+    d = make_inputs(2, 130, 2, 4, 32, 32, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
+    runs = [run_ours(d, 0.2, None, {"l2": True, "gate": True}, 64, device) for _ in range(2)]
+    for n in runs[0][2]:
+        a, b = runs[0][2][n], runs[1][2][n]
+        assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
+
+
+def test_reference_module_matches_the_oracle():
+    d = make_inputs(1, 40, 1, 2, 8, 8, torch.float32, seed=18)
+    x = leaves(d, DIFF)
+    o, ht = fusedops.reference.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"], True,
+                                                      chunk_size=16)
+    assert o.dtype == torch.float64
+    o64, ht64 = recurrence(*(x[n].double() for n in ("q", "k", "v", "g", "beta")), 0.5, x["h0"].double())
+    assert max_abs_error(o, o64) < 1e-12 and max_abs_error(ht, ht64) < 1e-12
+    (dq,) = torch.autograd.grad(o, x["q"], d["do"].double())
+    assert dq.dtype == torch.float32
+    o2, _ = fusedops.reference.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"])
+    assert max_abs_error(o2, o64) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# Sub-operators against float64 torch oracles written here.
+
+
+def _chunks(B, T, cu, BT):
+    for b, t0, L in _seqs(B, T, cu):
+        for c in range(t0, t0 + L, BT):
+            yield b, c, min(c + BT, t0 + L)
+
+
+SUB = [("fixed B2 T41 K24 V20 BT32", 2, 41, 2, 4, 24, 20, 32, None),
+       ("varlen [0,15,15,37,60] BT16", 1, 60, 2, 2, 20, 36, 16, [0, 15, 15, 37, 60])]
+
+
+@pytest.fixture(params=SUB, ids=[s[0] for s in SUB])
+def sub(request):
+    name, B, T, H, HV, K, V, BT, cu = request.param
+    d = make_inputs(B, T, H, HV, K, V, torch.float32, seed=21, cu=cu)
+    cut = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+    return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, BT=BT, cu=cu, cut=cut, d=d, G=HV // H)
+
+
+def _gc(s):
+    out = torch.zeros(s["d"]["g"].shape, dtype=torch.float64)
+    for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+        out[b, c0:c1] = s["d"]["g"][b, c0:c1].double().cumsum(0)
+    return out
+
+
+def test_sub_chunk_local_cumsum(sub, device):
+    s = sub
+    gen = torch.Generator().manual_seed(3)
+    for S in (None, 5):
+        g = torch.randn(s["B"], s["T"], s["HV"], *(() if S is None else (S,)), generator=gen)
+        for reverse in (False, True):
+            out = gdn.chunk_local_cumsum(g.to(device), s["BT"], reverse=reverse, scale=1.5,
+                                         cu_seqlens=None if s["cut"] is None else s["cut"].to(device))
+            ref = torch.zeros(g.shape, dtype=torch.float64)
+            for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+                x = g[b, c0:c1].double()
+                ref[b, c0:c1] = 1.5 * (x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0))
+            base = torch.zeros_like(g)
+            for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+                x = g[b, c0:c1]
+                base[b, c0:c1] = 1.5 * (x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0))
+            assert out.dtype == torch.float32
+            check(f"{device} cumsum S={S} reverse={reverse}", out, base, ref, torch.float32)
+
+
+def test_sub_reverse_cumsum_is_a_true_suffix_sum():
+    g = torch.ones(1, 64, 1)
+    g[:, :32] = 1e8
+    out = gdn.chunk_local_cumsum(g, 64, reverse=True)
+    assert torch.equal(out[0, 32:, 0], torch.arange(32, 0, -1, dtype=torch.float32))
+
+
+def _kkt_ref(s, gc, dt=torch.float64):
+    d = s["d"]
+    A = torch.zeros(s["B"], s["T"], s["HV"], s["BT"], dtype=dt)
+    for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+        C = c1 - c0
+        k = d["k"][b, c0:c1].to(dt).repeat_interleave(s["G"], 1).transpose(0, 1)
+        bt = d["beta"][b, c0:c1].to(dt).transpose(0, 1)
+        gm = gc[b, c0:c1].to(dt).transpose(0, 1)
+        diff = (gm[:, :, None] - gm[:, None, :]).tril(-1)
+        L = (bt[:, :, None] * (k @ k.transpose(-1, -2)) * diff.exp()).tril(-1)
+        A[b, c0:c1, :, :C] = L.transpose(0, 1)
+    return A
+
+
+def test_sub_kkt_and_solve_tril(sub, device):
+    s = sub
+    gc = _gc(s)
+    cu = None if s["cut"] is None else s["cut"].to(device)
+    A = gdn.chunk_scaled_dot_kkt_fwd(s["d"]["k"].to(device), gc.float().to(device), s["d"]["beta"].to(device),
+                                     cu, s["BT"])
+    check(f"{device} kkt", A, _kkt_ref(s, gc, torch.float32), _kkt_ref(s, gc), torch.float32)
+    L = _kkt_ref(s, gc)
+    Ai = gdn.solve_tril(L.float().to(device), cu)
+    ref = torch.zeros_like(L)
+    base = torch.zeros(L.shape)
+    for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+        C = c1 - c0
+        blk = L[b, c0:c1, :, :C].transpose(0, 1)
+        ref[b, c0:c1, :, :C] = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + blk).transpose(0, 1)
+        base[b, c0:c1, :, :C] = unit_lower_inverse(blk.float()).transpose(0, 1)
+    check(f"{device} solve_tril", Ai, base, ref, torch.float32)
+
+
+def _wu(s, gc, A, dt):
+    d = s["d"]
+    k = d["k"].to(dt).repeat_interleave(s["G"], 2)
+    eg = gc.to(dt).exp()
+    W = torch.zeros(s["B"], s["T"], s["HV"], s["K"], dtype=dt)
+    U = torch.zeros(s["B"], s["T"], s["HV"], s["V"], dtype=dt)
+    for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+        C = c1 - c0
+        Am = A[b, c0:c1, :, :C].to(dt).transpose(0, 1).tril()
+        bt = d["beta"][b, c0:c1].to(dt).transpose(0, 1)
+        W[b, c0:c1] = (Am @ ((bt * eg[b, c0:c1].transpose(0, 1))[..., None] * k[b, c0:c1].transpose(0, 1))).transpose(0, 1)
+        U[b, c0:c1] = (Am @ (bt[..., None] * d["v"][b, c0:c1].to(dt).transpose(0, 1))).transpose(0, 1)
+    return W, U
+
+
+def test_sub_recompute_w_u_and_its_backward(sub, device):
+    s = sub
+    gc = _gc(s)
+    A = torch.zeros(s["B"], s["T"], s["HV"], s["BT"], dtype=torch.float64)
+    L = _kkt_ref(s, gc)
+    for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+        C = c1 - c0
+        A[b, c0:c1, :, :C] = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + L[b, c0:c1, :, :C].transpose(0, 1)).transpose(0, 1)
+    A32 = A.float()
+    cu = None if s["cut"] is None else s["cut"].to(device)
+    d = s["d"]
+    w, u = gdn.recompute_w_u_fwd(d["k"].to(device), d["v"].to(device), d["beta"].to(device), A32.to(device),
+                                 gc.float().to(device), cu)
+    W64, U64 = _wu(s, gc, A32.double(), torch.float64)
+    W32, U32 = _wu(s, gc.float(), A32, torch.float32)
+    check(f"{device} w", w, W32, W64, torch.float32)
+    check(f"{device} u", u, U32, U64, torch.float32)
+    # Backward by autograd of the float64 forward: the gradient w.r.t. the pre-inverse L flows
+    # through A = (I + L)^{-1}, L built from k, beta, g (section 5 / B5).
+    gen = torch.Generator().manual_seed(4)
+    dW, dU = torch.randn(W64.shape, generator=gen), torch.randn(U64.shape, generator=gen)
+
+    def wu_from_inputs(k, v, beta, gcum, dt):
+        s2 = dict(s, d=dict(d, k=k, v=v, beta=beta))
+        Lm = _kkt_ref(s2, gcum, dt)
+        Am = torch.zeros_like(Lm)
+        for b, c0, c1 in _chunks(s["B"], s["T"], s["cu"], s["BT"]):
+            C = c1 - c0
+            blk = Lm[b, c0:c1, :, :C].transpose(0, 1)
+            Am[b, c0:c1, :, :C] = unit_lower_inverse(blk).transpose(0, 1)
+        return _wu(s2, gcum, Am, dt)
+
+    def grads(dt):
+        x = [t.detach().to(dt).requires_grad_() for t in (d["k"], d["v"], d["beta"], gc)]
+        Wd, Ud = wu_from_inputs(*x, dt)
+        return torch.autograd.grad([Wd, Ud], x, [dW.to(dt), dU.to(dt)])
+
+    g64, g32 = grads(torch.float64), grads(torch.float32)
+    dk, dv, dbeta, dg = gdn.prepare_wy_repr_bwd(d["k"].to(device), d["v"].to(device), d["beta"].to(device),
+                                                A32.to(device), dW.to(device), dU.to(device), gc.float().to(device), cu)
+    for name, ours, base, ref in zip(("dk", "dv", "dbeta", "dg"), (dk, dv, dbeta, dg), g32, g64):
+        check(f"{device} wy {name}", ours, base, ref, torch.float32)
+
+
+def test_sub_state_pieces(sub, device):
+    """fwd_h, chunk_fwd_o, chunk_bwd_dv_local, bwd_dhu and chunk_bwd_dqkwg composed as in section
+    1.5 equal torch.autograd of the chunked forward written here (float64)."""
+    s = sub
+    d = s["d"]
+    cu = None if s["cut"] is None else s["cut"].to(device)
+    gc = _gc(s).float()
+    gen = torch.Generator().manual_seed(6)
+    w = (0.3 * torch.randn(s["B"], s["T"], s["HV"], s["K"], generator=gen))
+    u = torch.randn(s["B"], s["T"], s["HV"], s["V"], generator=gen)
+    scale = 0.4
+    dv_ = lambda t: t.to(device)  # noqa: E731
+    h, vn, ht = gdn.chunk_gated_delta_rule_fwd_h(dv_(d["k"]), dv_(w), dv_(u), dv_(gc), initial_state=dv_(d["h0"]),
+                                                 output_final_state=True, chunk_size=s["BT"], cu_seqlens=cu)
+    o = gdn.chunk_fwd_o(dv_(d["q"]), dv_(d["k"]), vn, h, dv_(gc), scale, cu, s["BT"])
+
+    def forward(q, k, w, u, gcum, h0, dt):
+        """Sections 6 and 7 written with torch: o, ht, v_new."""
+        G = s["G"]
+        qq, kk = q.repeat_interleave(G, 2), k.repeat_interleave(G, 2)
+        o_parts = {b: [] for b in range(s["B"])}
+        vn_parts = {b: [] for b in range(s["B"])}
+        finals = []
+        for n, (b, t0, L) in enumerate(_seqs(s["B"], s["T"], s["cu"])):
+            X = h0[n]
+            for c0 in range(t0, t0 + L, s["BT"]):
+                c1 = min(c0 + s["BT"], t0 + L)
+                Kc, Qc = kk[b, c0:c1].transpose(0, 1), qq[b, c0:c1].transpose(0, 1)
+                Wc, Uc = w[b, c0:c1].transpose(0, 1), u[b, c0:c1].transpose(0, 1)
+                gm = gcum[b, c0:c1].transpose(0, 1)
+                Vn = Uc - Wc @ X
+                C = c1 - c0
+                mask = torch.ones(C, C, dtype=torch.bool).tril()
+                diff = gm[:, :, None] - gm[:, None, :]
+                Gam = torch.where(mask, diff, torch.full_like(diff, -math.inf)).exp()
+                O = scale * (gm.exp()[..., None] * (Qc @ X) + ((Qc @ Kc.transpose(-1, -2)) * Gam) @ Vn)
+                o_parts[b].append(O.transpose(0, 1))
+                vn_parts[b].append(Vn.transpose(0, 1))
+                gl = gm[:, -1:]
+                X = gl.exp()[..., None] * X + ((gl - gm).exp()[..., None] * Kc).transpose(-1, -2) @ Vn
+            finals.append(X)
+
+        def cat(parts):
+            return torch.stack([torch.cat(parts[b], 0) for b in range(s["B"])], 0)
+
+        return cat(o_parts), torch.stack(finals, 0), None, cat(vn_parts)
+
+    o64, ht64, _, vn64 = forward(d["q"].double(), d["k"].double(), w.double(), u.double(), gc.double(), d["h0"].double(),
+                                 torch.float64)
+    o32, ht32, _, vn32 = forward(d["q"], d["k"], w, u, gc, d["h0"], torch.float32)
+    check(f"{device} fwd_h v_new", vn, vn32, vn64, torch.float32)
+    check(f"{device} fwd_h ht", ht, ht32, ht64, torch.float32)
+    check(f"{device} chunk_fwd_o", o, o32, o64, torch.float32)
+    # Backward pieces composed (B2-B4) against autograd of the forward above.
+    do, dht = d["do"], d["dht"]
+    dvl = gdn.chunk_bwd_dv_local(dv_(d["q"]), dv_(d["k"]), dv_(do), dv_(gc), scale, cu, s["BT"])
+    dh, dh0, dv2 = gdn.chunk_gated_delta_rule_bwd_dhu(dv_(d["q"]), dv_(d["k"]), dv_(w), dv_(do), dvl, dv_(gc),
+                                                      h0=dv_(d["h0"]), dht=dv_(dht), scale=scale, cu_seqlens=cu,
+                                                      chunk_size=s["BT"])
+    dq, dk, dw, dg = gdn.chunk_bwd_dqkwg(dv_(d["q"]), dv_(d["k"]), vn, dv_(do), h, dh, dv_(w), dv_(gc), dv2, scale,
+                                         cu, s["BT"])
+
+    def grads(dt):
+        x = [t.detach().to(dt).requires_grad_() for t in (d["q"], d["k"], w, u, gc, d["h0"])]
+        oo, hh, _, _ = forward(*x, dt)
+        return torch.autograd.grad([oo, hh], x, [do.to(dt), dht.to(dt)])
+
+    g64, g32 = grads(torch.float64), grads(torch.float32)
+    # dv2 is the gradient w.r.t. v_new = dL/du; dw = -dv2 h^T is the gradient w.r.t. w.
+    check(f"{device} bwd_dhu dv2 (= du)", dv2, g32[3], g64[3], torch.float32)
+    check(f"{device} bwd_dhu dh0", dh0, g32[5], g64[5], torch.float32)
+    check(f"{device} dqkwg dq", dq, g32[0], g64[0], torch.float32)
+    check(f"{device} dqkwg dw", dw, g32[2], g64[2], torch.float32)
+    # dk of dqkwg is the part through q/k of the output and state (w, u held fixed): autograd's dk.
+    check(f"{device} dqkwg dk", dk, g32[1], g64[1], torch.float32)
+    # dg of dqkwg: the gradient w.r.t. the chunk-local cumsum
+    check(f"{device} dqkwg dg", dg, g32[4], g64[4], torch.float32)
+
+
+def test_fused_gdn_gate_matches_float64(device):
+    gen = torch.Generator().manual_seed(9)
+    g = (torch.randn(3, 17, 4, generator=gen) * 8).to(device).requires_grad_()
+    A = torch.randn(4, generator=gen).to(device).requires_grad_()
+    b = torch.randn(4, generator=gen).to(device).requires_grad_()
+    y = gdn.fused_gdn_gate(g, A, b)
+    dy = torch.randn(y.shape, generator=gen).to(device)
+    gr = torch.autograd.grad(y, [g, A, b], dy)
+    x64 = [t.detach().double().cpu().requires_grad_() for t in (g, A, b)]
+    y64 = -x64[1].exp() * F.softplus(x64[0] + x64[2], threshold=20.0)
+    g64 = torch.autograd.grad(y64, x64, dy.double().cpu())
+    x32 = [t.detach().cpu().requires_grad_() for t in (g, A, b)]
+    y32 = -x32[1].exp() * F.softplus(x32[0] + x32[2], threshold=20.0)
+    g32 = torch.autograd.grad(y32, x32, dy.cpu())
+    check(f"{device} gate y", y, y32, y64, torch.float32)
+    for n, a, bb, c in zip(("dg", "dA_log", "ddt_bias"), gr, g32, g64):
+        check(f"{device} gate {n}", a, bb, c, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library: opcheck and torch.compile.
+
+
+def test_opcheck_top_level_ops():
+    d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=30)
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"], d["dt_bias"],
+            True, True, None, None, 16)
+    torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
+    torch.library.opcheck(torch.ops.fusedops.fused_recurrent_gated_delta_rule_fwd.default,
+                          (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, None))
+    torch.library.opcheck(torch.ops.fusedops.gdn_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"]))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    d = make_inputs(1, 40, 2, 2, 16, 16, torch.float32, seed=31)
+
+    def f(q, k, v, g, beta, h0):
+        o, ht = fusedops.chunk_gated_delta_rule(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True)
+        o2, _ = fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta, 0.3, h0)
+        return (o * o2).sum() + ht.square().sum()
+
+    names = ("q", "k", "v", "g", "beta", "h0")
+    xe, xc = leaves(d, names), leaves(d, names)
+    le = f(*(xe[n] for n in names))
+    ge = torch.autograd.grad(le, [xe[n] for n in names])
+    lc = torch.compile(f, fullgraph=True, backend="aot_eager")(*(xc[n] for n in names))
+    gc = torch.autograd.grad(lc, [xc[n] for n in names])
+    assert torch.equal(le, lc)
+    for a, b in zip(ge, gc):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def _args(B=1, T=8, H=2, HV=2, K=8, V=8):
+    return (torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, HV, V), -torch.rand(B, T, HV),
+            torch.rand(B, T, HV))
+
+
+def test_errors():
+    q, k, v, g, b = _args()
+    with pytest.raises(DeprecationWarning, match="head_first"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, head_first=True)
+    with pytest.raises(ValueError, match=r"q and k must have the same number of heads"):
+        fusedops.chunk_gated_delta_rule(q, torch.randn(1, 8, 1, 8), v, g, b)
+    with pytest.raises(ValueError, match=r"v has HV=3 heads, which is not a multiple of the 2 heads"):
+        fusedops.chunk_gated_delta_rule(q, k, torch.randn(1, 8, 3, 8), -torch.rand(1, 8, 3), torch.rand(1, 8, 3))
+    with pytest.raises(ValueError, match="chunk_size must be 16, 32 or 64, got 48"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, chunk_size=48)
+    q2, k2, v2, g2, b2 = _args(B=2)
+    with pytest.raises(ValueError, match="with cu_seqlens the batch size must be 1"):
+        fusedops.chunk_gated_delta_rule(q2, k2, v2, g2, b2, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[1,2,8,8\]"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, initial_state=torch.zeros(2, 2, 8, 8))
+    with pytest.raises(ValueError, match="allow_neg_eigval requires use_beta_sigmoid_in_kernel"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match="use_gate_in_kernel requires A_log"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="not both"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, b, state_v_first=True, transpose_state_layout=True)
+    qb, kb = torch.randn(1, 8, 2, 300), torch.randn(1, 8, 2, 300)
+    with pytest.raises(ValueError, match="K must be <= 256"):
+        fusedops.chunk_gated_delta_rule(qb, kb, v, g, b)
+    with pytest.raises(TypeError, match="v must have the dtype of q"):
+        fusedops.chunk_gated_delta_rule(q, k, v.bfloat16(), g, b)
+    with pytest.raises(ValueError, match=r"g must have shape \[1,8,2\]"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g[..., :1], b)
+    with fusedops.validation():
+        with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+            fusedops.chunk_gated_delta_rule(q, k, v, g, b, cu_seqlens=torch.tensor([0, 6, 3, 8]))
+        with pytest.raises(ValueError, match="cu_seqlens must end at T=8"):
+            fusedops.chunk_gated_delta_rule(q, k, v, g, b, cu_seqlens=torch.tensor([0, 6, 12]))
+    with pytest.raises(ValueError, match="g must have rank 3"):
+        gdn.chunk_local_cumsum(torch.randn(4, 4), 64)
+    with pytest.raises(ValueError, match="chunk_size must be a power of 2"):
+        gdn.chunk_local_cumsum(g, 48)
+    with pytest.raises(ValueError, match="A's last dimension .* must be 16, 32 or 64, got 48"):
+        gdn.solve_tril(torch.zeros(1, 8, 2, 48))
