@@ -13,7 +13,11 @@ Rows (case shape [B,T,HV,V]):
              batch, heads and chunks for the intra-chunk parts (kkt, a batched triangular solve,
              w/u), a Python loop over chunks for the state recurrence, backward by autograd
   recurrent  the naive per-token recurrence in PyTorch (loop over T), backward by autograd
+             (activations checkpointed every 64 tokens so that memory stays bounded)
   fla        flash-linear-attention's chunk_gated_delta_rule (Triton, CUDA only) when installed
+CPU cases: issue 3's target [2, 2048, 4, 128] fp32 (fusedops vs eager: forward+backward must be
+at least 3x faster), and [2, 256, 4, 128] with the naive recurrence as well (at T=2048 its
+per-token Python loop alone takes tens of seconds per forward+backward).
 The check compares o (fwd) and dq, dk, dv, dg, dbeta (fwd+bwd) with the eager chunked algorithm
 in float64 (base of the precision policy: the same in the input dtype).
 """
@@ -32,8 +36,9 @@ OP = "chunk_gated_delta_rule"
 
 GPU_SHAPES = [(8, 4096, 16, 128)]      # (B, T, H, K=V): issue 7's target shape
 GPU_QUICK_SHAPES = [(2, 1024, 16, 128)]
-CPU_SHAPES = [(2, 2048, 4, 128)]       # issue 3's CPU target: forward+backward >= 3x eager
+CPU_SHAPES = [(2, 2048, 4, 128), (2, 256, 4, 128)]  # issue 3's CPU target; the recurrence's case
 CPU_QUICK_SHAPES = [(1, 256, 2, 64)]
+RECURRENT_MAX_T = 512  # the naive recurrence runs only at T up to this
 GPU_DTYPES = [torch.bfloat16]
 CPU_DTYPES = [torch.float32]
 BT = 64
@@ -73,18 +78,34 @@ def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     return o, S
 
 
-def recurrent_torch(q, k, v, g, beta, scale, initial_state=None):
-    """The naive per-token recurrence (section 1.1) in plain PyTorch."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+def _recurrent_segment(S, q, k, v, g, beta, scale):
     outs = []
-    for t in range(T):
+    for t in range(q.shape[1]):
         S = S * g[:, t, :, None, None].exp()
         delta = beta[:, t, :, None] * (v[:, t] - (S * k[:, t, :, :, None]).sum(-2))
         S = S + k[:, t, :, :, None] * delta[:, :, None, :]
         outs.append(scale * (S * q[:, t, :, :, None]).sum(-2))
     return torch.stack(outs, 1), S
+
+
+def recurrent_torch(q, k, v, g, beta, scale, initial_state=None, segment=64):
+    """The naive per-token recurrence (section 1.1) in plain PyTorch; under autograd each segment
+    of 64 tokens is checkpointed (recomputed in the backward) so that the saved states stay small."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    outs = []
+    for t0 in range(0, T, segment):
+        sl = slice(t0, t0 + segment)
+        args = (S, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], scale)
+        if torch.is_grad_enabled() and q.requires_grad:
+            o, S = checkpoint(_recurrent_segment, *args, use_reentrant=False)
+        else:
+            o, S = _recurrent_segment(*args)
+        outs.append(o)
+    return torch.cat(outs, 1), S
 
 
 def _grads(out, inp, names):
@@ -107,16 +128,18 @@ def _impl(name, fn, note=""):
     return Impl(name, fwd, fwd_bwd, note=note)
 
 
-def _impls(device, K):
+def _impls(device, K, T):
     scale = K ** -0.5
     out = [
         _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(q, k, v, g, b, scale)[0]),
         _impl("eager", lambda q, k, v, g, b: chunked_torch(q, k, v, g, b, scale)[0],
               note="PyTorch eager chunked GDN (vectorised over batch/heads/chunks, loop over chunks "
                    "for the state, batched solve_triangular, backward by autograd)"),
-        _impl("recurrent", lambda q, k, v, g, b: recurrent_torch(q, k, v, g, b, scale)[0],
-              note="naive per-token recurrence in PyTorch (loop over T), backward by autograd"),
     ]
+    if device.type == "cuda" or T <= RECURRENT_MAX_T:
+        out.append(_impl("recurrent", lambda q, k, v, g, b: recurrent_torch(q, k, v, g, b, scale)[0],
+                         note="naive per-token recurrence in PyTorch (loop over T), backward by "
+                              "autograd with 64-token checkpoints"))
     note = "flash-linear-attention chunk_gated_delta_rule (Triton)"
     status = peer_status("fla.ops.gated_delta_rule", device)
     if status != "ok":
@@ -186,7 +209,7 @@ def _case(device, B, T, H, D, dtype) -> Case:
     case = Case(op=OP, shape=(B, T, H, D), dtype=dtype,
                 params={"K=V": D, "chunk_size": BT, "gflop_fwd": round(
                     2 * B * H * (T / BT) * (3.5 * BT * BT * D + 3 * BT * D * D) / 1e9, 2)},
-                make_inputs=make, impls=_impls(device, D), reference=reference, base=base,
+                make_inputs=make, impls=_impls(device, D, T), reference=reference, base=base,
                 bytes_moved=bytes_moved(B, T, H, D, dtype), bytes_note=BYTES_NOTE)
     return case
 

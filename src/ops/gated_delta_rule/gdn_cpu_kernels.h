@@ -38,16 +38,17 @@ enum class Tri { kNone, kLower, kUpper };  // kLower: A(i,k) = 0 for k > i; kUpp
 constexpr int kNR = 16;  // columns per panel (two vectors)
 constexpr int kMR = 6;   // rows per register block
 
-// C[r, 0:16] (=|+=) alpha * sum_k Ap[k*MR + r] B[k, 0:16] for MR rows, with the A block packed
-// as [kn][MR] (one pointer, so the row offsets stay out of the register file).
+// C[r, 0:16] (=|+=) alpha * sum_k Ap[k*ak + r] B[k, 0:16] for MR rows: A's rows are consecutive
+// floats (a packed [kn][MR] block, or a transposed operand read in place), so one pointer walks
+// A and the row offsets stay out of the register file.
 template <int MR>
-inline void micro_16(int64_t kn, const float* __restrict Ap, const float* __restrict B, int64_t ldb,
-                     float alpha, const float* Cb, int64_t ldcb, float* C, int64_t ldc) {
+inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const float* __restrict B,
+                     int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C, int64_t ldc) {
   v8f c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = splat(0.0f);
   for (int64_t k = 0; k < kn; ++k) {
     const v8f b0 = load8(B + k * ldb), b1 = load8(B + k * ldb + 8);
-    const float* a = Ap + k * MR;
+    const float* a = Ap + k * ak;
     for (int r = 0; r < MR; ++r) {
       const v8f av = splat(a[r]);
       c0[r] += av * b0;
@@ -69,7 +70,7 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, const float* __rest
 }
 
 // The same for a panel narrower than 16 columns (nw < 16), scalar over the columns.
-inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int pstride, const float* B,
+inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int64_t pstride, const float* B,
                        int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C,
                        int64_t ldc) {
   float acc[6][16] = {};
@@ -104,16 +105,25 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
     if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
     if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
     const int64_t kn = std::max<int64_t>(0, k1 - k0);
-    float* ap = pack;
-    if (kn > 256) {
-      big.resize(kMR * kn);
-      ap = big.data();
+    // A transposed operand (ars == 1) already has each k's rows contiguous: read it in place.
+    // Otherwise pack A[i0:i0+mr, k0:k1] as [kn][mr], one contiguous stream for the broadcasts.
+    const float* ap;
+    int64_t ak;
+    if (ars == 1) {
+      ap = A + i0 + k0 * acs;
+      ak = acs;
+    } else {
+      float* dst = pack;
+      if (kn > 256) {
+        big.resize(kMR * kn);
+        dst = big.data();
+      }
+      const float* a = A + i0 * ars + k0 * acs;
+      for (int64_t k = 0; k < kn; ++k)
+        for (int r = 0; r < mr; ++r) dst[k * mr + r] = a[r * ars + k * acs];
+      ap = dst;
+      ak = mr;
     }
-    // Pack A[i0:i0+mr, k0:k1] as [kn][mr]: one contiguous stream for the broadcasts, whatever
-    // A's strides (transposed operands included).
-    const float* a = A + i0 * ars + k0 * acs;
-    for (int64_t k = 0; k < kn; ++k)
-      for (int r = 0; r < mr; ++r) ap[k * mr + r] = a[r * ars + k * acs];
     const float* b = B + k0 * ldb;
     const int64_t jend = c_lower ? std::min<int64_t>(N, i0 + mr) : N;
     for (int64_t j0 = 0; j0 < jend; j0 += kNR) {
@@ -123,15 +133,15 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
       const int64_t ldcb = cin ? ldcin : ldc;
       if (nw == kNR) {
         switch (mr) {
-          case 6: micro_16<6>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 5: micro_16<5>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 4: micro_16<4>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 3: micro_16<3>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 2: micro_16<2>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          default: micro_16<1>(kn, ap, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 6: micro_16<6>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 5: micro_16<5>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 4: micro_16<4>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 3: micro_16<3>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          case 2: micro_16<2>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
+          default: micro_16<1>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
         }
       } else {
-        micro_tail(mr, nw, kn, ap, mr, b + j0, ldb, alpha, cb, ldcb, c, ldc);
+        micro_tail(mr, nw, kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc);
       }
     }
   }
