@@ -24,10 +24,9 @@ in float64 (base of the precision policy: the same in the input dtype).
 
 from __future__ import annotations
 
+import fusedops
 import torch
 import torch.nn.functional as F
-
-import fusedops
 
 from .. import common
 from ..common import Case, Impl, peer_status

@@ -4,10 +4,9 @@
     python examples/python/gated_delta_rule.py
 """
 
+import fusedops
 import torch
 import torch.nn.functional as F
-
-import fusedops
 
 torch.manual_seed(0)
 device = "cuda" if torch.cuda.is_available() and fusedops.built_with_cuda() else "cpu"

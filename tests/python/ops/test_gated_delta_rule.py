@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 import zlib
 
+import fusedops
 import pytest
 import torch
 import torch.nn.functional as F
-
-import fusedops
 from fusedops import gated_delta_rule as gdn
+
 from tests.common import tolerance
 from tests.common.tolerance import assert_close, max_abs_error
 
@@ -119,8 +119,8 @@ def chunked(q, k, v, g, beta, scale, h0=None, cu=None, BT=64):
             W = A @ ((bt * gm.exp())[:, :, None] * Kc)
             U = A @ (bt[:, :, None] * Vc)
             Vn = U - W @ S
-            O = scale * (gm.exp()[:, :, None] * (Q @ S) + ((Q @ Kc.transpose(-1, -2)) * Gam) @ Vn)
-            rows.append(O.transpose(0, 1))
+            out = scale * (gm.exp()[:, :, None] * (Q @ S) + ((Q @ Kc.transpose(-1, -2)) * Gam) @ Vn)
+            rows.append(out.transpose(0, 1))
             gl = gm[:, -1:]
             S = gl.exp()[:, :, None] * S + ((gl - gm).exp()[:, :, None] * Kc).transpose(-1, -2) @ Vn
         outs.append(torch.cat(rows, 0) if rows else v.new_zeros(0, HV, V))
@@ -273,7 +273,7 @@ def test_fused_recurrent_matches_float64_recurrence(device):
         gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
         ours = (o, ht, dict(zip(names, gr)))
 
-        def comp(dtype):
+        def comp(dtype, d=d, cu=cu, names=names):
             y = leaves(d, DIFF, dtype)
             oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
             gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
@@ -622,8 +622,8 @@ def test_sub_state_pieces(sub, device):
                 mask = torch.ones(C, C, dtype=torch.bool).tril()
                 diff = gm[:, :, None] - gm[:, None, :]
                 Gam = torch.where(mask, diff, torch.full_like(diff, -math.inf)).exp()
-                O = scale * (gm.exp()[..., None] * (Qc @ X) + ((Qc @ Kc.transpose(-1, -2)) * Gam) @ Vn)
-                o_parts[b].append(O.transpose(0, 1))
+                out = scale * (gm.exp()[..., None] * (Qc @ X) + ((Qc @ Kc.transpose(-1, -2)) * Gam) @ Vn)
+                o_parts[b].append(out.transpose(0, 1))
                 vn_parts[b].append(Vn.transpose(0, 1))
                 gl = gm[:, -1:]
                 X = gl.exp()[..., None] * X + ((gl - gm).exp()[..., None] * Kc).transpose(-1, -2) @ Vn
