@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU evidence run, for a CUDA machine with no network whose Python/PyTorch may differ from
 # the development machine's:
-#   tools/gpu_check.sh OUTDIR [--skip-sanitizer] [--python-sanitizer] [--report-args "..."]
+#   tools/gpu_check.sh OUTDIR [--skip-sanitizer] [--python-sanitizer] [--skip-report]
+#                             [--pytest-args "..."] [--report-args "..."]
 # It builds fusedops from this tree in one CMake build (C++ tests and the Python extension, for
 # the GPU it finds), runs the C++ tests (one process per test suite, so a fault in one cannot
 # poison the others) and the Python tests (one process per file), the C++ suite again under
@@ -15,11 +16,15 @@ OUT="$(mkdir -p "$1" && cd "$1" && pwd)"; shift
 SANITIZER=1
 PY_SANITIZER=0
 REPORT_ARGS=""
+REPORT=1
+PYTEST_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-sanitizer) SANITIZER=0 ;;
     --python-sanitizer) PY_SANITIZER=1 ;;
     --report-args) REPORT_ARGS="$2"; shift ;;
+    --pytest-args) PYTEST_ARGS="$2"; shift ;;
+    --skip-report) REPORT=0 ;;
   esac
   shift
 done
@@ -85,10 +90,13 @@ step "Python tests (one process per file)"
 mkdir -p "$LOGS/pytest"
 for f in $(find tests/python -name 'test_*.py' | sort); do
   name="$(basename "$f" .py)"
-  if "$PY" -m pytest "$f" -q -p no:cacheprovider >"$LOGS/pytest/$name.log" 2>&1; then
+  # shellcheck disable=SC2086
+  if "$PY" -m pytest "$f" -q -p no:cacheprovider $PYTEST_ARGS >"$LOGS/pytest/$name.log" 2>&1; then
     note "pytest $name: $(tail -1 "$LOGS/pytest/$name.log")"
   else
     fail "pytest $name: $(tail -1 "$LOGS/pytest/$name.log")"; grep -E "^(FAILED|ERROR)" "$LOGS/pytest/$name.log" | head -15
+    # A crash: faulthandler's Python stack says which test and which call.
+    grep -A14 "Fatal Python error" "$LOGS/pytest/$name.log" | head -16 | tee -a "$SUMMARY"
   fi
 done
 
@@ -109,10 +117,12 @@ if [ "$PY_SANITIZER" = 1 ]; then
   note "memcheck python: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck_py.log" | tail -1)"
 fi
 
-step "operator report"
-# shellcheck disable=SC2086
-"$PY" bench/report.py --device cuda --json "$OUT/report.json" --plot "$OUT/report.png" $REPORT_ARGS \
-  2>&1 | tee "$LOGS/report.log" || fail "report"
+if [ "$REPORT" = 1 ]; then
+  step "operator report"
+  # shellcheck disable=SC2086
+  "$PY" bench/report.py --device cuda --json "$OUT/report.json" --plot "$OUT/report.png" $REPORT_ARGS \
+    2>&1 | tee "$LOGS/report.log" || fail "report"
+fi
 
 echo
 [ $status = 0 ] && note "gpu_check: all steps passed" || note "gpu_check: some steps FAILED"
