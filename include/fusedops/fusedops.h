@@ -17,3 +17,4 @@
 #include "fusedops/ops/clipped_swiglu.h"
 #include "fusedops/ops/mhc.h"
 #include "fusedops/ops/gated_delta_rule.h"
+#include "fusedops/ops/kda.h"

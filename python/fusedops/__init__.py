@@ -26,6 +26,8 @@ from .ops.mhc import (hc_head_split, hc_split_sinkhorn, mhc_post, mhc_post_minds
 from .ops import mhc
 from .ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .ops import gated_delta_rule
+from .ops.kda import chunk_kda, fused_recurrent_kda
+from .ops import kda
 from . import reference
 from . import nn
 
@@ -60,6 +62,9 @@ __all__ = [
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "gated_delta_rule",
+    "chunk_kda",
+    "fused_recurrent_kda",
+    "kda",
     "reference",
     "nn",
     "built_with_cuda",

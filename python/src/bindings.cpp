@@ -135,4 +135,5 @@ NB_MODULE(_C, m) {
   bind_rmsnorm_gated(m);
   bind_mhc(m);
   bind_gated_delta_rule(m);
+  bind_kda(m);
 }

@@ -27,6 +27,8 @@ void register_all_backends(Registry& r) {
   register_sinkhorn_cpu(r);
   register_mhc_ref(r);
   register_mhc_cpu(r);
+  register_kda_ref(r);
+  register_kda_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);

@@ -44,4 +44,6 @@ void register_sinkhorn_cuda_sm80(Registry& r);
 void register_mhc_ref(Registry& r);
 void register_mhc_cpu(Registry& r);
 void register_mhc_cuda_sm80(Registry& r);
+void register_kda_ref(Registry& r);
+void register_kda_cpu(Registry& r);
 }  // namespace fusedops

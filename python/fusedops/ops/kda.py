@@ -1,0 +1,616 @@
+"""Kimi delta attention (KDA, linear_attention.md section 9): the gated delta rule with a
+per-key-channel decay ``g [B,T,HV,K]``.
+
+Top level (differentiable, torch.library custom ops):
+    chunk_kda(q, k, v, g, beta, ...)            -> (o, final_state)
+    fused_recurrent_kda(q, k, v, g, beta, ...)  -> (o, final_state)
+    fused_kda_gate(g, A_log, dt_bias, lower_bound) -> the per-channel gate of section 11
+Sub-operators (plain functions): chunk_kda_fwd_intra, kda_recompute_w_u_fwd, chunk_kda_fwd_o,
+chunk_kda_bwd_dAv, chunk_kda_bwd_wy_dqkg_fused, chunk_kda_bwd_intra, kda_gate_fwd, kda_gate_bwd;
+the pipeline also uses chunk_local_cumsum (vector variant), chunk_gated_delta_rule_fwd_h and
+chunk_gated_delta_rule_bwd_dhu (``gk`` variants), re-exported here as chunk_kda_fwd_h /
+chunk_kda_bwd_dhu.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
+from .gated_delta_rule import (
+    _acc_dtype,
+    _empty,
+    _host_seqlens,
+    _indices,
+    _last_unit,
+    _workspace,
+    chunk_local_cumsum,
+    prepare_chunk_indices,
+)
+from .gated_delta_rule import chunk_gated_delta_rule_bwd_dhu as chunk_kda_bwd_dhu
+from .gated_delta_rule import chunk_gated_delta_rule_fwd_h as chunk_kda_fwd_h
+
+_OP = "chunk_kda"
+_OP_REC = "fused_recurrent_kda"
+
+__all__ = [
+    "chunk_kda",
+    "fused_recurrent_kda",
+    "fused_kda_gate",
+    "chunk_kda_fwd_intra",
+    "kda_recompute_w_u_fwd",
+    "chunk_kda_fwd_o",
+    "chunk_kda_bwd_dAv",
+    "chunk_kda_bwd_wy_dqkg_fused",
+    "chunk_kda_bwd_intra",
+    "chunk_kda_fwd_h",
+    "chunk_kda_bwd_dhu",
+    "chunk_local_cumsum",
+    "kda_gate_fwd",
+    "kda_gate_bwd",
+]
+
+_T10 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+_T8 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+_T6 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+_T3 = tuple[Tensor, Tensor, Tensor]
+
+
+def _opt(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t if t is not None and (t.numel() or t.dim() > 1) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# chunk_kda
+
+
+def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+                    initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
+                    use_gate: bool, A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                    use_sigmoid: bool, allow_neg: bool, safe_gate: bool, has_lb: bool, lb: float,
+                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                    chunk_size: int) -> _T10:
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    dev, acc = q.device, _acc_dtype(q)
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
+    ht = torch.empty(N, HV, K, V, dtype=acc, device=dev) if output_final_state else _empty(q)
+    if use_qk_l2norm:
+        q, k = rows_view(q), rows_view(k)
+        qn, kn = torch.empty(B, T, H, K, dtype=q.dtype, device=dev), torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
+        rq, rk = torch.empty(B, T, H, dtype=acc, device=dev), torch.empty(B, T, H, dtype=acc, device=dev)
+    else:
+        qn, kn, rq, rk = _empty(q), _empty(q), _empty(q), _empty(q)
+    gc = torch.empty(B, T, HV, K, dtype=acc, device=dev)
+    Aqk = torch.empty(B, T, HV, chunk_size, dtype=k.dtype, device=dev)
+    Akk = torch.empty(B, T, HV, chunk_size, dtype=k.dtype, device=dev)
+    bs = torch.empty(B, T, HV, dtype=acc, device=dev) if use_sigmoid else _empty(q)
+    ws = _workspace(_C.chunk_kda_fwd_workspace_size(q, v, cu_seqlens, ci, chunk_size, use_gate), dev)
+    beta = rows_view(beta) if use_sigmoid else _last_unit(beta)
+    tensors = [_last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g), beta, _last_unit(initial_state),
+               A_log if use_gate else None, dt_bias if use_gate else None, cu_seqlens, ci, co,
+               o, ht if output_final_state else None, _opt(qn), _opt(kn), _opt(rq), _opt(rk), gc,
+               Aqk, Akk, bs if use_sigmoid else None, ws]
+    _C.chunk_kda_fwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid,
+                     allow_neg, safe_gate, has_lb, lb)
+    return o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs
+
+
+def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                    use_gate, A_log, dt_bias, use_sigmoid, allow_neg, safe_gate, has_lb, lb,
+                    cu_seqlens, cu_seqlens_cpu, chunk_size):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    acc = _acc_dtype(q)
+    o = q.new_empty(B, T, HV, V)
+    ht = q.new_empty(N, HV, K, V, dtype=acc) if output_final_state else q.new_empty(0)
+    if use_qk_l2norm:
+        qn, kn = q.new_empty(B, T, H, K), q.new_empty(B, T, H, K)
+        rq, rk = q.new_empty(B, T, H, dtype=acc), q.new_empty(B, T, H, dtype=acc)
+    else:
+        qn, kn, rq, rk = q.new_empty(0), q.new_empty(0), q.new_empty(0), q.new_empty(0)
+    gc = q.new_empty(B, T, HV, K, dtype=acc)
+    Aqk = k.new_empty(B, T, HV, chunk_size)
+    Akk = k.new_empty(B, T, HV, chunk_size)
+    bs = q.new_empty(B, T, HV, dtype=acc) if use_sigmoid else q.new_empty(0)
+    return o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs
+
+
+def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    initial_state: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                    q_normed: Tensor, k_normed: Tensor, q_rstd: Tensor, k_rstd: Tensor, g_cumsum: Tensor,
+                    Aqk: Tensor, Akk: Tensor, beta_sigmoid: Tensor, cu_seqlens: Optional[Tensor],
+                    cu_seqlens_cpu: Optional[Tensor], dout: Tensor, dht: Optional[Tensor], scale: float,
+                    chunk_size: int, use_qk_l2norm: bool, use_gate: bool, use_sigmoid: bool,
+                    allow_neg: bool, safe_gate: bool, has_lb: bool, lb: float) -> _T8:
+    dev = q.device
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    dout = _last_unit(dout)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
+    dg = torch.empty(g.shape, dtype=g.dtype, device=dev)
+    dbeta = torch.empty(beta.shape, dtype=beta.dtype, device=dev)
+    dh0 = torch.empty(initial_state.shape, dtype=initial_state.dtype, device=dev) \
+        if initial_state is not None else _empty(q)
+    dA = torch.empty(A_log.shape, dtype=A_log.dtype, device=dev) if use_gate and A_log is not None else _empty(q)
+    ddb = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=dev) \
+        if use_gate and dt_bias is not None else _empty(q)
+    ws = _workspace(_C.chunk_kda_bwd_workspace_size(q, v, dout, cu_seqlens, ci, chunk_size, use_qk_l2norm,
+                                                    use_gate, use_sigmoid), dev)
+    if use_qk_l2norm:
+        q, k = rows_view(q), rows_view(k)
+    beta = rows_view(beta) if use_sigmoid else _last_unit(beta)
+    tensors = [_last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g), beta, _last_unit(initial_state),
+               A_log if use_gate else None, dt_bias if use_gate else None, _opt(q_normed),
+               _opt(k_normed), _opt(q_rstd), _opt(k_rstd), g_cumsum, Aqk, Akk,
+               beta_sigmoid if use_sigmoid else None, cu_seqlens, ci, co, dout, _last_unit(dht),
+               dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None,
+               dA if use_gate and A_log is not None else None,
+               ddb if use_gate and dt_bias is not None else None, ws]
+    _C.chunk_kda_bwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid,
+                     allow_neg, safe_gate, has_lb, lb)
+    return dq, dk, dv, dg, dbeta, dh0, dA, ddb
+
+
+def _chunk_bwd_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, q_normed, k_normed, q_rstd,
+                    k_rstd, g_cumsum, Aqk, Akk, beta_sigmoid, cu_seqlens, cu_seqlens_cpu, dout, dht,
+                    scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid, allow_neg, safe_gate,
+                    has_lb, lb):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape), beta.new_empty(beta.shape),
+            initial_state.new_empty(initial_state.shape) if initial_state is not None else q.new_empty(0),
+            A_log.new_empty(A_log.shape) if use_gate and A_log is not None else q.new_empty(0),
+            dt_bias.new_empty(dt_bias.shape) if use_gate and dt_bias is not None else q.new_empty(0))
+
+
+_chunk_bwd = PlainOp("chunk_kda_bwd", _chunk_bwd_impl, _chunk_bwd_fake)
+
+
+def _chunk_setup(ctx, inputs, output):
+    (q, k, v, g, beta, scale, h0, ofs, l2, gate, A_log, dt_bias, sig, neg, safe, has_lb, lb, cu,
+     cu_cpu, bt) = inputs
+    o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs = output
+    ctx.flags = (scale, bt, l2, gate, sig, neg, safe, has_lb, lb)
+    ctx.save_for_backward(q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu,
+                          cu_cpu)
+    ctx.mark_non_differentiable(qn, kn, rq, rk, gc, Aqk, Akk, bs)
+
+
+def _chunk_backward(ctx, do, dht, *_unused):
+    q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu, cu_cpu = ctx.saved_tensors
+    scale, bt, l2, gate, sig, neg, safe, has_lb, lb = ctx.flags
+    if do is None:
+        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    if dht is not None and dht.numel() == 0:
+        dht = None
+    dq, dk, dv, dg, dbeta, dh0, dA, ddb = _chunk_bwd(
+        q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu, cu_cpu, do, dht,
+        scale, bt, l2, gate, sig, neg, safe, has_lb, lb)
+    return (dq, dk, dv, dg, dbeta, None, dh0 if h0 is not None else None, None, None, None,
+            dA if gate and A_log is not None else None, ddb if gate and dt_bias is not None else None,
+            None, None, None, None, None, None, None, None)
+
+
+_chunk_fwd = DifferentiableOp("chunk_kda_fwd", _chunk_fwd_impl, _chunk_fwd_fake, _chunk_setup,
+                              _chunk_backward)
+
+
+def _fail(op: str, msg: str, exc=ValueError):
+    raise exc(f"fusedops: {op}: {msg}")
+
+
+def chunk_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    safe_gate: bool = False,
+    lower_bound: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    chunk_size: int = 64,
+    cu_seqlens_cpu: Optional[Tensor] = None,
+    allow_neg_eigval: bool = False,
+    **kwargs,
+):
+    """Chunked Kimi delta attention (flash-linear-attention's ``chunk_kda``).
+
+    Per sequence and value head, with state ``S`` ([K,V], fp32, ``initial_state`` or 0)::
+
+        S = diag(exp(g_t)) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = scale S^T q_t
+
+    computed chunk by chunk (``chunk_size`` 32 or 64). q, k ``[B,T,H,K]``; v ``[B,T,HV,V]``
+    (``HV % H == 0``); g ``[B,T,HV,K]`` a per-step log decay, or with ``use_gate_in_kernel`` the
+    raw input of ``-exp(A_log) softplus(g + dt_bias)`` (``lower_bound * sigmoid(exp(A_log)(g +
+    dt_bias))`` when ``lower_bound`` is set); beta ``[B,T,HV]`` in (0,1), or logits with
+    ``use_beta_sigmoid_in_kernel``. ``initial_state [N,HV,K,V]`` must be fp32. ``cu_seqlens``
+    packs sequences along T (B == 1). Returns ``(o [B,T,HV,V] in q's dtype, final_state fp32 or
+    None)``; differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.
+    """
+    op = "chunk_kda"
+    if "head_first" in kwargs:
+        raise DeprecationWarning("fusedops: chunk_kda: head_first is removed; pass tensors in the "
+                                 "[B,T,H,D] layout (seq-first)")
+    kwargs.pop("disable_recompute", None)  # W, U, h are always recomputed in the backward
+    if kwargs.pop("return_intermediate_states", False):
+        _fail(op, "return_intermediate_states is not supported")
+    if kwargs:
+        _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            _fail(op, f"{name} must have rank 4 ([B,T,H,D]), got shape {list(t.shape)}")
+    if q.shape != k.shape:
+        _fail(op, f"q and k must have the same shape, got {list(q.shape)} and {list(k.shape)}")
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if H == 0 or HV % H:
+        _fail(op, f"the {HV} value heads are not a multiple of the {H} q/k heads")
+    if K > 256:
+        _fail(op, f"K must be <= 256, got {K}")
+    if tuple(g.shape) != (B, T, HV, K):
+        _fail(op, f"g must have shape [B,T,HV,K]={[B, T, HV, K]}, got {list(g.shape)}")
+    if tuple(beta.shape) != (B, T, HV):
+        _fail(op, f"beta must have shape [B,T,HV]={[B, T, HV]}, got {list(beta.shape)}")
+    if chunk_size not in (32, 64):
+        _fail(op, f"chunk_size must be 32 or 64, got {chunk_size}")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        _fail(op, "allow_neg_eigval requires use_beta_sigmoid_in_kernel")
+    if use_gate_in_kernel and A_log is None and lower_bound is None:
+        _fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
+    if use_gate_in_kernel and safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
+        _fail(op, f"safe_gate with use_gate_in_kernel requires lower_bound in [-5, 0), got {lower_bound}")
+    if cu_seqlens is not None and B != 1:
+        _fail(op, f"with cu_seqlens the batch size must be 1 (sequences are packed along T), got B={B}")
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        want = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if initial_state.dtype != want:
+            _fail(op, f"initial_state must be {want} (the state is kept in {want}), got {initial_state.dtype}")
+        if initial_state.dim() != 4 or initial_state.shape[0] != N:
+            _fail(op, f"initial_state must have shape [N,HV,K,V] with N={N} sequences, got "
+                      f"{list(initial_state.shape)}")
+    if scale is None:
+        scale = K ** -0.5
+    if use_gate_in_kernel and dt_bias is not None and not dt_bias.is_contiguous():
+        dt_bias = dt_bias.contiguous()
+    has_lb = lower_bound is not None
+    out = _chunk_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
+                     bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
+                     A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,
+                     bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), has_lb,
+                     float(lower_bound) if has_lb else 0.0, cu_seqlens, cu_seqlens_cpu, int(chunk_size))
+    return out[0], (out[1] if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_recurrent_kda
+
+
+def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                  scale: float, initial_state: Optional[Tensor], output_final_state: bool,
+                  cu_seqlens: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if cu_seqlens is not None:
+        _host_seqlens(cu_seqlens)
+    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
+    _C.fused_recurrent_kda_fwd(context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v),
+                               _last_unit(g), _last_unit(beta), _last_unit(initial_state), cu_seqlens,
+                               scale, o, ht if output_final_state else None)
+    return o, ht
+
+
+def _rec_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    ht = q.new_empty(N, HV, K, V, dtype=_acc_dtype(q)) if output_final_state else q.new_empty(0)
+    return q.new_empty(B, T, HV, V), ht
+
+
+def _rec_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                  scale: float, initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  dout: Tensor, dht: Optional[Tensor]) -> _T6:
+    dev = q.device
+    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
+    dg = torch.empty(g.shape, dtype=g.dtype, device=dev) if g is not None else _empty(q)
+    db = torch.empty(beta.shape, dtype=beta.dtype, device=dev) if beta is not None else _empty(q)
+    dh0 = torch.empty(initial_state.shape, dtype=initial_state.dtype, device=dev) \
+        if initial_state is not None else _empty(q)
+    _C.fused_recurrent_kda_bwd(
+        context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g),
+        _last_unit(beta), _last_unit(initial_state), cu_seqlens, scale, _last_unit(dout),
+        _last_unit(dht), dq, dk, dv, dg if g is not None else None,
+        db if beta is not None else None, dh0 if initial_state is not None else None)
+    return dq, dk, dv, dg, db, dh0
+
+
+def _rec_bwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, dout, dht):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape) if g is not None else q.new_empty(0),
+            beta.new_empty(beta.shape) if beta is not None else q.new_empty(0),
+            initial_state.new_empty(initial_state.shape) if initial_state is not None else q.new_empty(0))
+
+
+_rec_bwd = PlainOp("fused_recurrent_kda_bwd", _rec_bwd_impl, _rec_bwd_fake)
+
+
+def _rec_setup(ctx, inputs, output):
+    q, k, v, g, beta, scale, h0, ofs, cu = inputs
+    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu)
+
+
+def _rec_backward(ctx, do, dht):
+    q, k, v, g, beta, h0, cu = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    if dht is not None and dht.numel() == 0:
+        dht = None
+    dq, dk, dv, dg, db, dh0 = _rec_bwd(q, k, v, g, beta, ctx.scale, h0, cu, do, dht)
+    return (dq, dk, dv, dg if g is not None else None, db if beta is not None else None, None,
+            dh0 if h0 is not None else None, None, None)
+
+
+_rec_fwd = DifferentiableOp("fused_recurrent_kda_fwd", _rec_fwd_impl, _rec_fwd_fake, _rec_setup,
+                            _rec_backward)
+
+
+def fused_recurrent_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Optional[Tensor] = None,
+    beta: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
+    lower_bound: Optional[float] = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    **kwargs,
+):
+    """KDA token by token (decoding; flash-linear-attention's ``fused_recurrent_kda``): same
+    recurrence, layout and options as :func:`chunk_kda` (g and beta optional: no decay / beta =
+    1). Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
+    recomputes the states from checkpoints every 64 tokens."""
+    op = "fused_recurrent_kda"
+    if "head_first" in kwargs:
+        raise DeprecationWarning("fusedops: fused_recurrent_kda: head_first is removed; pass tensors in "
+                                 "the [B,T,H,D] layout")
+    if kwargs:
+        _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        _fail(op, "q, k, v must have rank 4 ([B,T,H,D])")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        _fail(op, f"with cu_seqlens the batch size must be 1 (sequences are packed along T), got B={q.shape[0]}")
+    if initial_state is not None:
+        want = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if initial_state.dtype != want:
+            _fail(op, f"initial_state must be {want} (the state is kept in {want}), got {initial_state.dtype}")
+    if use_gate_in_kernel:
+        if g is None:
+            _fail(op, "use_gate_in_kernel requires g")
+        if A_log is None and lower_bound is None:
+            _fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
+        g = fused_kda_gate(g, A_log, dt_bias, lower_bound)
+    if use_beta_sigmoid_in_kernel and beta is not None:
+        beta = torch.sigmoid(beta.float())
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if use_qk_l2norm_in_kernel:
+        from .l2norm import l2norm
+        q, k = l2norm(q, 1e-6), l2norm(k, 1e-6)
+    o, ht = _rec_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), cu_seqlens)
+    return o, (ht if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-channel gate (section 11)
+
+
+def _gate_fwd_impl(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], has_lb: bool,
+                   lb: float) -> Tensor:
+    y = torch.empty(g.shape, dtype=_acc_dtype(g), device=g.device)
+    _C.kda_gate_fwd(context("kda_gate", g), _last_unit(g), A_log.contiguous() if A_log is not None else None,
+                    dt_bias.contiguous() if dt_bias is not None else None, y, has_lb, lb)
+    return y
+
+
+def _gate_fwd_fake(g, A_log, dt_bias, has_lb, lb):
+    return g.new_empty(g.shape, dtype=_acc_dtype(g))
+
+
+def _gate_bwd_impl(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], dy: Tensor,
+                   has_lb: bool, lb: float) -> _T3:
+    dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    dA = torch.empty(A_log.shape, dtype=A_log.dtype, device=g.device) if A_log is not None else _empty(g)
+    db = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=g.device) if dt_bias is not None else _empty(g)
+    _C.kda_gate_bwd(context("kda_gate", g), _last_unit(g), A_log.contiguous() if A_log is not None else None,
+                    dt_bias.contiguous() if dt_bias is not None else None, _last_unit(dy), dg,
+                    dA if A_log is not None else None, db if dt_bias is not None else None, has_lb, lb)
+    return dg, dA, db
+
+
+def _gate_bwd_fake(g, A_log, dt_bias, dy, has_lb, lb):
+    return (g.new_empty(g.shape), A_log.new_empty(A_log.shape) if A_log is not None else g.new_empty(0),
+            dt_bias.new_empty(dt_bias.shape) if dt_bias is not None else g.new_empty(0))
+
+
+_gate_bwd = PlainOp("kda_gate_bwd", _gate_bwd_impl, _gate_bwd_fake)
+
+
+def _gate_setup(ctx, inputs, output):
+    g, A_log, dt_bias, has_lb, lb = inputs
+    ctx.lb = (has_lb, lb)
+    ctx.save_for_backward(g, A_log, dt_bias)
+
+
+def _gate_backward(ctx, dy):
+    g, A_log, dt_bias = ctx.saved_tensors
+    if dy is None:
+        return None, None, None, None, None
+    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dy, *ctx.lb)
+    return dg, (dA if A_log is not None else None), (db if dt_bias is not None else None), None, None
+
+
+_gate_fwd = DifferentiableOp("kda_gate_fwd", _gate_fwd_impl, _gate_fwd_fake, _gate_setup, _gate_backward)
+
+
+def fused_kda_gate(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor] = None,
+                   lower_bound: Optional[float] = None) -> Tensor:
+    """The KDA gate over ``g [B,T,HV,K]`` (fp32 out): ``-exp(A_log) softplus(g + dt_bias)``, or
+    ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` when ``lower_bound`` is set (A_log then
+    optional). A_log ``[HV]``, dt_bias ``[HV*K]``; differentiable in g, A_log and dt_bias."""
+    if g.dim() != 4:
+        _fail("kda_gate", f"g must have rank 4 ([B,T,HV,K]), got shape {list(g.shape)}")
+    if A_log is None and lower_bound is None:
+        _fail("kda_gate", "A_log is required unless lower_bound is set")
+    has_lb = lower_bound is not None
+    return _gate_fwd(g, A_log, dt_bias, has_lb, float(lower_bound) if has_lb else 0.0)
+
+
+def kda_gate_fwd(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor] = None,
+                 lower_bound: Optional[float] = None) -> Tensor:
+    """Launcher form of the KDA gate forward (fp32 out)."""
+    return fused_kda_gate(g, A_log, dt_bias, lower_bound)
+
+
+def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], dy: Tensor,
+                 lower_bound: Optional[float] = None):
+    """Launcher form of the KDA gate backward: ``(dg, dA_log or None, ddt_bias or None)``."""
+    has_lb = lower_bound is not None
+    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dy, has_lb, float(lower_bound) if has_lb else 0.0)
+    return dg, (dA if A_log is not None else None), (db if dt_bias is not None else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sub-operators: plain functions, not differentiable.
+
+
+def _ci(cu_seqlens, chunk_indices, chunk_size):
+    if cu_seqlens is not None and chunk_indices is None:
+        return prepare_chunk_indices(cu_seqlens, chunk_size)
+    return chunk_indices
+
+
+def chunk_kda_fwd_intra(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: Optional[float] = None,
+                        cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                        chunk_indices: Optional[Tensor] = None, safe_gate: bool = False,
+                        output_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    """``(Aqk, Akk)`` per chunk: ``Aqk = scale sum_c q k exp(gk_i - gk_j)`` (j <= i) and
+    ``Akk = (I + L)^{-1}`` with ``L = beta_i sum_c k k exp(gk_i - gk_j)`` (j < i); gk is the
+    chunk-local cumsum ``[B,T,HV,K]``. ``[B,T,HV,BT]`` each, in ``output_dtype`` (k's dtype)."""
+    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    B, T, HV = gk.shape[:3]
+    dt = output_dtype or k.dtype
+    Aqk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
+    Akk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
+    _C.chunk_kda_fwd_intra(context("chunk_kda_fwd_intra", k), _last_unit(q), _last_unit(k), _last_unit(gk),
+                           _last_unit(beta), Aqk, Akk, cu_seqlens, ci,
+                           q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size, safe_gate)
+    return Aqk, Akk
+
+
+def kda_recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, gk: Tensor,
+                          q: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
+                          chunk_indices: Optional[Tensor] = None):
+    """``(w, u, qg or None, kg)``: ``w = Akk (beta exp(gk) k)``, ``u = Akk (beta v)``,
+    ``qg = q exp(gk)``, ``kg = k exp(gk_last - gk)``; per value head."""
+    ci = _ci(cu_seqlens, chunk_indices, A.shape[-1])
+    B, T, HV = v.shape[:3]
+    K = k.shape[-1]
+    w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
+    u = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    kg = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
+    qg = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device) if q is not None else None
+    _C.kda_recompute_w_u_fwd(context("kda_recompute_w_u", k), _last_unit(q), _last_unit(k), _last_unit(v),
+                             _last_unit(beta), _last_unit(A), _last_unit(gk), w, u, kg, qg, cu_seqlens, ci)
+    return w, u, qg, kg
+
+
+def chunk_kda_fwd_o(qg: Tensor, Aqk: Tensor, v: Tensor, h: Tensor, scale: Optional[float] = None,
+                    cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None) -> Tensor:
+    """``o = scale qg h[n] + (M>= . Aqk) v`` per chunk (v = v_new)."""
+    ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    _C.chunk_kda_fwd_o(context("chunk_kda_fwd_o", v), _last_unit(qg), _last_unit(Aqk), _last_unit(v),
+                       _last_unit(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
+    return o
+
+
+def chunk_kda_bwd_dAv(Aqk: Tensor, v: Tensor, do: Tensor, scale: Optional[float] = None,
+                      cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None,
+                      K: Optional[int] = None):
+    """``(dAqk fp32, dv)``: ``dAqk = scale M>= . (dO v^T)``, ``dv = (M>= . Aqk)^T dO``. ``scale``
+    defaults to ``K**-0.5`` (pass K or scale)."""
+    if scale is None:
+        if K is None:
+            _fail("chunk_kda_bwd_dAv", "pass scale (or K for the default K**-0.5)")
+        scale = K ** -0.5
+    ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
+    dA = torch.empty(Aqk.shape, dtype=_acc_dtype(v), device=v.device)
+    dv = torch.empty(do.shape, dtype=do.dtype, device=do.device)
+    _C.chunk_kda_bwd_dAv(context("chunk_kda_bwd_dAv", v), _last_unit(Aqk), _last_unit(v), _last_unit(do), dA,
+                         dv, cu_seqlens, ci, float(scale))
+    return dA, dv
+
+
+def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, g: Tensor, beta: Tensor,
+                                A: Tensor, h: Tensor, do: Tensor, dh: Tensor, dv: Tensor,
+                                scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
+                                chunk_size: int = 64, chunk_indices: Optional[Tensor] = None):
+    """``(dq, dk, dv, dbeta, dg, dA)`` of block K3 (g = the chunk-local cumsum, A = Akk, dv =
+    the total gradient of v_new); dq, dk summed over value-head groups; all fp32 except dv."""
+    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    acc = _acc_dtype(q)
+    B, T, HV = v.shape[:3]
+    dq = torch.empty(q.shape, dtype=acc, device=q.device)
+    dk = torch.empty(k.shape, dtype=acc, device=q.device)
+    dvo = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    db = torch.empty(B, T, HV, dtype=acc, device=q.device)
+    dg = torch.empty(g.shape, dtype=acc, device=q.device)
+    dA = torch.empty(B, T, HV, chunk_size, dtype=acc, device=q.device)
+    tensors = [_last_unit(x) for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv)]
+    tensors += [dq, dk, dvo, db, dg, dA, cu_seqlens, ci]
+    _C.chunk_kda_bwd_wy_dqkg_fused(context("chunk_kda_bwd_wy_dqkg_fused", q), tensors,
+                                   q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
+    return dq, dk, dvo, db, dg, dA
+
+
+def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Tensor, dAkk: Tensor,
+                        dq: Tensor, dk: Tensor, db: Tensor, dg: Tensor, cu_seqlens: Optional[Tensor] = None,
+                        chunk_size: int = 64, chunk_indices: Optional[Tensor] = None,
+                        safe_gate: bool = False):
+    """Adds the gradients through Aqk and L (block K4) to the partial ``dq, dk, db, dg``; returns
+    new ``(dq, dk, db, dg)`` (inputs untouched)."""
+    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (dq, dk, db, dg)]
+    tensors = [_last_unit(x) for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg)] + outs + [cu_seqlens, ci]
+    _C.chunk_kda_bwd_intra(context("chunk_kda_bwd_intra", q), tensors, chunk_size, safe_gate)
+    return tuple(outs)

@@ -1,0 +1,96 @@
+// KDA CPU backend: the kernels of kda_kernels.h in fp32 (fp32/bf16/fp16 storage; float64
+// anywhere goes to the reference). The top level forces "cpu" on every sub-operator it calls.
+#include "fusedops/core/registry.h"
+#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/kda/kda_kernels.h"
+#include "src/ops/kda/kda_top.h"
+
+namespace fusedops {
+namespace {
+
+using gdn::no_float64;
+
+template <class Args, void (*F)(const Args&)>
+void run(const Context&, const Args& a) {
+  F(a);
+}
+
+void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cpu";
+  kda::compose_fwd(c, a);
+}
+void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cpu";
+  kda::compose_bwd(c, a);
+}
+
+bool sup_intra(const ChunkKdaFwdIntraArgs& a) {
+  return no_float64({&a.q, &a.k, &a.gk, &a.beta, &a.Aqk, &a.Akk});
+}
+bool sup_wu(const KdaRecomputeWUFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.beta, &a.Akk, &a.gk, &a.w, &a.u, &a.kg, &a.qg});
+}
+bool sup_o(const ChunkKdaFwdOArgs& a) { return no_float64({&a.qg, &a.Aqk, &a.v, &a.h, &a.o}); }
+bool sup_dav(const ChunkKdaBwdDAvArgs& a) { return no_float64({&a.Aqk, &a.v, &a.dout, &a.dAqk, &a.dv}); }
+bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.v_new, &a.gk, &a.beta, &a.Akk, &a.h, &a.dh, &a.dout,
+                     &a.dvn, &a.dq, &a.dk, &a.dv, &a.dbeta, &a.dg, &a.dAkk});
+}
+bool sup_bintra(const ChunkKdaBwdIntraArgs& a) {
+  return no_float64({&a.q, &a.k, &a.gk, &a.beta, &a.dAqk, &a.dAkk, &a.dq, &a.dk, &a.dbeta, &a.dg,
+                     &a.dq_out, &a.dk_out, &a.dbeta_out, &a.dg_out});
+}
+bool sup_gate(const KdaGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
+bool sup_gate_bwd(const KdaGateBwdArgs& a) {
+  return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
+}
+bool sup_rec(const FusedRecurrentKdaFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
+}
+bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq,
+                     &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0});
+}
+bool sup_top(const ChunkKdaFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
+                     &a.o, &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
+                     &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid});
+}
+bool sup_top_bwd(const ChunkKdaBwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
+                     &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk, &a.Akk,
+                     &a.beta_sigmoid, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta,
+                     &a.dh0, &a.dA_log, &a.ddt_bias});
+}
+
+}  // namespace
+
+void register_kda_cpu(Registry& r) {
+  using namespace kda;
+  BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
+                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
+  const auto F = Direction::kForward, B = Direction::kBackward;
+  r.add<ChunkKdaFwdIntraArgs>("chunk_kda_fwd_intra", F, spec, sup_intra,
+                              run<ChunkKdaFwdIntraArgs, fwd_intra<float>>);
+  r.add<KdaRecomputeWUFwdArgs>("kda_recompute_w_u", F, spec, sup_wu,
+                               run<KdaRecomputeWUFwdArgs, recompute_wu<float>>);
+  r.add<ChunkKdaFwdOArgs>("chunk_kda_fwd_o", F, spec, sup_o, run<ChunkKdaFwdOArgs, fwd_o<float>>);
+  r.add<ChunkKdaBwdDAvArgs>("chunk_kda_bwd_dAv", B, spec, sup_dav,
+                            run<ChunkKdaBwdDAvArgs, bwd_dAv<float>>);
+  r.add<ChunkKdaBwdWyDqkgArgs>("chunk_kda_bwd_wy_dqkg_fused", B, spec, sup_wy,
+                               run<ChunkKdaBwdWyDqkgArgs, bwd_wy_dqkg<float>>);
+  r.add<ChunkKdaBwdIntraArgs>("chunk_kda_bwd_intra", B, spec, sup_bintra,
+                              run<ChunkKdaBwdIntraArgs, bwd_intra<float>>);
+  r.add<KdaGateFwdArgs>("kda_gate", F, spec, sup_gate, run<KdaGateFwdArgs, gate_fwd<float>>);
+  r.add<KdaGateBwdArgs>("kda_gate", B, spec, sup_gate_bwd, run<KdaGateBwdArgs, gate_bwd<float>>);
+  r.add<FusedRecurrentKdaFwdArgs>("fused_recurrent_kda", F, spec, sup_rec,
+                                  run<FusedRecurrentKdaFwdArgs, recurrent_fwd<float>>);
+  r.add<FusedRecurrentKdaBwdArgs>("fused_recurrent_kda", B, spec, sup_rec_bwd,
+                                  run<FusedRecurrentKdaBwdArgs, recurrent_bwd<float>>);
+  r.add<ChunkKdaFwdArgs>("chunk_kda", F, spec, sup_top, top_fwd);
+  r.add<ChunkKdaBwdArgs>("chunk_kda", B, spec, sup_top_bwd, top_bwd);
+}
+
+}  // namespace fusedops

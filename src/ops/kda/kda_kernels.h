@@ -1,0 +1,894 @@
+// KDA chunk kernels written once over the compute type T: T = double is the reference backend
+// (float64 math, any storage dtype), T = float the CPU backend (fp32 math, the register-blocked
+// GEMM and vectorised exp of gdn_cpu_kernels.h). Each kernel handles one (chunk, head) task at a
+// time on blocks converted from the storage dtype; tasks run over the OpenMP threads with a fixed
+// split, so results do not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fusedops/ops/kda.h"
+#include "src/cpu/parallel.h"
+#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+
+namespace fusedops::kda {
+
+using gdn::Chunk;
+using gdn::Mat;
+using gdn::Seq;
+using gdn::Tok;
+using gdn::cpu::Tri;
+
+constexpr int64_t kBC = 16;  // sub-block rows of the intra-chunk factorisation
+
+// ---------------------------------------------------------------------------------------------
+// Scalar-type dispatch of the building blocks.
+
+template <class T>
+inline void load(const void* p, DType dt, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) gdn::load_floats(p, dt, out, n);
+  else gdn::load_doubles(p, dt, out, n);
+}
+template <class T>
+inline void store(const T* in, void* p, DType dt, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) gdn::store_floats(in, p, dt, n);
+  else gdn::store_doubles(in, p, dt, n);
+}
+template <class T>
+inline void vexp(T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) gdn::cpu::exp_inplace(x, n);
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+// C[M,N] (=|+=) alpha * A[M,K] B[K,N]; A(i,k) = A[i*ars + k*acs]; B, C row-major. tri says
+// which part of A is zero (it must hold zeros there).
+template <class T>
+inline void mm(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t ars, int64_t acs,
+               const T* B, int64_t ldb, bool accumulate, T* C, int64_t ldc, Tri tri = Tri::kNone) {
+  if constexpr (std::is_same_v<T, float>) {
+    gdn::cpu::gemm(M, N, K, alpha, A, ars, acs, B, ldb, accumulate, C, ldc, tri);
+  } else {
+    std::vector<T> row(N);
+    for (int64_t i = 0; i < M; ++i) {
+      std::fill(row.begin(), row.end(), T(0));
+      for (int64_t k = 0; k < K; ++k) {
+        const T a = A[i * ars + k * acs];
+        if (a == T(0)) continue;
+        const T* b = B + k * ldb;
+        for (int64_t j = 0; j < N; ++j) row[j] += a * b[j];
+      }
+      T* c = C + i * ldc;
+      for (int64_t j = 0; j < N; ++j) c[j] = accumulate ? c[j] + alpha * row[j] : alpha * row[j];
+    }
+  }
+}
+
+template <class T>
+inline void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+  if constexpr (std::is_same_v<T, float>) {
+    gdn::cpu::transpose(src, lds, rows, cols, dst, ldd);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+  }
+}
+
+template <class T>
+class Scratch {
+ public:
+  T* get(size_t i, int64_t n) {
+    if (bufs_.size() <= i) bufs_.resize(i + 1);
+    if (static_cast<int64_t>(bufs_[i].size()) < n) bufs_[i].resize(n);
+    return bufs_[i].data();
+  }
+
+ private:
+  std::vector<std::vector<T>> bufs_;
+};
+template <class T>
+inline Scratch<T>& scratch() {
+  thread_local Scratch<T> s;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk-level loads and stores.
+
+inline std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT) {
+  return gdn::make_chunks(gdn::make_seqs(B, T, cu, BT), BT);
+}
+
+template <class T>
+inline void load_rows(const Tok& t, const Chunk& c, int64_t h, T* buf) {
+  for (int64_t i = 0; i < c.len; ++i) load<T>(t.ptr(c.b, c.t0 + i, h), t.dtype, buf + i * t.D, t.D);
+}
+template <class T>
+inline void store_rows(const T* src, const Tok& t, const Chunk& c, int64_t h) {
+  for (int64_t i = 0; i < c.len; ++i) store<T>(src + i * t.D, t.ptr(c.b, c.t0 + i, h), t.dtype, t.D);
+}
+template <class T>
+inline void load_scalars(const Tok& t, const Chunk& c, int64_t h, T* out, T dflt = T(0)) {
+  if (!t.defined()) {
+    std::fill(out, out + c.len, dflt);
+    return;
+  }
+  for (int64_t i = 0; i < c.len; ++i) load<T>(t.ptr(c.b, c.t0 + i, h), t.dtype, out + i, 1);
+}
+template <class T>
+inline void store_scalars(const T* in, const Tok& t, const Chunk& c, int64_t h) {
+  for (int64_t i = 0; i < c.len; ++i) store<T>(in + i, t.ptr(c.b, c.t0 + i, h), t.dtype, 1);
+}
+// The [n,n] lower block (diagonal included unless strict) of a [B,T,H,BT] tensor, ld n.
+template <class T>
+inline void load_lower(const Tok& A, const Chunk& c, int64_t h, bool strict, T* out) {
+  const int64_t n = c.len;
+  std::vector<T> row(A.D);
+  for (int64_t i = 0; i < n; ++i) {
+    load<T>(A.ptr(c.b, c.t0 + i, h), A.dtype, row.data(), A.D);
+    const int64_t m = strict ? i : i + 1;
+    for (int64_t j = 0; j < n; ++j) out[i * n + j] = j < m ? row[j] : T(0);
+  }
+}
+// Writes an [n,n] block (ld n) as BT-wide rows, zeros in columns >= n.
+template <class T>
+inline void store_square(const T* in, const Tok& A, const Chunk& c, int64_t h) {
+  const int64_t n = c.len;
+  std::vector<T> row(A.D, T(0));
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(in + i * n, in + i * n + n, row.begin());
+    store<T>(row.data(), A.ptr(c.b, c.t0 + i, h), A.dtype, A.D);
+  }
+}
+template <class T>
+inline void load_mat(const Mat& m, int64_t index, T* out) {
+  load<T>(m.ptr(index), m.dtype, out, m.rows * m.cols);
+}
+
+// X = (I + L)^{-1} for a strictly lower [n,n] L (ld n), by forward substitution; X ld n.
+template <class T>
+inline void unit_lower_inverse(const T* L, int64_t n, T* X) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* xi = X + i * n;
+    std::fill(xi, xi + n, T(0));
+    xi[i] = T(1);
+    for (int64_t m = 0; m < i; ++m) {
+      const T l = L[i * n + m];
+      if (l == T(0)) continue;
+      const T* xm = X + m * n;
+      for (int64_t j = 0; j <= m; ++j) xi[j] -= l * xm[j];
+    }
+  }
+}
+
+// The sub-block factors of rows [i0, i1) against reference row r = i0:
+//   Ef[i - i0, c] = exp(G_ic - G_rc) (i >= r),   Eb[j, c] = exp(G_rc - G_jc) (j < r).
+template <class T>
+inline void block_factors(const T* G, int64_t K, int64_t i0, int64_t i1, T* Ef, T* Eb) {
+  const T* gr = G + i0 * K;
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t c = 0; c < K; ++c) Ef[(i - i0) * K + c] = G[i * K + c] - gr[c];
+  vexp(Ef, (i1 - i0) * K);
+  for (int64_t j = 0; j < i0; ++j)
+    for (int64_t c = 0; c < K; ++c) Eb[j * K + c] = gr[c] - G[j * K + c];
+  vexp(Eb, i0 * K);
+}
+
+// P[i,j] = sum_c Q_ic K_jc E_ijc (j <= i) and M[i,j] = sum_c K_ic K_jc E_ijc (j < i), zeros
+// elsewhere; [n,n] with ld n. Q, Kc, G: [n,K].
+template <class T>
+void intra_scores(int64_t n, int64_t K, const T* Q, const T* Kc, const T* G, T* P, T* M,
+                  Scratch<T>& s, size_t sb) {
+  std::fill(P, P + n * n, T(0));
+  std::fill(M, M + n * n, T(0));
+  T* Ef = s.get(sb, kBC * K);
+  T* Eb = s.get(sb + 1, n * K);
+  T* qf = s.get(sb + 2, kBC * K);
+  T* kf = s.get(sb + 3, kBC * K);
+  T* kbT = s.get(sb + 4, K * n);
+  T* e = s.get(sb + 5, K);
+  for (int64_t i0 = 0; i0 < n; i0 += kBC) {
+    const int64_t i1 = std::min(n, i0 + kBC), mr = i1 - i0;
+    if (i0 > 0) {
+      block_factors(G, K, i0, i1, Ef, Eb);
+      for (int64_t x = 0; x < mr * K; ++x) {
+        qf[x] = Q[i0 * K + x] * Ef[x];
+        kf[x] = Kc[i0 * K + x] * Ef[x];
+      }
+      for (int64_t x = 0; x < i0 * K; ++x) Eb[x] *= Kc[x];  // kb = K . Eb
+      transpose(Eb, K, i0, K, kbT, i0);
+      mm<T>(mr, i0, K, T(1), qf, K, 1, kbT, i0, false, P + i0 * n, n);
+      mm<T>(mr, i0, K, T(1), kf, K, 1, kbT, i0, false, M + i0 * n, n);
+    }
+    // Diagonal sub-block: element-wise exponentials of the differences (i >= j).
+    for (int64_t i = i0; i < i1; ++i) {
+      const T* gi = G + i * K;
+      for (int64_t j = i0; j <= i; ++j) {
+        const T* gj = G + j * K;
+        const T* kj = Kc + j * K;
+        if (j == i) {
+          T acc = 0;
+          for (int64_t c = 0; c < K; ++c) acc += Q[i * K + c] * kj[c];
+          P[i * n + j] = acc;
+          continue;
+        }
+        for (int64_t c = 0; c < K; ++c) e[c] = gi[c] - gj[c];
+        vexp(e, K);
+        T ap = 0, am = 0;
+        for (int64_t c = 0; c < K; ++c) {
+          const T w = kj[c] * e[c];
+          ap += Q[i * K + c] * w;
+          am += Kc[i * K + c] * w;
+        }
+        P[i * n + j] = ap;
+        M[i * n + j] = am;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+template <class T>
+void fwd_intra(const ChunkKdaFwdIntraArgs& a) {
+  const Tok q(a.q), k(a.k), gk(a.gk), beta(a.beta), Aqk(a.Aqk), Akk(a.Akk);
+  const int64_t H = q.H, HV = gk.H, G = HV / H, K = q.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len;
+      T* Q = s.get(0, n * K);
+      T* Kc = s.get(1, n * K);
+      load_rows(q, c, h, Q);
+      load_rows(k, c, h, Kc);
+      T* Gm = s.get(2, n * K);
+      T* bt = s.get(3, n);
+      T* P = s.get(4, n * n);
+      T* M = s.get(5, n * n);
+      T* X = s.get(6, n * n);
+      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+        load_rows(gk, c, hv, Gm);
+        load_scalars(beta, c, hv, bt);
+        intra_scores(n, K, Q, Kc, Gm, P, M, s, 10);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            P[i * n + j] *= scale;
+            M[i * n + j] *= bt[i];
+          }
+        unit_lower_inverse(M, n, X);
+        store_square(P, Aqk, c, hv);
+        store_square(X, Akk, c, hv);
+      }
+    }
+  });
+}
+
+template <class T>
+void recompute_wu(const KdaRecomputeWUFwdArgs& a) {
+  const Tok q(a.q), k(a.k), v(a.v), beta(a.beta), Akk(a.Akk), gk(a.gk), w(a.w), u(a.u), kg(a.kg),
+      qg(a.qg);
+  const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = Akk.D;
+  const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t h = task % H, n = c.len, last = n - 1;
+      T* Kc = s.get(0, n * K);
+      load_rows(k, c, h, Kc);
+      T* Q = s.get(1, n * K);
+      if (q.defined()) load_rows(q, c, h, Q);
+      T* Gm = s.get(2, n * K);
+      T* eg = s.get(3, n * K);
+      T* X = s.get(4, n * K);
+      T* O = s.get(5, n * K);
+      T* Am = s.get(6, n * n);
+      T* bt = s.get(7, n);
+      T* Vc = s.get(8, n * V);
+      T* U = s.get(9, n * V);
+      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+        load_rows(gk, c, hv, Gm);
+        load_scalars(beta, c, hv, bt);
+        load_lower(Akk, c, hv, false, Am);
+        std::copy(Gm, Gm + n * K, eg);
+        vexp(eg, n * K);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) X[i * K + x] = Kc[i * K + x] * eg[i * K + x] * bt[i];
+        mm<T>(n, K, n, T(1), Am, n, 1, X, K, false, O, K, Tri::kLower);
+        store_rows(O, w, c, hv);
+        load_rows(v, c, hv, Vc);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < V; ++x) Vc[i * V + x] *= bt[i];
+        mm<T>(n, V, n, T(1), Am, n, 1, Vc, V, false, U, V, Tri::kLower);
+        store_rows(U, u, c, hv);
+        // kg = K exp(G_last - G); qg = Q exp(G).
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) X[i * K + x] = Gm[last * K + x] - Gm[i * K + x];
+        vexp(X, n * K);
+        for (int64_t x = 0; x < n * K; ++x) X[x] *= Kc[x];
+        store_rows(X, kg, c, hv);
+        if (qg.defined()) {
+          for (int64_t x = 0; x < n * K; ++x) X[x] = Q[x] * eg[x];
+          store_rows(X, qg, c, hv);
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void fwd_o(const ChunkKdaFwdOArgs& a) {
+  const Tok qg(a.qg), Aqk(a.Aqk), v(a.v), o(a.o);
+  const Mat h(a.h);
+  const int64_t HV = v.H, K = qg.D, V = v.D, BT = Aqk.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto chunks = chunks_of(a.v.size(0), a.v.size(1), a.cu_seqlens, BT);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * HV, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / HV];
+      const int64_t hv = task % HV, n = c.len;
+      T* Qg = s.get(0, n * K);
+      T* S = s.get(1, K * V);
+      T* P = s.get(2, n * n);
+      T* Vn = s.get(3, n * V);
+      T* O = s.get(4, n * V);
+      load_rows(qg, c, hv, Qg);
+      load_mat(h, c.index * HV + hv, S);
+      load_lower(Aqk, c, hv, false, P);
+      load_rows(v, c, hv, Vn);
+      mm<T>(n, V, K, scale, Qg, K, 1, S, V, false, O, V);
+      mm<T>(n, V, n, T(1), P, n, 1, Vn, V, true, O, V, Tri::kLower);
+      store_rows(O, o, c, hv);
+    }
+  });
+}
+
+template <class T>
+void bwd_dAv(const ChunkKdaBwdDAvArgs& a) {
+  const Tok Aqk(a.Aqk), v(a.v), dout(a.dout), dA(a.dAqk), dv(a.dv);
+  const int64_t HV = v.H, V = v.D, BT = Aqk.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto chunks = chunks_of(a.v.size(0), a.v.size(1), a.cu_seqlens, BT);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * HV, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / HV];
+      const int64_t hv = task % HV, n = c.len;
+      T* P = s.get(0, n * n);
+      T* Vn = s.get(1, n * V);
+      T* dO = s.get(2, n * V);
+      T* VT = s.get(3, V * n);
+      T* D = s.get(4, n * n);
+      T* dV = s.get(5, n * V);
+      load_lower(Aqk, c, hv, false, P);
+      load_rows(v, c, hv, Vn);
+      load_rows(dout, c, hv, dO);
+      transpose(Vn, V, n, V, VT, n);
+      mm<T>(n, n, V, scale, dO, V, 1, VT, n, false, D, n);
+      for (int64_t i = 0; i < n; ++i) std::fill(D + i * n + i + 1, D + (i + 1) * n, T(0));
+      store_square(D, dA, c, hv);
+      mm<T>(n, V, n, T(1), P, 1, n, dO, V, false, dV, V, Tri::kUpper);
+      store_rows(dV, dv, c, hv);
+    }
+  });
+}
+
+template <class T>
+void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
+  const Tok q(a.q), k(a.k), v(a.v), vn(a.v_new), gk(a.gk), beta(a.beta), Akk(a.Akk), dout(a.dout),
+      dvn(a.dvn), dq(a.dq), dk(a.dk), dv(a.dv), dbeta(a.dbeta), dg(a.dg), dAkk(a.dAkk);
+  const Mat h(a.h), dh(a.dh);
+  const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t hh = task % H, n = c.len, last = n - 1;
+      T* Q = s.get(0, n * K);
+      T* Kc = s.get(1, n * K);
+      T* dQs = s.get(2, n * K);
+      T* dKs = s.get(3, n * K);
+      load_rows(q, c, hh, Q);
+      load_rows(k, c, hh, Kc);
+      std::fill(dQs, dQs + n * K, T(0));
+      std::fill(dKs, dKs + n * K, T(0));
+      T* Gm = s.get(4, n * K);
+      T* eg = s.get(5, n * K);
+      T* egl = s.get(6, n * K);
+      T* S = s.get(7, K * V);
+      T* dH = s.get(8, K * V);
+      T* ST = s.get(9, V * K);
+      T* dHT = s.get(10, V * K);
+      T* Vc = s.get(11, n * V);
+      T* Vn = s.get(12, n * V);
+      T* dO = s.get(13, n * V);
+      T* dVn = s.get(14, n * V);
+      T* Am = s.get(15, n * n);
+      T* AT = s.get(16, n * n);
+      T* dQh = s.get(17, n * K);
+      T* dKi = s.get(18, n * K);
+      T* dW = s.get(19, n * K);
+      T* Ke = s.get(20, n * K);
+      T* VT = s.get(21, V * n);
+      T* KeT = s.get(22, K * n);
+      T* dA = s.get(23, n * n);
+      T* R = s.get(24, n * K);
+      T* P = s.get(25, n * V);
+      T* bt = s.get(26, n);
+      T* db = s.get(27, n);
+      T* dG = s.get(28, n * K);
+      T* X = s.get(29, n * n);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        load_rows(gk, c, hv, Gm);
+        load_scalars(beta, c, hv, bt);
+        load_lower(Akk, c, hv, false, Am);
+        load_mat(h, c.index * HV + hv, S);
+        load_mat(dh, c.index * HV + hv, dH);
+        load_rows(v, c, hv, Vc);
+        load_rows(vn, c, hv, Vn);
+        load_rows(dout, c, hv, dO);
+        load_rows(dvn, c, hv, dVn);
+        std::copy(Gm, Gm + n * K, eg);
+        vexp(eg, n * K);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) egl[i * K + x] = Gm[last * K + x] - Gm[i * K + x];
+        vexp(egl, n * K);
+        transpose(S, V, K, V, ST, K);
+        transpose(dH, V, K, V, dHT, K);
+        // dQ = scale eg . (dO S^T); dKi = egl . (Vn dH^T); dW = -dVn S^T.
+        mm<T>(n, K, V, scale, dO, V, 1, ST, K, false, dQh, K);
+        mm<T>(n, K, V, T(1), Vn, V, 1, dHT, K, false, dKi, K);
+        mm<T>(n, K, V, T(-1), dVn, V, 1, ST, K, false, dW, K);
+        for (int64_t x = 0; x < n * K; ++x) {
+          dQh[x] *= eg[x];
+          dKi[x] *= egl[x];
+          Ke[x] = Kc[x] * eg[x];
+        }
+        // dA = (dVn V^T + dW Ke^T) diag(beta), strictly lower.
+        transpose(Vc, V, n, V, VT, n);
+        transpose(Ke, K, n, K, KeT, n);
+        mm<T>(n, n, V, T(1), dVn, V, 1, VT, n, false, dA, n);
+        mm<T>(n, n, K, T(1), dW, K, 1, KeT, n, true, dA, n);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j) dA[i * n + j] = j < i ? dA[i * n + j] * bt[j] : T(0);
+        // R = Akk^T dW, P = Akk^T dVn.
+        mm<T>(n, K, n, T(1), Am, 1, n, dW, K, false, R, K, Tri::kUpper);
+        mm<T>(n, V, n, T(1), Am, 1, n, dVn, V, false, P, V, Tri::kUpper);
+        for (int64_t i = 0; i < n; ++i) {
+          T acc = 0;
+          for (int64_t x = 0; x < V; ++x) {
+            acc += P[i * V + x] * Vc[i * V + x];
+            P[i * V + x] *= bt[i];
+          }
+          for (int64_t x = 0; x < K; ++x) acc += R[i * K + x] * Ke[i * K + x];
+          db[i] = acc;
+        }
+        store_rows(P, dv, c, hv);
+        store_scalars(db, dbeta, c, hv);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) {
+            const int64_t y = i * K + x;
+            dG[y] = Q[y] * dQh[y] - Kc[y] * dKi[y] + bt[i] * Ke[y] * R[y];
+            dQs[y] += dQh[y];
+            dKs[y] += dKi[y] + bt[i] * eg[y] * R[y];
+          }
+        for (int64_t x = 0; x < K; ++x) {
+          T sh = 0, kd = 0;
+          for (int64_t y = 0; y < V; ++y) sh += S[x * V + y] * dH[x * V + y];
+          for (int64_t i = 0; i < n; ++i) kd += Kc[i * K + x] * dKi[i * K + x];
+          dG[last * K + x] += eg[last * K + x] * sh + kd;
+        }
+        store_rows(dG, dg, c, hv);
+        // dL = -M> . (Akk^T dA Akk^T).
+        transpose(Am, n, n, n, AT, n);
+        mm<T>(n, n, n, T(1), dA, n, 1, AT, n, false, X, n, Tri::kLower);
+        mm<T>(n, n, n, T(-1), Am, 1, n, X, n, false, dA, n, Tri::kUpper);
+        for (int64_t i = 0; i < n; ++i) std::fill(dA + i * n + i, dA + (i + 1) * n, T(0));
+        store_square(dA, dAkk, c, hv);
+      }
+      store_rows(dQs, dq, c, hh);
+      store_rows(dKs, dk, c, hh);
+    }
+  });
+}
+
+template <class T>
+void bwd_intra(const ChunkKdaBwdIntraArgs& a) {
+  const Tok q(a.q), k(a.k), gk(a.gk), beta(a.beta), dAqk(a.dAqk), dAkk(a.dAkk), dq(a.dq), dk(a.dk),
+      dbeta(a.dbeta), dg(a.dg), dqo(a.dq_out), dko(a.dk_out), dbo(a.dbeta_out), dgo(a.dg_out);
+  const int64_t H = q.H, HV = gk.H, G = HV / H, K = q.D;
+  const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
+  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+    Scratch<T>& s = scratch<T>();
+    for (int64_t task = b; task < e; ++task) {
+      const Chunk& c = chunks[task / H];
+      const int64_t hh = task % H, n = c.len;
+      T* Q = s.get(0, n * K);
+      T* Kc = s.get(1, n * K);
+      T* dQs = s.get(2, n * K);
+      T* dKs = s.get(3, n * K);
+      load_rows(q, c, hh, Q);
+      load_rows(k, c, hh, Kc);
+      load_rows(dq, c, hh, dQs);
+      load_rows(dk, c, hh, dKs);
+      T* Gm = s.get(4, n * K);
+      T* bt = s.get(5, n);
+      T* db = s.get(6, n);
+      T* dG = s.get(7, n * K);
+      T* Dq = s.get(8, n * n);
+      T* Dl = s.get(9, n * n);
+      T* dqi = s.get(10, n * K);
+      T* rr = s.get(11, n * K);
+      T* cc = s.get(12, n * K);
+      T* Ef = s.get(13, kBC * K);
+      T* Eb = s.get(14, n * K);
+      T* qf = s.get(15, kBC * K);
+      T* bkf = s.get(16, kBC * K);
+      T* tmp = s.get(17, n * K);
+      T* e = s.get(18, K);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        load_rows(gk, c, hv, Gm);
+        load_scalars(beta, c, hv, bt);
+        load_scalars(dbeta, c, hv, db);
+        load_rows(dg, c, hv, dG);
+        load_lower(dAqk, c, hv, false, Dq);
+        load_lower(dAkk, c, hv, true, Dl);
+        std::fill(dqi, dqi + n * K, T(0));
+        std::fill(rr, rr + n * K, T(0));
+        std::fill(cc, cc + n * K, T(0));
+        for (int64_t i0 = 0; i0 < n; i0 += kBC) {
+          const int64_t i1 = std::min(n, i0 + kBC), mr = i1 - i0;
+          if (i0 > 0) {
+            block_factors(Gm, K, i0, i1, Ef, Eb);
+            for (int64_t x = 0; x < i0 * K; ++x) tmp[x] = Kc[x] * Eb[x];  // kb
+            // dq_I += Ef . (Dq[I,0:r] kb);  r_I += Ef . (Dl[I,0:r] kb)
+            mm<T>(mr, K, i0, T(1), Dq + i0 * n, n, 1, tmp, K, false, qf, K);
+            mm<T>(mr, K, i0, T(1), Dl + i0 * n, n, 1, tmp, K, false, bkf, K);
+            for (int64_t x = 0; x < mr * K; ++x) {
+              dqi[i0 * K + x] += Ef[x] * qf[x];
+              rr[i0 * K + x] += Ef[x] * bkf[x];
+            }
+            // c_{0:r} += Eb . (Dq[I,0:r]^T (Q_I . Ef) + Dl[I,0:r]^T (beta K_I . Ef))
+            for (int64_t i = i0; i < i1; ++i)
+              for (int64_t x = 0; x < K; ++x) {
+                const T f = Ef[(i - i0) * K + x];
+                qf[(i - i0) * K + x] = Q[i * K + x] * f;
+                bkf[(i - i0) * K + x] = bt[i] * Kc[i * K + x] * f;
+              }
+            mm<T>(i0, K, mr, T(1), Dq + i0 * n, 1, n, qf, K, false, tmp, K);
+            mm<T>(i0, K, mr, T(1), Dl + i0 * n, 1, n, bkf, K, true, tmp, K);
+            for (int64_t x = 0; x < i0 * K; ++x) cc[x] += Eb[x] * tmp[x];
+          }
+          // Diagonal sub-block, strictly lower pairs, element-wise.
+          for (int64_t i = i0 + 1; i < i1; ++i) {
+            const T* gi = Gm + i * K;
+            for (int64_t j = i0; j < i; ++j) {
+              const T dqij = Dq[i * n + j], dlij = Dl[i * n + j];
+              if (dqij == T(0) && dlij == T(0)) continue;
+              const T* gj = Gm + j * K;
+              for (int64_t x = 0; x < K; ++x) e[x] = gi[x] - gj[x];
+              vexp(e, K);
+              const T bl = dlij * bt[i];
+              for (int64_t x = 0; x < K; ++x) {
+                const T kj = Kc[j * K + x] * e[x];
+                dqi[i * K + x] += dqij * kj;
+                rr[i * K + x] += dlij * kj;
+                cc[j * K + x] += (dqij * Q[i * K + x] + bl * Kc[i * K + x]) * e[x];
+              }
+            }
+          }
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          T acc = 0;
+          for (int64_t x = 0; x < K; ++x) acc += rr[i * K + x] * Kc[i * K + x];
+          db[i] += acc;
+          const T dqd = Dq[i * n + i];
+          for (int64_t x = 0; x < K; ++x) {
+            const int64_t y = i * K + x;
+            rr[y] *= bt[i];
+            dG[y] += Q[y] * dqi[y] + (rr[y] - cc[y]) * Kc[y];
+            dQs[y] += dqi[y] + dqd * Kc[y];
+            dKs[y] += rr[y] + cc[y] + dqd * Q[y];
+          }
+        }
+        store_scalars(db, dbo, c, hv);
+        store_rows(dG, dgo, c, hv);
+      }
+      store_rows(dQs, dqo, c, hh);
+      store_rows(dKs, dko, c, hh);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gate (section 11).
+
+template <class T>
+inline T softplus(T x) {
+  return x > T(20) ? x : std::log1p(std::exp(x));
+}
+template <class T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <class T>
+void gate_fwd(const KdaGateFwdArgs& a) {
+  const Tok g(a.g), y(a.y);
+  const int64_t B = a.g.size(0), TT = a.g.size(1), HV = g.H, K = g.D;
+  std::vector<T> A(HV, T(0)), bias(HV * K, T(0));
+  if (a.A_log.defined()) load<T>(a.A_log.data(), a.A_log.dtype(), A.data(), HV);
+  for (T& x : A) x = std::exp(x);
+  if (a.dt_bias.defined()) load<T>(a.dt_bias.data(), a.dt_bias.dtype(), bias.data(), HV * K);
+  const T lb = static_cast<T>(a.lower_bound);
+  fusedops::cpu::parallel_for(0, B * TT, 64, [&](int64_t b0, int64_t e0) {
+    std::vector<T> x(K);
+    for (int64_t r = b0; r < e0; ++r) {
+      const int64_t bb = r / TT, t = r % TT;
+      for (int64_t hv = 0; hv < HV; ++hv) {
+        load<T>(g.ptr(bb, t, hv), g.dtype, x.data(), K);
+        for (int64_t c = 0; c < K; ++c) {
+          const T z = x[c] + bias[hv * K + c];
+          x[c] = a.has_lower_bound ? lb * sigmoid(A[hv] * z) : -A[hv] * softplus(z);
+        }
+        store<T>(x.data(), y.ptr(bb, t, hv), y.dtype, K);
+      }
+    }
+  });
+}
+
+template <class T>
+void gate_bwd(const KdaGateBwdArgs& a) {
+  const Tok g(a.g), dy(a.dy), dg(a.dg);
+  const int64_t B = a.g.size(0), TT = a.g.size(1), HV = g.H, K = g.D;
+  std::vector<T> A(HV, T(0)), bias(HV * K, T(0));
+  if (a.A_log.defined()) load<T>(a.A_log.data(), a.A_log.dtype(), A.data(), HV);
+  for (T& x : A) x = std::exp(x);
+  if (a.dt_bias.defined()) load<T>(a.dt_bias.data(), a.dt_bias.dtype(), bias.data(), HV * K);
+  const T lb = static_cast<T>(a.lower_bound);
+  // One task per value head: the parameter gradients are summed in token order (in double).
+  fusedops::cpu::parallel_for(0, HV, 1, [&](int64_t b0, int64_t e0) {
+    std::vector<T> x(K), d(K);
+    std::vector<double> dbias(K);
+    for (int64_t hv = b0; hv < e0; ++hv) {
+      double dA = 0;
+      std::fill(dbias.begin(), dbias.end(), 0.0);
+      for (int64_t r = 0; r < B * TT; ++r) {
+        const int64_t bb = r / TT, t = r % TT;
+        load<T>(g.ptr(bb, t, hv), g.dtype, x.data(), K);
+        load<T>(dy.ptr(bb, t, hv), dy.dtype, d.data(), K);
+        for (int64_t c = 0; c < K; ++c) {
+          const T z = x[c] + bias[hv * K + c];
+          T dx;
+          if (a.has_lower_bound) {
+            const T sg = sigmoid(A[hv] * z);
+            dx = d[c] * lb * sg * (T(1) - sg) * A[hv];
+            dA += static_cast<double>(dx) * z;
+          } else {
+            dx = -A[hv] * sigmoid(z) * d[c];
+            dA += static_cast<double>(d[c]) * (-A[hv] * softplus(z));
+          }
+          dbias[c] += dx;
+          x[c] = dx;
+        }
+        store<T>(x.data(), dg.ptr(bb, t, hv), dg.dtype, K);
+      }
+      if (a.dA_log.defined()) {
+        const T v = static_cast<T>(dA);
+        store<T>(&v, static_cast<char*>(a.dA_log.data()) + dtype_size(a.dA_log.dtype()) * hv,
+                 a.dA_log.dtype(), 1);
+      }
+      if (a.ddt_bias.defined()) {
+        std::vector<T> v(dbias.begin(), dbias.end());
+        store<T>(v.data(), static_cast<char*>(a.ddt_bias.data()) + dtype_size(a.ddt_bias.dtype()) * hv * K,
+                 a.ddt_bias.dtype(), K);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_kda (section 9.1).
+
+// One token forward on S [K,V]: S = diag(a) S; p = S^T k; delta = beta (v - p); S += k delta^T;
+// o = scale S^T q (when o).
+template <class T>
+inline void rec_step(T* S, const T* a, const T* q, const T* k, const T* v, T beta, T scale,
+                     int64_t K, int64_t V, T* o, T* p, T* delta) {
+  std::fill(p, p + V, T(0));
+  for (int64_t y = 0; y < K; ++y) {
+    T* sr = S + y * V;
+    const T ay = a[y], ky = k[y];
+    for (int64_t x = 0; x < V; ++x) {
+      sr[x] *= ay;
+      p[x] += ky * sr[x];
+    }
+  }
+  for (int64_t x = 0; x < V; ++x) delta[x] = beta * (v[x] - p[x]);
+  if (o) std::fill(o, o + V, T(0));
+  for (int64_t y = 0; y < K; ++y) {
+    T* sr = S + y * V;
+    const T ky = k[y];
+    for (int64_t x = 0; x < V; ++x) sr[x] += ky * delta[x];
+    if (o) {
+      const T qy = q[y];
+      for (int64_t x = 0; x < V; ++x) o[x] += qy * sr[x];
+    }
+  }
+  if (o)
+    for (int64_t x = 0; x < V; ++x) o[x] *= scale;
+}
+
+template <class T>
+inline void load_token(const Tok& q, const Tok& k, const Tok& v, const Tok& g, const Tok& beta,
+                       int64_t b, int64_t t, int64_t h, int64_t hv, T* qt, T* kt, T* vt, T* at,
+                       T* bt, int64_t K) {
+  load<T>(q.ptr(b, t, h), q.dtype, qt, K);
+  load<T>(k.ptr(b, t, h), k.dtype, kt, K);
+  load<T>(v.ptr(b, t, hv), v.dtype, vt, v.D);
+  if (g.defined()) {
+    load<T>(g.ptr(b, t, hv), g.dtype, at, K);
+    vexp(at, K);
+  } else {
+    std::fill(at, at + K, T(1));
+  }
+  *bt = T(1);
+  if (beta.defined()) load<T>(beta.ptr(b, t, hv), beta.dtype, bt, 1);
+}
+
+template <class T>
+void recurrent_fwd(const FusedRecurrentKdaFwdArgs& a) {
+  const Tok q(a.q), k(a.k), v(a.v), g(a.g), beta(a.beta), o(a.o);
+  const Mat h0(a.initial_state), ht(a.final_state);
+  const int64_t HV = v.H, G = HV / q.H, K = q.D, V = v.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto seqs = gdn::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  fusedops::cpu::parallel_for(0, N * HV, 1, [&](int64_t b0, int64_t e0) {
+    std::vector<T> S(K * V), qt(K), kt(K), at(K), vt(V), ot(V), p(V), dl(V);
+    for (int64_t task = b0; task < e0; ++task) {
+      const int64_t n = task / HV, hv = task % HV;
+      const Seq& sq = seqs[n];
+      if (h0.defined()) load_mat(h0, n * HV + hv, S.data());
+      else std::fill(S.begin(), S.end(), T(0));
+      for (int64_t t = sq.t0; t < sq.t0 + sq.len; ++t) {
+        T bt;
+        load_token(q, k, v, g, beta, sq.b, t, hv / G, hv, qt.data(), kt.data(), vt.data(), at.data(),
+                   &bt, K);
+        rec_step(S.data(), at.data(), qt.data(), kt.data(), vt.data(), bt, scale, K, V, ot.data(),
+                 p.data(), dl.data());
+        store<T>(ot.data(), o.ptr(sq.b, t, hv), o.dtype, V);
+      }
+      if (ht.defined()) store<T>(S.data(), ht.ptr(n * HV + hv), ht.dtype, K * V);
+    }
+  });
+}
+
+template <class T>
+void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
+  constexpr int64_t kSeg = 64;
+  const Tok q(a.q), k(a.k), v(a.v), g(a.g), beta(a.beta), dout(a.dout), dq(a.dq), dk(a.dk), dv(a.dv),
+      dg(a.dg), dbeta(a.dbeta);
+  const Mat h0(a.initial_state), dht(a.dht), dh0(a.dh0);
+  const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
+  const T scale = static_cast<T>(a.scale);
+  const auto seqs = gdn::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  fusedops::cpu::parallel_for(0, N * H, 1, [&](int64_t b0, int64_t e0) {
+    std::vector<T> qt(K), kt(K), at(K), vt(V), p(V), dl(V), dot(V), dS(K * V), St(K * V), dd(V),
+        dp(V), dgt(K), dkt(K), dqt(K), dvt(V);
+    for (int64_t task = b0; task < e0; ++task) {
+      const int64_t n = task / H, hh = task % H;
+      const Seq& sq = seqs[n];
+      const int64_t len = sq.len, nseg = gdn::ceil_div(len, kSeg);
+      std::vector<T> dQ(len * K, T(0)), dK(len * K, T(0));
+      std::vector<T> ckpt(std::max<int64_t>(nseg, 1) * K * V), states((kSeg + 1) * K * V);
+      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+        // Forward: checkpoints of the state at every segment start.
+        std::vector<T> S(K * V, T(0));
+        if (h0.defined()) load_mat(h0, n * HV + hv, S.data());
+        for (int64_t t = 0; t < len; ++t) {
+          if (t % kSeg == 0) std::copy(S.begin(), S.end(), ckpt.begin() + (t / kSeg) * K * V);
+          T bt;
+          load_token(q, k, v, g, beta, sq.b, sq.t0 + t, hh, hv, qt.data(), kt.data(), vt.data(),
+                     at.data(), &bt, K);
+          rec_step<T>(S.data(), at.data(), qt.data(), kt.data(), vt.data(), bt, scale, K, V, nullptr,
+                      p.data(), dl.data());
+        }
+        if (dht.defined()) load_mat(dht, n * HV + hv, dS.data());
+        else std::fill(dS.begin(), dS.end(), T(0));
+        for (int64_t sgi = nseg - 1; sgi >= 0; --sgi) {
+          const int64_t t0 = sgi * kSeg, t1 = std::min(len, t0 + kSeg);
+          // States before each token of the segment.
+          std::copy(ckpt.begin() + sgi * K * V, ckpt.begin() + (sgi + 1) * K * V, states.begin());
+          for (int64_t t = t0; t < t1 - 1; ++t) {
+            T* Sn = states.data() + (t - t0 + 1) * K * V;
+            std::copy(states.data() + (t - t0) * K * V, states.data() + (t - t0 + 1) * K * V, Sn);
+            T bt;
+            load_token(q, k, v, g, beta, sq.b, sq.t0 + t, hh, hv, qt.data(), kt.data(), vt.data(),
+                       at.data(), &bt, K);
+            rec_step<T>(Sn, at.data(), qt.data(), kt.data(), vt.data(), bt, scale, K, V, nullptr,
+                        p.data(), dl.data());
+          }
+          for (int64_t t = t1 - 1; t >= t0; --t) {
+            const T* Sp = states.data() + (t - t0) * K * V;
+            T bt;
+            load_token(q, k, v, g, beta, sq.b, sq.t0 + t, hh, hv, qt.data(), kt.data(), vt.data(),
+                       at.data(), &bt, K);
+            load<T>(dout.ptr(sq.b, sq.t0 + t, hv), dout.dtype, dot.data(), V);
+            // St = diag(a) Sp (S~); p = St^T k; delta = beta (v - p); S_t = St + k delta^T.
+            std::fill(p.begin(), p.end(), T(0));
+            for (int64_t y = 0; y < K; ++y)
+              for (int64_t x = 0; x < V; ++x) {
+                St[y * V + x] = at[y] * Sp[y * V + x];
+                p[x] += kt[y] * St[y * V + x];
+              }
+            for (int64_t x = 0; x < V; ++x) dl[x] = bt * (vt[x] - p[x]);
+            // dq = scale S_t do; dS += scale q do^T.
+            for (int64_t y = 0; y < K; ++y) {
+              T acc = 0;
+              for (int64_t x = 0; x < V; ++x) {
+                acc += (St[y * V + x] + kt[y] * dl[x]) * dot[x];
+                dS[y * V + x] += scale * qt[y] * dot[x];
+              }
+              dqt[y] = scale * acc;
+            }
+            // dk = dS delta; ddelta = dS^T k.
+            std::fill(dd.begin(), dd.end(), T(0));
+            for (int64_t y = 0; y < K; ++y) {
+              T acc = 0;
+              for (int64_t x = 0; x < V; ++x) {
+                acc += dS[y * V + x] * dl[x];
+                dd[x] += dS[y * V + x] * kt[y];
+              }
+              dkt[y] = acc;
+            }
+            T dbt = 0;
+            for (int64_t x = 0; x < V; ++x) {
+              dvt[x] = bt * dd[x];
+              dbt += dd[x] * (vt[x] - p[x]);
+              dp[x] = -bt * dd[x];
+            }
+            // dS~ = dS + k dp^T; dk += St dp; dg = rowsum(St . dS~); dS_prev = diag(a) dS~.
+            for (int64_t y = 0; y < K; ++y) {
+              T acc = 0, accg = 0;
+              for (int64_t x = 0; x < V; ++x) {
+                const T d = dS[y * V + x] + kt[y] * dp[x];
+                acc += St[y * V + x] * dp[x];
+                accg += St[y * V + x] * d;
+                dS[y * V + x] = at[y] * d;
+              }
+              dkt[y] += acc;
+              dgt[y] = accg;
+            }
+            for (int64_t y = 0; y < K; ++y) {
+              dQ[t * K + y] += dqt[y];
+              dK[t * K + y] += dkt[y];
+            }
+            store<T>(dvt.data(), dv.ptr(sq.b, sq.t0 + t, hv), dv.dtype, V);
+            if (dg.defined()) store<T>(dgt.data(), dg.ptr(sq.b, sq.t0 + t, hv), dg.dtype, K);
+            if (dbeta.defined()) store<T>(&dbt, dbeta.ptr(sq.b, sq.t0 + t, hv), dbeta.dtype, 1);
+          }
+        }
+        if (dh0.defined()) store<T>(dS.data(), dh0.ptr(n * HV + hv), dh0.dtype, K * V);
+      }
+      for (int64_t t = 0; t < len; ++t) {
+        store<T>(dQ.data() + t * K, dq.ptr(sq.b, sq.t0 + t, hh), dq.dtype, K);
+        store<T>(dK.data() + t * K, dk.ptr(sq.b, sq.t0 + t, hh), dk.dtype, K);
+      }
+    }
+  });
+}
+
+}  // namespace fusedops::kda
