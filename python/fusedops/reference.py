@@ -540,3 +540,44 @@ def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Optiona
             output_final_state, use_qk_l2norm_in_kernel,
             None if cu_seqlens is None else cu_seqlens.cpu())
     return o.to(q.device), (None if ht is None else ht.to(q.device))
+
+
+def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+              initial_state: Optional[Tensor] = None, output_final_state: bool = False, **kwargs):
+    """float64 reference of :func:`fusedops.chunk_kda`: the same chunked pipeline run by the
+    ``ref`` backend (float64 loops) on float64 copies of the inputs. Returns float64
+    ``(o, final_state)`` on the input's device; gradients flow back in the inputs' dtypes."""
+    from ._backend import use_backend
+    from .ops import kda
+
+    kwargs = dict(kwargs)
+    for name in ("A_log", "dt_bias"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = _to64(kwargs[name])
+    if kwargs.get("cu_seqlens") is not None:
+        kwargs["cu_seqlens"] = kwargs["cu_seqlens"].cpu()
+    with use_backend(chunk_kda="ref", l2norm="ref"):
+        o, ht = kda.chunk_kda(_to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
+                              output_final_state, **kwargs)
+    return o.to(q.device), (None if ht is None else ht.to(q.device))
+
+
+def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None,
+                        beta: Optional[Tensor] = None, scale: Optional[float] = None,
+                        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                        **kwargs):
+    """float64 reference of :func:`fusedops.fused_recurrent_kda` (the per-token recurrence of the
+    ``ref`` backend on float64 copies)."""
+    from ._backend import use_backend
+    from .ops import kda
+
+    kwargs = dict(kwargs)
+    for name in ("A_log", "dt_bias"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = _to64(kwargs[name])
+    if kwargs.get("cu_seqlens") is not None:
+        kwargs["cu_seqlens"] = kwargs["cu_seqlens"].cpu()
+    with use_backend(fused_recurrent_kda="ref", l2norm="ref", kda_gate="ref"):
+        o, ht = kda.fused_recurrent_kda(_to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale,
+                                        _to64(initial_state), output_final_state, **kwargs)
+    return o.to(q.device), (None if ht is None else ht.to(q.device))

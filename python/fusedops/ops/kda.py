@@ -420,7 +420,7 @@ def fused_recurrent_kda(
             _fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
         g = fused_kda_gate(g, A_log, dt_bias, lower_bound)
     if use_beta_sigmoid_in_kernel and beta is not None:
-        beta = torch.sigmoid(beta.float())
+        beta = torch.sigmoid(beta if beta.dtype == torch.float64 else beta.float())
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if use_qk_l2norm_in_kernel:

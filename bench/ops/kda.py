@@ -1,0 +1,188 @@
+"""chunk_kda (Kimi delta attention, linear_attention.md section 9) in the operator report.
+
+The op is bound by arithmetic: per (sequence, head) chunk of C tokens with K = V = D the chunk
+products are those of GDN (kkt, w/u, state, output: ~2*(3.5 C^2 D + 3 C D^2) FLOPs forward) plus
+the per-channel decays of the intra-chunk scores (element-wise exponentials on the 16-row diagonal
+sub-blocks, two extra C x C x D products for the off-diagonal ones); fwd+bwd is ~4x the forward.
+Minimum bytes (s = element size): read q, k, v, g [B,T,H,D], beta; write o (fwd); fwd+bwd also
+reads dO and writes dq, dk, dv, dg, dbeta.
+
+Rows (case shape [B,T,HV,V]):
+  fusedops   fusedops.chunk_kda (chunk_size 64)
+  eager      the chunked algorithm written in plain PyTorch the way a user would: vectorised over
+             batch and heads, a Python loop over chunks (per-channel decay tensor [B,H,C,C,K]
+             masked before the exp, batched solve_triangular, w/u, state update), backward by
+             autograd
+  fla        flash-linear-attention's chunk_kda (Triton, CUDA only) when installed
+CPU case: issue 4's target [2, 2048, 4, 128] fp32 (fusedops vs eager: forward+backward must be at
+least 3x faster). The check compares o (fwd) and dq, dk, dv, dg, dbeta (fwd+bwd) with the eager
+chunked algorithm in float64 (base of the precision policy: the same in the input dtype).
+"""
+
+from __future__ import annotations
+
+import fusedops
+import torch
+import torch.nn.functional as F
+
+from .. import common
+from ..common import Case, Impl, peer_status
+
+OP = "chunk_kda"
+
+GPU_SHAPES = [(8, 4096, 16, 128)]
+GPU_QUICK_SHAPES = [(2, 1024, 16, 128)]
+CPU_SHAPES = [(2, 2048, 4, 128)]  # issue 4's CPU target
+CPU_QUICK_SHAPES = [(1, 256, 2, 64)]
+GPU_DTYPES = [torch.bfloat16]
+CPU_DTYPES = [torch.float32]
+BT = 64
+
+
+def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
+    """KDA chunk by chunk in plain PyTorch (the 'eager' baseline): vectorised over batch and
+    heads, one Python iteration per chunk."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    pad = (C - T % C) % C
+    if pad:
+        q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, 0, 0, pad))
+    N = (T + pad) // C
+    q, k, v, g = (x.reshape(B, N, C, H, -1).permute(0, 3, 1, 2, 4) for x in (q, k, v, g))  # [B,H,N,C,D]
+    beta = beta.reshape(B, N, C, H).permute(0, 3, 1, 2)  # [B,H,N,C]
+    g = g.cumsum(-2)  # chunk-local cumsum
+    incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    outs = []
+    for i in range(N):
+        qi, ki, vi, gi, bi = q[:, :, i], k[:, :, i], v[:, :, i], g[:, :, i], beta[:, :, i]
+        diff = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [B,H,C,C,K]
+        E = torch.where(incl[:, :, None], diff, torch.full_like(diff, float("-inf"))).exp()
+        KE = E * ki[:, :, None, :, :]
+        Aqk = torch.einsum("bhik,bhijk->bhij", qi, KE) * scale
+        L = (torch.einsum("bhik,bhijk->bhij", ki, KE) * bi[..., None]).tril(-1)
+        A = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+        w = A @ (ki * gi.exp() * bi[..., None])
+        u = A @ (vi * bi[..., None])
+        vn = u - w @ S
+        outs.append(scale * (qi * gi.exp()) @ S + Aqk @ vn)
+        gl = gi[:, :, -1]
+        S = S * gl.exp()[..., None] + (ki * (gl[:, :, None, :] - gi).exp()).transpose(-1, -2) @ vn
+    o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
+    return o, S
+
+
+def _grads(out, inp, names):
+    leaves = [inp[n + "_req"] for n in names]
+    gs = torch.autograd.grad(out, leaves, inp["dy"])
+    return {"d" + n: g for n, g in zip(names, gs)}
+
+
+NAMES = ("q", "k", "v", "g", "beta")
+
+
+def _impl(name, fn, note=""):
+    def fwd(inp):
+        return {"o": fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])}
+
+    def fwd_bwd(inp):
+        o = fn(*(inp[n + "_req"] for n in NAMES))
+        return _grads(o, inp, NAMES)
+
+    return Impl(name, fwd, fwd_bwd, note=note)
+
+
+def _impls(device, K, T):
+    scale = K ** -0.5
+    out = [
+        _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_kda(q, k, v, g, b, scale)[0]),
+        _impl("eager", lambda q, k, v, g, b: chunked_kda_torch(q, k, v, g, b, scale)[0],
+              note="PyTorch eager chunked KDA (vectorised over batch/heads, loop over chunks, "
+                   "[B,H,C,C,K] decays masked before exp, batched solve_triangular, backward by "
+                   "autograd)"),
+    ]
+    note = "flash-linear-attention chunk_kda (Triton)"
+    status = peer_status("fla.ops.kda", device)
+    if status != "ok":
+        out.append(Impl("fla", status=status, note=note))
+    else:
+        from fla.ops.kda import chunk_kda as fla_kda
+        out.append(_impl("fla", lambda q, k, v, g, b: fla_kda(q, k, v, g, b, scale=scale)[0], note=note))
+    return out
+
+
+def bytes_moved(B, T, H, D, dtype) -> dict[str, int]:
+    s = torch.empty(0, dtype=dtype).element_size()
+    fwd = (4 * H * D + H) * B * T * s + H * D * B * T * s
+    return {"fwd": fwd, "fwd+bwd": 2 * fwd}
+
+
+BYTES_NOTE = {"fwd": "read q, k, v, g, beta; write o",
+              "fwd+bwd": "fwd + read dO; write dq, dk, dv, dg, dbeta"}
+
+
+def _case(device, B, T, H, D, dtype) -> Case:
+    held: dict = {}
+
+    def make(dev, seed):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def randn(*shape):
+            return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+        inp = {
+            "q": F.normalize(randn(B, T, H, D), dim=-1),
+            "k": F.normalize(randn(B, T, H, D), dim=-1),
+            "v": randn(B, T, H, D),
+            "g": F.logsigmoid(torch.rand(B, T, H, D, generator=gen)) / 8,
+            "beta": torch.rand(B, T, H, generator=gen).sigmoid(),
+            "dy": randn(B, T, H, D),
+        }
+        inp = {n: t.to(dev, dtype if n in ("q", "k", "v", "dy") else torch.float32) for n, t in inp.items()}
+        for n in NAMES:
+            inp[n + "_req"] = inp[n].detach().requires_grad_()
+        inp["x"] = inp["v"]
+        held["inputs"] = inp
+        return inp
+
+    def run(inp, dt):
+        ts = [inp[n].detach().to(dt).requires_grad_() for n in NAMES]
+        o, _ = chunked_kda_torch(*ts, D ** -0.5)
+        gs = torch.autograd.grad(o, ts, inp["dy"].to(dt))
+        return o.detach(), {"d" + n: g for n, g in zip(NAMES, gs)}
+
+    def pick(t, rows):
+        return t.detach().reshape(case.rows, -1)[rows.to(t.device)]
+
+    def reference(_sliced):
+        inp = held["inputs"]
+        rows = common.row_sample(case.rows, D, case.ref_row_budget_elems)
+        o64, g64 = run({n: inp[n].cpu() for n in (*NAMES, "dy")}, torch.float64)
+        ob, gb = run(inp, dtype)
+        held["base"] = {"fwd": {"o": pick(ob, rows)}, "fwd+bwd": {n: pick(t, rows) for n, t in gb.items()}}
+        return {"fwd": {"o": pick(o64, rows)}, "fwd+bwd": {n: pick(t, rows) for n, t in g64.items()}}
+
+    def base(_sliced):
+        out = held.pop("base")
+        held.clear()
+        return out
+
+    case = Case(op=OP, shape=(B, T, H, D), dtype=dtype,
+                params={"K=V": D, "chunk_size": BT, "gflop_fwd": round(
+                    2 * B * H * (T / BT) * (5.5 * BT * BT * D + 3 * BT * D * D) / 1e9, 2)},
+                make_inputs=make, impls=_impls(device, D, T), reference=reference, base=base,
+                bytes_moved=bytes_moved(B, T, H, D, dtype), bytes_note=BYTES_NOTE)
+    return case
+
+
+def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
+    if device.type == "cuda":
+        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
+        dtypes = dtypes or GPU_DTYPES
+    else:
+        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
+        dtypes = dtypes or CPU_DTYPES
+    return [_case(device, *s, dt) for s in shapes for dt in dtypes]
