@@ -20,7 +20,10 @@ void fwd_typed(const RowNormFwdParams& p) {
     for (int64_t r = r0; r < r1; ++r) {
       const TX* xr = static_cast<const TX*>(p.x) + r * p.x_row_stride;
       const float* xf = as_float(xr, xbuf.data(), p.D);
-      const float rstd = 1.0f / std::sqrt(sum_squares(xf, p.D) * p.scale + p.eps);
+      // In double: the stored rstd is the correctly rounded 1/sqrt of the fp32 mean square
+      // (1.0f / sqrtf rounds twice; the backward amplifies that error when eps = 0).
+      const double ms = static_cast<double>(sum_squares(xf, p.D) * p.scale + p.eps);
+      const float rstd = static_cast<float>(1.0 / std::sqrt(ms));
       p.rstd[r] = rstd;
       if (!p.y) continue;
       TY* yr = static_cast<TY*>(p.y) + r * p.D;
