@@ -1,0 +1,956 @@
+// KDA sub-operators, the per-channel gate, fused_recurrent_kda and chunk_kda: every runnable
+// backend against float64 oracles written here (plain loops over the chunks of each sequence,
+// following linear_attention.md section 9), with the base of the precision policy = the same
+// loops rounding every intermediate to the input dtype. Fixed length and varlen (with an empty
+// sequence), partial chunks and sub-blocks, grouped value heads, K/V that are not multiples of
+// the vector width, NaN-poisoned outputs, bitwise-repeatable backward, errors.
+#include <cmath>
+#include <random>
+#include <tuple>
+
+#include "fusedops/ops/gated_delta_rule.h"
+#include "fusedops/ops/kda.h"
+#include "tests/common/tolerance.h"
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+using Vec = std::vector<double>;
+
+struct Layout {
+  int64_t B, T, H, HV, K, V, BT;
+  std::vector<int64_t> cu;  // empty: fixed length
+  int64_t N() const { return cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1; }
+  int64_t G() const { return HV / H; }
+};
+
+struct TChunk {
+  int64_t b, t0, len, idx;  // batch row, first token, rows, snapshot index
+};
+
+std::vector<std::vector<TChunk>> seq_chunks(const Layout& L) {
+  std::vector<std::vector<TChunk>> out;
+  int64_t idx = 0;
+  for (int64_t n = 0; n < L.N(); ++n) {
+    const int64_t b = L.cu.empty() ? n : 0, t0 = L.cu.empty() ? 0 : L.cu[n];
+    const int64_t len = L.cu.empty() ? L.T : L.cu[n + 1] - L.cu[n];
+    std::vector<TChunk> cs;
+    for (int64_t s = 0; s < len; s += L.BT) cs.push_back({b, t0 + s, std::min(L.BT, len - s), idx++});
+    if (L.cu.empty()) idx = (n + 1) * ((L.T + L.BT - 1) / L.BT);
+    out.push_back(cs);
+  }
+  return out;
+}
+
+std::vector<TChunk> all_chunks(const Layout& L) {
+  std::vector<TChunk> out;
+  for (const auto& s : seq_chunks(L)) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+int64_t snapshots(const Layout& L) {
+  return L.cu.empty() ? (L.T + L.BT - 1) / L.BT : static_cast<int64_t>(all_chunks(L).size());
+}
+
+// Element (b, t, h, d) of a contiguous [B,T,H,D] vector.
+struct At {
+  int64_t T, H, D;
+  int64_t operator()(int64_t b, int64_t t, int64_t h, int64_t d = 0) const {
+    return ((b * T + t) * H + h) * D + d;
+  }
+};
+
+struct Rd {
+  DType dt;
+  double operator()(double x) const { return round_to(dt, x); }
+};
+const Rd kExact{DType::kFloat64};
+
+Vec normal(int64_t n, std::mt19937_64& gen, double mean = 0.0, double stddev = 1.0) {
+  std::normal_distribution<double> d(mean, stddev);
+  Vec v(n);
+  for (double& x : v) x = d(gen);
+  return v;
+}
+Vec stored(Vec v, DType dt) {
+  for (double& x : v) x = round_to(dt, x);
+  return v;
+}
+void normalize_rows(Vec& v, int64_t D) {
+  for (size_t r = 0; r * D < v.size(); ++r) {
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) s += v[r * D + d] * v[r * D + d];
+    for (int64_t d = 0; d < D; ++d) v[r * D + d] /= std::sqrt(s + 1e-6);
+  }
+}
+DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
+
+TestTensor tensor(DType dt, std::vector<int64_t> shape, const Vec& values, Device dev) {
+  TestTensor t(dt, shape);
+  t.set(values);
+  return t.to(dev);
+}
+TestTensor poisoned(DType dt, std::vector<int64_t> shape, Device dev) {
+  TestTensor t(dt, shape, dev);
+  t.fill_nan();
+  return t;
+}
+
+struct Index {
+  TestTensor cu, ci, co;
+  TensorView cuv() const { return cu.numel() ? cu.view() : TensorView(); }
+  TensorView civ() const { return ci.numel() ? ci.view() : TensorView(); }
+  TensorView cov() const { return co.numel() ? co.view() : TensorView(); }
+};
+
+Index make_index(const Layout& L, DType idt = DType::kInt64) {
+  Index ix;
+  if (L.cu.empty()) return ix;
+  const int64_t n = static_cast<int64_t>(L.cu.size());
+  ix.cu = TestTensor(idt, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
+    else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
+  }
+  const int64_t nt = gdn_chunk_count(ix.cu.view(), L.BT);
+  ix.ci = TestTensor(idt, {nt, 2});
+  ix.co = TestTensor(idt, {n});
+  prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
+  prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
+  return ix;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs (already rounded to their storage dtypes).
+
+struct Inputs {
+  Vec q, k, v, beta, graw, gk, h0, dO, dht;
+};
+
+Vec o_cumsum(const Vec& g, const Layout& L) {
+  Vec out(g.size(), 0.0);
+  const At at{L.T, L.HV, L.K};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t h = 0; h < L.HV; ++h)
+      for (int64_t d = 0; d < L.K; ++d) {
+        double acc = 0;
+        for (int64_t i = 0; i < c.len; ++i) {
+          acc += g[at(c.b, c.t0 + i, h, d)];
+          out[at(c.b, c.t0 + i, h, d)] = acc;
+        }
+      }
+  return out;
+}
+
+Inputs make_inputs(const Layout& L, uint64_t seed, DType dt, double gate_scale = 1.0) {
+  std::mt19937_64 gen(seed);
+  Inputs in;
+  const int64_t BTn = L.B * L.T;
+  in.q = normal(BTn * L.H * L.K, gen, 0.1);
+  in.k = normal(BTn * L.H * L.K, gen, 0.1);
+  normalize_rows(in.q, L.K);
+  normalize_rows(in.k, L.K);
+  in.q = stored(in.q, dt);
+  in.k = stored(in.k, dt);
+  in.v = stored(normal(BTn * L.HV * L.V, gen, 0.2), dt);
+  Vec b = normal(BTn * L.HV, gen);
+  for (double& e : b) e = 1.0 / (1.0 + std::exp(-e));
+  in.beta = stored(b, f32or(dt));
+  Vec g = normal(BTn * L.HV * L.K, gen);
+  for (double& e : g) e = -gate_scale * (0.02 + 0.2 * std::log1p(std::exp(e)));
+  in.graw = stored(g, f32or(dt));
+  in.gk = stored(o_cumsum(in.graw, L), f32or(dt));
+  in.h0 = stored(normal(L.N() * L.HV * L.K * L.V, gen, 0.0, 0.5), f32or(dt));
+  in.dO = stored(normal(BTn * L.HV * L.V, gen), dt);
+  in.dht = stored(normal(L.N() * L.HV * L.K * L.V, gen), f32or(dt));
+  return in;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Oracles: plain loops per chunk and value head; rd rounds every intermediate.
+
+double dotr(const double* a, const double* b, int64_t n, Rd rd) {
+  double s = 0;
+  for (int64_t x = 0; x < n; ++x) s = rd(s + rd(a[x] * b[x]));
+  return s;
+}
+
+// sum_c x_c y_c exp(g1_c - g2_c), rounded per step.
+double edot(const double* x, const double* y, const double* g1, const double* g2, int64_t K, Rd rd) {
+  double s = 0;
+  for (int64_t c = 0; c < K; ++c) s = rd(s + rd(rd(x[c] * y[c]) * rd(std::exp(rd(g1[c] - g2[c])))));
+  return s;
+}
+
+// Aqk (scaled, j <= i) and Akk = (I + L)^{-1}, [B,T,HV,BT].
+std::pair<Vec, Vec> o_intra(const Inputs& in, const Layout& L, double scale, Rd rd) {
+  Vec Aqk(L.B * L.T * L.HV * L.BT, 0.0), Akk(Aqk.size(), 0.0);
+  const At aq{L.T, L.H, L.K}, ag{L.T, L.HV, L.K}, ab{L.T, L.HV, 1}, aA{L.T, L.HV, L.BT};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t h = hv / L.G(), n = c.len;
+      Vec Lm(n * n, 0.0), X(n * n, 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* gi = &in.gk[ag(c.b, c.t0 + i, hv)];
+          const double* gj = &in.gk[ag(c.b, c.t0 + j, hv)];
+          const double* kj = &in.k[aq(c.b, c.t0 + j, h)];
+          Aqk[aA(c.b, c.t0 + i, hv, j)] = rd(scale * edot(&in.q[aq(c.b, c.t0 + i, h)], kj, gi, gj, L.K, rd));
+          if (j < i)
+            Lm[i * n + j] = rd(in.beta[ab(c.b, c.t0 + i, hv)] * edot(&in.k[aq(c.b, c.t0 + i, h)], kj, gi, gj, L.K, rd));
+        }
+      for (int64_t i = 0; i < n; ++i) {
+        X[i * n + i] = 1;
+        for (int64_t m = 0; m < i; ++m)
+          for (int64_t j = 0; j <= m; ++j) X[i * n + j] = rd(X[i * n + j] - rd(Lm[i * n + m] * X[m * n + j]));
+      }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= i; ++j) Akk[aA(c.b, c.t0 + i, hv, j)] = X[i * n + j];
+    }
+  return {Aqk, Akk};
+}
+
+struct WU {
+  Vec w, u, kg, qg;
+};
+WU o_wu(const Inputs& in, const Vec& Akk, const Layout& L, Rd rd) {
+  WU r;
+  const int64_t nK = L.B * L.T * L.HV * L.K;
+  r.w.assign(nK, 0.0);
+  r.kg.assign(nK, 0.0);
+  r.qg.assign(nK, 0.0);
+  r.u.assign(L.B * L.T * L.HV * L.V, 0.0);
+  const At aq{L.T, L.H, L.K}, ag{L.T, L.HV, L.K}, ab{L.T, L.HV, 1}, aA{L.T, L.HV, L.BT}, av{L.T, L.HV, L.V};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t h = hv / L.G(), last = c.len - 1;
+      for (int64_t i = 0; i < c.len; ++i) {
+        const int64_t ti = c.t0 + i;
+        for (int64_t x = 0; x < L.K; ++x) {
+          double s = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const int64_t tj = c.t0 + j;
+            const double kb = rd(rd(in.k[aq(c.b, tj, h, x)] * rd(std::exp(in.gk[ag(c.b, tj, hv, x)]))) *
+                                 in.beta[ab(c.b, tj, hv)]);
+            s = rd(s + rd(Akk[aA(c.b, ti, hv, j)] * kb));
+          }
+          r.w[ag(c.b, ti, hv, x)] = s;
+          r.kg[ag(c.b, ti, hv, x)] =
+              rd(in.k[aq(c.b, ti, h, x)] * rd(std::exp(rd(in.gk[ag(c.b, c.t0 + last, hv, x)] - in.gk[ag(c.b, ti, hv, x)]))));
+          r.qg[ag(c.b, ti, hv, x)] = rd(in.q[aq(c.b, ti, h, x)] * rd(std::exp(in.gk[ag(c.b, ti, hv, x)])));
+        }
+        for (int64_t y = 0; y < L.V; ++y) {
+          double s = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            s = rd(s + rd(Akk[aA(c.b, ti, hv, j)] * rd(in.v[av(c.b, c.t0 + j, hv, y)] * in.beta[ab(c.b, c.t0 + j, hv)])));
+          r.u[av(c.b, ti, hv, y)] = s;
+        }
+      }
+    }
+  return r;
+}
+
+// O = scale qg S + tril(Aqk) Vn.
+Vec o_fwd_o(const Vec& qg, const Vec& Aqk, const Vec& vn, const Vec& h, const Layout& L, double scale, Rd rd) {
+  Vec o(L.B * L.T * L.HV * L.V, 0.0);
+  const At ag{L.T, L.HV, L.K}, aA{L.T, L.HV, L.BT}, av{L.T, L.HV, L.V};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const double* S = &h[(c.idx * L.HV + hv) * L.K * L.V];
+      for (int64_t i = 0; i < c.len; ++i)
+        for (int64_t y = 0; y < L.V; ++y) {
+          double s = 0, t = 0;
+          for (int64_t x = 0; x < L.K; ++x) s = rd(s + rd(qg[ag(c.b, c.t0 + i, hv, x)] * S[x * L.V + y]));
+          for (int64_t j = 0; j <= i; ++j) t = rd(t + rd(Aqk[aA(c.b, c.t0 + i, hv, j)] * vn[av(c.b, c.t0 + j, hv, y)]));
+          o[av(c.b, c.t0 + i, hv, y)] = rd(rd(scale * s) + t);
+        }
+    }
+  return o;
+}
+
+// dAqk = scale tril(dO Vn^T), dv = tril(Aqk)^T dO.
+std::pair<Vec, Vec> o_dAv(const Vec& Aqk, const Vec& vn, const Vec& dO, const Layout& L, double scale, Rd rd) {
+  Vec dA(L.B * L.T * L.HV * L.BT, 0.0), dv(L.B * L.T * L.HV * L.V, 0.0);
+  const At aA{L.T, L.HV, L.BT}, av{L.T, L.HV, L.V};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv)
+      for (int64_t i = 0; i < c.len; ++i) {
+        for (int64_t j = 0; j <= i; ++j)
+          dA[aA(c.b, c.t0 + i, hv, j)] = rd(scale * dotr(&dO[av(c.b, c.t0 + i, hv)], &vn[av(c.b, c.t0 + j, hv)], L.V, rd));
+        for (int64_t y = 0; y < L.V; ++y) {
+          double s = 0;
+          for (int64_t j = i; j < c.len; ++j) s = rd(s + rd(Aqk[aA(c.b, c.t0 + j, hv, i)] * dO[av(c.b, c.t0 + j, hv, y)]));
+          dv[av(c.b, c.t0 + i, hv, y)] = s;
+        }
+      }
+  return {dA, dv};
+}
+
+double dO_at(const Inputs& in, const At& av, const TChunk& c, int64_t hv, int64_t i, int64_t y) {
+  return in.dO[av(c.b, c.t0 + i, hv, y)];
+}
+
+struct WyOut {
+  Vec dq, dk, dv, dbeta, dg, dAkk;
+};
+
+// Block K3 of section 9.5, element by element.
+WyOut o_wy(const Inputs& in, const Vec& vn, const Vec& Akk, const Vec& h, const Vec& dh, const Vec& dvn,
+           const Layout& L, double scale, Rd rd) {
+  WyOut r;
+  const int64_t K = L.K, V = L.V;
+  r.dq.assign(L.B * L.T * L.H * K, 0.0);
+  r.dk.assign(r.dq.size(), 0.0);
+  r.dv.assign(L.B * L.T * L.HV * V, 0.0);
+  r.dbeta.assign(L.B * L.T * L.HV, 0.0);
+  r.dg.assign(L.B * L.T * L.HV * K, 0.0);
+  r.dAkk.assign(L.B * L.T * L.HV * L.BT, 0.0);
+  const At aq{L.T, L.H, K}, ag{L.T, L.HV, K}, ab{L.T, L.HV, 1}, aA{L.T, L.HV, L.BT}, av{L.T, L.HV, V};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t hh = hv / L.G(), n = c.len, last = n - 1;
+      const double* S = &h[(c.idx * L.HV + hv) * K * V];
+      const double* dH = &dh[(c.idx * L.HV + hv) * K * V];
+      auto Q = [&](int64_t i, int64_t x) { return in.q[aq(c.b, c.t0 + i, hh, x)]; };
+      auto Kc = [&](int64_t i, int64_t x) { return in.k[aq(c.b, c.t0 + i, hh, x)]; };
+      auto Gm = [&](int64_t i, int64_t x) { return in.gk[ag(c.b, c.t0 + i, hv, x)]; };
+      auto bt = [&](int64_t i) { return in.beta[ab(c.b, c.t0 + i, hv)]; };
+      auto A = [&](int64_t i, int64_t j) { return j <= i ? Akk[aA(c.b, c.t0 + i, hv, j)] : 0.0; };
+      auto dVn = [&](int64_t i, int64_t y) { return dvn[av(c.b, c.t0 + i, hv, y)]; };
+      Vec dQ(n * K), dKi(n * K), dW(n * K), Ke(n * K), R(n * K, 0.0), P(n * V, 0.0), dA(n * n, 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) {
+          double s1 = 0, s2 = 0, s3 = 0;
+          for (int64_t y = 0; y < V; ++y) {
+            s1 = rd(s1 + rd(dO_at(in, av, c, hv, i, y) * S[x * V + y]));
+            s2 = rd(s2 + rd(vn[av(c.b, c.t0 + i, hv, y)] * dH[x * V + y]));
+            s3 = rd(s3 + rd(dVn(i, y) * S[x * V + y]));
+          }
+          const double eg = rd(std::exp(Gm(i, x)));
+          dQ[i * K + x] = rd(rd(scale * eg) * s1);
+          dKi[i * K + x] = rd(rd(std::exp(rd(Gm(last, x) - Gm(i, x)))) * s2);
+          dW[i * K + x] = -s3;
+          Ke[i * K + x] = rd(Kc(i, x) * eg);
+        }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          double s = 0;
+          for (int64_t y = 0; y < V; ++y) s = rd(s + rd(dVn(i, y) * in.v[av(c.b, c.t0 + j, hv, y)]));
+          for (int64_t x = 0; x < K; ++x) s = rd(s + rd(dW[i * K + x] * Ke[j * K + x]));
+          dA[i * n + j] = rd(s * bt(j));
+        }
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t x = 0; x < K; ++x) {
+          double s = 0;
+          for (int64_t m = i; m < n; ++m) s = rd(s + rd(A(m, i) * dW[m * K + x]));
+          R[i * K + x] = s;
+        }
+        for (int64_t y = 0; y < V; ++y) {
+          double s = 0;
+          for (int64_t m = i; m < n; ++m) s = rd(s + rd(A(m, i) * dVn(m, y)));
+          P[i * V + y] = s;
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        double db = 0;
+        for (int64_t y = 0; y < V; ++y) {
+          db = rd(db + rd(P[i * V + y] * in.v[av(c.b, c.t0 + i, hv, y)]));
+          r.dv[av(c.b, c.t0 + i, hv, y)] = rd(bt(i) * P[i * V + y]);
+        }
+        for (int64_t x = 0; x < K; ++x) db = rd(db + rd(R[i * K + x] * Ke[i * K + x]));
+        r.dbeta[ab(c.b, c.t0 + i, hv)] = db;
+        for (int64_t x = 0; x < K; ++x) {
+          const int64_t y = i * K + x;
+          double dgv = rd(rd(rd(Q(i, x) * dQ[y]) - rd(Kc(i, x) * dKi[y])) + rd(rd(bt(i) * Ke[y]) * R[y]));
+          if (i == last) {
+            double sh = 0, kd = 0;
+            for (int64_t v2 = 0; v2 < V; ++v2) sh = rd(sh + rd(S[x * V + v2] * dH[x * V + v2]));
+            for (int64_t m = 0; m < n; ++m) kd = rd(kd + rd(Kc(m, x) * dKi[m * K + x]));
+            dgv = rd(dgv + rd(rd(rd(std::exp(Gm(last, x))) * sh) + kd));
+          }
+          r.dg[ag(c.b, c.t0 + i, hv, x)] = dgv;
+          r.dq[aq(c.b, c.t0 + i, hh, x)] = rd(r.dq[aq(c.b, c.t0 + i, hh, x)] + dQ[y]);
+          r.dk[aq(c.b, c.t0 + i, hh, x)] =
+              rd(r.dk[aq(c.b, c.t0 + i, hh, x)] + rd(dKi[y] + rd(rd(bt(i) * rd(std::exp(Gm(i, x)))) * R[y])));
+        }
+      }
+      // dL = -M> . (A^T dA A^T)
+      Vec X(n * n, 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t m = 0; m < n; ++m) s = rd(s + rd(dA[i * n + m] * A(j, m)));
+          X[i * n + j] = s;
+        }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          double s = 0;
+          for (int64_t m = 0; m < n; ++m) s = rd(s + rd(A(m, i) * X[m * n + j]));
+          r.dAkk[aA(c.b, c.t0 + i, hv, j)] = -s;
+        }
+    }
+  return r;
+}
+
+struct IntraOut {
+  Vec dq, dk, dbeta, dg;
+};
+
+// Block K4 with element-wise exponentials (the factorisation is the library's business).
+IntraOut o_bintra(const Inputs& in, const Vec& dAqk, const Vec& dAkk, const IntraOut& part, const Layout& L, Rd rd) {
+  IntraOut r = part;
+  const int64_t K = L.K;
+  const At aq{L.T, L.H, K}, ag{L.T, L.HV, K}, ab{L.T, L.HV, 1}, aA{L.T, L.HV, L.BT};
+  for (const TChunk& c : all_chunks(L))
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t hh = hv / L.G(), n = c.len;
+      auto Q = [&](int64_t i) { return &in.q[aq(c.b, c.t0 + i, hh)]; };
+      auto Kc = [&](int64_t i) { return &in.k[aq(c.b, c.t0 + i, hh)]; };
+      auto Gm = [&](int64_t i) { return &in.gk[ag(c.b, c.t0 + i, hv)]; };
+      auto bt = [&](int64_t i) { return in.beta[ab(c.b, c.t0 + i, hv)]; };
+      auto Dq = [&](int64_t i, int64_t j) { return dAqk[aA(c.b, c.t0 + i, hv, j)]; };
+      auto Dl = [&](int64_t i, int64_t j) { return dAkk[aA(c.b, c.t0 + i, hv, j)]; };
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) {
+          // row terms (j <= i) and column terms (i' >= i)
+          double dqi = 0, rr = 0, cc = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const double e = rd(std::exp(rd(Gm(i)[x] - Gm(j)[x])));
+            dqi = rd(dqi + rd(rd(Dq(i, j) * Kc(j)[x]) * e));
+            if (j < i) rr = rd(rr + rd(rd(Dl(i, j) * Kc(j)[x]) * e));
+          }
+          for (int64_t m = i; m < n; ++m) {
+            const double e = rd(std::exp(rd(Gm(m)[x] - Gm(i)[x])));
+            cc = rd(cc + rd(rd(Dq(m, i) * Q(m)[x]) * e));
+            if (m > i) cc = rd(cc + rd(rd(rd(Dl(m, i) * bt(m)) * Kc(m)[x]) * e));
+          }
+          r.dbeta[ab(c.b, c.t0 + i, hv)] = rd(r.dbeta[ab(c.b, c.t0 + i, hv)] + rd(rr * Kc(i)[x]));
+          rr = rd(rr * bt(i));
+          const double dd = rd(Dq(i, i) * rd(Q(i)[x] * Kc(i)[x]));  // the diagonal terms cancel in dg
+          double& dg = r.dg[ag(c.b, c.t0 + i, hv, x)];
+          dg = rd(dg + rd(rd(rd(Q(i)[x] * dqi) - dd) + rd(rd(rr - cc) * Kc(i)[x]) + dd));
+          r.dq[aq(c.b, c.t0 + i, hh, x)] = rd(r.dq[aq(c.b, c.t0 + i, hh, x)] + dqi);
+          r.dk[aq(c.b, c.t0 + i, hh, x)] = rd(r.dk[aq(c.b, c.t0 + i, hh, x)] + rd(rr + cc));
+        }
+    }
+  return r;
+}
+
+// The per-token recurrence (section 9.1) and its backward, per sequence and value head.
+struct RecOut {
+  Vec o, ht, dq, dk, dv, dg, dbeta, dh0;
+};
+
+RecOut o_recurrent(const Inputs& in, const Layout& L, double scale, bool with_g, bool with_beta, Rd rd) {
+  const int64_t K = L.K, V = L.V, KV = K * V;
+  RecOut r;
+  r.o.assign(L.B * L.T * L.HV * V, 0.0);
+  r.ht.assign(L.N() * L.HV * KV, 0.0);
+  r.dq.assign(L.B * L.T * L.H * K, 0.0);
+  r.dk.assign(r.dq.size(), 0.0);
+  r.dv.assign(r.o.size(), 0.0);
+  r.dg.assign(L.B * L.T * L.HV * K, 0.0);
+  r.dbeta.assign(L.B * L.T * L.HV, 0.0);
+  r.dh0.assign(r.ht.size(), 0.0);
+  const At aq{L.T, L.H, K}, ag{L.T, L.HV, K}, ab{L.T, L.HV, 1}, av{L.T, L.HV, V};
+  for (int64_t n = 0; n < L.N(); ++n) {
+    const int64_t b = L.cu.empty() ? n : 0, t0 = L.cu.empty() ? 0 : L.cu[n];
+    const int64_t len = L.cu.empty() ? L.T : L.cu[n + 1] - L.cu[n];
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      const int64_t hh = hv / L.G();
+      std::vector<Vec> St(len);  // decayed state before each token's update
+      Vec S(in.h0.begin() + (n * L.HV + hv) * KV, in.h0.begin() + (n * L.HV + hv + 1) * KV);
+      auto a = [&](int64_t t, int64_t x) { return with_g ? rd(std::exp(in.graw[ag(b, t, hv, x)])) : 1.0; };
+      auto be = [&](int64_t t) { return with_beta ? in.beta[ab(b, t, hv)] : 1.0; };
+      std::vector<Vec> deltas(len, Vec(V)), ps(len, Vec(V));
+      for (int64_t s = 0; s < len; ++s) {
+        const int64_t t = t0 + s;
+        for (int64_t x = 0; x < K; ++x)
+          for (int64_t y = 0; y < V; ++y) S[x * V + y] = rd(a(t, x) * S[x * V + y]);
+        St[s] = S;
+        for (int64_t y = 0; y < V; ++y) {
+          double p = 0;
+          for (int64_t x = 0; x < K; ++x) p = rd(p + rd(in.k[aq(b, t, hh, x)] * S[x * V + y]));
+          ps[s][y] = p;
+          deltas[s][y] = rd(be(t) * rd(in.v[av(b, t, hv, y)] - p));
+        }
+        for (int64_t x = 0; x < K; ++x)
+          for (int64_t y = 0; y < V; ++y) S[x * V + y] = rd(S[x * V + y] + rd(in.k[aq(b, t, hh, x)] * deltas[s][y]));
+        for (int64_t y = 0; y < V; ++y) {
+          double o = 0;
+          for (int64_t x = 0; x < K; ++x) o = rd(o + rd(in.q[aq(b, t, hh, x)] * S[x * V + y]));
+          r.o[av(b, t, hv, y)] = rd(scale * o);
+        }
+      }
+      std::copy(S.begin(), S.end(), r.ht.begin() + (n * L.HV + hv) * KV);
+      Vec dS(in.dht.begin() + (n * L.HV + hv) * KV, in.dht.begin() + (n * L.HV + hv + 1) * KV);
+      for (int64_t s = len - 1; s >= 0; --s) {
+        const int64_t t = t0 + s;
+        const Vec& Sd = St[s];
+        const double* qt = &in.q[aq(b, t, hh)];
+        const double* kt = &in.k[aq(b, t, hh)];
+        const double* dot = &in.dO[av(b, t, hv)];
+        for (int64_t x = 0; x < K; ++x) {
+          double acc = 0;
+          for (int64_t y = 0; y < V; ++y) {
+            acc = rd(acc + rd(rd(Sd[x * V + y] + rd(kt[x] * deltas[s][y])) * dot[y]));
+            dS[x * V + y] = rd(dS[x * V + y] + rd(rd(scale * qt[x]) * dot[y]));
+          }
+          r.dq[aq(b, t, hh, x)] = rd(r.dq[aq(b, t, hh, x)] + rd(scale * acc));
+        }
+        Vec dd(V, 0.0), dp(V);
+        Vec dkt(K, 0.0);
+        for (int64_t x = 0; x < K; ++x)
+          for (int64_t y = 0; y < V; ++y) {
+            dkt[x] = rd(dkt[x] + rd(dS[x * V + y] * deltas[s][y]));
+            dd[y] = rd(dd[y] + rd(dS[x * V + y] * kt[x]));
+          }
+        double db = 0;
+        for (int64_t y = 0; y < V; ++y) {
+          r.dv[av(b, t, hv, y)] = rd(be(t) * dd[y]);
+          db = rd(db + rd(dd[y] * rd(in.v[av(b, t, hv, y)] - ps[s][y])));
+          dp[y] = rd(-be(t) * dd[y]);
+        }
+        r.dbeta[ab(b, t, hv)] = db;
+        for (int64_t x = 0; x < K; ++x) {
+          double acc = 0, accg = 0;
+          for (int64_t y = 0; y < V; ++y) {
+            const double d = rd(dS[x * V + y] + rd(kt[x] * dp[y]));
+            acc = rd(acc + rd(Sd[x * V + y] * dp[y]));
+            accg = rd(accg + rd(Sd[x * V + y] * d));
+            dS[x * V + y] = rd(a(t, x) * d);
+          }
+          r.dk[aq(b, t, hh, x)] = rd(r.dk[aq(b, t, hh, x)] + rd(dkt[x] + acc));
+          r.dg[ag(b, t, hv, x)] = accg;
+        }
+      }
+      std::copy(dS.begin(), dS.end(), r.dh0.begin() + (n * L.HV + hv) * KV);
+    }
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Case {
+  Layout L;
+  std::string name;
+};
+
+std::vector<Case> cases() {
+  return {
+      {{2, 41, 1, 2, 24, 20, 32, {}}, "B2 T41 GVA2 K24 V20 BT32"},
+      {{1, 75, 2, 2, 20, 36, 64, {0, 15, 15, 37, 75}}, "varlen [0,15,15,37,75] BT64"},
+      {{1, 70, 1, 1, 33, 9, 64, {}}, "B1 T70 K33 V9 BT64"},
+      {{1, 1, 1, 3, 8, 8, 32, {}}, "single token GVA3"},
+  };
+}
+
+const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat64};
+
+template <class Fn>
+void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
+  int checked = 0;
+  for (const auto& b : runnable_backends(op, dir))
+    for (DType dt : kDtypes) {
+      if (!backend_takes(op, dir, b.id, dt)) continue;
+      const auto all = cases();
+      const size_t ncases = dt == DType::kBFloat16 ? 2 : all.size();
+      for (size_t ci = 0; ci < ncases; ++ci) {
+        const Case& cs = all[ci];
+        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + cs.name);
+        fn(b, dt, cs.L);
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 0);
+}
+
+void expect_close(const char* what, const TestTensor& ours, const Vec& base, const Vec& ref, DType dt) {
+  const Vec got = ours.to_double();
+  if (dt == DType::kFloat64 && ours.dtype() == DType::kFloat64) {
+    double m = 1, e = max_abs_error(got, ref);
+    for (double r : ref) m = std::max(m, std::abs(r));
+    EXPECT_LE(e, 1e-11 * m) << what << ": float64 max-abs err " << e;
+    return;
+  }
+  const DType tol_dt = floor_for(ours.dtype()) > floor_for(dt) ? ours.dtype() : dt;
+  Vec b = base;
+  if (tol_dt != dt)
+    for (double& x : b) x = round_to(tol_dt, x);
+  Verdict v = check_close(got, b, ref, tol_dt);
+  EXPECT_TRUE(v.pass) << what << ": " << v.describe();
+}
+
+std::vector<int64_t> tok(const Layout& L, int64_t H, int64_t D) { return {L.B, L.T, H, D}; }
+std::vector<int64_t> snap(const Layout& L) {
+  return {L.cu.empty() ? L.B : 1, snapshots(L), L.HV, L.K, L.V};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(KdaSubops, FwdIntraAndRecomputeWU) {
+  for_each_case("chunk_kda_fwd_intra", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 11, dt, 2.0);
+    const Rd rb{dt}, acc{f32or(dt)};
+    TestTensor q = tensor(dt, tok(L, L.H, L.K), in.q, b.device), k = tensor(dt, tok(L, L.H, L.K), in.k, b.device);
+    TestTensor gk = tensor(f32or(dt), tok(L, L.HV, L.K), in.gk, b.device);
+    TestTensor beta = tensor(f32or(dt), {L.B, L.T, L.HV}, in.beta, b.device);
+    TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+    const double scale = 0.7;
+    chunk_kda_fwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), Aqk.view(), Akk.view(), ix.cuv(),
+                                  ix.civ(), scale, L.BT});
+    const auto r64 = o_intra(in, L, scale, kExact), rb_ = o_intra(in, L, scale, acc);
+    expect_close("Aqk", Aqk, stored(rb_.first, dt), r64.first, dt);
+    expect_close("Akk", Akk, stored(rb_.second, dt), r64.second, dt);
+    // W, U, kg, qg from the oracle's Akk stored in dt.
+    const Vec Akks = stored(r64.second, dt);
+    TestTensor Ak = tensor(dt, tok(L, L.HV, L.BT), Akks, b.device);
+    TestTensor v = tensor(dt, tok(L, L.HV, L.V), in.v, b.device);
+    TestTensor w = poisoned(dt, tok(L, L.HV, L.K), b.device), u = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    TestTensor kg = poisoned(dt, tok(L, L.HV, L.K), b.device), qg = poisoned(dt, tok(L, L.HV, L.K), b.device);
+    kda_recompute_w_u_fwd(b.ctx(), {q.view(), k.view(), v.view(), beta.view(), Ak.view(), gk.view(), w.view(),
+                                    u.view(), kg.view(), qg.view(), ix.cuv(), ix.civ()});
+    const WU w64 = o_wu(in, Akks, L, kExact), wb = o_wu(in, Akks, L, acc);
+    expect_close("w", w, stored(wb.w, dt), w64.w, dt);
+    expect_close("u", u, stored(wb.u, dt), w64.u, dt);
+    expect_close("kg", kg, stored(wb.kg, dt), w64.kg, dt);
+    expect_close("qg", qg, stored(wb.qg, dt), w64.qg, dt);
+    (void)rb;
+  });
+}
+
+TEST(KdaSubops, FwdOAndBwdDAv) {
+  for_each_case("chunk_kda_fwd_o", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 12, dt);
+    const Rd acc{f32or(dt)};
+    std::mt19937_64 gen(3);
+    const int64_t nsnap = (L.cu.empty() ? L.B : 1) * snapshots(L) * L.HV * L.K * L.V;
+    const Vec qg = stored(normal(L.B * L.T * L.HV * L.K, gen), dt);
+    const Vec h = stored(normal(nsnap, gen, 0, 0.5), dt);
+    const Vec vn = stored(normal(L.B * L.T * L.HV * L.V, gen), dt);
+    const Vec Aqk = stored(o_intra(in, L, 0.3, kExact).first, dt);
+    TestTensor tqg = tensor(dt, tok(L, L.HV, L.K), qg, b.device), th = tensor(dt, snap(L), h, b.device);
+    TestTensor tvn = tensor(dt, tok(L, L.HV, L.V), vn, b.device), tA = tensor(dt, tok(L, L.HV, L.BT), Aqk, b.device);
+    TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    chunk_kda_fwd_o(b.ctx(), {tqg.view(), tA.view(), tvn.view(), th.view(), o.view(), ix.cuv(), ix.civ(), 0.6});
+    expect_close("o", o, stored(o_fwd_o(qg, Aqk, vn, h, L, 0.6, acc), dt), o_fwd_o(qg, Aqk, vn, h, L, 0.6, kExact), dt);
+    TestTensor dO = tensor(dt, tok(L, L.HV, L.V), in.dO, b.device);
+    TestTensor dA = poisoned(f32or(dt), tok(L, L.HV, L.BT), b.device), dv = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    chunk_kda_bwd_dAv(b.ctx(), {tA.view(), tvn.view(), dO.view(), dA.view(), dv.view(), ix.cuv(), ix.civ(), 0.6});
+    const auto r64 = o_dAv(Aqk, vn, in.dO, L, 0.6, kExact), rb = o_dAv(Aqk, vn, in.dO, L, 0.6, acc);
+    expect_close("dAqk", dA, rb.first, r64.first, f32or(dt));
+    expect_close("dAv dv", dv, stored(rb.second, dt), r64.second, dt);
+  });
+}
+
+TEST(KdaSubops, BwdWyDqkgFusedAndBwdIntra) {
+  for_each_case("chunk_kda_bwd_wy_dqkg_fused", Direction::kBackward,
+                [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 13, dt, 2.0);
+    const Rd acc{f32or(dt)};
+    const DType adt = f32or(dt);
+    std::mt19937_64 gen(4);
+    const int64_t nsnap = (L.cu.empty() ? L.B : 1) * snapshots(L) * L.HV * L.K * L.V, nv = L.B * L.T * L.HV * L.V;
+    const Vec h = stored(normal(nsnap, gen, 0, 0.5), dt), dh = stored(normal(nsnap, gen, 0, 0.5), dt);
+    const Vec vn = stored(normal(nv, gen), dt), dvn = stored(normal(nv, gen), dt);
+    const Vec Akk = stored(o_intra(in, L, 0.3, kExact).second, dt);
+    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& x) { return tensor(d, s, x, b.device); };
+    TestTensor q = T_(dt, tok(L, L.H, L.K), in.q), k = T_(dt, tok(L, L.H, L.K), in.k), v = T_(dt, tok(L, L.HV, L.V), in.v);
+    TestTensor tvn = T_(dt, tok(L, L.HV, L.V), vn), gk = T_(adt, tok(L, L.HV, L.K), in.gk);
+    TestTensor beta = T_(adt, {L.B, L.T, L.HV}, in.beta), tA = T_(dt, tok(L, L.HV, L.BT), Akk);
+    TestTensor th = T_(dt, snap(L), h), tdh = T_(dt, snap(L), dh), dO = T_(dt, tok(L, L.HV, L.V), in.dO);
+    TestTensor tdvn = T_(dt, tok(L, L.HV, L.V), dvn);
+    TestTensor dq = poisoned(adt, tok(L, L.H, L.K), b.device), dk = poisoned(adt, tok(L, L.H, L.K), b.device);
+    TestTensor dv = poisoned(dt, tok(L, L.HV, L.V), b.device), db = poisoned(adt, {L.B, L.T, L.HV}, b.device);
+    TestTensor dg = poisoned(adt, tok(L, L.HV, L.K), b.device), dAkk = poisoned(adt, tok(L, L.HV, L.BT), b.device);
+    const double scale = 0.45;
+    chunk_kda_bwd_wy_dqkg_fused(b.ctx(), {q.view(), k.view(), v.view(), tvn.view(), gk.view(), beta.view(), tA.view(),
+                                          th.view(), tdh.view(), dO.view(), tdvn.view(), dq.view(), dk.view(), dv.view(),
+                                          db.view(), dg.view(), dAkk.view(), ix.cuv(), ix.civ(), scale, L.BT});
+    const WyOut r64 = o_wy(in, vn, Akk, h, dh, dvn, L, scale, kExact), rb = o_wy(in, vn, Akk, h, dh, dvn, L, scale, acc);
+    expect_close("wy dq", dq, rb.dq, r64.dq, adt);
+    expect_close("wy dk", dk, rb.dk, r64.dk, adt);
+    expect_close("wy dv", dv, stored(rb.dv, dt), r64.dv, dt);
+    expect_close("wy dbeta", db, rb.dbeta, r64.dbeta, adt);
+    expect_close("wy dg", dg, rb.dg, r64.dg, adt);
+    expect_close("wy dAkk", dAkk, rb.dAkk, r64.dAkk, adt);
+    // bwd_intra on the oracle's partials, with dAqk from random dO / v_new.
+    const Vec dAqk = stored(o_dAv(Akk, vn, in.dO, L, 0.5, kExact).first, adt);
+    const Vec dAk = stored(r64.dAkk, adt);
+    const IntraOut part{stored(r64.dq, adt), stored(r64.dk, adt), stored(r64.dbeta, adt), stored(r64.dg, adt)};
+    TestTensor tdAq = T_(adt, tok(L, L.HV, L.BT), dAqk), tdAk = T_(adt, tok(L, L.HV, L.BT), dAk);
+    TestTensor pq = T_(adt, tok(L, L.H, L.K), part.dq), pk = T_(adt, tok(L, L.H, L.K), part.dk);
+    TestTensor pb = T_(adt, {L.B, L.T, L.HV}, part.dbeta), pg = T_(adt, tok(L, L.HV, L.K), part.dg);
+    TestTensor oq = poisoned(dt, tok(L, L.H, L.K), b.device), ok = poisoned(dt, tok(L, L.H, L.K), b.device);
+    TestTensor ob = poisoned(adt, {L.B, L.T, L.HV}, b.device);
+    chunk_kda_bwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), tdAq.view(), tdAk.view(), pq.view(),
+                                  pk.view(), pb.view(), pg.view(), oq.view(), ok.view(), ob.view(), pg.view(), ix.cuv(),
+                                  ix.civ(), L.BT});
+    const IntraOut i64 = o_bintra(in, dAqk, dAk, part, L, kExact), ib = o_bintra(in, dAqk, dAk, part, L, acc);
+    expect_close("intra dq", oq, stored(ib.dq, dt), i64.dq, dt);
+    expect_close("intra dk", ok, stored(ib.dk, dt), i64.dk, dt);
+    expect_close("intra dbeta", ob, ib.dbeta, i64.dbeta, adt);
+    expect_close("intra dg (in place)", pg, ib.dg, i64.dg, adt);
+  });
+}
+
+TEST(KdaSubops, GateBothForms) {
+  for (const auto& b : runnable_backends("kda_gate", Direction::kBackward))
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat64}) {
+      if (!backend_takes("kda_gate", Direction::kBackward, b.id, dt)) continue;
+      for (bool lb : {false, true}) {
+        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + (lb ? "/lower_bound" : "/softplus"));
+        const int64_t B = 2, T = 9, HV = 3, K = 5, n = B * T * HV * K;
+        std::mt19937_64 gen(5);
+        Vec g = stored(normal(n, gen, 0, 3), dt);
+        g[0] = round_to(dt, 30.0);  // softplus's linear branch
+        const Vec A = stored(normal(HV, gen), dt), bias = stored(normal(HV * K, gen), dt), dy = stored(normal(n, gen), dt);
+        const double lbv = -4.0;
+        auto oracle = [&](Rd rd, Vec& y, Vec& dg, Vec& dA, Vec& db) {
+          y.assign(n, 0);
+          dg.assign(n, 0);
+          dA.assign(HV, 0);
+          db.assign(HV * K, 0);
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t hv = (i / K) % HV, c = i % K;
+            const double a = rd(std::exp(A[hv])), z = rd(g[i] + bias[hv * K + c]);
+            if (lb) {
+              const double s = rd(1 / (1 + std::exp(-rd(a * z))));
+              y[i] = rd(lbv * s);
+              dg[i] = rd(rd(rd(dy[i] * lbv) * rd(s * rd(1 - s))) * a);
+              dA[hv] = rd(dA[hv] + rd(dg[i] * z));
+            } else {
+              const double sp = z > 20 ? z : rd(std::log1p(std::exp(z)));
+              y[i] = rd(-a * sp);
+              dg[i] = rd(rd(-a * rd(1 / (1 + std::exp(-z)))) * dy[i]);
+              dA[hv] = rd(dA[hv] + rd(dy[i] * y[i]));
+            }
+            db[hv * K + c] = rd(db[hv * K + c] + dg[i]);
+          }
+        };
+        Vec y64, dg64, dA64, db64, yb, dgb, dAb, dbb;
+        oracle(kExact, y64, dg64, dA64, db64);
+        oracle(Rd{f32or(dt)}, yb, dgb, dAb, dbb);
+        TestTensor tg = tensor(dt, {B, T, HV, K}, g, b.device), tA = tensor(dt, {HV}, A, b.device);
+        TestTensor tb = tensor(dt, {HV * K}, bias, b.device), tdy = tensor(dt, {B, T, HV, K}, dy, b.device);
+        TestTensor y = poisoned(f32or(dt), {B, T, HV, K}, b.device), dg = poisoned(dt, {B, T, HV, K}, b.device);
+        TestTensor dA = poisoned(f32or(dt), {HV}, b.device), db = poisoned(f32or(dt), {HV * K}, b.device);
+        Context ctx = b.ctx();
+        kda_gate_fwd(ctx, {tg.view(), tA.view(), tb.view(), y.view(), lb, lbv});
+        kda_gate_bwd(ctx, {tg.view(), tA.view(), tb.view(), tdy.view(), dg.view(), dA.view(), db.view(), lb, lbv});
+        expect_close("gate y", y, yb, y64, f32or(dt));
+        expect_close("gate dg", dg, stored(dgb, dt), dg64, dt);
+        expect_close("gate dA_log", dA, dAb, dA64, f32or(dt));
+        expect_close("gate ddt_bias", db, dbb, db64, f32or(dt));
+      }
+    }
+}
+
+TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
+  for_each_case("fused_recurrent_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 14, dt);
+    const DType adt = f32or(dt);
+    for (bool full : {true, false}) {  // with g, beta, h0, dht; and without any of them
+      SCOPED_TRACE(full ? "g, beta, h0, dht" : "no g, beta, h0, dht");
+      Inputs x = in;
+      if (!full) {
+        std::fill(x.h0.begin(), x.h0.end(), 0.0);
+        std::fill(x.dht.begin(), x.dht.end(), 0.0);
+      }
+      auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
+      TestTensor q = T_(dt, tok(L, L.H, L.K), x.q), k = T_(dt, tok(L, L.H, L.K), x.k), v = T_(dt, tok(L, L.HV, L.V), x.v);
+      TestTensor g = T_(adt, tok(L, L.HV, L.K), x.graw), beta = T_(adt, {L.B, L.T, L.HV}, x.beta);
+      TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, x.h0), dht = T_(adt, {L.N(), L.HV, L.K, L.V}, x.dht);
+      TestTensor dO = T_(dt, tok(L, L.HV, L.V), x.dO);
+      TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device), ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+      const double scale = 0.55;
+      const TensorView gv = full ? g.view() : TensorView(), bv = full ? beta.view() : TensorView();
+      const TensorView h0v = full ? h0.view() : TensorView(), dhtv = full ? dht.view() : TensorView();
+      fused_recurrent_kda_fwd(b.ctx(), {q.view(), k.view(), v.view(), gv, bv, h0v, ix.cuv(), scale, o.view(), ht.view()});
+      TestTensor dq = poisoned(dt, tok(L, L.H, L.K), b.device), dk = poisoned(dt, tok(L, L.H, L.K), b.device);
+      TestTensor dv = poisoned(dt, tok(L, L.HV, L.V), b.device), dg = poisoned(adt, tok(L, L.HV, L.K), b.device);
+      TestTensor db = poisoned(adt, {L.B, L.T, L.HV}, b.device), dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+      fused_recurrent_kda_bwd(b.ctx(), {q.view(), k.view(), v.view(), gv, bv, h0v, ix.cuv(), scale, dO.view(), dhtv,
+                                        dq.view(), dk.view(), dv.view(), full ? dg.view() : TensorView(),
+                                        full ? db.view() : TensorView(), dh0.view()});
+      const RecOut r64 = o_recurrent(x, L, scale, full, full, kExact), rb = o_recurrent(x, L, scale, full, full, Rd{dt});
+      expect_close("o", o, rb.o, r64.o, dt);
+      expect_close("ht", ht, rb.ht, r64.ht, adt);
+      expect_close("dq", dq, rb.dq, r64.dq, dt);
+      expect_close("dk", dk, rb.dk, r64.dk, dt);
+      expect_close("dv", dv, rb.dv, r64.dv, dt);
+      if (full) {
+        expect_close("dg", dg, rb.dg, r64.dg, adt);
+        expect_close("dbeta", db, rb.dbeta, r64.dbeta, adt);
+      }
+      expect_close("dh0", dh0, rb.dh0, r64.dh0, adt);
+    }
+  });
+}
+
+// The top level: forward and backward against the recurrence oracle (base: the recurrence in dt).
+TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
+  for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 15, dt);
+    const DType adt = f32or(dt);
+    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
+    TestTensor q = T_(dt, tok(L, L.H, L.K), in.q), k = T_(dt, tok(L, L.H, L.K), in.k), v = T_(dt, tok(L, L.HV, L.V), in.v);
+    TestTensor g = T_(adt, tok(L, L.HV, L.K), in.graw), beta = T_(adt, {L.B, L.T, L.HV}, in.beta);
+    TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0), dht = T_(adt, {L.N(), L.HV, L.K, L.V}, in.dht);
+    TestTensor dO = T_(dt, tok(L, L.HV, L.V), in.dO);
+    TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device), ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    TestTensor gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
+    TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+    ChunkKdaFwdArgs fa;
+    fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();
+    fa.initial_state = h0.view();
+    fa.cu_seqlens = ix.cuv(); fa.chunk_indices = ix.civ(); fa.chunk_offsets = ix.cov();
+    fa.scale = 0.5; fa.chunk_size = L.BT;
+    fa.o = o.view(); fa.final_state = ht.view(); fa.g_cumsum = gc.view(); fa.Aqk = Aqk.view(); fa.Akk = Akk.view();
+    TestTensor wsf(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
+    fa.workspace = wsf.view();
+    chunk_kda_fwd(b.ctx(), fa);
+    ChunkKdaBwdArgs ba;
+    ba.q = fa.q; ba.k = fa.k; ba.v = fa.v; ba.g = fa.g; ba.beta = fa.beta; ba.initial_state = fa.initial_state;
+    ba.g_cumsum = fa.g_cumsum; ba.Aqk = fa.Aqk; ba.Akk = fa.Akk;
+    ba.cu_seqlens = fa.cu_seqlens; ba.chunk_indices = fa.chunk_indices; ba.chunk_offsets = fa.chunk_offsets;
+    ba.scale = fa.scale; ba.chunk_size = fa.chunk_size; ba.dout = dO.view(); ba.dht = dht.view();
+    TestTensor dq = poisoned(dt, tok(L, L.H, L.K), b.device), dk = poisoned(dt, tok(L, L.H, L.K), b.device);
+    TestTensor dv = poisoned(dt, tok(L, L.HV, L.V), b.device), dg = poisoned(adt, tok(L, L.HV, L.K), b.device);
+    TestTensor db = poisoned(adt, {L.B, L.T, L.HV}, b.device), dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    ba.dq = dq.view(); ba.dk = dk.view(); ba.dv = dv.view(); ba.dg = dg.view(); ba.dbeta = db.view(); ba.dh0 = dh0.view();
+    TestTensor wsb(DType::kUInt8, {chunk_kda_bwd_workspace_size(ba)}, b.device);
+    ba.workspace = wsb.view();
+    chunk_kda_bwd(b.ctx(), ba);
+    const RecOut r64 = o_recurrent(in, L, 0.5, true, true, kExact), rb = o_recurrent(in, L, 0.5, true, true, Rd{dt});
+    expect_close("o", o, rb.o, r64.o, dt);
+    expect_close("ht", ht, rb.ht, r64.ht, adt);
+    expect_close("dq", dq, rb.dq, r64.dq, dt);
+    expect_close("dk", dk, rb.dk, r64.dk, dt);
+    expect_close("dv", dv, rb.dv, r64.dv, dt);
+    expect_close("dg", dg, rb.dg, r64.dg, adt);
+    expect_close("dbeta", db, rb.dbeta, r64.dbeta, adt);
+    expect_close("dh0", dh0, rb.dh0, r64.dh0, adt);
+  });
+}
+
+TEST(KdaSubops, RepeatedBackwardPiecesAreBitwiseEqual) {
+  const Layout L{2, 96, 2, 4, 64, 64, 64, {}};
+  for (const auto& b : runnable_backends("chunk_kda_bwd_intra", Direction::kBackward)) {
+    SCOPED_TRACE(b.id);
+    const DType dt = DType::kBFloat16;
+    const Inputs in = make_inputs(L, 41, dt);
+    std::mt19937_64 gen(9);
+    const int64_t nk = L.B * L.T * L.H * L.K, ng = L.B * L.T * L.HV * L.K, nA = L.B * L.T * L.HV * L.BT;
+    TestTensor q = tensor(dt, tok(L, L.H, L.K), in.q, b.device), k = tensor(dt, tok(L, L.H, L.K), in.k, b.device);
+    TestTensor gk = tensor(DType::kFloat32, tok(L, L.HV, L.K), in.gk, b.device);
+    TestTensor beta = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.beta, b.device);
+    TestTensor dAq = tensor(DType::kFloat32, tok(L, L.HV, L.BT), normal(nA, gen), b.device);
+    TestTensor dAk = tensor(DType::kFloat32, tok(L, L.HV, L.BT), normal(nA, gen), b.device);
+    TestTensor pq = tensor(DType::kFloat32, tok(L, L.H, L.K), normal(nk, gen), b.device);
+    TestTensor pk = tensor(DType::kFloat32, tok(L, L.H, L.K), normal(nk, gen), b.device);
+    TestTensor pb = tensor(DType::kFloat32, {L.B, L.T, L.HV}, normal(L.B * L.T * L.HV, gen), b.device);
+    TestTensor pg = tensor(DType::kFloat32, tok(L, L.HV, L.K), normal(ng, gen), b.device);
+    std::vector<std::vector<uint8_t>> runs;
+    for (int r = 0; r < 2; ++r) {
+      TestTensor oq(dt, tok(L, L.H, L.K), b.device), ok(dt, tok(L, L.H, L.K), b.device);
+      TestTensor ob(DType::kFloat32, {L.B, L.T, L.HV}, b.device), og(DType::kFloat32, tok(L, L.HV, L.K), b.device);
+      chunk_kda_bwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), dAq.view(), dAk.view(), pq.view(),
+                                    pk.view(), pb.view(), pg.view(), oq.view(), ok.view(), ob.view(), og.view(), {}, {},
+                                    L.BT});
+      auto all = oq.bytes();
+      for (const auto* t : {&ok, &ob, &og}) {
+        auto x = t->bytes();
+        all.insert(all.end(), x.begin(), x.end());
+      }
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
+TEST(KdaSubops, GatesOfMinus1000StayFinite) {
+  const Layout L{1, 130, 1, 2, 16, 16, 64, {0, 15, 100, 130}};
+  const Index ix = make_index(L);
+  Inputs in = make_inputs(L, 16, DType::kFloat32);
+  for (size_t i = 0; i < in.graw.size(); i += 3) in.graw[i] = -1000.0;
+  in.gk = stored(o_cumsum(in.graw, L), DType::kFloat32);
+  for (const auto& b : runnable_backends("chunk_kda_bwd_intra", Direction::kBackward)) {
+    SCOPED_TRACE(b.id);
+    TestTensor q = tensor(DType::kFloat32, tok(L, L.H, L.K), in.q, b.device);
+    TestTensor k = tensor(DType::kFloat32, tok(L, L.H, L.K), in.k, b.device);
+    TestTensor gk = tensor(DType::kFloat32, tok(L, L.HV, L.K), in.gk, b.device);
+    TestTensor beta = tensor(DType::kFloat32, {L.B, L.T, L.HV}, in.beta, b.device);
+    TestTensor Aqk = poisoned(DType::kFloat32, tok(L, L.HV, L.BT), b.device);
+    TestTensor Akk = poisoned(DType::kFloat32, tok(L, L.HV, L.BT), b.device);
+    chunk_kda_fwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), Aqk.view(), Akk.view(), ix.cuv(), ix.civ(),
+                                  0.5, L.BT});
+    for (double x : Aqk.to_double()) ASSERT_TRUE(std::isfinite(x));
+    for (double x : Akk.to_double()) ASSERT_TRUE(std::isfinite(x));
+    const auto r64 = o_intra(in, L, 0.5, kExact);
+    EXPECT_LT(rms_relative_error(Aqk.to_double(), r64.first), 1e-5);
+    EXPECT_LT(rms_relative_error(Akk.to_double(), r64.second), 1e-5);
+    TestTensor pq(DType::kFloat32, tok(L, L.H, L.K), b.device), pk(DType::kFloat32, tok(L, L.H, L.K), b.device);
+    TestTensor pb(DType::kFloat32, {L.B, L.T, L.HV}, b.device), pg(DType::kFloat32, tok(L, L.HV, L.K), b.device);
+    chunk_kda_bwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), Aqk.view(), Akk.view(), pq.view(),
+                                  pk.view(), pb.view(), pg.view(), pq.view(), pk.view(), pb.view(), pg.view(), ix.cuv(),
+                                  ix.civ(), L.BT});
+    for (const auto* t : {&pq, &pk, &pb, &pg})
+      for (double x : t->to_double()) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+TEST(KdaSubops, BadInputsRaiseClearErrors) {
+  const Context ctx = Context::cpu();
+  const int64_t B = 2, T = 8, H = 2, K = 4;
+  TestTensor q(DType::kFloat32, {B, T, H, K}), gk(DType::kFloat32, {B, T, 3, K}), beta(DType::kFloat32, {B, T, 3});
+  TestTensor A(DType::kFloat32, {B, T, 3, 64});
+  expect_error([&] { chunk_kda_fwd_intra(ctx, {q.view(), q.view(), gk.view(), beta.view(), A.view(), A.view(), {}, {}, 1.0, 64}); },
+               ErrorKind::kValue, "gk has HV=3 heads, which is not a multiple of the 2 heads of q and k");
+  TestTensor gk2(DType::kFloat32, {B, T, H, K}), beta2(DType::kFloat32, {B, T, H}), A48(DType::kFloat32, {B, T, H, 48});
+  expect_error([&] { chunk_kda_fwd_intra(ctx, {q.view(), q.view(), gk2.view(), beta2.view(), A48.view(), A48.view(), {}, {}, 1.0, 48}); },
+               ErrorKind::kValue, "chunk_size must be 32 or 64");
+  TestTensor g3(DType::kFloat32, {B, T, H});
+  expect_error([&] { kda_gate_fwd(ctx, {gk2.view(), {}, {}, gk2.view(), false, 0.0}); }, ErrorKind::kValue,
+               "A_log is required unless lower_bound is set");
+  TestTensor bias(DType::kFloat32, {H});
+  expect_error([&] { kda_gate_fwd(ctx, {gk2.view(), {}, bias.view(), gk2.view(), true, -1.0}); }, ErrorKind::kValue,
+               "dt_bias must be a contiguous tensor of HV*K=8 elements");
+  // chunk_kda: a bf16 initial state, chunk size 16, safe_gate without a valid lower bound.
+  TestTensor v(DType::kFloat32, {B, T, H, K}), h0b(DType::kBFloat16, {B, H, K, K}), o(DType::kFloat32, {B, T, H, K});
+  ChunkKdaFwdArgs fa;
+  fa.q = q.view(); fa.k = q.view(); fa.v = v.view(); fa.g = gk2.view(); fa.beta = beta2.view();
+  fa.initial_state = h0b.view(); fa.o = o.view();
+  TestTensor gc(DType::kFloat32, {B, T, H, K}), Aq(DType::kFloat32, {B, T, H, 64});
+  fa.g_cumsum = gc.view(); fa.Aqk = Aq.view(); fa.Akk = Aq.view();
+  expect_error([&] { chunk_kda_fwd(ctx, fa); }, ErrorKind::kValue, "initial_state must be float32");
+  fa.initial_state = TensorView();
+  fa.chunk_size = 16;
+  expect_error([&] { chunk_kda_fwd(ctx, fa); }, ErrorKind::kValue, "chunk_size must be 32 or 64, got 16");
+  fa.chunk_size = 64;
+  fa.use_gate_in_kernel = true;
+  expect_error([&] { chunk_kda_fwd(ctx, fa); }, ErrorKind::kValue,
+               "use_gate_in_kernel requires A_log unless lower_bound is set");
+  fa.safe_gate = true;
+  fa.has_lower_bound = true;
+  fa.lower_bound = -6.0;
+  expect_error([&] { chunk_kda_fwd(ctx, fa); }, ErrorKind::kValue,
+               "safe_gate with use_gate_in_kernel requires lower_bound in [-5, 0)");
+  fa.use_gate_in_kernel = false;
+  fa.safe_gate = false;
+  fa.g = g3.view();
+  expect_error([&] { chunk_kda_fwd(ctx, fa); }, ErrorKind::kValue, "g must have shape");
+  FusedRecurrentKdaFwdArgs ra;
+  ra.q = q.view(); ra.k = q.view(); ra.v = v.view(); ra.g = g3.view(); ra.o = o.view();
+  expect_error([&] { fused_recurrent_kda_fwd(ctx, ra); }, ErrorKind::kValue, "g must have shape");
+}
+
+}  // namespace
+}  // namespace fusedops::testing
