@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's main command: sets up what is missing, builds the Python extension, and runs the
-# operator report on the default device (CUDA when present, else CPU). Extra arguments go to
-# bench/report.py (e.g. --quick, --ops l2norm, --json out.json, --plot out.png).
+# The README's main command: sets up what is missing, builds the Python extension, runs the
+# operator report on the default device (CUDA when present, else CPU), then the end-to-end demo
+# (examples/train_hybrid.py: a small hybrid LM trained with fusedops and in plain PyTorch side by
+# side, CPU fp32, a few minutes; with --quick 40 steps). Extra arguments go to bench/report.py
+# (e.g. --quick, --ops l2norm, --json out.json, --plot out.png); FUSEDOPS_DEMO=0 skips the demo.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -9,3 +11,10 @@ source tools/setup.sh
 mkdir -p build
 python -m pip install -q --no-build-isolation -e .
 python bench/report.py "$@"
+if [ "${FUSEDOPS_DEMO:-1}" != "0" ]; then
+  demo_args=()
+  for a in "$@"; do [ "$a" = "--quick" ] && demo_args=(--steps 40); done
+  echo
+  echo "== end to end: examples/train_hybrid.py ${demo_args[*]:-} =="
+  python examples/train_hybrid.py "${demo_args[@]}"
+fi
