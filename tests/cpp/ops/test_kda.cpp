@@ -437,6 +437,70 @@ IntraOut o_bintra(const Inputs& in, const Vec& dAqk, const Vec& dAkk, const Intr
   return r;
 }
 
+// The gk variants of GDN's state recurrences as KDA calls them (k := kg, q := qg, per value head).
+struct StateOut {
+  Vec h, vn, ht, dh, dv2, dh0;
+};
+StateOut o_state(const Vec& kg, const Vec& w, const Vec& u, const Vec& gk, const Vec& h0, const Vec& qg,
+                 const Vec& dO, const Vec& dvl, const Vec& dht, const Layout& L, double scale, Rd rd) {
+  const int64_t K = L.K, V = L.V, KV = K * V;
+  const int64_t nsnap = (L.cu.empty() ? L.B : 1) * snapshots(L) * L.HV * KV;
+  StateOut r;
+  r.h.assign(nsnap, 0.0);
+  r.dh.assign(nsnap, 0.0);
+  r.vn.assign(L.B * L.T * L.HV * V, 0.0);
+  r.dv2.assign(r.vn.size(), 0.0);
+  r.ht.assign(L.N() * L.HV * KV, 0.0);
+  r.dh0.assign(r.ht.size(), 0.0);
+  const At ag{L.T, L.HV, K}, av{L.T, L.HV, V};
+  const auto sc = seq_chunks(L);
+  for (int64_t n = 0; n < L.N(); ++n)
+    for (int64_t hv = 0; hv < L.HV; ++hv) {
+      Vec X(h0.begin() + (n * L.HV + hv) * KV, h0.begin() + (n * L.HV + hv + 1) * KV);
+      for (const TChunk& c : sc[n]) {
+        std::copy(X.begin(), X.end(), r.h.begin() + (c.idx * L.HV + hv) * KV);
+        const int64_t last = c.len - 1;
+        for (int64_t i = 0; i < c.len; ++i)
+          for (int64_t y = 0; y < V; ++y) {
+            double s = 0;
+            for (int64_t x = 0; x < K; ++x) s = rd(s + rd(w[ag(c.b, c.t0 + i, hv, x)] * X[x * V + y]));
+            r.vn[av(c.b, c.t0 + i, hv, y)] = rd(u[av(c.b, c.t0 + i, hv, y)] - s);
+          }
+        for (int64_t x = 0; x < K; ++x)
+          for (int64_t y = 0; y < V; ++y) {
+            double s = rd(rd(std::exp(gk[ag(c.b, c.t0 + last, hv, x)])) * X[x * V + y]);
+            for (int64_t i = 0; i < c.len; ++i)
+              s = rd(s + rd(kg[ag(c.b, c.t0 + i, hv, x)] * r.vn[av(c.b, c.t0 + i, hv, y)]));
+            X[x * V + y] = s;
+          }
+      }
+      std::copy(X.begin(), X.end(), r.ht.begin() + (n * L.HV + hv) * KV);
+      Vec D(dht.begin() + (n * L.HV + hv) * KV, dht.begin() + (n * L.HV + hv + 1) * KV);
+      for (auto it = sc[n].rbegin(); it != sc[n].rend(); ++it) {
+        const TChunk& c = *it;
+        std::copy(D.begin(), D.end(), r.dh.begin() + (c.idx * L.HV + hv) * KV);
+        const int64_t last = c.len - 1;
+        for (int64_t i = 0; i < c.len; ++i)
+          for (int64_t y = 0; y < V; ++y) {
+            double s = dvl[av(c.b, c.t0 + i, hv, y)];
+            for (int64_t x = 0; x < K; ++x) s = rd(s + rd(kg[ag(c.b, c.t0 + i, hv, x)] * D[x * V + y]));
+            r.dv2[av(c.b, c.t0 + i, hv, y)] = s;
+          }
+        for (int64_t x = 0; x < K; ++x)
+          for (int64_t y = 0; y < V; ++y) {
+            double s = rd(rd(std::exp(gk[ag(c.b, c.t0 + last, hv, x)])) * D[x * V + y]);
+            for (int64_t i = 0; i < c.len; ++i) {
+              s = rd(s + rd(rd(scale * qg[ag(c.b, c.t0 + i, hv, x)]) * dO[av(c.b, c.t0 + i, hv, y)]));
+              s = rd(s - rd(w[ag(c.b, c.t0 + i, hv, x)] * r.dv2[av(c.b, c.t0 + i, hv, y)]));
+            }
+            D[x * V + y] = s;
+          }
+      }
+      std::copy(D.begin(), D.end(), r.dh0.begin() + (n * L.HV + hv) * KV);
+    }
+  return r;
+}
+
 // The per-token recurrence (section 9.1) and its backward, per sequence and value head.
 struct RecOut {
   Vec o, ht, dq, dk, dv, dg, dbeta, dh0;
@@ -749,6 +813,40 @@ TEST(KdaSubops, GateBothForms) {
         expect_close("gate ddt_bias", db, dbb, db64, f32or(dt));
       }
     }
+}
+
+TEST(KdaSubops, GdnStateRecurrencesInTheirGkForm) {
+  for_each_case("chunk_gated_delta_rule_fwd_h", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    const Index ix = make_index(L);
+    const Inputs in = make_inputs(L, 17, dt);
+    const DType adt = f32or(dt);
+    const Vec Akk = stored(o_intra(in, L, 0.3, kExact).second, dt);
+    const WU wu = o_wu(in, Akk, L, kExact);
+    const Vec kg = stored(wu.kg, dt), w = stored(wu.w, dt), u = stored(wu.u, dt), qg = stored(wu.qg, dt);
+    std::mt19937_64 gen(6);
+    const Vec dvl = stored(normal(L.B * L.T * L.HV * L.V, gen), dt);
+    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
+    TestTensor tkg = T_(dt, tok(L, L.HV, L.K), kg), tw = T_(dt, tok(L, L.HV, L.K), w), tu = T_(dt, tok(L, L.HV, L.V), u);
+    TestTensor tqg = T_(dt, tok(L, L.HV, L.K), qg), gk = T_(adt, tok(L, L.HV, L.K), in.gk);
+    TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0), dht = T_(adt, {L.N(), L.HV, L.K, L.V}, in.dht);
+    TestTensor dO = T_(dt, tok(L, L.HV, L.V), in.dO), tdvl = T_(dt, tok(L, L.HV, L.V), dvl);
+    TestTensor h = poisoned(dt, snap(L), b.device), vn = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    TestTensor ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    chunk_gated_delta_rule_fwd_h(b.ctx(), {tkg.view(), tw.view(), tu.view(), {}, gk.view(), h0.view(), h.view(), vn.view(),
+                                           ht.view(), ix.cuv(), ix.cov(), L.BT});
+    TestTensor dh = poisoned(dt, snap(L), b.device), dv2 = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    TestTensor dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    chunk_gated_delta_rule_bwd_dhu(b.ctx(), {tqg.view(), tkg.view(), tw.view(), dO.view(), tdvl.view(), {}, gk.view(),
+                                             dht.view(), dh.view(), dh0.view(), dv2.view(), ix.cuv(), ix.cov(), 0.4, L.BT});
+    const StateOut r64 = o_state(kg, w, u, in.gk, in.h0, qg, in.dO, dvl, in.dht, L, 0.4, kExact);
+    const StateOut rb = o_state(kg, w, u, in.gk, in.h0, qg, in.dO, dvl, in.dht, L, 0.4, Rd{dt});
+    expect_close("fwd_h h", h, rb.h, r64.h, dt);
+    expect_close("fwd_h v_new", vn, rb.vn, r64.vn, dt);
+    expect_close("fwd_h ht", ht, rb.ht, r64.ht, adt);
+    expect_close("bwd_dhu dh", dh, rb.dh, r64.dh, dt);
+    expect_close("bwd_dhu dv2", dv2, rb.dv2, r64.dv2, dt);
+    expect_close("bwd_dhu dh0", dh0, rb.dh0, r64.dh0, adt);
+  });
 }
 
 TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
