@@ -688,3 +688,15 @@ def test_errors():
             fusedops.chunk_kda(q, k, v, g, b, cu_seqlens=torch.tensor([0, 6, 12]))
     with pytest.raises(ValueError, match="A_log is required unless lower_bound is set"):
         kda.fused_kda_gate(g, None)
+
+
+def test_compatibility_keywords():
+    d = make_inputs(1, 40, 1, 2, 8, 8, torch.float32, seed=32, cu=[0, 17, 40])
+    cu = torch.tensor([0, 17, 40], dtype=torch.int64)
+    o1, h1 = fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, cu_seqlens=cu)
+    # disable_recompute is accepted (W, U, h are always recomputed); cu_seqlens_cpu builds the indices
+    o2, h2 = fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, cu_seqlens=cu,
+                                cu_seqlens_cpu=cu.clone(), disable_recompute=True)
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+    with pytest.raises(ValueError, match="return_intermediate_states is not supported"):
+        fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], return_intermediate_states=True)
