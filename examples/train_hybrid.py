@@ -24,7 +24,10 @@ The model (a decoder over bytes, vocab 256) is the kind that is trained with the
   ``matmul_add`` into an fp32 ``main_grad`` (Megatron's gradient-accumulation fusion).
 
 The plain model is the same module tree and the same state dict, with every fusedops call
-replaced by plain torch math written in this file (no fusedops call on that path).
+replaced by plain torch math written in this file (no fusedops call on that path). Inside the
+fused model, ``--torch-ops OP,...`` runs chosen operators in their plain form instead (by
+default those without a runnable backend on the device, e.g. an operator whose CUDA backend
+does not exist yet), so that the rest can still be measured.
 
     python examples/train_hybrid.py                          # CPU, fp32, a few minutes
     python examples/train_hybrid.py --device cuda --dtype bf16 --dim 1024 --layers 8 \\
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -54,6 +58,7 @@ import sysconfig
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 # OpenMP threads that spin while waiting make every CPU op (torch's and fusedops') many times
 # slower when the cores are shared with other work; passive waiting changes no result. Set
@@ -112,10 +117,6 @@ def has_kda() -> bool:
 # fusedops (each call inside a record_function range for the profile), `Torch` is plain math.
 
 
-def _rec(name: str):
-    return torch.profiler.record_function(f"fo:{name}")
-
-
 class FusedLinearFn(torch.autograd.Function):
     """``y = x @ w^T`` whose weight gradient is added into ``main_grad`` (fp32) by
     ``fusedops.matmul_add`` instead of going through autograd."""
@@ -131,10 +132,29 @@ class FusedLinearFn(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dx = dy @ w if ctx.needs_input_grad[0] else None
         if x.numel():
-            with _rec("matmul_add"):
+            with torch.profiler.record_function("fo:matmul_add"):
                 fusedops.matmul_add(dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1]),
                                     ctx.main_grad)
         return dx, None, None
+
+
+# Operators that run as their plain PyTorch form inside the fused model (--torch-ops; "auto" adds
+# those with no backend for the device). The MoE permutation and its inverse go together.
+FALLBACK: set = set()
+
+
+def _fused(op: str, group: Optional[str] = None):
+    """Run the decorated fusedops call inside a ``fo:<op>`` profiler range, or the plain
+    PyTorch method of the same name when ``group or op`` is in FALLBACK."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if (group or op) in FALLBACK:
+                return getattr(Torch, fn.__name__)(*args, **kwargs)
+            with torch.profiler.record_function(f"fo:{op}"):
+                return fn(*args, **kwargs)
+        return staticmethod(wrapper)
+    return deco
 
 
 class Fused:
@@ -146,88 +166,75 @@ class Fused:
             return F.linear(x, w)
         return FusedLinearFn.apply(x, w, main_grad)
 
-    @staticmethod
+    @_fused("rmsnorm_gated")
     def rmsnorm(x, weight, eps):
-        with _rec("rms_norm_gated"):
-            return fusedops.rms_norm_gated(x, None, weight, eps=eps)
+        return fusedops.rms_norm_gated(x, None, weight, eps=eps)
 
-    @staticmethod
+    @_fused("causal_conv1d")
     def short_conv(conv, x):
-        with _rec("causal_conv1d"):
-            return conv(x)[0]
+        return conv(x)[0]
 
-    @staticmethod
+    @_fused("rmsnorm_gated")
     def gated_norm(norm, x, z):
-        with _rec("rms_norm_gated"):
-            return norm(x, z)
+        return norm(x, z)
 
-    @staticmethod
+    @_fused("chunk_gated_delta_rule")
     def gdn(q, k, v, a, b, A_log, dt_bias, chunk_size):
-        with _rec("chunk_gated_delta_rule"):
-            o, _ = fusedops.chunk_gated_delta_rule(
-                q, k, v, a, b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-                dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
+        o, _ = fusedops.chunk_gated_delta_rule(
+            q, k, v, a, b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+            dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
         return o
 
-    @staticmethod
+    @_fused("chunk_kda")
     def kda(q, k, v, f, b, A_log, dt_bias, chunk_size):
         if not has_kda():
             raise NotImplementedError(
                 "train_hybrid: --mixer kda needs fusedops.chunk_kda, which this fusedops build does "
                 "not have yet; use --mixer gdn")
-        with _rec("chunk_kda"):
-            o, _ = fusedops.chunk_kda(q, k, v, f, b, use_qk_l2norm_in_kernel=True,
-                                      use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                                      use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
+        o, _ = fusedops.chunk_kda(q, k, v, f, b, use_qk_l2norm_in_kernel=True,
+                                  use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                  use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
         return o
 
-    @staticmethod
+    @_fused("rmsnorm_without_weight")
     def rms_factor(x, eps):
-        with _rec("rmsnorm_without_weight"):
-            return fusedops.rmsnorm_without_weight(x, eps)
+        return fusedops.rmsnorm_without_weight(x, eps)
 
-    @staticmethod
+    @_fused("hc_split_sinkhorn")
     def hc_split(mixes, scale, base, n, iters, eps):
-        with _rec("hc_split_sinkhorn"):
-            return fusedops.hc_split_sinkhorn(mixes, scale, base, n, iters, eps)
+        return fusedops.hc_split_sinkhorn(mixes, scale, base, n, iters, eps)
 
     @staticmethod
     def hc_head(mixes, scale, base, eps):
-        return fusedops.hc_head_split(mixes, scale, base, eps)
+        return fusedops.hc_head_split(mixes, scale, base, eps)  # a plain composite in fusedops
 
-    @staticmethod
+    @_fused("mhc_pre_bmm")
     def pre_mix(h_pre, X):
-        with _rec("mhc_pre_bmm"):
-            return fusedops.mhc_pre_bmm(h_pre, X)
+        return fusedops.mhc_pre_bmm(h_pre, X)
 
-    @staticmethod
+    @_fused("mhc_post")
     def post_mix(X, comb, f, post):
-        with _rec("mhc_post"):
-            return fusedops.mhc_post(X, comb, f, post)
+        return fusedops.mhc_post(X, comb, f, post)
 
-    @staticmethod
+    @_fused("sort_chunks_by_idx")
     def permute(x, probs, expert_of_row, counts):
-        """Rows grouped by expert: one chunk per row, chunk order = stable sort by expert."""
+        """Rows grouped by expert: one chunk per row, chunk order = stable sort by expert; the
+        routing weights travel with their rows."""
         order = torch.argsort(expert_of_row, stable=True)
-        with _rec("sort_chunks_by_idx"):
-            xs, ps, row_map = sort_chunks_by_idx_with_map(
-                x, torch.ones_like(order), order, probs)
-        return xs, ps, row_map
+        return sort_chunks_by_idx_with_map(x, torch.ones_like(order), order, probs)
 
-    @staticmethod
+    @_fused("sort_chunks_by_map", group="sort_chunks_by_idx")
     def unpermute(ys, row_map):
-        with _rec("sort_chunks_by_map"):
-            return sort_chunks_by_map(ys, row_map, None, ys.shape[0], ys.shape[1], False)[0]
+        """The inverse permutation: a gather through the map the forward permutation saved."""
+        return sort_chunks_by_map(ys, row_map, None, ys.shape[0], ys.shape[1], False)[0]
 
-    @staticmethod
+    @_fused("clipped_swiglu")
     def swiglu(h, limit):
-        with _rec("clipped_swiglu"):
-            return fusedops.clipped_swiglu(h, limit=limit)
+        return fusedops.clipped_swiglu(h, limit=limit)
 
-    @staticmethod
+    @_fused("chunk_loss")
     def lm_loss(h, weight, labels):
-        with _rec("chunk_loss"):
-            return fusedops.chunk_loss(h, weight, labels, reduction="mean")
+        return fusedops.chunk_loss(h, weight, labels, reduction="mean")
 
 
 def _acc(x):
@@ -785,10 +792,39 @@ def peak_step_memory(model, tokens, labels, device) -> int:
 
 
 # The fusedops ops of the model and the substrings naming their autograd nodes.
-OPS = ("causal_conv1d", "chunk_gated_delta_rule", "chunk_kda", "rms_norm_gated",
+OPS = ("causal_conv1d", "chunk_gated_delta_rule", "chunk_kda", "rmsnorm_gated",
        "rmsnorm_without_weight", "hc_split_sinkhorn", "mhc_pre_bmm", "mhc_post",
        "sort_chunks_by_idx", "sort_chunks_by_map", "clipped_swiglu", "chunk_loss", "matmul_add")
-_NODE_KEYS = {"rms_norm_gated": "rmsnorm_gated", "chunk_kda": "kda"}
+_NODE_KEYS = {"chunk_kda": "kda"}
+
+
+def resolve_torch_ops(spec: str, device) -> set:
+    """The operators named in ``spec`` (comma-separated; ``auto`` = every operator of the model
+    with no runnable fusedops backend on ``device``'s type), which then run as plain PyTorch
+    inside the fused model."""
+    ops = set()
+    dev = torch.device(device).type
+    for item in (x.strip() for x in spec.split(",")):
+        if not item or item == "none":
+            continue
+        if item == "auto":
+            for op in OPS:
+                if op == "chunk_kda" and not has_kda():
+                    continue
+                try:
+                    entries = fusedops.backends(op)
+                except Exception:  # an operator this build does not know
+                    entries = []
+                if not any(e["device"] == dev and e["runnable_here"] for e in entries):
+                    ops.add(op)
+        elif item in OPS:
+            ops.add(item)
+        else:
+            raise ValueError(f"train_hybrid: --torch-ops: unknown operator {item!r}; known: "
+                             f"{', '.join(OPS)}, auto, none")
+    if "sort_chunks_by_map" in ops:  # the permutation and its inverse go together
+        ops.add("sort_chunks_by_idx")
+    return ops
 
 
 def op_profile(model, tokens, labels, device, passes: int = 3) -> dict:
@@ -856,6 +892,10 @@ def _parse(argv):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--no-grad-accum-fusion", action="store_true",
                    help="fused model: weight gradients through autograd instead of matmul_add")
+    p.add_argument("--torch-ops", default="auto",
+                   help="comma-separated fusedops operators to run as plain PyTorch inside the "
+                        "fused model (e.g. an operator without a backend for the device); 'auto' "
+                        "(default) picks those with no runnable backend, 'none' forces all")
     p.add_argument("--profile-passes", type=int, default=3)
     p.add_argument("--json", help="write a summary here")
     p.add_argument("--plot", help="write a PNG of the two loss curves here (needs matplotlib)")
@@ -873,15 +913,19 @@ def main(argv=None):
                  "does not have yet; use --mixer gdn")
     _require_fusedops()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    FALLBACK.clear()
+    FALLBACK.update(resolve_torch_ops(args.torch_ops, args.device))
     cfg = replace(Config(), dim=args.dim, layers=args.layers, heads=args.heads,
                   head_dim=args.head_dim, experts=args.experts, top_k=args.top_k,
                   expert_dim=args.expert_dim or args.dim, mixer=args.mixer,
-                  grad_accum_fusion=not args.no_grad_accum_fusion)
+                  grad_accum_fusion=not args.no_grad_accum_fusion and "matmul_add" not in FALLBACK)
     n_params = sum(p.numel() for p in HybridLM(cfg, "torch").parameters())
     print(f"train_hybrid: {n_params / 1e6:.2f}M parameters, {cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.mixer} mixer, {cfg.experts} experts top-{cfg.top_k}, mHC n={cfg.hc_mult}; "
           f"{args.device} {args.dtype}, batch {args.batch} x {args.seq_len} tokens, "
           f"{args.steps} steps, threads {torch.get_num_threads()}")
+    if FALLBACK:
+        print(f"train_hybrid: run as plain PyTorch inside the fused model: {', '.join(sorted(FALLBACK))}")
     t0 = time.perf_counter()
     res = train(cfg, args.steps, args.batch, args.seq_len, args.lr, args.device, dtype, args.seed,
                 args.log_every)
@@ -921,6 +965,7 @@ def main(argv=None):
         "first_step_rel_loss_diff_above_1e-4": next((i for i, r in enumerate(rel) if r > 1e-4), None),
         "losses": res["losses"], "op_profile_ms": prof, "train_wall_s": train_s,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "torch_ops_in_fused_model": sorted(FALLBACK),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

@@ -89,7 +89,7 @@ def test_one_step_gradients_match(mixer):
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_training_losses_match_and_decrease(mixer):
     cfg = replace(TINY, mixer=mixer)
-    res = th.train(cfg, steps=30, batch=4, seq_len=64, lr=3e-3, seed=0, warmup=5, log=None)
+    res = th.train(cfg, steps=30, batch=2, seq_len=64, lr=3e-3, seed=0, warmup=5, log=None)
     lf, lt = res["losses"]["fused"], res["losses"]["torch"]
     rel = [abs(a - b) / abs(b) for a, b in zip(lf, lt)]
     assert max(rel[:10]) <= 2e-5, rel[:10]
@@ -116,3 +116,12 @@ def test_main_writes_summary(tmp_path):
 def test_kda_without_operator_raises():
     with pytest.raises(NotImplementedError, match="fusedops.chunk_kda"):
         th.build_models(replace(TINY, mixer="kda"))
+
+
+def test_resolve_torch_ops():
+    assert th.resolve_torch_ops("auto", "cpu") == set()   # every operator has a CPU backend
+    assert th.resolve_torch_ops("none", "cpu") == set()
+    assert th.resolve_torch_ops("sort_chunks_by_map,matmul_add", "cpu") == {
+        "sort_chunks_by_map", "sort_chunks_by_idx", "matmul_add"}
+    with pytest.raises(ValueError, match="unknown operator 'nope'"):
+        th.resolve_torch_ops("nope", "cpu")
