@@ -611,7 +611,7 @@ std::vector<Case> cases() {
   };
 }
 
-const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat64};
+const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
 
 template <class Fn>
 void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
@@ -620,7 +620,7 @@ void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
     for (DType dt : kDtypes) {
       if (!backend_takes(op, dir, b.id, dt)) continue;
       const auto all = cases();
-      const size_t ncases = dt == DType::kBFloat16 ? 2 : all.size();
+      const size_t ncases = (dt == DType::kBFloat16 || dt == DType::kFloat16) ? 2 : all.size();
       for (size_t ci = 0; ci < ncases; ++ci) {
         const Case& cs = all[ci];
         SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + cs.name);
