@@ -186,6 +186,31 @@ inline void load_mat(const Mat& m, int64_t index, T* out) {
   load<T>(m.ptr(index), m.dtype, out, m.rows * m.cols);
 }
 
+// A [K,V] snapshot as T: the tensor itself when its dtype is T's, else converted into buf.
+template <class T>
+inline const T* view_mat(const Mat& m, int64_t index, T* buf) {
+  if ((std::is_same_v<T, float> && m.dtype == DType::kFloat32) ||
+      (std::is_same_v<T, double> && m.dtype == DType::kFloat64))
+    return reinterpret_cast<const T*>(m.ptr(index));
+  load_mat(m, index, buf);
+  return buf;
+}
+
+// sum_x a_x b_x (eight partial sums per lane for float).
+template <class T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  int64_t x = 0;
+  T s = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    using gdn::cpu::load8;
+    gdn::cpu::v8f v = gdn::cpu::splat(0.0f);
+    for (; x + 8 <= n; x += 8) v += load8(a + x) * load8(b + x);
+    for (int l = 0; l < 8; ++l) s += v[l];
+  }
+  for (; x < n; ++x) s += a[x] * b[x];
+  return s;
+}
+
 // X = (I + L)^{-1} for a strictly lower [n,n] L (ld n), by forward substitution; X ld n.
 template <class T>
 inline void unit_lower_inverse(const T* L, int64_t n, T* X) {
@@ -490,8 +515,8 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
       T* Gm = s.get(4, n * K);
       T* eg = s.get(5, n * K);
       T* egl = s.get(6, n * K);
-      T* S = s.get(7, K * V);
-      T* dH = s.get(8, K * V);
+      T* Sbuf = s.get(7, K * V);
+      T* dHbuf = s.get(8, K * V);
       T* ST = s.get(9, V * K);
       T* dHT = s.get(10, V * K);
       T* Vc = s.get(11, n * V);
@@ -517,8 +542,8 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
         load_rows(gk, c, hv, Gm);
         load_scalars(beta, c, hv, bt);
         load_lower(Akk, c, hv, false, Am);
-        load_mat(h, c.index * HV + hv, S);
-        load_mat(dh, c.index * HV + hv, dH);
+        const T* S = view_mat(h, c.index * HV + hv, Sbuf);
+        const T* dH = view_mat(dh, c.index * HV + hv, dHbuf);
         load_rows(v, c, hv, Vc);
         load_rows(vn, c, hv, Vn);
         load_rows(dout, c, hv, dO);
@@ -550,13 +575,8 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
         mm<T>(n, K, n, T(1), Am, 1, n, dW, K, false, R, K, Tri::kUpper);
         mm<T>(n, V, n, T(1), Am, 1, n, dVn, V, false, P, V, Tri::kUpper);
         for (int64_t i = 0; i < n; ++i) {
-          T acc = 0;
-          for (int64_t x = 0; x < V; ++x) {
-            acc += P[i * V + x] * Vc[i * V + x];
-            P[i * V + x] *= bt[i];
-          }
-          for (int64_t x = 0; x < K; ++x) acc += R[i * K + x] * Ke[i * K + x];
-          db[i] = acc;
+          db[i] = dot(P + i * V, Vc + i * V, V) + dot(R + i * K, Ke + i * K, K);
+          for (int64_t x = 0; x < V; ++x) P[i * V + x] *= bt[i];
         }
         store_rows(P, dv, c, hv);
         store_scalars(db, dbeta, c, hv);
@@ -567,12 +587,12 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
             dQs[y] += dQh[y];
             dKs[y] += dKi[y] + bt[i] * eg[y] * R[y];
           }
-        for (int64_t x = 0; x < K; ++x) {
-          T sh = 0, kd = 0;
-          for (int64_t y = 0; y < V; ++y) sh += S[x * V + y] * dH[x * V + y];
-          for (int64_t i = 0; i < n; ++i) kd += Kc[i * K + x] * dKi[i * K + x];
-          dG[last * K + x] += eg[last * K + x] * sh + kd;
-        }
+        T* kd = s.get(30, K);
+        std::fill(kd, kd + K, T(0));
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < K; ++x) kd[x] += Kc[i * K + x] * dKi[i * K + x];
+        for (int64_t x = 0; x < K; ++x)
+          dG[last * K + x] += eg[last * K + x] * dot(S + x * V, dH + x * V, V) + kd[x];
         store_rows(dG, dg, c, hv);
         // dL = -M> . (Akk^T dA Akk^T).
         transpose(Am, n, n, n, AT, n);
