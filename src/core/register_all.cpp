@@ -41,6 +41,7 @@ void register_all_backends(Registry& r) {
   register_rmsnorm_gated_cuda_sm80(r);
   register_sinkhorn_cuda_sm80(r);
   register_mhc_cuda_sm80(r);
+  register_gated_delta_rule_cuda_sm80(r);
 #endif
 }
 

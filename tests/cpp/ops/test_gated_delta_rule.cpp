@@ -501,13 +501,14 @@ TestTensor poisoned(DType dt, std::vector<int64_t> shape, Device dev) {
   return t;
 }
 
-// Varlen index tensors for cu (int32 or int64), on the host.
+// Varlen index tensors for cu (int32 or int64), built on the host and placed on dev (a device
+// backend reads them on its device).
 struct Index {
   TestTensor cu, ci, co;
   TensorView cuv() const { return cu.numel() ? cu.view() : TensorView(); }
 };
 
-Index make_index(const Layout& L, DType idt) {
+Index make_index(const Layout& L, DType idt, Device dev) {
   Index ix;
   if (L.cu.empty()) return ix;
   const int64_t n = static_cast<int64_t>(L.cu.size());
@@ -521,6 +522,9 @@ Index make_index(const Layout& L, DType idt) {
   ix.co = TestTensor(idt, {n});
   prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
   prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
+  ix.cu = ix.cu.to(dev);
+  ix.ci = ix.ci.to(dev);
+  ix.co = ix.co.to(dev);
   return ix;
 }
 
@@ -581,7 +585,7 @@ void expect_close(const char* what, const TestTensor& ours, const Vec& base, con
 
 TEST(GatedDeltaRuleSubops, ChunkLocalCumsumScalarVectorReverse) {
   for_each_case("chunk_local_cumsum", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64);
+    const Index ix = make_index(L, DType::kInt64, b.device);
     std::mt19937_64 gen(7);
     for (int64_t S : {int64_t{1}, int64_t{5}})
       for (bool reverse : {false, true}) {
@@ -616,7 +620,7 @@ TEST(GatedDeltaRuleSubops, ReverseCumsumIsATrueSuffixSum) {
 
 TEST(GatedDeltaRuleSubops, ScaledDotKktAndSolveTril) {
   for_each_case("chunk_scaled_dot_kkt", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt32);
+    const Index ix = make_index(L, DType::kInt32, b.device);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const Inputs in = make_inputs(L, 11, dt);
     const Rd r64{DType::kFloat64}, rdt{dt};
@@ -642,7 +646,7 @@ TEST(GatedDeltaRuleSubops, ScaledDotKktAndSolveTril) {
 
 TEST(GatedDeltaRuleSubops, RecomputeWUForwardAndBackward) {
   for_each_case("recompute_w_u", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64);
+    const Index ix = make_index(L, DType::kInt64, b.device);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const Inputs in = make_inputs(L, 21, dt);
     const Rd r64{DType::kFloat64}, rdt{dt};
@@ -703,7 +707,7 @@ TEST(GatedDeltaRuleSubops, RecomputeWUForwardAndBackward) {
 
 TEST(GatedDeltaRuleSubops, FwdHFwdOAndTheirBackwardPieces) {
   for_each_case("chunk_gated_delta_rule_fwd_h", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64);
+    const Index ix = make_index(L, DType::kInt64, b.device);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const TensorView co = ix.co.numel() ? ix.co.view() : TensorView();
     const Inputs in = make_inputs(L, 31, dt);
@@ -1201,7 +1205,7 @@ struct TopIndex {
   TestTensor cu, ci, co;
 };
 
-TopIndex make_top_index(const Shape& s, int64_t BT) {
+TopIndex make_top_index(const Shape& s, int64_t BT, Device dev) {
   TopIndex ix;
   if (s.cu.empty()) return ix;
   const int64_t n = static_cast<int64_t>(s.cu.size());
@@ -1211,6 +1215,9 @@ TopIndex make_top_index(const Shape& s, int64_t BT) {
   ix.co = TestTensor(DType::kInt32, {n});
   prepare_chunk_indices(ix.cu.view(), BT, ix.ci.view());
   prepare_chunk_offsets(ix.cu.view(), BT, ix.co.view());
+  ix.cu = ix.cu.to(dev);
+  ix.ci = ix.ci.to(dev);
+  ix.co = ix.co.to(dev);
   return ix;
 }
 
@@ -1223,7 +1230,7 @@ struct Result {
 Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, const Data& d, double scale) {
   const Device dev = b.device;
   const DType f32 = f32or(dt);
-  const TopIndex ix = make_top_index(s, o.BT);
+  const TopIndex ix = make_top_index(s, o.BT, dev);
   const int64_t n = s.B * s.T;
   TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
   TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
@@ -1299,7 +1306,7 @@ Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, 
 Result run_recurrent(const BackendCase& b, DType dt, const Shape& s, const Opts& o, const Data& d, double scale) {
   const Device dev = b.device;
   const DType f32 = f32or(dt);
-  const TopIndex ix = make_top_index(s, 64);
+  const TopIndex ix = make_top_index(s, 64, dev);
   TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
   TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
   TestTensor g = tensor(f32, {s.B, s.T, s.HV}, d.g, dev), beta = tensor(f32, {s.B, s.T, s.HV}, d.beta, dev);

@@ -1,0 +1,970 @@
+// Gated delta rule, CUDA backend cuda_sm80: the backward-direction operators (section 1.5 blocks
+// B2-B5, section 11, the per-token recurrence's backward). Same structure as the forward file:
+// one CTA of 256 threads per (chunk, head) with fp32 shared-memory tiles and FFMA products; the
+// reverse state recurrence per (sequence, value head, 32-column V tile). Everything reduced across
+// value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+
+namespace fusedops::gdn::sm80 {
+namespace {
+
+int64_t chunk_count(const Layout& L, const TensorView& cu, const TensorView& ci) {
+  return cu.defined() ? ci.size(0) : L.B * L.nt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_bwd_dv_local: CTA per (chunk, value head). P = scale M>= . Gamma . Q K^T, dv = P^T dO per
+// 32-column V tile. Shared memory: Qa, Kb [64][33], P [64][65] (33.5 KiB).
+
+__global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO, Tok g, Tok dv, Layout L, int K,
+                                                            int V, int G, float scale) {
+  constexpr int kW = 32, kLdS = kW + 1;  // 32-column K slices and V tiles
+  __shared__ float Qa[kMaxBT * kLdS];
+  __shared__ float Kb[kMaxBT * kLdS];
+  __shared__ float P[kMaxBT * kLd];
+  __shared__ float gl[kMaxBT];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len;
+  if (len == 0) return;
+  if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+  fill(P, kMaxBT * kLd, 0.0f);
+  for (int y0 = 0; y0 < K; y0 += kW) {
+    __syncthreads();
+    load_tile(Qa, kLdS, kMaxBT, kW, q, c.b, c.t0, hk, len, y0, K);
+    load_tile(Kb, kLdS, kMaxBT, kW, k, c.b, c.t0, hk, len, y0, K);
+    __syncthreads();
+    mm(len, len, kW, Qa, kLdS, 1, Kb, 1, kLdS, [&](int m, int n, float v) { P[m * kLd + n] += v; });
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    P[i * kLd + j] = (i < len && j <= i) ? scale * P[i * kLd + j] * expf(gl[i] - gl[j]) : 0.0f;
+  }
+  for (int x0 = 0; x0 < V; x0 += kW) {
+    __syncthreads();
+    load_tile(Qa, kLdS, kMaxBT, kW, dO, c.b, c.t0, hv, len, x0, V);
+    __syncthreads();
+    // dv[j][x] = sum_i P[i][j] dO[i][x].
+    mm(len, min(kW, V - x0), len, P, 1, kLd, Qa, kLdS, 1,
+       [&](int m, int n, float v) { dv.st_(c.b, c.t0 + m, hv, x0 + n, v); });
+  }
+}
+
+void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
+  const char* op = "chunk_bwd_dv_local";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.dout.size(2), V = a.dout.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  dv_local_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(K),
+      static_cast<int>(V), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule_bwd_dhu: CTA per (sequence, value head, 32-column V tile), reverse over
+// the chunks. Shared memory: X [K][33], Sl [64][65], D2 [64][33], dOs [64][33], g [64], gk_last [K].
+
+constexpr int kVT = 32;
+constexpr int kLdV = kVT + 1;
+
+size_t state_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) dhu_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
+                                                          Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L, int K,
+                                                          int V, int HV, int G, float scale) {
+  extern __shared__ float smem[];
+  float* X = smem;                      // [K][kLdV]
+  float* Sl = X + K * kLdV;             // [64][kLd]
+  float* D2 = Sl + kMaxBT * kLd;        // [64][kLdV]
+  float* dOs = D2 + kMaxBT * kLdV;      // [64][kLdV]
+  float* gl = dOs + kMaxBT * kLdV;      // [64]
+  float* gkl = gl + kMaxBT;             // [K]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  if (dht.p) load_state(X, kLdV, K, kVT, dht, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  for (int64_t ci = nch - 1; ci >= 0; --ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, dh, idx, K, V, x0, vt);
+    load_tile(D2, kLdV, kMaxBT, kVT, dvl, s.b, t0, hv, len, x0, V);
+    load_tile(dOs, kLdV, kMaxBT, kVT, dO, s.b, t0, hv, len, x0, V);
+    if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(s.b, t0 + threadIdx.x, hv, 0) : 0.0f;
+    if (gk.p)
+      for (int y = threadIdx.x; y < K; y += blockDim.x) gkl[y] = gk.ld(s.b, t0 + len - 1, hv, y);
+    // dv2 = dv + diag(e^{g_last - g}) K X.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, k, s.b, t0, hk, len, y0, K);
+      __syncthreads();
+      const float glast = gl[len - 1];
+      mm(len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1, [&](int m, int nn, float v) {
+        D2[m * kLdV + nn] += (g.p ? expf(glast - gl[m]) : 1.0f) * v;
+      });
+    }
+    __syncthreads();
+    store_tile(D2, kLdV, len, vt, dv2, s.b, t0, hv, x0);
+    // X = decay X + scale (diag(e^g) Q)^T dO - W^T dv2.
+    if (g.p) {
+      const float d = expf(gl[len - 1]);
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
+        const int r = e / 64, cc = e - r * 64;
+        float v = 0.0f;
+        if (r < len && y0 + cc < K) {
+          v = scale * q.ld(s.b, t0 + r, hk, y0 + cc);
+          if (g.p) v *= expf(gl[r]);
+        }
+        Sl[r * kLd + cc] = v;
+      }
+      __syncthreads();
+      mm(min(64, K - y0), vt, len, Sl, 1, kLd, dOs, kLdV, 1,
+         [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, w, s.b, t0, hv, len, y0, K);
+      __syncthreads();
+      mm(min(64, K - y0), vt, len, Sl, 1, kLd, D2, kLdV, 1,
+         [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] -= v; });
+    }
+  }
+  __syncthreads();
+  if (dh0.p) store_state(X, kLdV, dh0, sidx, K, V, x0, vt);
+}
+
+void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  const char* op = "chunk_gated_delta_rule_bwd_dhu";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.dout.size(2), V = a.dout.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return;
+  const size_t smem = state_smem(static_cast<int>(K));
+  auto kernel = dhu_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), tok_of(a.gk),
+      mat_of(a.dht), mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(K),
+      static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_bwd_dqkwg: CTA per (chunk, q/k head). Outer loop over 32-column K slices (dq, dk of the
+// slice summed over the group's value heads in shared memory, in head order), inner loop over the
+// value heads; Ds = scale M>= . Gamma . dO Vnew^T is recomputed per slice (V-reduction). The gate
+// gradient is assembled from its separate terms in double (see README):
+//   dg_i = scale e^{g_i} q_i.(dO S^T)_i + rowsum(M)_i - colsum(M)_i - dKi_i.k_i,   M = Ds . Q K^T
+//   dg_last += e^{g_last} <S, dH> + sum_i dKi_i.k_i.
+// Shared memory (floats): Ta, Tb [64][65] (V tiles), Ds, P [64][65], Qs, Ks, Acc, dQa, dKa
+// [64][33], g, u [64]; doubles: dgp [G][64], red [256].
+
+constexpr int kKS = 32;  // K slice width
+constexpr int kLdK = kKS + 1;
+
+size_t dqkwg_smem(int G) {
+  return sizeof(double) * (static_cast<size_t>(G) * kMaxBT + kThreads) +
+         sizeof(float) * (4 * kMaxBT * kLd + 5 * kMaxBT * kLdK + 2 * kMaxBT);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
+                                                            Tok g, Tok dq, Tok dk, Tok dw, Tok dg, Layout L,
+                                                            int K, int V, int HV, int G, float scale) {
+  extern __shared__ double dsmem[];
+  double* dgp = dsmem;                       // [G][64]
+  double* red = dgp + G * kMaxBT;            // [256]
+  float* Ta = reinterpret_cast<float*>(red + kThreads);
+  float* Tb = Ta + kMaxBT * kLd;
+  float* Ds = Tb + kMaxBT * kLd;
+  float* P = Ds + kMaxBT * kLd;
+  float* Qs = P + kMaxBT * kLd;
+  float* Ks = Qs + kMaxBT * kLdK;
+  float* Acc = Ks + kMaxBT * kLdK;
+  float* dQa = Acc + kMaxBT * kLdK;
+  float* dKa = dQa + kMaxBT * kLdK;
+  float* gl = dKa + kMaxBT * kLdK;
+  float* ub = gl + kMaxBT;
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  // P = Q K^T (full K).
+  fill(P, kMaxBT * kLd, 0.0f);
+  for (int e = tid; e < G * kMaxBT; e += blockDim.x) dgp[e] = 0.0;
+  for (int y0 = 0; y0 < K; y0 += kKS) {
+    __syncthreads();
+    load_tile(Qs, kLdK, kMaxBT, kKS, q, c.b, c.t0, hk, len, y0, K);
+    load_tile(Ks, kLdK, kMaxBT, kKS, k, c.b, c.t0, hk, len, y0, K);
+    __syncthreads();
+    mm(len, len, kKS, Qs, kLdK, 1, Ks, 1, kLdK, [&](int m, int n, float v) { P[m * kLd + n] += v; });
+  }
+  for (int y0 = 0; y0 < K; y0 += kKS) {
+    const int ks = min(kKS, K - y0);
+    __syncthreads();
+    load_tile(Qs, kLdK, kMaxBT, kKS, q, c.b, c.t0, hk, len, y0, K);
+    load_tile(Ks, kLdK, kMaxBT, kKS, k, c.b, c.t0, hk, len, y0, K);
+    fill(dQa, kMaxBT * kLdK, 0.0f);
+    fill(dKa, kMaxBT * kLdK, 0.0f);
+    for (int gi = 0; gi < G; ++gi) {
+      const int hv = hk * G + gi;
+      const int64_t sidx = chunk * HV + hv;
+      __syncthreads();
+      if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      fill(Ds, kMaxBT * kLd, 0.0f);
+      // Pass A: Ds = dO Vnew^T.
+      for (int x0 = 0; x0 < V; x0 += 64) {
+        __syncthreads();
+        load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
+        load_tile(Tb, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
+        __syncthreads();
+        mm(len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
+      }
+      __syncthreads();
+      for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+        const int i = e / kMaxBT, j = e - i * kMaxBT;
+        Ds[i * kLd + j] = (i < len && j <= i) ? scale * expf(gl[i] - gl[j]) * Ds[i * kLd + j] : 0.0f;
+      }
+      __syncthreads();
+      if (y0 == 0 && dg.p) {
+        // rowsum(M) - colsum(M) and <S, dH> (once per value head).
+        if (tid < len) {
+          double r = 0.0;
+          for (int j = 0; j <= tid; ++j) r += static_cast<double>(Ds[tid * kLd + j]) * P[tid * kLd + j];
+          for (int m = tid; m < len; ++m) r -= static_cast<double>(Ds[m * kLd + tid]) * P[m * kLd + tid];
+          dgp[gi * kMaxBT + tid] += r;
+        }
+        double sd = 0.0;
+        const int64_t base = sidx * static_cast<int64_t>(K) * V, kv = static_cast<int64_t>(K) * V;
+        for (int64_t e = tid; e < kv; e += blockDim.x)
+          sd += static_cast<double>(ldf(h.p, h.code, base + e)) * ldf(dh.p, dh.code, base + e);
+        red[tid] = sd;
+        __syncthreads();
+        if (tid == 0) {
+          double t = 0.0;
+          for (int e = 0; e < kThreads; ++e) t += red[e];
+          dgp[gi * kMaxBT + len - 1] += static_cast<double>(expf(gl[len - 1])) * t;
+        }
+      }
+      // Pass B: Acc = dO S^T (slice rows of S).
+      fill(Acc, kMaxBT * kLdK, 0.0f);
+      for (int x0 = 0; x0 < V; x0 += 64) {
+        __syncthreads();
+        load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
+        load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
+        __syncthreads();
+        mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+      }
+      __syncthreads();
+      if (tid < len) {
+        const float eg = scale * expf(gl[tid]);
+        double r = 0.0;
+        for (int y = 0; y < ks; ++y) r += static_cast<double>(Qs[tid * kLdK + y]) * Acc[tid * kLdK + y];
+        dgp[gi * kMaxBT + tid] += static_cast<double>(eg) * r;
+      }
+      for (int e = tid; e < len * ks; e += blockDim.x) {
+        const int i = e / ks, y = e - i * ks;
+        dQa[i * kLdK + y] += scale * expf(gl[i]) * Acc[i * kLdK + y];
+      }
+      __syncthreads();
+      // dQ += Ds K.
+      mm(len, ks, len, Ds, kLd, 1, Ks, kLdK, 1, [&](int m, int n, float v) { dQa[m * kLdK + n] += v; });
+      __syncthreads();
+      // Pass C: Acc = Vnew dH^T -> dKi = diag(e^{g_last - g}) Acc.
+      fill(Acc, kMaxBT * kLdK, 0.0f);
+      for (int x0 = 0; x0 < V; x0 += 64) {
+        __syncthreads();
+        load_tile(Ta, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
+        load_state(Tb, kLd, kKS, 64, dh, sidx, K, V, y0, x0);
+        __syncthreads();
+        mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+      }
+      __syncthreads();
+      for (int e = tid; e < len * ks; e += blockDim.x) {
+        const int i = e / ks, y = e - i * ks;
+        Acc[i * kLdK + y] *= expf(gl[len - 1] - gl[i]);
+      }
+      __syncthreads();
+      if (tid < len) {
+        float r = 0.0f;
+        for (int y = 0; y < ks; ++y) r = fmaf(Acc[tid * kLdK + y], Ks[tid * kLdK + y], r);
+        ub[tid] = r;
+        dgp[gi * kMaxBT + tid] -= r;
+      }
+      for (int e = tid; e < len * ks; e += blockDim.x) {
+        const int i = e / ks, y = e - i * ks;
+        dKa[i * kLdK + y] += Acc[i * kLdK + y];
+      }
+      __syncthreads();
+      if (tid == 0) {
+        double r = 0.0;
+        for (int i = 0; i < len; ++i) r += ub[i];
+        dgp[gi * kMaxBT + len - 1] += r;
+      }
+      // dK += Ds^T Q.
+      mm(len, ks, len, Ds, 1, kLd, Qs, kLdK, 1, [&](int m, int n, float v) { dKa[m * kLdK + n] += v; });
+      // Pass D: dW = -dv2 S^T.
+      if (dw.p) {
+        __syncthreads();
+        fill(Acc, kMaxBT * kLdK, 0.0f);
+        for (int x0 = 0; x0 < V; x0 += 64) {
+          __syncthreads();
+          load_tile(Ta, kLd, kMaxBT, 64, dv2, c.b, c.t0, hv, len, x0, V);
+          load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
+          __syncthreads();
+          mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+        }
+        __syncthreads();
+        store_tile(Acc, kLdK, len, ks, dw, c.b, c.t0, hv, y0, -1.0f);
+      }
+    }
+    __syncthreads();
+    store_tile(dQa, kLdK, len, ks, dq, c.b, c.t0, hk, y0);
+    store_tile(dKa, kLdK, len, ks, dk, c.b, c.t0, hk, y0);
+  }
+  __syncthreads();
+  if (dg.p)
+    for (int e = tid; e < G * len; e += blockDim.x) {
+      const int gi = e / len, i = e - gi * len;
+      dg.st_(c.b, c.t0 + i, hk * G + gi, 0, static_cast<float>(dgp[gi * kMaxBT + i]));
+    }
+}
+
+void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
+  const char* op = "chunk_bwd_dqkwg";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || H == 0) return;
+  const int G = static_cast<int>(HV / H);
+  const size_t smem = dqkwg_smem(G);
+  auto kernel = dqkwg_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
+      tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
+      a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(K), static_cast<int>(V),
+      static_cast<int>(HV), G, static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepare_wy_repr_bwd: CTA per (chunk, q/k head), value heads in order, dk summed in shared
+// memory over the full K. Per value head:
+//   dA = M> . (dW (diag(beta e^g) K)^T + dU (diag(beta) V)^T)
+//   T1 = A^T dA;  DLG = -M> . (T1 A^T) . Gamma  (= dL . Gamma);  Mm = diag(beta) DLG
+//   dbeta_i = sum_j DLG_ij (KK^T)_ij + e^{g_i} R_i.k_i + P_i.v_i        (R = A^T dW, P = A^T dU)
+//   dg_i   += beta_i sum_j DLG_ij KK_ij - sum_m beta_m DLG_mi KK_mi + beta_i e^{g_i} R_i.k_i
+//   dk     += diag(beta e^g) R + Mm K + Mm^T K;  dv = diag(beta) P.
+// Shared memory (floats): KK, Am, dAm [64][65], Ta|Tb [64][33] x2 (also T1 as one [64][65]),
+// Rb [64][33], dKa [64][K+1], beta, e^g, g, dbeta, dg [64].
+
+constexpr int kWS = 32;  // slice width of the K and V tiles here
+constexpr int kLdW = kWS + 1;
+
+size_t wy_smem(int K) {
+  return sizeof(float) * (3 * kMaxBT * kLd + 3 * kMaxBT * kLdW + static_cast<size_t>(kMaxBT) * (K + 1) +
+                          5 * kMaxBT);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
+                                                             Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int K,
+                                                             int V, int G, int accumulate) {
+  extern __shared__ float smem[];
+  float* KK = smem;
+  float* Am = KK + kMaxBT * kLd;
+  float* dAm = Am + kMaxBT * kLd;
+  float* Ta = dAm + kMaxBT * kLd;     // [64][kLdW]
+  float* Tb = Ta + kMaxBT * kLdW;     // [64][kLdW]; Ta|Tb also hold T1 [64][kLd]
+  float* T1 = Ta;
+  float* Rb = Tb + kMaxBT * kLdW;     // [64][kLdW]
+  float* dKa = Rb + kMaxBT * kLdW;    // [64][K+1]
+  float* bs = dKa + kMaxBT * (K + 1);
+  float* es = bs + kMaxBT;
+  float* gl = es + kMaxBT;
+  float* dB = gl + kMaxBT;
+  float* dG = dB + kMaxBT;
+  const int ldk = K + 1;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  fill(KK, kMaxBT * kLd, 0.0f);
+  fill(dKa, kMaxBT * ldk, 0.0f);
+  for (int y0 = 0; y0 < K; y0 += kWS) {
+    __syncthreads();
+    load_tile(Ta, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
+    __syncthreads();
+    mm(len, len, kWS, Ta, kLdW, 1, Ta, 1, kLdW, [&](int m, int n, float x) { KK[m * kLd + n] += x; });
+  }
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    __syncthreads();
+    if (tid < kMaxBT) {
+      const bool in = tid < len;
+      const float b = in ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      const float gv = (in && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      bs[tid] = b;
+      gl[tid] = gv;
+      es[tid] = g.p ? expf(gv) : 1.0f;
+      dB[tid] = 0.0f;
+      dG[tid] = 0.0f;
+    }
+    for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      Am[i * kLd + j] = (i < len && j <= i) ? A.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+      dAm[i * kLd + j] = 0.0f;
+    }
+    // dA (before masking) = dW (diag(beta e^g) K)^T + dU (diag(beta) V)^T.
+    for (int y0 = 0; y0 < K; y0 += kWS) {
+      __syncthreads();
+      load_tile(Ta, kLdW, kMaxBT, kWS, dW, c.b, c.t0, hv, len, y0, K);
+      load_tile(Tb, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
+      __syncthreads();
+      mm(len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW,
+         [&](int m, int n, float x) { dAm[m * kLd + n] += bs[n] * es[n] * x; });
+    }
+    for (int x0 = 0; x0 < V; x0 += kWS) {
+      __syncthreads();
+      load_tile(Ta, kLdW, kMaxBT, kWS, dU, c.b, c.t0, hv, len, x0, V);
+      load_tile(Tb, kLdW, kMaxBT, kWS, v, c.b, c.t0, hv, len, x0, V);
+      __syncthreads();
+      mm(len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW, [&](int m, int n, float x) { dAm[m * kLd + n] += bs[n] * x; });
+    }
+    __syncthreads();
+    for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      if (j >= i) dAm[i * kLd + j] = 0.0f;
+    }
+    __syncthreads();
+    // T1 = A^T dA  (T1 overwrites the Ta|Tb tiles, not read by this product).
+    mm(len, len, len, Am, 1, kLd, dAm, kLd, 1, [&](int m, int n, float x) { T1[m * kLd + n] = x; });
+    __syncthreads();
+    // DLG = -M> . (T1 A^T) . Gamma, written over dA (entries outside j < i < len stay 0).
+    mm(len, len, len, T1, kLd, 1, Am, 1, kLd, [&](int m, int n, float x) {
+      dAm[m * kLd + n] = n < m ? -x * expf(gl[m] - gl[n]) : 0.0f;
+    });
+    __syncthreads();
+    if (tid < len) {
+      const int i = tid;
+      float sb = 0.0f, sc = 0.0f;
+      for (int j = 0; j < i; ++j) sb = fmaf(dAm[i * kLd + j], KK[i * kLd + j], sb);
+      for (int m = i + 1; m < len; ++m) sc = fmaf(bs[m] * dAm[m * kLd + i], KK[m * kLd + i], sc);
+      dB[i] += sb;
+      dG[i] += bs[i] * sb - sc;
+    }
+    __syncthreads();
+    // Mm = diag(beta) DLG.
+    for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      dAm[i * kLd + j] *= bs[i];
+    }
+    // K slices: R = A^T dW; dk += diag(beta e^g) R + Mm K + Mm^T K.
+    for (int y0 = 0; y0 < K; y0 += kWS) {
+      const int ks = min(kWS, K - y0);
+      __syncthreads();
+      load_tile(Ta, kLdW, kMaxBT, kWS, dW, c.b, c.t0, hv, len, y0, K);
+      load_tile(Tb, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
+      __syncthreads();
+      mm(len, ks, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
+        Rb[m * kLdW + n] = x;
+        dKa[m * ldk + y0 + n] += bs[m] * es[m] * x;
+      });
+      __syncthreads();
+      if (tid < len) {
+        float rk = 0.0f;
+        for (int y = 0; y < ks; ++y) rk = fmaf(Rb[tid * kLdW + y], Tb[tid * kLdW + y], rk);
+        dB[tid] += es[tid] * rk;
+        dG[tid] += bs[tid] * es[tid] * rk;
+      }
+      mm(len, ks, len, dAm, kLd, 1, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
+      __syncthreads();
+      mm(len, ks, len, dAm, 1, kLd, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
+    }
+    // V slices: P = A^T dU; dv = diag(beta) P; dbeta += P.v.
+    for (int x0 = 0; x0 < V; x0 += kWS) {
+      const int vt = min(kWS, V - x0);
+      __syncthreads();
+      load_tile(Ta, kLdW, kMaxBT, kWS, dU, c.b, c.t0, hv, len, x0, V);
+      load_tile(Tb, kLdW, kMaxBT, kWS, v, c.b, c.t0, hv, len, x0, V);
+      __syncthreads();
+      mm(len, vt, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
+        Rb[m * kLdW + n] = x;
+        dv.st_(c.b, c.t0 + m, hv, x0 + n, bs[m] * x);
+      });
+      __syncthreads();
+      if (tid < len) {
+        float pv = 0.0f;
+        for (int x = 0; x < vt; ++x) pv = fmaf(Rb[tid * kLdW + x], Tb[tid * kLdW + x], pv);
+        dB[tid] += pv;
+      }
+    }
+    __syncthreads();
+    if (tid < len) {
+      dbeta.st_(c.b, c.t0 + tid, hv, 0, dB[tid]);
+      if (dg.p) {
+        const float old = accumulate ? dg.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+        dg.st_(c.b, c.t0 + tid, hv, 0, old + dG[tid]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < len * K; e += blockDim.x) {
+    const int i = e / K, y = e - i * K;
+    const float old = accumulate ? dk.ld(c.b, c.t0 + i, hk, y) : 0.0f;
+    dk.st_(c.b, c.t0 + i, hk, y, old + dKa[i * ldk + y]);
+  }
+}
+
+void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
+  const char* op = "prepare_wy_repr_bwd";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.A.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || H == 0) return;
+  const size_t smem = wy_smem(static_cast<int>(K));
+  auto kernel = wy_bwd_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
+      tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
+      tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
+      static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_gate / beta_sigmoid backward. The gate's parameter gradients are reduced per head by one
+// CTA in a fixed order (per-thread double partials over rows tid, tid+256, ..., then thread 0 sums
+// the 256 partials in order): deterministic, no atomics, no workspace.
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void gate_bwd_kernel(const void* g, int gc, int64_t rs, const void* dy, int dc, int64_t drs,
+                                const void* A, int ac, const void* bias, int bc, void* dx, int xc,
+                                int64_t rows, int64_t D) {
+  const int64_t n = rows * D;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    const float z = ldf(g, gc, r * rs + d) + (bias ? ldf(bias, bc, d) : 0.0f);
+    const float ea = expf(ldf(A, ac, d));
+    stf(dx, xc, e, -ea / (1.0f + expf(-z)) * ldf(dy, dc, r * drs + d));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) gate_param_kernel(const void* g, int gc, int64_t rs, const void* dy,
+                                                              int dc, int64_t drs, const void* A, int ac,
+                                                              const void* bias, int bc, void* dA, int dac,
+                                                              void* dbias, int dbc, int64_t rows, int64_t D) {
+  __shared__ double red[2][kThreads];
+  const int64_t d = blockIdx.x;
+  const float ea = expf(ldf(A, ac, d)), bb = bias ? ldf(bias, bc, d) : 0.0f;
+  double sa = 0.0, sb = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const float z = ldf(g, gc, r * rs + d) + bb;
+    const float gy = ldf(dy, dc, r * drs + d);
+    const float y = -ea * softplus_f(z);
+    const float dx = -ea / (1.0f + expf(-z)) * gy;
+    sa += static_cast<double>(gy) * y;
+    sb += dx;
+  }
+  red[0][threadIdx.x] = sa;
+  red[1][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double ta = 0.0, tb = 0.0;
+    for (int e = 0; e < kThreads; ++e) {
+      ta += red[0][e];
+      tb += red[1][e];
+    }
+    stf(dA, dac, d, static_cast<float>(ta));
+    if (dbias) stf(dbias, dbc, d, static_cast<float>(tb));
+  }
+}
+
+unsigned elem_blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65536 ? b : 65536);
+}
+
+void gate_bwd(const Context& ctx, const GdnGateBwdArgs& a) {
+  const char* op = "gdn_gate";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t D = a.g.size(-1), n = a.g.numel(), rows = D > 0 ? n / D : 0;
+  if (D == 0) return;
+  const int64_t rs = rows ? a.g.row_stride() : 0, drs = rows ? a.dy.row_stride() : 0;
+  const bool has_bias = a.dt_bias.defined() && a.dt_bias.numel();
+  const void* bias = has_bias ? a.dt_bias.data() : nullptr;
+  const int bc = has_bias ? code_of(a.dt_bias.dtype()) : kF32;
+  const cudaStream_t st = stream_of(ctx);
+  if (n > 0) {
+    gate_bwd_kernel<<<elem_blocks(n), kThreads, 0, st>>>(a.g.data(), code_of(a.g.dtype()), rs, a.dy.data(),
+                                                        code_of(a.dy.dtype()), drs, a.A_log.data(),
+                                                        code_of(a.A_log.dtype()), bias, bc, a.dg.data(),
+                                                        code_of(a.dg.dtype()), rows, D);
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  }
+  const bool has_db = a.ddt_bias.defined() && a.ddt_bias.numel();
+  gate_param_kernel<<<static_cast<unsigned>(D), kThreads, 0, st>>>(
+      rows ? a.g.data() : nullptr, code_of(a.g.dtype()), rs, rows ? a.dy.data() : nullptr,
+      code_of(a.dy.dtype()), drs, a.A_log.data(), code_of(a.A_log.dtype()), bias, bc, a.dA_log.data(),
+      code_of(a.dA_log.dtype()), has_db ? a.ddt_bias.data() : nullptr,
+      has_db ? code_of(a.ddt_bias.dtype()) : kF32, rows, D);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+__global__ void sigmoid_bwd_kernel(const void* x, int xc, int64_t rs, const void* dy, int dc, int64_t drs,
+                                   void* dx, int oc, int64_t rows, int64_t D, float cm) {
+  const int64_t n = rows * D;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    const float s = 1.0f / (1.0f + expf(-ldf(x, xc, r * rs + d)));
+    stf(dx, oc, e, ldf(dy, dc, r * drs + d) * cm * s * (1.0f - s));
+  }
+}
+
+void sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& a) {
+  const char* op = "beta_sigmoid";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t D = a.x.size(-1), rows = a.x.rows(), n = rows * D;
+  if (n == 0) return;
+  sigmoid_bwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
+      a.x.data(), code_of(a.x.dtype()), a.x.row_stride(), a.dy.data(), code_of(a.dy.dtype()),
+      a.dy.row_stride(), a.dx.data(), code_of(a.dx.dtype()), rows, D, a.allow_neg_eigval ? 2.0f : 1.0f);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";
+  compose_bwd(c, a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_gated_delta_rule (backward): CTA per (sequence, q/k head); the group's value
+// heads one after the other, each with its whole [K,V] state S and gradient dS in shared memory.
+// No workspace: the state before token t is recomputed from a checkpoint C at the start of t's
+// 64-token segment (C itself recomputed from h0 when the reverse sweep enters a segment), or from
+// h0 when three [K,V] buffers do not fit in shared memory. dq and dk are summed over the value
+// heads in head order: the first head writes them, the next ones add to the stored values.
+
+constexpr int kRecSeg = 64;
+
+struct RecBwd {
+  Tok q, k, v, g, beta, dO, dq, dk, dv, dg, dbeta;
+  Mat h0, dht, dh0;
+  Layout L;
+  int K, V, HV, G, ldv, ckpt;
+  float scale;
+};
+
+size_t rec_bwd_smem(int K, int V, bool ckpt) {
+  const size_t state = static_cast<size_t>(K) * (V + 1);
+  return sizeof(float) * ((ckpt ? 3 : 2) * state + 2 * static_cast<size_t>(K) + 5 * static_cast<size_t>(V) +
+                          kThreads + 4);
+}
+
+// Loads token t's k (and q), v, decay and beta into shared memory. Ends with a barrier.
+__device__ __forceinline__ void rec_token(const RecBwd& p, const SeqPos& s, int64_t i, int hk, int hv, float* ks,
+                                          float* qs, float* vs, float* sc) {
+  const int64_t t = s.t0 + i;
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.K; e += blockDim.x) {
+    ks[e] = p.k.ld(s.b, t, hk, e);
+    if (qs) qs[e] = p.q.ld(s.b, t, hk, e);
+  }
+  for (int e = threadIdx.x; e < p.V; e += blockDim.x) vs[e] = p.v.ld(s.b, t, hv, e);
+  if (threadIdx.x == 0) {
+    sc[0] = p.g.p ? expf(p.g.ld(s.b, t, hv, 0)) : 1.0f;
+    sc[1] = p.beta.p ? p.beta.ld(s.b, t, hv, 0) : 1.0f;
+  }
+  __syncthreads();
+}
+
+// One forward step of the recurrence on S in place (S = decay S + k delta^T).
+__device__ __forceinline__ void rec_step(const RecBwd& p, float* S, const float* ks, const float* vs,
+                                         const float* sc, float* delta) {
+  const float decay = sc[0], bt = sc[1];
+  for (int x = threadIdx.x; x < p.V; x += blockDim.x) {
+    float acc = 0.0f;
+    for (int y = 0; y < p.K; ++y) acc = fmaf(S[y * p.ldv + x], ks[y], acc);
+    delta[x] = bt * (vs[x] - decay * acc);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
+    const int y = e / p.V, x = e - y * p.V;
+    S[y * p.ldv + x] = fmaf(decay, S[y * p.ldv + x], ks[y] * delta[x]);
+  }
+}
+
+__device__ __forceinline__ void rec_copy(const RecBwd& p, float* dst, const float* src) {
+  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
+    const int y = e / p.V, x = e - y * p.V;
+    dst[y * p.ldv + x] = src[y * p.ldv + x];
+  }
+}
+
+__device__ __forceinline__ void rec_load(const RecBwd& p, float* dst, const Mat& m, int64_t index) {
+  const int64_t base = index * static_cast<int64_t>(p.K) * p.V;
+  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
+    const int y = e / p.V, x = e - y * p.V;
+    dst[y * p.ldv + x] = m.p ? ldf(m.p, m.code, base + e) : 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) recurrent_bwd_kernel(RecBwd p) {
+  extern __shared__ float smem[];
+  const int K = p.K, V = p.V, ldv = p.ldv;
+  const size_t state = static_cast<size_t>(K) * ldv;
+  float* S = smem;
+  float* dS = S + state;
+  float* C = p.ckpt ? dS + state : nullptr;
+  float* ks = dS + state * (p.ckpt ? 2 : 1);
+  float* qs = ks + K;
+  float* vs = qs + K;
+  float* dOs = vs + V;
+  float* delta = dOs + V;
+  float* pp = delta + V;
+  float* dd = pp + V;
+  float* red = dd + V;
+  float* sc = red + kThreads;
+  const int64_t n = blockIdx.x / (p.HV / p.G);
+  const int hk = static_cast<int>(blockIdx.x % (p.HV / p.G));
+  const SeqPos s = seq_pos(p.L, n);
+  const int64_t Ln = s.len;
+  const int tid = threadIdx.x;
+  for (int gi = 0; gi < p.G; ++gi) {
+    const int hv = hk * p.G + gi;
+    const int64_t sidx = n * p.HV + hv;
+    __syncthreads();
+    rec_load(p, dS, p.dht, sidx);
+    int64_t seg = -1;  // segment whose start state C holds
+    for (int64_t i = Ln - 1; i >= 0; --i) {
+      // S = state before token i.
+      const int64_t i0 = p.ckpt ? (i / kRecSeg) * kRecSeg : 0;
+      if (p.ckpt && seg != i / kRecSeg) {
+        __syncthreads();
+        rec_load(p, S, p.h0, sidx);
+        for (int64_t j = 0; j < i0; ++j) {
+          rec_token(p, s, j, hk, hv, ks, nullptr, vs, sc);
+          rec_step(p, S, ks, vs, sc, delta);
+        }
+        __syncthreads();
+        rec_copy(p, C, S);
+        seg = i / kRecSeg;
+      } else {
+        __syncthreads();
+        if (p.ckpt) rec_copy(p, S, C);
+        else rec_load(p, S, p.h0, sidx);
+      }
+      for (int64_t j = i0; j < i; ++j) {
+        rec_token(p, s, j, hk, hv, ks, nullptr, vs, sc);
+        rec_step(p, S, ks, vs, sc, delta);
+      }
+      // Token i: S holds S_{i-1}.
+      rec_token(p, s, i, hk, hv, ks, qs, vs, sc);
+      const int64_t t = s.t0 + i;
+      for (int e = tid; e < V; e += blockDim.x) dOs[e] = p.dO.ld(s.b, t, hv, e);
+      const float decay = sc[0], bt = sc[1];
+      __syncthreads();
+      // p = (decay S)^T k; delta = beta (v - p).
+      for (int x = tid; x < V; x += blockDim.x) {
+        float acc = 0.0f;
+        for (int y = 0; y < K; ++y) acc = fmaf(S[y * ldv + x], ks[y], acc);
+        pp[x] = decay * acc;
+        delta[x] = bt * (vs[x] - decay * acc);
+      }
+      // dS += scale q dO^T.
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        dS[y * ldv + x] = fmaf(p.scale * qs[y], dOs[x], dS[y * ldv + x]);
+      }
+      __syncthreads();
+      // dd = dS^T k (per column); dq = scale S_i dO, dk = dS delta (per row).
+      for (int x = tid; x < V; x += blockDim.x) {
+        float acc = 0.0f;
+        for (int y = 0; y < K; ++y) acc = fmaf(dS[y * ldv + x], ks[y], acc);
+        dd[x] = acc;
+        p.dv.st_(s.b, t, hv, x, bt * acc);
+      }
+      float dk_row = 0.0f;  // for row y = tid (K <= 256)
+      if (tid < K) {
+        const int y = tid;
+        float aq = 0.0f, ak = 0.0f;
+        for (int x = 0; x < V; ++x) {
+          const float sv = fmaf(decay, S[y * ldv + x], ks[y] * delta[x]);
+          aq = fmaf(sv, dOs[x], aq);
+          ak = fmaf(dS[y * ldv + x], delta[x], ak);
+        }
+        const float dqv = p.scale * aq + (gi > 0 ? p.dq.ld(s.b, t, hk, y) : 0.0f);
+        p.dq.st_(s.b, t, hk, y, dqv);
+        dk_row = ak;
+      }
+      __syncthreads();
+      // dbeta = dd . (v - p); dp = -beta dd; dk += decay S dp; dS += k dp^T.
+      if (tid < K) {
+        const int y = tid;
+        float a2 = 0.0f;
+        for (int x = 0; x < V; ++x) a2 = fmaf(S[y * ldv + x], -bt * dd[x], a2);
+        const float dkv = dk_row + decay * a2 + (gi > 0 ? p.dk.ld(s.b, t, hk, y) : 0.0f);
+        p.dk.st_(s.b, t, hk, y, dkv);
+      }
+      if (tid == 0 && p.dbeta.p) {
+        float db = 0.0f;
+        for (int x = 0; x < V; ++x) db = fmaf(dd[x], vs[x] - pp[x], db);
+        p.dbeta.st_(s.b, t, hv, 0, db);
+      }
+      __syncthreads();
+      float part = 0.0f;
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        const float d = fmaf(ks[y], -bt * dd[x], dS[y * ldv + x]);
+        dS[y * ldv + x] = d;
+        part = fmaf(decay * S[y * ldv + x], d, part);
+      }
+      red[tid] = part;
+      __syncthreads();
+      if (tid == 0 && p.dg.p) {
+        float tot = 0.0f;
+        for (int e = 0; e < kThreads; ++e) tot += red[e];
+        p.dg.st_(s.b, t, hv, 0, tot);
+      }
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        dS[y * ldv + x] *= decay;
+      }
+    }
+    __syncthreads();
+    if (p.dh0.p) {
+      const int64_t base = sidx * static_cast<int64_t>(K) * V;
+      for (int e = tid; e < K * V; e += blockDim.x) stf(p.dh0.p, p.dh0.code, base + e, dS[(e / V) * ldv + e % V]);
+    }
+  }
+}
+
+size_t smem_optin(const char* op, int device) {
+  int optin = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return static_cast<size_t>(optin);
+}
+
+void recurrent_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
+  const char* op = "fused_recurrent_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * H == 0) return;
+  RecBwd p;
+  p.q = tok_of(a.q);
+  p.k = tok_of(a.k);
+  p.v = tok_of(a.v);
+  p.g = tok_of(a.g);
+  p.beta = tok_of(a.beta);
+  p.dO = tok_of(a.dout);
+  p.dq = tok_of(a.dq);
+  p.dk = tok_of(a.dk);
+  p.dv = tok_of(a.dv);
+  p.dg = tok_of(a.dg);
+  p.dbeta = tok_of(a.dbeta);
+  p.h0 = mat_of(a.initial_state);
+  p.dht = mat_of(a.dht);
+  p.dh0 = mat_of(a.dh0);
+  p.L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  p.K = static_cast<int>(K);
+  p.V = static_cast<int>(V);
+  p.HV = static_cast<int>(HV);
+  p.G = static_cast<int>(HV / H);
+  p.ldv = static_cast<int>(V) + 1;
+  p.scale = static_cast<float>(a.scale);
+  const size_t optin = smem_optin(op, ctx.device.index);
+  p.ckpt = rec_bwd_smem(p.K, p.V, true) <= optin ? 1 : 0;
+  const size_t smem = rec_bwd_smem(p.K, p.V, p.ckpt != 0);
+  auto kernel = recurrent_bwd_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  kernel<<<static_cast<unsigned>(N * H), kThreads, smem, stream_of(ctx)>>>(p);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv,
+                 &a.dg, &a.dbeta, &a.dh0}) &&
+         a.q.size(-1) <= kThreads && rec_bwd_smem(static_cast<int>(a.q.size(-1)), static_cast<int>(a.v.size(-1)),
+                                                  false) <= 227 * 1024;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+bool sup_wy(const PrepareWyReprBwdArgs& a) {
+  return no_f64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.dw, &a.du, &a.dk, &a.dv, &a.dbeta, &a.dg}) &&
+         a.k.size(-1) <= 256;
+}
+bool sup_dhu(const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  return no_f64({&a.q, &a.k, &a.w, &a.dout, &a.dv, &a.g, &a.gk, &a.dht, &a.dh, &a.dh0, &a.dv2}) &&
+         a.k.size(-1) <= 256;
+}
+bool sup_dvl(const ChunkBwdDvLocalArgs& a) { return no_f64({&a.q, &a.k, &a.dout, &a.g, &a.dv}); }
+bool sup_dqkwg(const ChunkBwdDqkwgArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.dout, &a.h, &a.dh, &a.w, &a.dv, &a.g, &a.dq, &a.dk, &a.dw, &a.dg}) &&
+         a.v.size(2) / a.q.size(2) <= 64;
+}
+bool sup_gate(const GdnGateBwdArgs& a) {
+  return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
+}
+bool sup_sigmoid(const BetaSigmoidBwdArgs& a) { return no_f64({&a.x, &a.dy, &a.dx}); }
+bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.q_normed,
+                 &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A, &a.beta_sigmoid, &a.dout, &a.dht,
+                 &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias}) &&
+         a.q.size(-1) <= 256 && a.v.size(2) / a.q.size(2) <= 64;
+}
+
+}  // namespace
+}  // namespace fusedops::gdn::sm80
+
+namespace fusedops::gdn {
+
+void register_cuda_sm80_bwd(Registry& r) {
+  using namespace sm80;
+  const BackendSpec s = spec();
+  r.add<PrepareWyReprBwdArgs>("recompute_w_u", Direction::kBackward, s, sup_wy, wy_bwd);
+  r.add<ChunkGatedDeltaRuleBwdDhuArgs>("chunk_gated_delta_rule_bwd_dhu", Direction::kBackward, s, sup_dhu,
+                                       bwd_dhu);
+  r.add<ChunkBwdDvLocalArgs>("chunk_bwd_dv_local", Direction::kBackward, s, sup_dvl, dv_local);
+  r.add<ChunkBwdDqkwgArgs>("chunk_bwd_dqkwg", Direction::kBackward, s, sup_dqkwg, dqkwg);
+  r.add<GdnGateBwdArgs>("gdn_gate", Direction::kBackward, s, sup_gate, gate_bwd);
+  r.add<BetaSigmoidBwdArgs>("beta_sigmoid", Direction::kBackward, s, sup_sigmoid, sigmoid_bwd);
+  r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule", Direction::kBackward, s,
+                                             sup_recurrent, recurrent_bwd);
+  r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, s, sup_top, top_bwd);
+}
+
+}  // namespace fusedops::gdn

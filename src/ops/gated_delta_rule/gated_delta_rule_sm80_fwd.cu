@@ -1,0 +1,572 @@
+// Gated delta rule, CUDA backend cuda_sm80 (sm_80 and later): the forward-direction operators.
+// Chunk-parallel operators run one CTA of 256 threads per (chunk, head) with the operands staged
+// in shared memory as fp32 and FFMA products (gdn_sm80.cuh mm); the state recurrence runs one CTA
+// per (sequence, value head, 32-column V tile) looping over the chunks with the [K,32] state in
+// shared memory. Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+
+namespace fusedops::gdn::sm80 {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// chunk_local_cumsum: one thread per (chunk, channel), the running sum in double.
+
+__global__ void __launch_bounds__(kThreads) cumsum_kernel(Tok g, Tok out, Layout L, int64_t C, int64_t S,
+                                                          int reverse, double scale) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int64_t h = ch / S, s = ch - h * S;
+  double acc = 0.0;
+  if (reverse) {
+    for (int i = c.len - 1; i >= 0; --i) {
+      acc += g.ld(c.b, c.t0 + i, h, s);
+      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
+    }
+  } else {
+    for (int i = 0; i < c.len; ++i) {
+      acc += g.ld(c.b, c.t0 + i, h, s);
+      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
+    }
+  }
+}
+
+void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
+  const char* op = "chunk_local_cumsum";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.g.size(0), T = a.g.size(1), H = a.g.size(2), S = a.g.ndim() > 3 ? a.g.size(3) : 1;
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  const int64_t C = H * S;
+  if (NT == 0 || C == 0) return;
+  FUSEDOPS_REQUIRE((C + kThreads - 1) / kThreads <= 65535, kValue, op, "too many channels: ", C);
+  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  cumsum_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
+                                                       a.reverse ? 1 : 0, a.scale);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_scaled_dot_kkt_fwd: CTA per (chunk, q/k head); the Gram matrix K K^T once, then A for each
+// value head of the group.
+
+__global__ void __launch_bounds__(kThreads) kkt_kernel(Tok k, Tok beta, Tok g, Tok A, Layout L, int K, int G) {
+  __shared__ float Ks[kMaxBT * kLd];
+  __shared__ float Gm[kMaxBT * kLd];
+  __shared__ float bs[kMaxBT], gs[kMaxBT];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hk = blockIdx.y, len = c.len, BT = L.BT;
+  if (len == 0) return;
+  fill(Gm, kMaxBT * kLd, 0.0f);
+  for (int y0 = 0; y0 < K; y0 += 64) {
+    __syncthreads();
+    load_tile(Ks, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K);
+    __syncthreads();
+    mm(len, len, 64, Ks, kLd, 1, Ks, 1, kLd, [&](int m, int n, float v) { Gm[m * kLd + n] += v; });
+  }
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    __syncthreads();
+    if (threadIdx.x < kMaxBT) {
+      const int i = threadIdx.x;
+      bs[i] = i < len ? beta.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
+      gs[i] = (i < len && g.p) ? g.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
+      const int i = e / BT, j = e - i * BT;
+      float v = 0.0f;
+      if (j < i) {
+        v = bs[i] * Gm[i * kLd + j];
+        if (g.p) v *= expf(gs[i] - gs[j]);
+      }
+      A.st_(c.b, c.t0 + i, hv, j, v);
+    }
+  }
+}
+
+void kkt(const Context& ctx, const ChunkScaledDotKktArgs& a) {
+  const char* op = "chunk_scaled_dot_kkt";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3), HV = a.beta.size(2);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  kkt_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.k), tok_of(a.beta), tok_of(a.g), tok_of(a.A), L, static_cast<int>(K),
+      static_cast<int>(HV / H));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// solve_tril: CTA of 64 threads per (chunk, head); forward substitution in fp32, one row at a
+// time, thread j owning column j: X_ij = delta_ij - sum_{m=j..i-1} L_im X_mj.
+
+__global__ void __launch_bounds__(kMaxBT) solve_kernel(Tok A, Tok Ai, Layout L) {
+  __shared__ float Ls[kMaxBT * kLd];
+  __shared__ float X[kMaxBT * kLd];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int h = blockIdx.y, len = c.len, BT = L.BT;
+  if (len == 0) return;
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    Ls[i * kLd + j] = (i < len && j < i) ? A.ld(c.b, c.t0 + i, h, j) : 0.0f;
+  }
+  __syncthreads();
+  const int j = threadIdx.x;
+  for (int i = 0; i < len; ++i) {
+    float s = j == i ? 1.0f : 0.0f;
+    if (j < i)
+      for (int m = j; m < i; ++m) s -= Ls[i * kLd + m] * X[m * kLd + j];
+    X[i * kLd + j] = j <= i ? s : 0.0f;
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
+    const int i = e / BT, jj = e - i * BT;
+    Ai.st_(c.b, c.t0 + i, h, jj, jj <= i ? X[i * kLd + jj] : 0.0f);
+  }
+}
+
+void solve(const Context& ctx, const SolveTrilArgs& a) {
+  const char* op = "solve_tril";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.A.size(0), T = a.A.size(1), H = a.A.size(2), BT = a.A.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  solve_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kMaxBT, 0, stream_of(ctx)>>>(
+      tok_of(a.A), tok_of(a.Ai), L);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// recompute_w_u_fwd: CTA per (chunk, value head): U = A diag(beta) V, W = A diag(beta e^g) K,
+// 64-column tiles of V and K.
+
+__global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok w, Tok u,
+                                                      Layout L, int K, int V, int G) {
+  __shared__ float Am[kMaxBT * kLd];
+  __shared__ float Ts[kMaxBT * kLd];
+  __shared__ float cb[kMaxBT], ce[kMaxBT];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len;
+  if (len == 0) return;
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    Am[i * kLd + j] = (i < len && j <= i) ? A.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+  }
+  if (threadIdx.x < kMaxBT) {
+    const int i = threadIdx.x;
+    const float b = i < len ? beta.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
+    cb[i] = b;
+    ce[i] = (i < len && g.p) ? b * expf(g.ld(c.b, c.t0 + i, hv, 0)) : b;
+  }
+  for (int x0 = 0; x0 < V; x0 += 64) {
+    __syncthreads();
+    load_tile(Ts, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V, cb);
+    __syncthreads();
+    mm(len, min(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
+       [&](int m, int n, float val) { u.st_(c.b, c.t0 + m, hv, x0 + n, val); });
+  }
+  for (int y0 = 0; y0 < K; y0 += 64) {
+    __syncthreads();
+    load_tile(Ts, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K, ce);
+    __syncthreads();
+    mm(len, min(64, K - y0), len, Am, kLd, 1, Ts, kLd, 1,
+       [&](int m, int n, float val) { w.st_(c.b, c.t0 + m, hv, y0 + n, val); });
+  }
+}
+
+void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
+  const char* op = "recompute_w_u";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.A.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || HV == 0) return;
+  wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
+      static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV / H));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule_fwd_h: CTA per (sequence, value head, 32-column V tile). Shared memory:
+// X [K][33] (the state tile), Sl [64][65] (a 64-column slice of W or K), Vn [64][33], g [64],
+// gk_last [K].
+
+constexpr int kVT = 32;          // V tile of the state kernels
+constexpr int kLdV = kVT + 1;
+
+size_t state_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) fwd_h_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h,
+                                                         Tok vn, Mat ht, Layout L, int K, int V, int HV,
+                                                         int G) {
+  extern __shared__ float smem[];
+  float* X = smem;                           // [K][kLdV]
+  float* Sl = X + K * kLdV;                  // [64][kLd]
+  float* Vn = Sl + kMaxBT * kLd;             // [64][kLdV]
+  float* gl = Vn + 2 * kMaxBT * kLdV;        // [64] (one spare Vn-sized block unused)
+  float* gkl = gl + kMaxBT;                  // [K]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  if (h0.p) load_state(X, kLdV, K, kVT, h0, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, h, idx, K, V, x0, vt);
+    load_tile(Vn, kLdV, kMaxBT, kVT, u, s.b, t0, hv, len, x0, V);
+    if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(s.b, t0 + threadIdx.x, hv, 0) : 0.0f;
+    if (gk.p)
+      for (int y = threadIdx.x; y < K; y += blockDim.x) gkl[y] = gk.ld(s.b, t0 + len - 1, hv, y);
+    // Vn = U - W X.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, w, s.b, t0, hv, len, y0, K);
+      __syncthreads();
+      mm(len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1,
+         [&](int m, int nn, float v) { Vn[m * kLdV + nn] -= v; });
+    }
+    __syncthreads();
+    if (vn.p) store_tile(Vn, kLdV, len, vt, vn, s.b, t0, hv, x0);
+    __syncthreads();
+    // Gates: Vg = diag(e^{g_last - g}) Vn, X *= e^{g_last}; or X[y,:] *= e^{gk_last,y}.
+    if (g.p) {
+      const float glast = gl[len - 1];
+      for (int e = threadIdx.x; e < len * vt; e += blockDim.x) {
+        const int i = e / vt, cc = e - i * vt;
+        Vn[i * kLdV + cc] *= expf(glast - gl[i]);
+      }
+      const float d = expf(glast);
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    // X += K^T Vg.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, k, s.b, t0, hk, len, y0, K);
+      __syncthreads();
+      mm(min(64, K - y0), vt, len, Sl, 1, kLd, Vn, kLdV, 1,
+         [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
+    }
+  }
+  __syncthreads();
+  if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
+}
+
+void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  const char* op = "chunk_gated_delta_rule_fwd_h";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.u.size(2), V = a.u.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return;
+  const size_t smem = state_smem(static_cast<int>(K));
+  auto kernel = fwd_h_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
+                                                   tok_of(a.gk), mat_of(a.h0), mat_of(a.h),
+                                                   tok_of(a.v_new), mat_of(a.ht), L, static_cast<int>(K),
+                                                   static_cast<int>(V), static_cast<int>(HV),
+                                                   static_cast<int>(HV / Hk));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_fwd_o: CTA per (chunk, value head). P = M>= . Gamma . Q K^T once; per 64-column V tile
+// O = diag(e^g) Q S (64-row K slices) + P Vnew, times scale. Shared memory: Qa, Kb, P, O [64][65].
+
+constexpr size_t kFwdOSmem = sizeof(float) * (4 * kMaxBT * kLd + kMaxBT);
+
+__global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok q, Tok k, Tok v, Mat h, Tok g, Tok o, Layout L,
+                                                         int K, int V, int HV, int G, float scale) {
+  extern __shared__ float smem[];
+  float* Qa = smem;
+  float* Kb = Qa + kMaxBT * kLd;
+  float* P = Kb + kMaxBT * kLd;
+  float* O = P + kMaxBT * kLd;
+  float* gl = O + kMaxBT * kLd;
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len;
+  if (len == 0) return;
+  if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+  fill(P, kMaxBT * kLd, 0.0f);
+  for (int y0 = 0; y0 < K; y0 += 64) {
+    __syncthreads();
+    load_tile(Qa, kLd, kMaxBT, 64, q, c.b, c.t0, hk, len, y0, K);
+    load_tile(Kb, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K);
+    __syncthreads();
+    mm(len, len, 64, Qa, kLd, 1, Kb, 1, kLd, [&](int m, int n, float val) { P[m * kLd + n] += val; });
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    P[i * kLd + j] = (i < len && j <= i) ? P[i * kLd + j] * expf(gl[i] - gl[j]) : 0.0f;
+  }
+  const int64_t sidx = chunk * HV + hv;
+  for (int x0 = 0; x0 < V; x0 += 64) {
+    const int vt = min(64, V - x0);
+    __syncthreads();
+    fill(O, kMaxBT * kLd, 0.0f);
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
+        const int r = e / 64, cc = e - r * 64;
+        Qa[r * kLd + cc] = (r < len && y0 + cc < K) ? q.ld(c.b, c.t0 + r, hk, y0 + cc) * expf(gl[r]) : 0.0f;
+      }
+      load_state(Kb, kLd, 64, 64, h, sidx, K, V, y0, x0);
+      __syncthreads();
+      mm(len, vt, min(64, K - y0), Qa, kLd, 1, Kb, kLd, 1,
+         [&](int m, int n, float val) { O[m * kLd + n] += val; });
+    }
+    __syncthreads();
+    load_tile(Kb, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
+    __syncthreads();
+    mm(len, vt, len, P, kLd, 1, Kb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
+    __syncthreads();
+    store_tile(O, kLd, len, vt, o, c.b, c.t0, hv, x0, scale);
+  }
+}
+
+void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
+  const char* op = "chunk_fwd_o";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || HV == 0) return;
+  auto kernel = fwd_o_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFwdOSmem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFwdOSmem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), mat_of(a.h), tok_of(a.g), tok_of(a.o), L,
+      static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
+      static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_gate and beta_sigmoid (forward): elementwise over [rows, D] with a row stride.
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void gate_fwd_kernel(const void* g, int gc, int64_t rs, const void* A, int ac, const void* bias,
+                                int bc, void* y, int yc, int64_t rows, int64_t D) {
+  const int64_t n = rows * D;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    const float x = ldf(g, gc, r * rs + d) + (bias ? ldf(bias, bc, d) : 0.0f);
+    stf(y, yc, e, -expf(ldf(A, ac, d)) * softplus_f(x));
+  }
+}
+
+__global__ void sigmoid_fwd_kernel(const void* x, int xc, int64_t rs, void* y, int yc, int64_t rows,
+                                   int64_t D, float cm) {
+  const int64_t n = rows * D;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    stf(y, yc, e, cm / (1.0f + expf(-ldf(x, xc, r * rs + d))));
+  }
+}
+
+unsigned elem_blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65536 ? b : 65536);
+}
+
+void gate_fwd(const Context& ctx, const GdnGateFwdArgs& a) {
+  const char* op = "gdn_gate";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t D = a.g.size(-1), rows = a.g.rows(), n = rows * D;
+  if (n == 0) return;
+  gate_fwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
+      a.g.data(), code_of(a.g.dtype()), a.g.row_stride(), a.A_log.data(), code_of(a.A_log.dtype()),
+      a.dt_bias.defined() && a.dt_bias.numel() ? a.dt_bias.data() : nullptr,
+      a.dt_bias.defined() && a.dt_bias.numel() ? code_of(a.dt_bias.dtype()) : kF32, a.y.data(),
+      code_of(a.y.dtype()), rows, D);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
+  const char* op = "beta_sigmoid";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t D = a.x.size(-1), rows = a.x.rows(), n = rows * D;
+  if (n == 0) return;
+  sigmoid_fwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
+      a.x.data(), code_of(a.x.dtype()), a.x.row_stride(), a.y.data(), code_of(a.y.dtype()), rows, D,
+      a.allow_neg_eigval ? 2.0f : 1.0f);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_gated_delta_rule (forward): CTA per (sequence, value head, 32-column V tile);
+// warp w holds rows y = w + 8r (r < K/8 <= 32) of the state column x0 + lane in registers.
+
+constexpr int kRecRows = 32;  // K <= 8 * kRecRows = 256
+
+__global__ void __launch_bounds__(kThreads) recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta,
+                                                                 Mat h0, Tok o, Mat ht, Layout L, int K,
+                                                                 int V, int HV, int G, float scale) {
+  __shared__ float ks[256], qs[256], vs[32], red[8][32], gb[2];
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int x = blockIdx.y * 32 + lane;
+  const bool xv = x < V;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  float st[kRecRows];
+#pragma unroll
+  for (int r = 0; r < kRecRows; ++r) {
+    const int y = warp + 8 * r;
+    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
+  }
+  for (int64_t i = 0; i < s.len; ++i) {
+    const int64_t t = s.t0 + i;
+    __syncthreads();
+    for (int e = threadIdx.x; e < K; e += blockDim.x) {
+      ks[e] = k.ld(s.b, t, hk, e);
+      qs[e] = q.ld(s.b, t, hk, e);
+    }
+    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    if (threadIdx.x == 0) {
+      gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+      gb[1] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    }
+    __syncthreads();
+    float p = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) p = fmaf(st[r], ks[y], p);
+    }
+    red[warp][lane] = p;
+    __syncthreads();
+    const float decay = gb[0];
+    float ps = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) ps += red[w][lane];
+    const float delta = gb[1] * (vs[lane] - decay * ps);
+    float po = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) {
+        st[r] = fmaf(decay, st[r], ks[y] * delta);
+        po = fmaf(st[r], qs[y], po);
+      }
+    }
+    __syncthreads();
+    red[warp][lane] = po;
+    __syncthreads();
+    if (warp == 0 && xv) {
+      float os = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) os += red[w][lane];
+      o.st_(s.b, t, hv, x, scale * os);
+    }
+  }
+  if (ht.p && xv) {
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
+    }
+  }
+}
+
+void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
+  const char* op = "fused_recurrent_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return;
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  recurrent_fwd_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
+      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
+      static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";
+  compose_fwd(c, a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// supports(): no float64 anywhere, K <= 256 (state tiles, recurrent registers).
+
+bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_f64({&a.g, &a.out}); }
+bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_f64({&a.k, &a.beta, &a.g, &a.A}); }
+bool sup_solve(const SolveTrilArgs& a) { return no_f64({&a.A, &a.Ai}); }
+bool sup_wu(const RecomputeWUFwdArgs& a) { return no_f64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.w, &a.u}); }
+bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
+  return no_f64({&a.k, &a.w, &a.u, &a.g, &a.gk, &a.h0, &a.h, &a.v_new, &a.ht}) && a.k.size(-1) <= 256;
+}
+bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_f64({&a.q, &a.k, &a.v, &a.h, &a.g, &a.o}); }
+bool sup_gate(const GdnGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
+bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
+bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
+         a.q.size(-1) <= 8 * kRecRows;
+}
+bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
+                 &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A,
+                 &a.beta_sigmoid}) &&
+         a.q.size(-1) <= 256;
+}
+
+}  // namespace
+}  // namespace fusedops::gdn::sm80
+
+namespace fusedops {
+
+void register_gated_delta_rule_cuda_sm80(Registry& r) {
+  using namespace gdn::sm80;
+  const BackendSpec s = spec();
+  r.add<ChunkLocalCumsumArgs>("chunk_local_cumsum", Direction::kForward, s, sup_cumsum, cumsum);
+  r.add<ChunkScaledDotKktArgs>("chunk_scaled_dot_kkt", Direction::kForward, s, sup_kkt, kkt);
+  r.add<SolveTrilArgs>("solve_tril", Direction::kForward, s, sup_solve, solve);
+  r.add<RecomputeWUFwdArgs>("recompute_w_u", Direction::kForward, s, sup_wu, wu_fwd);
+  r.add<ChunkGatedDeltaRuleFwdHArgs>("chunk_gated_delta_rule_fwd_h", Direction::kForward, s, sup_fwd_h,
+                                     fwd_h);
+  r.add<ChunkFwdOArgs>("chunk_fwd_o", Direction::kForward, s, sup_fwd_o, fwd_o);
+  r.add<GdnGateFwdArgs>("gdn_gate", Direction::kForward, s, sup_gate, gate_fwd);
+  r.add<BetaSigmoidFwdArgs>("beta_sigmoid", Direction::kForward, s, sup_sigmoid, sigmoid_fwd);
+  r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward, s,
+                                             sup_recurrent, recurrent_fwd);
+  r.add<ChunkGatedDeltaRuleFwdArgs>("chunk_gated_delta_rule", Direction::kForward, s, sup_top, top_fwd);
+  gdn::register_cuda_sm80_bwd(r);
+}
+
+}  // namespace fusedops
