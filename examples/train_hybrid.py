@@ -37,9 +37,11 @@ Data: the Python standard library's own ``.py`` files (no download), as bytes; w
 with a fixed seed, the same batches for both models.
 
 Measurements: per logging step both losses and both throughputs; at the end the peak memory of
-a training step of each model (CUDA: ``torch.cuda.max_memory_allocated`` minus the memory
+a forward+backward pass of each model (CUDA: ``torch.cuda.max_memory_allocated`` minus the memory
 allocated when the step starts; CPU: the running sum of the allocator events that
-``torch.profiler(profile_memory=True)`` records over one step, its maximum over the step) and a
+``torch.profiler(profile_memory=True)`` records over one step, its maximum over the step; only
+allocations made through PyTorch count, so the CPU gated-delta-rule operator's per-thread scratch
+buffer, allocated once and reused, is not in it) and a
 per-operator time breakdown of the fusedops model (``torch.profiler`` over a few
 forward+backward passes: the forward of each fusedops call is a ``record_function`` range, the
 backward is the autograd node the op creates).
@@ -727,20 +729,33 @@ def _lr_at(step, steps, lr, warmup):
 
 def train(cfg: Config, steps: int = 200, batch: int = 8, seq_len: int = 128, lr: float = 3e-3,
           device="cpu", dtype=torch.float32, seed: int = 0, log_every: int = 10, warmup: int = 20,
-          log=print):
+          log=print, control: bool = False):
     """Train both models on the same batches. Returns a dict with per-step losses ('fused',
-    'torch'), mean tokens/s of each (after the first two steps) and the models."""
+    'torch'), mean tokens/s of each (after the first two steps) and the models.
+
+    ``control=True`` also trains a third model, 'control': the plain model with every weight
+    multiplied by ``1 + 1e-7 * N(0, 1)`` (about one fp32 rounding). How fast its loss curve leaves
+    the plain model's is how fast these training dynamics amplify rounding-sized differences:
+    the yardstick for the drift between the fused and the plain model."""
     fused, plain = build_models(cfg, device, dtype, seed)
-    opts = {"fused": make_optimizer(fused, lr), "torch": make_optimizer(plain, lr)}
     models = {"fused": fused, "torch": plain}
+    if control:
+        ctl = HybridLM(cfg, "torch").to(device)
+        ctl.load_state_dict(plain.state_dict())
+        gen = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for p in ctl.parameters():
+                p.mul_(1 + 1e-7 * torch.randn(p.shape, generator=gen).to(p))
+        models["control"] = ctl
+    opts = {n: make_optimizer(m, lr) for n, m in models.items()}
     data = Batches(load_corpus(), batch, seq_len, seed)
-    losses = {"fused": [], "torch": []}
-    times = {"fused": [], "torch": []}
+    losses = {n: [] for n in models}
+    times = {n: [] for n in models}
     tokens_per_step = batch * seq_len
     last_log = -1
     for step in range(steps):
         tokens, labels = (t.to(device) for t in data.next())
-        for name in ("fused", "torch"):
+        for name in models:
             for group in opts[name].param_groups:
                 group["lr"] = _lr_at(step, steps, lr, warmup)
             _sync(device)
@@ -753,9 +768,15 @@ def train(cfg: Config, steps: int = 200, batch: int = 8, seq_len: int = 128, lr:
             span = step - last_log
             tf, tt = (tokens_per_step * span / sum(times[n][-span:]) for n in ("fused", "torch"))
             last_log = step
+            extra = ""
+            if control:
+                extra = f"  control rel.diff {abs(losses['control'][-1] - lt) / abs(lt):.2e}"
             log(f"step {step:4d}  loss fused {lf:.5f}  torch {lt:.5f}  rel.diff "
-                f"{abs(lf - lt) / abs(lt):.2e}  tok/s fused {tf:8.0f}  torch {tt:8.0f}")
-    tps = {n: tokens_per_step * max(1, len(t) - 2) / sum(t[2:] or t) for n, t in times.items()}
+                f"{abs(lf - lt) / abs(lt):.2e}  tok/s fused {tf:8.0f}  torch {tt:8.0f}{extra}")
+    tps = {}
+    for n, t in times.items():
+        ts = t[2:] if len(t) > 2 else t
+        tps[n] = tokens_per_step * len(ts) / sum(ts)
     return {"losses": losses, "tokens_per_s": tps, "step_times": times, "models": models,
             "optimizers": opts, "data": data}
 
@@ -896,6 +917,9 @@ def _parse(argv):
                    help="comma-separated fusedops operators to run as plain PyTorch inside the "
                         "fused model (e.g. an operator without a backend for the device); 'auto' "
                         "(default) picks those with no runnable backend, 'none' forces all")
+    p.add_argument("--control", action="store_true",
+                   help="also train the plain model from weights perturbed by 1e-7 relative: the "
+                        "yardstick for how fast rounding-sized differences grow in training")
     p.add_argument("--profile-passes", type=int, default=3)
     p.add_argument("--json", help="write a summary here")
     p.add_argument("--plot", help="write a PNG of the two loss curves here (needs matplotlib)")
@@ -928,20 +952,32 @@ def main(argv=None):
         print(f"train_hybrid: run as plain PyTorch inside the fused model: {', '.join(sorted(FALLBACK))}")
     t0 = time.perf_counter()
     res = train(cfg, args.steps, args.batch, args.seq_len, args.lr, args.device, dtype, args.seed,
-                args.log_every)
+                args.log_every, control=args.control)
     train_s = time.perf_counter() - t0
     lf, lt = res["losses"]["fused"], res["losses"]["torch"]
     rel = [abs(a - b) / abs(b) for a, b in zip(lf, lt)]
     tokens, labels = (t.to(args.device) for t in res["data"].next())
-    mem = {n: peak_step_memory(m, tokens, labels, args.device) for n, m in res["models"].items()}
+    mem = {n: peak_step_memory(res["models"][n], tokens, labels, args.device)
+           for n in ("fused", "torch")}
     prof = op_profile(res["models"]["fused"], tokens, labels, args.device, args.profile_passes)
     tps = res["tokens_per_s"]
     above = next((i for i, r in enumerate(rel) if r > 1e-4), None)
     print(f"\nfinal loss: fused {lf[-1]:.5f}, torch {lt[-1]:.5f} (first {lf[0]:.4f}); |rel. diff| "
           f"max {max(rel):.2e}, first 10 steps {max(rel[:10]):.2e}, first step above 1e-4: {above}")
+    ctl = None
+    if args.control:
+        lc = res["losses"]["control"]
+        crel = [abs(a - b) / abs(b) for a, b in zip(lc, lt)]
+        ctl = {"max_rel_loss_diff": max(crel), "max_rel_loss_diff_first_10_steps": max(crel[:10]),
+               "first_step_rel_loss_diff_above_1e-4": next((i for i, r in enumerate(crel)
+                                                            if r > 1e-4), None)}
+        print(f"control (plain model, weights x (1 + 1e-7 N(0,1))) vs plain: |rel. diff| max "
+              f"{ctl['max_rel_loss_diff']:.2e}, first 10 steps "
+              f"{ctl['max_rel_loss_diff_first_10_steps']:.2e}, first step above 1e-4: "
+              f"{ctl['first_step_rel_loss_diff_above_1e-4']}")
     print(f"tokens/s: fused {tps['fused']:.0f}, torch {tps['torch']:.0f} "
           f"({tps['fused'] / tps['torch']:.2f}x)")
-    print(f"peak memory of a training step (above the resident state): fused "
+    print(f"peak memory of a forward+backward (above the resident state): fused "
           f"{_fmt_bytes(mem['fused'])}, torch {_fmt_bytes(mem['torch'])}")
     unit = "device" if torch.device(args.device).type == "cuda" else "CPU"
     print(f"\nfusedops model, per operator ({unit} time per forward+backward, "
@@ -962,7 +998,7 @@ def main(argv=None):
         "final_loss": {"fused": lf[-1], "torch": lt[-1]},
         "max_rel_loss_diff": max(rel), "max_abs_loss_diff": max(abs(a - b) for a, b in zip(lf, lt)),
         "max_rel_loss_diff_first_10_steps": max(rel[:10]),
-        "first_step_rel_loss_diff_above_1e-4": next((i for i, r in enumerate(rel) if r > 1e-4), None),
+        "first_step_rel_loss_diff_above_1e-4": above, "control": ctl,
         "losses": res["losses"], "op_profile_ms": prof, "train_wall_s": train_s,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "torch_ops_in_fused_model": sorted(FALLBACK),
@@ -991,7 +1027,12 @@ def plot_losses(losses: dict, path: str, title: str = "") -> None:
     ax.set_title(f"hybrid LM: fusedops vs plain PyTorch ({title})")
     ax.legend()
     rel = [max(abs(a - b) / abs(b), 1e-9) for a, b in zip(losses["fused"], losses["torch"])]
-    ax2.semilogy(rel, lw=1.0, color="k")
+    ax2.semilogy(rel, lw=1.0, color="k", label="fusedops vs plain")
+    if "control" in losses:
+        crel = [max(abs(a - b) / abs(b), 1e-9) for a, b in zip(losses["control"], losses["torch"])]
+        ax2.semilogy(crel, lw=1.0, color="tab:red", alpha=0.7,
+                     label="plain, weights x (1 + 1e-7 N(0,1)), vs plain")
+        ax2.legend(fontsize=8)
     ax2.set_ylabel("|rel. difference|")
     ax2.set_xlabel("step")
     fig.tight_layout()
