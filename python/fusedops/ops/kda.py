@@ -208,6 +208,14 @@ def _fail(op: str, msg: str, exc=ValueError):
     raise exc(f"fusedops: {op}: {msg}")
 
 
+def _state_layout(op: str, state_v_first: bool, transpose_state_layout: Optional[bool]) -> bool:
+    if transpose_state_layout is not None:
+        if state_v_first:
+            _fail(op, "pass state_v_first or its deprecated alias transpose_state_layout, not both")
+        return bool(transpose_state_layout)
+    return bool(state_v_first)
+
+
 def chunk_kda(
     q: Tensor,
     k: Tensor,
@@ -228,6 +236,8 @@ def chunk_kda(
     chunk_size: int = 64,
     cu_seqlens_cpu: Optional[Tensor] = None,
     allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
     """Chunked Kimi delta attention (flash-linear-attention's ``chunk_kda``).
@@ -243,6 +253,7 @@ def chunk_kda(
     ``use_beta_sigmoid_in_kernel``. ``initial_state [N,HV,K,V]`` must be fp32. ``cu_seqlens``
     packs sequences along T (B == 1). Returns ``(o [B,T,HV,V] in q's dtype, final_state fp32 or
     None)``; differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.
+    ``state_v_first`` (alias ``transpose_state_layout``) stores the states as ``[V,K]``.
     """
     op = "chunk_kda"
     if "head_first" in kwargs:
@@ -253,6 +264,7 @@ def chunk_kda(
         _fail(op, "return_intermediate_states is not supported")
     if kwargs:
         _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    state_v_first = _state_layout(op, state_v_first, transpose_state_layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             _fail(op, f"{name} must have rank 4 ([B,T,H,D]), got shape {list(t.shape)}")
@@ -288,6 +300,8 @@ def chunk_kda(
                       f"{list(initial_state.shape)}")
     if scale is None:
         scale = K ** -0.5
+    if initial_state is not None and state_v_first:
+        initial_state = initial_state.transpose(-1, -2).contiguous()
     if use_gate_in_kernel and dt_bias is not None and not dt_bias.is_contiguous():
         dt_bias = dt_bias.contiguous()
     has_lb = lower_bound is not None
@@ -296,7 +310,9 @@ def chunk_kda(
                      A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,
                      bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), has_lb,
                      float(lower_bound) if has_lb else 0.0, cu_seqlens, cu_seqlens_cpu, int(chunk_size))
-    return out[0], (out[1] if output_final_state else None)
+    if not output_final_state:
+        return out[0], None
+    return out[0], (out[1].transpose(-1, -2) if state_v_first else out[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,6 +409,8 @@ def fused_recurrent_kda(
     lower_bound: Optional[float] = None,
     use_beta_sigmoid_in_kernel: bool = False,
     cu_seqlens: Optional[Tensor] = None,
+    state_v_first: bool = False,
+    transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
     """KDA token by token (decoding; flash-linear-attention's ``fused_recurrent_kda``): same
@@ -405,6 +423,9 @@ def fused_recurrent_kda(
                                  "the [B,T,H,D] layout")
     if kwargs:
         _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    state_v_first = _state_layout(op, state_v_first, transpose_state_layout)
+    if initial_state is not None and state_v_first:
+        initial_state = initial_state.transpose(-1, -2).contiguous()
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         _fail(op, "q, k, v must have rank 4 ([B,T,H,D])")
     if cu_seqlens is not None and q.shape[0] != 1:
@@ -427,7 +448,9 @@ def fused_recurrent_kda(
         from .l2norm import l2norm
         q, k = l2norm(q, 1e-6), l2norm(k, 1e-6)
     o, ht = _rec_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), cu_seqlens)
-    return o, (ht if output_final_state else None)
+    if not output_final_state:
+        return o, None
+    return o, (ht.transpose(-1, -2) if state_v_first else ht)
 
 
 # ---------------------------------------------------------------------------------------------

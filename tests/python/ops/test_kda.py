@@ -700,3 +700,21 @@ def test_compatibility_keywords():
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
     with pytest.raises(ValueError, match="return_intermediate_states is not supported"):
         fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], return_intermediate_states=True)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_state_v_first_is_a_transpose(device, recurrent):
+    d = make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
+    x = leaves(d, DIFF, device=device)
+    fn = fusedops.fused_recurrent_kda if recurrent else fusedops.chunk_kda
+    o1, h1 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, x["h0"], True)
+    h0t = x["h0"].detach().transpose(-1, -2).contiguous().requires_grad_()
+    o2, h2 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, h0t, True, state_v_first=True)
+    assert h2.shape == (1, 2, 8, 16)
+    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    torch.testing.assert_close(h1, h2.transpose(-1, -2), rtol=0, atol=0)
+    (dh1,) = torch.autograd.grad(h1, x["h0"], d["dht"].to(device))
+    (dh2,) = torch.autograd.grad(h2, h0t, d["dht"].to(device).transpose(-1, -2))
+    torch.testing.assert_close(dh1, dh2.transpose(-1, -2), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not both"):
+        fn(x["q"], x["k"], x["v"], x["g"], x["beta"], state_v_first=True, transpose_state_layout=True)
