@@ -488,10 +488,10 @@ def test_sub_chunk_local_cumsum(sub, device):
             check(f"{device} cumsum S={S} reverse={reverse}", out, base, ref, torch.float32)
 
 
-def test_sub_reverse_cumsum_is_a_true_suffix_sum():
+def test_sub_reverse_cumsum_is_a_true_suffix_sum(device):
     g = torch.ones(1, 64, 1)
     g[:, :32] = 1e8
-    out = gdn.chunk_local_cumsum(g, 64, reverse=True)
+    out = gdn.chunk_local_cumsum(g.to(device), 64, reverse=True).cpu()
     assert torch.equal(out[0, 32:, 0], torch.arange(32, 0, -1, dtype=torch.float32))
 
 
@@ -689,8 +689,9 @@ def test_fused_gdn_gate_matches_float64(device):
 # torch.library: opcheck and torch.compile.
 
 
-def test_opcheck_top_level_ops():
-    d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=30)
+def test_opcheck_top_level_ops(device):
+    d = {n: t.to(device) if t is not None else None
+         for n, t in make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=30).items()}
     args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"], d["dt_bias"],
             True, True, None, None, 16)
     torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
@@ -699,7 +700,7 @@ def test_opcheck_top_level_ops():
     torch.library.opcheck(torch.ops.fusedops.gdn_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"]))
 
 
-def test_torch_compile_fullgraph_matches_eager():
+def test_torch_compile_fullgraph_matches_eager(device):
     torch._dynamo.reset()
     d = make_inputs(1, 40, 2, 2, 16, 16, torch.float32, seed=31)
 
@@ -709,7 +710,7 @@ def test_torch_compile_fullgraph_matches_eager():
         return (o * o2).sum() + ht.square().sum()
 
     names = ("q", "k", "v", "g", "beta", "h0")
-    xe, xc = leaves(d, names), leaves(d, names)
+    xe, xc = leaves(d, names, device=device), leaves(d, names, device=device)
     le = f(*(xe[n] for n in names))
     ge = torch.autograd.grad(le, [xe[n] for n in names])
     lc = torch.compile(f, fullgraph=True, backend="aot_eager")(*(xc[n] for n in names))
