@@ -14,9 +14,11 @@ orders inside every fused operator, matmul_add and chunk_loss):
 * training: the two loss curves step by step to 2e-5 relative over the first 10 steps and 2e-4
   over 30 steps, and the loss must fall by more than 1 nat/byte. Measured: <= 2e-7 for 30 steps.
   The margin is for longer runs and other BLAS builds: Adam's normalised updates turn rounding
-  differences into weight differences that grow with the steps (in the default 200-step run the
-  curves agree to ~1e-6 until step ~60 and then drift to ~1e-3; two plain-PyTorch models whose
-  weights differ by 1e-7 relative drift apart the same way, faster: 8e-4 at step 50).
+  differences into weight differences that grow with the steps. In the default 200-step run of
+  the example the curves agree to ~1e-6 until step ~60, pass 1e-4 at step 69 and stay at
+  ~1e-3 (max 2.2e-2); its ``--control`` model, the plain model from weights multiplied by
+  ``1 + 1e-7 N(0,1)``, leaves the plain curve the same way (1e-4 at step 67, max 1.3e-2): the
+  drift is the training dynamics amplifying rounding, not a difference in the math.
 
 A perturbed operator argument (clipped-SwiGLU alpha 1.702 -> 1.70 on one side) or a 0.1% error
 in the matmul_add weight gradients fails the gradient test.
