@@ -4,13 +4,18 @@ the same model in plain PyTorch (same state dict, same batches), on a tiny confi
 Tolerances (fp32 on the CPU; both models compute the same math, with different summation
 orders inside every fused operator, matmul_add and chunk_loss):
 
-* one step, from the same weights: the loss to 1e-5 relative (to the float64 model and to the
-  fp32 plain model; measured: 1e-8), and every parameter gradient through
+* the first step, from the same weights: the loss to 1e-5 relative (to the float64 model and
+  to the fp32 plain model; measured: 1e-8), and every parameter gradient through
   tests/common/tolerance.check_close with the plain model in float64 as the oracle and the plain
   model in fp32 as the base (err(fused) <= 2 err(plain fp32) + 2 ulp * max(1, max|ref|);
   measured: err/tol <= 0.23), and an RMS-relative difference to the fp32 plain model below 1e-4
-  (measured: <= 4e-5, on scalar mHC coefficients whose gradients are sums with cancellation;
-  ~1e-6 for the weight matrices);
+  (measured: <= 4e-5, on the 3-element mHC scales and other small coefficient vectors whose
+  gradients are sums with cancellation; ~1e-6 for the weight matrices);
+* the second step, after one AdamW update of each model: the loss again to 1e-5, the gradients
+  to 1e-3 RMS-relative (measured: <= 7e-5). No float64 yardstick here: AdamW's update
+  m / sqrt(v) does not scale with the gradient, so rounding-level gradient differences become
+  parameter differences of the same relative size, and each model's second gradient is taken at
+  slightly different weights;
 * training: the two loss curves step by step to 2e-5 relative over the first 10 steps and 2e-4
   over 30 steps, and the loss must fall by more than 1 nat/byte. Measured: <= 2e-7 for 30 steps.
   The margin is for longer runs and other BLAS builds: Adam's normalised updates turn rounding
@@ -55,36 +60,46 @@ MIXERS = [pytest.param("gdn"), pytest.param("kda", marks=pytest.mark.skipif(
     not th.has_kda(), reason="fusedops.chunk_kda does not exist yet"))]
 
 
-def _batch(cfg_seed=0, batch=2, seq_len=64):
-    return th.Batches(th.load_corpus(1 << 18), batch, seq_len, cfg_seed).next()
+def _batches(n=2, batch=2, seq_len=64, seed=0):
+    data = th.Batches(th.load_corpus(1 << 18), batch, seq_len, seed)
+    return [data.next() for _ in range(n)]
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_one_step_gradients_match(mixer):
+    """The gradients of the first step (same weights), and those of the second step after one
+    AdamW update of each model on the first batch."""
     cfg = replace(TINY, mixer=mixer)
     fused, plain = th.build_models(cfg, seed=1)
     oracle = th.HybridLM(cfg, "torch")
     oracle.load_state_dict(plain.state_dict())
     oracle.double()
-    tokens, labels = _batch()
-    results = {}
-    for name, model in (("fused", fused), ("torch", plain), ("f64", oracle)):
-        th.zero_grads(model)
-        loss, total = model(tokens, labels)
-        total.backward()
-        th.collect_grads(model)
-        results[name] = (float(loss.detach()), th.grads(model))
-    lf, lt, l64 = results["fused"][0], results["torch"][0], results["f64"][0]
-    assert abs(lf - l64) <= 1e-5 * abs(l64), (lf, lt, l64)
-    assert abs(lf - lt) <= 1e-5 * abs(lt), (lf, lt)
+    models = {"fused": fused, "torch": plain, "f64": oracle}
+    opts = {name: th.make_optimizer(m, 3e-3) for name, m in models.items()}
     failures = []
-    for name, g_ref in results["f64"][1].items():
-        g_f, g_t = results["fused"][1][name], results["torch"][1][name]
-        assert g_f is not None and g_t is not None and g_ref is not None, name
-        v = tolerance.check_close(g_f, g_t, g_ref, torch.float32, name=f"grad {name}")
-        rel = tolerance.rms_relative_error(g_f, g_t)
-        if not v.passed or rel > 1e-4:
-            failures.append(f"{v.describe()}; rms-rel vs fp32 plain {rel:.2e}")
+    for step, (tokens, labels) in enumerate(_batches()):
+        results = {}
+        for name, model in models.items():
+            th.zero_grads(model)
+            loss, total = model(tokens, labels)
+            total.backward()
+            th.collect_grads(model)
+            results[name] = (float(loss.detach()), th.grads(model))
+        lf, lt, l64 = results["fused"][0], results["torch"][0], results["f64"][0]
+        assert abs(lf - l64) <= 1e-5 * abs(l64), (step, lf, lt, l64)
+        assert abs(lf - lt) <= 1e-5 * abs(lt), (step, lf, lt)
+        for name, g_ref in results["f64"][1].items():
+            g_f, g_t = results["fused"][1][name], results["torch"][1][name]
+            assert g_f is not None and g_t is not None and g_ref is not None, name
+            rel = tolerance.rms_relative_error(g_f, g_t)
+            if step == 0:
+                v = tolerance.check_close(g_f, g_t, g_ref, torch.float32, name=f"grad {name}")
+                if not v.passed or rel > 1e-4:
+                    failures.append(f"{v.describe()}; rms-rel vs fp32 plain {rel:.2e}")
+            elif rel > 1e-3:
+                failures.append(f"step {step} grad {name}: rms-rel vs fp32 plain {rel:.2e}")
+        for opt in opts.values():
+            opt.step()
     assert not failures, "\n".join(failures)
 
 
