@@ -30,8 +30,10 @@ default those without a runnable backend on the device, e.g. an operator whose C
 does not exist yet), so that the rest can still be measured.
 
     python examples/train_hybrid.py                          # CPU, fp32, a few minutes
-    python examples/train_hybrid.py --device cuda --dtype bf16 --dim 1024 --layers 8 \\
+    python examples/train_hybrid.py --device cuda --dtype bf16 --dim 1024 --layers 8 --heads 8 \\
         --seq-len 2048 --batch 8 --steps 300 --json out.json --plot loss.png
+    python examples/train_hybrid.py --control                # + a plain model from weights
+                                                             #   perturbed by 1e-7 (drift yardstick)
 
 Data: the Python standard library's own ``.py`` files (no download), as bytes; windows drawn
 with a fixed seed, the same batches for both models.
@@ -39,12 +41,11 @@ with a fixed seed, the same batches for both models.
 Measurements: per logging step both losses and both throughputs; at the end the peak memory of
 a forward+backward pass of each model (CUDA: ``torch.cuda.max_memory_allocated`` minus the memory
 allocated when the step starts; CPU: the running sum of the allocator events that
-``torch.profiler(profile_memory=True)`` records over one step, its maximum over the step; only
-allocations made through PyTorch count, so the CPU gated-delta-rule operator's per-thread scratch
-buffer, allocated once and reused, is not in it) and a
-per-operator time breakdown of the fusedops model (``torch.profiler`` over a few
-forward+backward passes: the forward of each fusedops call is a ``record_function`` range, the
-backward is the autograd node the op creates).
+``torch.profiler(profile_memory=True)`` records over one pass, its maximum; only allocations
+made through PyTorch count, so the CPU gated-delta-rule operator's per-thread scratch buffer,
+allocated once and reused, is not in it) and a per-operator time breakdown of the fusedops model
+(``torch.profiler`` over a few forward+backward passes: the forward of each fusedops call is a
+``record_function`` range, the backward is the autograd node the op creates; CUDA: device time).
 """
 
 from __future__ import annotations
