@@ -2,7 +2,7 @@
 # The GPU evidence run, for a CUDA machine with no network whose Python/PyTorch may differ from
 # the development machine's:
 #   tools/gpu_check.sh OUTDIR [--skip-sanitizer] [--python-sanitizer] [--skip-report]
-#                             [--pytest-args "..."] [--report-args "..."]
+#                             [--pytest-args "..."] [--report-args "..."] [--demo-args "..."]
 # It builds fusedops from this tree in one CMake build (C++ tests and the Python extension, for
 # the GPU it finds), runs the C++ tests (one process per test suite, so a fault in one cannot
 # poison the others) and the Python tests (one process per file), the C++ suite again under
@@ -18,6 +18,7 @@ PY_SANITIZER=0
 REPORT_ARGS=""
 REPORT=1
 PYTEST_ARGS=""
+DEMO_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-sanitizer) SANITIZER=0 ;;
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     --report-args) REPORT_ARGS="$2"; shift ;;
     --pytest-args) PYTEST_ARGS="$2"; shift ;;
     --skip-report) REPORT=0 ;;
+    --demo-args) DEMO_ARGS="$2"; shift ;;
   esac
   shift
 done
@@ -122,6 +124,14 @@ if [ "$REPORT" = 1 ]; then
   # shellcheck disable=SC2086
   "$PY" bench/report.py --device cuda --json "$OUT/report.json" --plot "$OUT/report.png" $REPORT_ARGS \
     2>&1 | tee "$LOGS/report.log" || fail "report"
+fi
+
+if [ -n "$DEMO_ARGS" ]; then
+  step "end to end: examples/train_hybrid.py $DEMO_ARGS"
+  # shellcheck disable=SC2086
+  "$PY" examples/train_hybrid.py $DEMO_ARGS --json "$OUT/train_hybrid.json" --plot "$OUT/train_hybrid.png" \
+    2>&1 | tee "$LOGS/train_hybrid.log" || fail "train_hybrid"
+  tail -25 "$LOGS/train_hybrid.log" >>"$SUMMARY"
 fi
 
 echo
