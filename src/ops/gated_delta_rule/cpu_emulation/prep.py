@@ -12,7 +12,7 @@ for f in ["gdn_sm80.cuh", "gated_delta_rule_sm80_fwd.cu", "gated_delta_rule_sm80
                   "float* smem = reinterpret_cast<float*>(g_emu_smem.data());")
     s = s.replace("extern __shared__ double dsmem[];",
                   "double* dsmem = reinterpret_cast<double*>(g_emu_smem.data());")
-    s = re.sub(r"(\w+)<<<(.+?)>>>\(", lambda m: "emu_launch(%s, %s, " % (m.group(1), m.group(2)), s,
+    s = re.sub(r"(\w+)<<<(.+?)>>>\(", lambda m: f"emu_launch({m.group(1)}, {m.group(2)}, ", s,
                flags=re.S)
     s = s.replace("DeviceKind::kCUDA, 80", "DeviceKind::kCPU, 0")
     open(os.path.join(dst, f.replace(".cu", ".cpp") if f.endswith(".cu") else f), "w").write(s)
