@@ -15,6 +15,12 @@ Rows (case shape [B,T,HV,V]):
   recurrent  the naive per-token recurrence in PyTorch (loop over T), backward by autograd
              (activations checkpointed every 64 tokens so that memory stays bounded)
   fla        flash-linear-attention's chunk_gated_delta_rule (Triton, CUDA only) when installed
+GPU cases (issue 7): B=8 T=4096 H=16 K=V=128 bf16; the same with HV=32 grouped values; varlen, 8
+sequences of random lengths totalling 32768 tokens (B=1); B=1 T=32768; and one decoding step of
+fused_recurrent_gated_delta_rule at B=64 H=16 with an fp32 state (fwd: o and the new state;
+fwd+bwd: gradients of o, also into the state). flash-linear-attention's GDN backward refuses to run
+on Hopper with Triton < 3.7.1; the report bypasses that guard for timing only and says so in the
+row's note (its gradients are still checked against float64 like every other row).
 CPU cases: issue 3's target [2, 2048, 4, 128] fp32 (fusedops vs eager: forward+backward must be
 at least 3x faster), and [2, 256, 4, 128] with the naive recurrence as well (at T=2048 its
 per-token Python loop alone takes tens of seconds per forward+backward).
@@ -33,8 +39,12 @@ from ..common import Case, Impl, peer_status
 
 OP = "chunk_gated_delta_rule"
 
-GPU_SHAPES = [(8, 4096, 16, 128)]      # (B, T, H, K=V): issue 7's target shape
-GPU_QUICK_SHAPES = [(2, 1024, 16, 128)]
+# GPU cases of issue 7 (B, T, H, K=V, HV, varlen sequence count): the target shape, grouped values
+# (HV = 32), varlen (8 sequences of random lengths, 32768 tokens, B = 1) and one long sequence.
+GPU_SHAPES = [(8, 4096, 16, 128, 16, 0), (8, 4096, 16, 128, 32, 0), (1, 32768, 16, 128, 16, 8),
+              (1, 32768, 16, 128, 16, 0)]
+GPU_QUICK_SHAPES = [(2, 1024, 16, 128, 16, 0), (1, 2048, 4, 128, 8, 3)]
+DECODE_SHAPE = (64, 16, 128)  # decoding with the recurrent form: B, H, K=V (fp32 state)
 CPU_SHAPES = [(2, 2048, 4, 128), (2, 256, 4, 128)]  # issue 3's CPU target; the recurrence's case
 CPU_QUICK_SHAPES = [(1, 256, 2, 64)]
 RECURRENT_MAX_T = 512  # the naive recurrence runs only at T up to this
@@ -127,16 +137,56 @@ def _impl(name, fn, note=""):
     return Impl(name, fwd, fwd_bwd, note=note)
 
 
-def _impls(device, K, T):
+def grouped(fn, q, k, v, *rest):
+    """Runs a per-head implementation with grouped values (HV a multiple of H) the way a user
+    would: q and k repeated to the value heads."""
+    r = v.shape[2] // q.shape[2]
+    if r > 1:
+        q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
+    return fn(q, k, v, *rest)
+
+
+def per_sequence(fn, cu, q, k, v, g, beta, scale):
+    """A varlen batch (B = 1, sequences at cu) run one sequence at a time, as a user of a
+    per-batch implementation would."""
+    outs = []
+    for i in range(len(cu) - 1):
+        sl = slice(cu[i], cu[i + 1])
+        outs.append(grouped(fn, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], scale)[0])
+    return torch.cat(outs, 1)
+
+
+def eager_o(q, k, v, g, b, scale, cu=None):
+    if cu is None:
+        return grouped(chunked_torch, q, k, v, g, b, scale)[0]
+    return per_sequence(chunked_torch, cu, q, k, v, g, b, scale)
+
+
+def _fla_guard_bypassed() -> bool:
+    """flash-linear-attention refuses its GDN backward on Hopper with Triton 3.4.0 .. 3.7.0 (a
+    miscompile it reports as its issue #640). For timing only, the report turns the guard off;
+    the report's own check of fla's gradients against float64 still runs and is printed."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
+        return False
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    return True
+
+
+def _impls(device, K, T, cu=None):
     scale = K ** -0.5
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     out = [
-        _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(q, k, v, g, b, scale)[0]),
-        _impl("eager", lambda q, k, v, g, b: chunked_torch(q, k, v, g, b, scale)[0],
+        _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(
+            q, k, v, g, b, scale, cu_seqlens=cu_t)[0]),
+        _impl("eager", lambda q, k, v, g, b: eager_o(q, k, v, g, b, scale, cu),
               note="PyTorch eager chunked GDN (vectorised over batch/heads/chunks, loop over chunks "
-                   "for the state, batched solve_triangular, backward by autograd)"),
+                   "for the state, batched solve_triangular, backward by autograd; grouped values by "
+                   "repeating q/k, varlen one sequence at a time)"),
     ]
-    if device.type == "cuda" or T <= RECURRENT_MAX_T:
-        out.append(_impl("recurrent", lambda q, k, v, g, b: recurrent_torch(q, k, v, g, b, scale)[0],
+    if T <= RECURRENT_MAX_T and cu is None:
+        out.append(_impl("recurrent", lambda q, k, v, g, b: grouped(recurrent_torch, q, k, v, g, b, scale)[0],
                          note="naive per-token recurrence in PyTorch (loop over T), backward by "
                               "autograd with 64-token checkpoints"))
     note = "flash-linear-attention chunk_gated_delta_rule (Triton)"
@@ -145,22 +195,47 @@ def _impls(device, K, T):
         out.append(Impl("fla", status=status, note=note))
     else:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
-        out.append(_impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale)[0], note=note))
+
+        def setup():
+            if _fla_guard_bypassed():
+                impl.note = note + ("; its Triton-version guard on the Hopper backward was bypassed "
+                                    "for timing only (Triton < 3.7.1)")
+
+        impl = _impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale, cu_seqlens=cu_t)[0],
+                     note=note)
+        impl.setup = setup
+        out.append(impl)
     return out
 
 
-def bytes_moved(B, T, H, D, dtype) -> dict[str, int]:
+def bytes_moved(B, T, H, D, dtype, HV=None) -> dict[str, int]:
     s = torch.empty(0, dtype=dtype).element_size()
-    fwd = (2 * H * D + 2 * H * D + 2 * H) * B * T * s
+    HV = HV or H
+    fwd = (2 * H * D + 2 * HV * D + 2 * HV) * B * T * s
     return {"fwd": fwd, "fwd+bwd": 2 * fwd}
+
+
+def varlen_lengths(n: int, total: int, seed: int = 0) -> list[int]:
+    """n random sequence lengths summing to total (each at least 1), fixed by seed."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = sorted(torch.randperm(total - 1, generator=gen)[: n - 1].add(1).tolist())
+    edges = [0, *cuts, total]
+    return [edges[i + 1] - edges[i] for i in range(n)]
 
 
 BYTES_NOTE = {"fwd": "read q, k, v, g, beta; write o",
               "fwd+bwd": "fwd + read dO; write dq, dk, dv, dg, dbeta"}
 
 
-def _case(device, B, T, H, D, dtype) -> Case:
+def _case(device, B, T, H, D, dtype, HV=None, nseq=0) -> Case:
     held: dict = {}
+    HV = HV or H
+    cu = None
+    if nseq:
+        lens = varlen_lengths(nseq, T)
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
 
     def make(dev, seed):
         gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -171,10 +246,10 @@ def _case(device, B, T, H, D, dtype) -> Case:
         inp = {
             "q": F.normalize(randn(B, T, H, D), dim=-1),
             "k": F.normalize(randn(B, T, H, D), dim=-1),
-            "v": randn(B, T, H, D),
-            "g": F.logsigmoid(torch.rand(B, T, H, generator=gen)),
-            "beta": torch.rand(B, T, H, generator=gen).sigmoid(),
-            "dy": randn(B, T, H, D),
+            "v": randn(B, T, HV, D),
+            "g": F.logsigmoid(torch.rand(B, T, HV, generator=gen)),
+            "beta": torch.rand(B, T, HV, generator=gen).sigmoid(),
+            "dy": randn(B, T, HV, D),
         }
         inp = {n: t.to(dev, dtype if n in ("q", "k", "v", "dy") else torch.float32) for n, t in inp.items()}
         for n in NAMES:
@@ -185,7 +260,7 @@ def _case(device, B, T, H, D, dtype) -> Case:
 
     def run(inp, dt):
         ts = [inp[n].detach().to(dt).requires_grad_() for n in NAMES]
-        o, _ = chunked_torch(*ts, D ** -0.5)
+        o = eager_o(*ts, D ** -0.5, cu)
         gs = torch.autograd.grad(o, ts, inp["dy"].to(dt))
         return o.detach(), {"d" + n: g for n, g in zip(NAMES, gs)}
 
@@ -205,11 +280,112 @@ def _case(device, B, T, H, D, dtype) -> Case:
         held.clear()
         return out
 
-    case = Case(op=OP, shape=(B, T, H, D), dtype=dtype,
-                params={"K=V": D, "chunk_size": BT, "gflop_fwd": round(
-                    2 * B * H * (T / BT) * (3.5 * BT * BT * D + 3 * BT * D * D) / 1e9, 2)},
-                make_inputs=make, impls=_impls(device, D, T), reference=reference, base=base,
-                bytes_moved=bytes_moved(B, T, H, D, dtype), bytes_note=BYTES_NOTE)
+    params = {"H": H, "HV": HV, "K=V": D, "chunk_size": BT, "gflop_fwd": round(
+        2 * B * HV * (T / BT) * (3.5 * BT * BT * D + 3 * BT * D * D) / 1e9, 2)}
+    if cu is not None:
+        params["cu_seqlens"] = cu
+    case = Case(op=OP, shape=(B, T, HV, D), dtype=dtype, params=params,
+                make_inputs=make, impls=_impls(device, D, T, cu), reference=reference, base=base,
+                bytes_moved=bytes_moved(B, T, H, D, dtype, HV), bytes_note=BYTES_NOTE)
+    return case
+
+
+DECODE_NAMES = ("q", "k", "v", "g", "beta", "h0")
+
+
+def _decode_case(device, B, H, D, dtype) -> Case:
+    """One decoding step of the recurrent form: state [B, H, K, V] fp32 in, o and the new state
+    out. fwd+bwd: gradients of o (and, through the state, of every input and h0)."""
+    held: dict = {}
+    scale = D ** -0.5
+
+    def make(dev, seed):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def randn(*shape):
+            return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+        inp = {
+            "q": F.normalize(randn(B, 1, H, D), dim=-1),
+            "k": F.normalize(randn(B, 1, H, D), dim=-1),
+            "v": randn(B, 1, H, D),
+            "g": F.logsigmoid(torch.rand(B, 1, H, generator=gen)),
+            "beta": torch.rand(B, 1, H, generator=gen).sigmoid(),
+            "h0": randn(B, H, D, D) * 0.1,
+            "dy": randn(B, 1, H, D),
+        }
+        inp = {n: t.to(dev, dtype if n in ("q", "k", "v", "dy") else torch.float32) for n, t in inp.items()}
+        for n in DECODE_NAMES:
+            inp[n + "_req"] = inp[n].detach().requires_grad_()
+        inp["x"] = inp["v"]
+        held["inputs"] = inp
+        return inp
+
+    def step_torch(q, k, v, g, beta, h0):
+        return recurrent_torch(q, k, v, g, beta, scale, h0)
+
+    def impl(name, fn, note=""):
+        def fwd(inp):
+            o, ht = fn(*(inp[n] for n in DECODE_NAMES))
+            return {"o": o, "ht": ht}
+
+        def fwd_bwd(inp):
+            leaves = [inp[n + "_req"] for n in DECODE_NAMES]
+            o, _ = fn(*leaves)
+            gs = torch.autograd.grad(o, leaves, inp["dy"])
+            return {"d" + n: g for n, g in zip(DECODE_NAMES, gs)}
+
+        return Impl(name, fwd, fwd_bwd, note=note)
+
+    impls = [
+        impl("fusedops", lambda q, k, v, g, b, h0: fusedops.fused_recurrent_gated_delta_rule(
+            q, k, v, g, b, scale, initial_state=h0, output_final_state=True)),
+        impl("eager", step_torch, note="the recurrence's step in plain PyTorch, backward by autograd"),
+    ]
+    note = "flash-linear-attention fused_recurrent_gated_delta_rule (Triton)"
+    status = peer_status("fla.ops.gated_delta_rule", device)
+    if status != "ok":
+        impls.append(Impl("fla", status=status, note=note))
+    else:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
+        impls.append(impl("fla", lambda q, k, v, g, b, h0: fla_rec(
+            q, k, v, g, b, scale=scale, initial_state=h0, output_final_state=True), note=note))
+
+    def run(inp, dt):
+        ts = [inp[n].detach().to(dt if n != "h0" or dt == torch.float64 else torch.float32)
+              .requires_grad_() for n in DECODE_NAMES]
+        o, ht = step_torch(*ts)
+        gs = torch.autograd.grad(o, ts, inp["dy"].to(dt))
+        return {"o": o.detach(), "ht": ht.detach()}, {"d" + n: g for n, g in zip(DECODE_NAMES, gs)}
+
+    def pick(t, rows):
+        return t.detach().reshape(case.rows, -1)[rows.to(t.device)]
+
+    def reference(_sliced):
+        inp = held["inputs"]
+        rows = torch.arange(case.rows)
+        f64, g64 = run({n: inp[n].cpu() for n in (*DECODE_NAMES, "dy")}, torch.float64)
+        fb, gb = run(inp, dtype)
+        held["base"] = {"fwd": {n: pick(t, rows) for n, t in fb.items()},
+                        "fwd+bwd": {n: pick(t, rows) for n, t in gb.items()}}
+        return {"fwd": {n: pick(t, rows) for n, t in f64.items()},
+                "fwd+bwd": {n: pick(t, rows) for n, t in g64.items()}}
+
+    def base(_sliced):
+        out = held.pop("base")
+        held.clear()
+        return out
+
+    s = torch.empty(0, dtype=dtype).element_size()
+    state = B * H * D * D * 4
+    fwd = (3 * B * H * D + B * H * D) * s + 2 * B * H * 4 + 2 * state
+    case = Case(op="fused_recurrent_gated_delta_rule", shape=(B, 1, H, D), dtype=dtype,
+                params={"K=V": D, "state": "fp32 [B,H,K,V] in and out", "decode": True},
+                make_inputs=make, impls=impls, reference=reference, base=base,
+                bytes_moved={"fwd": fwd, "fwd+bwd": 2 * fwd + state},
+                bytes_note={"fwd": "read q, k, v, g, beta, h0 (fp32); write o, ht (fp32)",
+                            "fwd+bwd": "read q, k, v, g, beta, h0, dO; write dq, dk, dv, dg, dbeta, dh0"},
+                ref_row_budget_elems=1 << 30)
     return case
 
 
@@ -217,7 +393,9 @@ def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
     if device.type == "cuda":
         shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
         dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+        out = [_case(device, B, T, H, D, dt, HV, nseq) for (B, T, H, D, HV, nseq) in shapes for dt in dtypes]
+        B, H, D = DECODE_SHAPE
+        return out + [_decode_case(device, 8 if quick else B, H, D, dt) for dt in dtypes]
+    shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
+    dtypes = dtypes or CPU_DTYPES
     return [_case(device, *s, dt) for s in shapes for dt in dtypes]
