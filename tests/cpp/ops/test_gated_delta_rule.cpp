@@ -539,6 +539,8 @@ std::vector<Case> cases() {
       {{1, 60, 2, 2, 20, 36, 16, {0, 15, 15, 37, 60}}, "varlen [0,15,15,37,60] BT16"},
       {{1, 80, 1, 1, 32, 48, 64, {}}, "B1 T80 K32 V48 BT64"},
       {{1, 1, 1, 3, 8, 8, 64, {}}, "single token GVA3"},
+      // K and V above one 64-wide slice and not multiples of it (the device kernels' tile loops).
+      {{1, 70, 1, 2, 100, 130, 64, {0, 3, 70}}, "varlen [0,3,70] GVA2 K100 V130 BT64"},
   };
 }
 
@@ -1386,6 +1388,7 @@ std::vector<TopCase> top_cases() {
       {{1, 75, 2, 2, 20, 36, {0, 20, 20, 75}}, bt16, "varlen [0,20,20,75] BT16"},
       {{1, 45, 2, 4, 16, 16, {}}, all, "l2norm+gate+sigmoid(neg) GVA2 BT32"},
       {{1, 33, 1, 1, 16, 16, {}}, bare, "no h0, no dht"},
+      {{1, 90, 1, 1, 100, 130, {}}, plain, "K100 V130 BT64"},
   };
 }
 
