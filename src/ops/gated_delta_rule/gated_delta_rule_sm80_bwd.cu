@@ -177,7 +177,8 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // chunk_bwd_dqkwg: CTA per (chunk, q/k head). Outer loop over 32-column K slices (dq, dk of the
 // slice summed over the group's value heads in shared memory, in head order), inner loop over the
-// value heads; Ds = scale M>= . Gamma . dO Vnew^T is recomputed per slice (V-reduction). The gate
+// value heads; Ds = scale M>= . Gamma . dO Vnew^T is recomputed per slice when the group has more
+// than one value head (V-reduction). The gate
 // gradient is assembled from its separate terms in double (see README):
 //   dg_i = scale e^{g_i} q_i.(dO S^T)_i + rowsum(M)_i - colsum(M)_i - dKi_i.k_i,   M = Ds . Q K^T
 //   dg_last += e^{g_last} <S, dH> + sum_i dKi_i.k_i.
@@ -235,19 +236,22 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       const int64_t sidx = chunk * HV + hv;
       __syncthreads();
       if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
-      fill(Ds, kMaxBT * kLd, 0.0f);
-      // Pass A: Ds = dO Vnew^T.
-      for (int x0 = 0; x0 < V; x0 += 64) {
+      // Pass A: Ds = scale M>= . Gamma . dO Vnew^T (with one value head per group it stays in
+      // shared memory from the first K slice on).
+      if (y0 == 0 || G > 1) {
+        fill(Ds, kMaxBT * kLd, 0.0f);
+        for (int x0 = 0; x0 < V; x0 += 64) {
+          __syncthreads();
+          load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
+          load_tile(Tb, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
+          __syncthreads();
+          mm(len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
+        }
         __syncthreads();
-        load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
-        load_tile(Tb, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
-        __syncthreads();
-        mm(len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
-      }
-      __syncthreads();
-      for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
-        const int i = e / kMaxBT, j = e - i * kMaxBT;
-        Ds[i * kLd + j] = (i < len && j <= i) ? scale * expf(gl[i] - gl[j]) * Ds[i * kLd + j] : 0.0f;
+        for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+          const int i = e / kMaxBT, j = e - i * kMaxBT;
+          Ds[i * kLd + j] = (i < len && j <= i) ? scale * expf(gl[i] - gl[j]) * Ds[i * kLd + j] : 0.0f;
+        }
       }
       __syncthreads();
       if (y0 == 0 && dg.p) {
