@@ -42,6 +42,7 @@ void register_all_backends(Registry& r) {
   register_sinkhorn_cuda_sm80(r);
   register_mhc_cuda_sm80(r);
   register_gated_delta_rule_cuda_sm80(r);
+  register_kda_cuda_sm80(r);
 #endif
 }
 

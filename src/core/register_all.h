@@ -47,4 +47,5 @@ void register_mhc_cpu(Registry& r);
 void register_mhc_cuda_sm80(Registry& r);
 void register_kda_ref(Registry& r);
 void register_kda_cpu(Registry& r);
+void register_kda_cuda_sm80(Registry& r);
 }  // namespace fusedops

@@ -1,0 +1,34 @@
+// Registers the emulated cuda_sm80 KDA and gated_delta_rule kernels (and an l2norm alias
+// forwarding to cpu) as CPU backends named cuda_sm80. Test aid only (see build.sh).
+#include <climits>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/l2norm.h"
+namespace fusedops {
+void register_gated_delta_rule_cuda_sm80(Registry& r);
+void register_kda_cuda_sm80(Registry& r);
+}  // namespace fusedops
+using namespace fusedops;
+namespace {
+void l2f(const Context& c, const L2NormFwdArgs& a) {
+  Context d = c;
+  d.backend = "cpu";
+  l2norm_fwd(d, a);
+}
+void l2b(const Context& c, const L2NormBwdArgs& a) {
+  Context d = c;
+  d.backend = "cpu";
+  l2norm_bwd(d, a);
+}
+struct Init {
+  Init() {
+    Registry& r = Registry::instance();
+    register_gated_delta_rule_cuda_sm80(r);
+    register_kda_cuda_sm80(r);
+    BackendSpec s{"cuda_sm80", DeviceKind::kCPU, 0, INT_MAX,
+                  {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, 20};
+    r.add<L2NormFwdArgs>("l2norm", Direction::kForward, s, nullptr, l2f);
+    r.add<L2NormBwdArgs>("l2norm", Direction::kBackward, s, nullptr, l2b);
+  }
+} init;
+}  // namespace

@@ -1,0 +1,623 @@
+// KDA (Kimi delta attention), CUDA backend cuda_sm80 (sm_80 and later): the forward-direction
+// operators, chunk_kda_bwd_dAv, the gate backward, and the registration. Chunk-parallel operators
+// run one CTA of 256 threads per (chunk, value head) with the operands staged in shared memory as
+// fp32 and FFMA products (gated_delta_rule's gdn_sm80.cuh helpers: Tok/Mat access, device-side
+// varlen positions, tile loads, the CTA-wide product mm). The top level runs kda::compose_fwd with
+// "cuda_sm80" forced on the sub-operators (chunk_local_cumsum, beta_sigmoid and
+// chunk_gated_delta_rule_fwd_h come from the gated_delta_rule CUDA backend, l2norm from its own).
+// Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
+// fixed-order sums, no atomics.
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/kda.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/kda/kda_sm80.cuh"
+#include "src/ops/kda/kda_top.h"
+
+namespace fusedops::kda::sm80 {
+namespace {
+
+using gdn::sm80::ChunkPos;
+using gdn::sm80::Layout;
+using gdn::sm80::Mat;
+using gdn::sm80::SeqPos;
+using gdn::sm80::Tok;
+using gdn::sm80::allow_smem;
+using gdn::sm80::chunk_pos;
+using gdn::sm80::code_of;
+using gdn::sm80::fill;
+using gdn::sm80::kLd;
+using gdn::sm80::kMaxBT;
+using gdn::sm80::kThreads;
+using gdn::sm80::ldf;
+using gdn::sm80::layout_of;
+using gdn::sm80::load_state;
+using gdn::sm80::load_tile;
+using gdn::sm80::mat_of;
+using gdn::sm80::mm;
+using gdn::sm80::seq_pos;
+using gdn::sm80::stf;
+using gdn::sm80::store_tile;
+using gdn::sm80::stream_of;
+using gdn::sm80::tok_of;
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+int64_t num_chunks(const Layout& L, const TensorView& cu, const TensorView& ci) {
+  return cu.defined() ? ci.size(0) : L.B * L.nt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_kda_fwd_intra: CTA per (chunk, value head). Every thread owns the 16 (i, j) entries
+// e = tid + 256 p (i = e / 64, j = e % 64) and accumulates over 32-channel slices staged in
+// shared memory: aq = sum_c q_ic k_jc exp(g_ic - g_jc), ak = sum_c k_ic k_jc exp(g_ic - g_jc), for
+// j <= i only (every exponential factor <= 1 for non-positive gates). Then L = diag(beta) ak
+// (strictly lower) and Akk = (I + L)^{-1} by forward substitution, thread j owning column j (it
+// only reads its own column of X: no barrier inside). Static shared memory 33.5 KB.
+
+constexpr int kSl = 32;         // channel slice of the intra kernel
+constexpr int kLdS = kSl + 1;   // its leading dimension
+constexpr int kPer = kMaxBT * kMaxBT / kThreads;  // 16 entries per thread
+
+__global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
+                                                         Layout L, int K, int G, float scale) {
+  __shared__ float sm[2 * kMaxBT * kLd];  // 3 x [64][33] slices, later Ls and X [64][65]
+  __shared__ float bs[kMaxBT];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, BT = L.BT;
+  if (len == 0) return;
+  float* Qs = sm;
+  float* Ks = Qs + kMaxBT * kLdS;
+  float* Gs = Ks + kMaxBT * kLdS;
+  float aq[kPer], ak[kPer];
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) aq[p] = ak[p] = 0.0f;
+  for (int y0 = 0; y0 < K; y0 += kSl) {
+    __syncthreads();
+    load_tile(Qs, kLdS, kMaxBT, kSl, q, c.b, c.t0, hk, len, y0, K);
+    load_tile(Ks, kLdS, kMaxBT, kSl, k, c.b, c.t0, hk, len, y0, K);
+    load_tile(Gs, kLdS, kMaxBT, kSl, gk, c.b, c.t0, hv, len, y0, K);
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      const int e = threadIdx.x + kThreads * p, i = e >> 6, j = e & 63;
+      if (i < len && j <= i) {
+        const float* qi = Qs + i * kLdS;
+        const float* ki = Ks + i * kLdS;
+        const float* kj = Ks + j * kLdS;
+        const float* gi = Gs + i * kLdS;
+        const float* gj = Gs + j * kLdS;
+        float sq = 0.0f, sk = 0.0f;
+#pragma unroll 8
+        for (int x = 0; x < kSl; ++x) {
+          const float w = kj[x] * expf(gi[x] - gj[x]);
+          sq = fmaf(qi[x], w, sq);
+          sk = fmaf(ki[x], w, sk);
+        }
+        aq[p] += sq;
+        ak[p] += sk;
+      }
+    }
+  }
+  __syncthreads();  // the slices are dead from here on
+  float* Ls = sm;
+  float* X = sm + kMaxBT * kLd;
+  if (threadIdx.x < kMaxBT) bs[threadIdx.x] = threadIdx.x < len ? beta.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int e = threadIdx.x + kThreads * p, i = e >> 6, j = e & 63;
+    Ls[i * kLd + j] = (i < len && j < i) ? bs[i] * ak[p] : 0.0f;
+    if (i < len && j < BT) Aqk.st_(c.b, c.t0 + i, hv, j, j <= i ? scale * aq[p] : 0.0f);
+  }
+  __syncthreads();
+  if (threadIdx.x < kMaxBT) {
+    const int j = threadIdx.x;
+    for (int i = 0; i < len; ++i) {
+      float s = j == i ? 1.0f : 0.0f;
+      for (int m = j; m < i; ++m) s = fmaf(-Ls[i * kLd + m], X[m * kLd + j], s);
+      X[i * kLd + j] = j <= i ? s : 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
+    const int i = e / BT, j = e - i * BT;
+    Akk.st_(c.b, c.t0 + i, hv, j, j <= i ? X[i * kLd + j] : 0.0f);
+  }
+}
+
+void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
+  const char* op = "chunk_kda_fwd_intra";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
+  intra_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
+      static_cast<int>(K), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kda_recompute_w_u_fwd: CTA per (chunk, value head). Akk (lower) staged once; per 64-channel
+// slice W = Akk (beta e^g K) by the CTA product, kg = K e^{g_last - g} and qg = Q e^g element-wise
+// (global to global); per 64-column V slice U = Akk (beta V). Static shared memory 33.5 KB.
+
+__global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
+                                                      Tok u, Tok kg, Tok qg, Layout L, int K, int V, int G) {
+  __shared__ float Am[kMaxBT * kLd];
+  __shared__ float Ts[kMaxBT * kLd];
+  __shared__ float cb[kMaxBT];
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len;
+  if (len == 0) return;
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    Am[i * kLd + j] = (i < len && j <= i) ? Akk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+  }
+  if (threadIdx.x < kMaxBT) cb[threadIdx.x] = threadIdx.x < len ? beta.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+  __syncthreads();
+  const int64_t tl = c.t0 + len - 1;
+  for (int y0 = 0; y0 < K; y0 += 64) {
+    const int kw = imin(64, K - y0);
+    // kg, qg (no shared memory).
+    for (int e = threadIdx.x; e < len * kw; e += blockDim.x) {
+      const int i = e / kw, x = e - i * kw;
+      const float gi = gk.ld(c.b, c.t0 + i, hv, y0 + x);
+      const float kv = k.ld(c.b, c.t0 + i, hk, y0 + x);
+      kg.st_(c.b, c.t0 + i, hv, y0 + x, kv * expf(gk.ld(c.b, tl, hv, y0 + x) - gi));
+      if (qg.p) qg.st_(c.b, c.t0 + i, hv, y0 + x, q.ld(c.b, c.t0 + i, hk, y0 + x) * expf(gi));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
+      const int r = e / 64, x = e - r * 64;
+      float val = 0.0f;
+      if (r < len && x < kw)
+        val = k.ld(c.b, c.t0 + r, hk, y0 + x) * expf(gk.ld(c.b, c.t0 + r, hv, y0 + x)) * cb[r];
+      Ts[r * kLd + x] = val;
+    }
+    __syncthreads();
+    mm(len, kw, len, Am, kLd, 1, Ts, kLd, 1, [&](int m, int n, float val) { w.st_(c.b, c.t0 + m, hv, y0 + n, val); });
+  }
+  for (int x0 = 0; x0 < V; x0 += 64) {
+    __syncthreads();
+    load_tile(Ts, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V, cb);
+    __syncthreads();
+    mm(len, imin(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
+       [&](int m, int n, float val) { u.st_(c.b, c.t0 + m, hv, x0 + n, val); });
+  }
+}
+
+void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
+  const char* op = "kda_recompute_w_u";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.Akk.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
+      tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(K), static_cast<int>(V),
+      static_cast<int>(HV / H));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_kda_fwd_o: CTA per (chunk, value head). P = lower(Aqk) staged once; per 64-column V tile
+// O = qg S (64-row K slices of the snapshot), then O = scale O + P Vnew. Dynamic shared memory
+// 4 x [64][65] fp32 = 66.6 KB.
+
+constexpr size_t kFourTiles = sizeof(float) * 4 * kMaxBT * kLd;
+
+__global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v, Mat h, Tok o, Layout L, int K,
+                                                         int V, int HV, float scale) {
+  extern __shared__ float smem[];
+  float* Qa = smem;
+  float* Sb = Qa + kMaxBT * kLd;
+  float* P = Sb + kMaxBT * kLd;
+  float* O = P + kMaxBT * kLd;
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hv = blockIdx.y, len = c.len;
+  if (len == 0) return;
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    P[i * kLd + j] = (i < len && j <= i) ? Aqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+  }
+  const int64_t sidx = chunk * HV + hv;
+  for (int x0 = 0; x0 < V; x0 += 64) {
+    const int vt = imin(64, V - x0);
+    __syncthreads();
+    fill(O, kMaxBT * kLd, 0.0f);
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Qa, kLd, kMaxBT, 64, qg, c.b, c.t0, hv, len, y0, K);
+      load_state(Sb, kLd, 64, 64, h, sidx, K, V, y0, x0);
+      __syncthreads();
+      mm(len, vt, imin(64, K - y0), Qa, kLd, 1, Sb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
+    }
+    __syncthreads();
+    load_tile(Sb, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
+    __syncthreads();
+    mm(len, vt, len, P, kLd, 1, Sb, kLd, 1,
+       [&](int m, int n, float val) { O[m * kLd + n] = fmaf(scale, O[m * kLd + n], val); });
+    __syncthreads();
+    store_tile(O, kLd, len, vt, o, c.b, c.t0, hv, x0);
+  }
+}
+
+void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
+  const char* op = "chunk_kda_fwd_o";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.v.size(0), T = a.v.size(1), HV = a.v.size(2), V = a.v.size(3), K = a.qg.size(3);
+  const int64_t BT = a.Aqk.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  auto kernel = fwd_o_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
+      tok_of(a.qg), tok_of(a.Aqk), tok_of(a.v), mat_of(a.h), tok_of(a.o), L, static_cast<int>(K),
+      static_cast<int>(V), static_cast<int>(HV), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_kda_bwd_dAv: CTA per (chunk, value head). P = lower(Aqk); per 64-column V slice
+// D += dO Vnew^T and dv = P^T dO (stored per slice); then dAqk = scale M>= . D. Dynamic shared
+// memory 4 x [64][65] fp32 = 66.6 KB.
+
+__global__ void __launch_bounds__(kThreads) dav_kernel(Tok Aqk, Tok v, Tok dout, Tok dA, Tok dv, Layout L, int V,
+                                                       float scale) {
+  extern __shared__ float smem[];
+  float* P = smem;
+  float* D = P + kMaxBT * kLd;
+  float* dOs = D + kMaxBT * kLd;
+  float* Vs = dOs + kMaxBT * kLd;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, len = c.len, BT = L.BT;
+  if (len == 0) return;
+  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+    const int i = e / kMaxBT, j = e - i * kMaxBT;
+    P[i * kLd + j] = (i < len && j <= i) ? Aqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+  }
+  fill(D, kMaxBT * kLd, 0.0f);
+  for (int x0 = 0; x0 < V; x0 += 64) {
+    const int vw = imin(64, V - x0);
+    __syncthreads();
+    load_tile(dOs, kLd, kMaxBT, 64, dout, c.b, c.t0, hv, len, x0, V);
+    load_tile(Vs, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
+    __syncthreads();
+    mm(len, len, vw, dOs, kLd, 1, Vs, 1, kLd, [&](int m, int n, float val) { D[m * kLd + n] += val; });
+    mm(len, vw, len, P, 1, kLd, dOs, kLd, 1, [&](int m, int n, float val) { dv.st_(c.b, c.t0 + m, hv, x0 + n, val); });
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
+    const int i = e / BT, j = e - i * BT;
+    dA.st_(c.b, c.t0 + i, hv, j, (j <= i) ? scale * D[i * kLd + j] : 0.0f);
+  }
+}
+
+void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
+  const char* op = "chunk_kda_bwd_dAv";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.v.size(0), T = a.v.size(1), HV = a.v.size(2), V = a.v.size(3), BT = a.Aqk.size(3);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  auto kernel = dav_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
+      tok_of(a.Aqk), tok_of(a.v), tok_of(a.dout), tok_of(a.dAqk), tok_of(a.dv), L, static_cast<int>(V),
+      static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kda_gate forward / backward. The element-wise parts run one thread per element of [B,T,HV,K]
+// (grid-stride, int64 indices); the parameter sums (dA_log, ddt_bias) run one CTA per value head,
+// thread c owning channels c, c + 256, ... and summing over the tokens in order in double; dA_log
+// is then summed over the threads in index order.
+
+struct GateP {
+  const void* A = nullptr;
+  int ac = 0;
+  const void* bias = nullptr;
+  int bc = 0;
+  int has_lb = 0;
+  float lb = 0.0f;
+};
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gate_a(const GateP& P, int hv) { return P.A ? expf(ldf(P.A, P.ac, hv)) : 1.0f; }
+
+unsigned elem_blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65536 ? b : 65536);
+}
+
+// gridDim.y = B; x covers the T*HV*K elements of one batch row.
+__global__ void gate_fwd_kernel(Tok g, Tok y, GateP P, int64_t T, int HV, int K) {
+  const int64_t per = T * HV * K;
+  const int64_t b = blockIdx.y;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / K;
+    const int c = static_cast<int>(e - r * K);
+    const int64_t t = r / HV;
+    const int hv = static_cast<int>(r - t * HV);
+    const float x = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
+    const float a = gate_a(P, hv);
+    y.st_(b, t, hv, c, P.has_lb ? P.lb * sigmoid_f(a * x) : -a * softplus_f(x));
+  }
+}
+
+// dx for one element and its dA_log term.
+struct GateD {
+  float dx, da;
+};
+__device__ __forceinline__ GateD gate_dx(const GateP& P, float a, float z, float d) {
+  GateD r;
+  if (P.has_lb) {
+    const float sg = sigmoid_f(a * z);
+    r.dx = d * P.lb * sg * (1.0f - sg) * a;
+    r.da = r.dx * z;
+  } else {
+    r.da = d * (-a * softplus_f(z));
+    r.dx = -a * sigmoid_f(z) * d;
+  }
+  return r;
+}
+
+__global__ void gate_bwd_kernel(Tok g, Tok dy, Tok dg, GateP P, int64_t T, int HV, int K) {
+  const int64_t per = T * HV * K;
+  const int64_t b = blockIdx.y;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / K;
+    const int c = static_cast<int>(e - r * K);
+    const int64_t t = r / HV;
+    const int hv = static_cast<int>(r - t * HV);
+    const float z = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
+    dg.st_(b, t, hv, c, gate_dx(P, gate_a(P, hv), z, dy.ld(b, t, hv, c)).dx);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) gate_param_kernel(Tok g, Tok dy, GateP P, int64_t B, int64_t T, int K,
+                                                              void* dA, int dAc, void* db, int dbc) {
+  __shared__ double red[kThreads];
+  const int hv = blockIdx.x;
+  const float a = gate_a(P, hv);
+  double sa = 0.0;
+  for (int c = threadIdx.x; c < K; c += blockDim.x) {
+    const float bias = P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f;
+    double sb = 0.0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float z = g.ld(b, t, hv, c) + bias;
+        const GateD r = gate_dx(P, a, z, dy.ld(b, t, hv, c));
+        sb += r.dx;
+        sa += r.da;
+      }
+    if (db) stf(db, dbc, static_cast<int64_t>(hv) * K + c, static_cast<float>(sb));
+  }
+  red[threadIdx.x] = sa;
+  __syncthreads();
+  if (threadIdx.x == 0 && dA) {
+    double s = 0.0;
+    for (int i = 0; i < kThreads; ++i) s += red[i];
+    stf(dA, dAc, hv, static_cast<float>(s));
+  }
+}
+
+GateP gate_params(const TensorView& A_log, const TensorView& dt_bias, bool has_lb, double lb) {
+  GateP P;
+  if (A_log.defined() && A_log.numel()) {
+    P.A = A_log.data();
+    P.ac = code_of(A_log.dtype());
+  }
+  if (dt_bias.defined() && dt_bias.numel()) {
+    P.bias = dt_bias.data();
+    P.bc = code_of(dt_bias.dtype());
+  }
+  P.has_lb = has_lb ? 1 : 0;
+  P.lb = static_cast<float>(lb);
+  return P;
+}
+
+void gate_fwd(const Context& ctx, const KdaGateFwdArgs& a) {
+  const char* op = "kda_gate";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.g.size(0), T = a.g.size(1), HV = a.g.size(2), K = a.g.size(3);
+  if (B * T * HV * K == 0) return;
+  FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
+  gate_fwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.g), tok_of(a.y), gate_params(a.A_log, a.dt_bias, a.has_lower_bound, a.lower_bound), T,
+      static_cast<int>(HV), static_cast<int>(K));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void gate_bwd(const Context& ctx, const KdaGateBwdArgs& a) {
+  const char* op = "kda_gate";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.g.size(0), T = a.g.size(1), HV = a.g.size(2), K = a.g.size(3);
+  const GateP P = gate_params(a.A_log, a.dt_bias, a.has_lower_bound, a.lower_bound);
+  void* dA = a.dA_log.defined() && a.dA_log.numel() ? a.dA_log.data() : nullptr;
+  void* db = a.ddt_bias.defined() && a.ddt_bias.numel() ? a.ddt_bias.data() : nullptr;
+  if (B * T * HV * K > 0) {
+    FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
+    gate_bwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
+        tok_of(a.g), tok_of(a.dy), tok_of(a.dg), P, T, static_cast<int>(HV), static_cast<int>(K));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  }
+  if (HV > 0 && (dA || db)) {
+    gate_param_kernel<<<static_cast<unsigned>(HV), kThreads, 0, stream_of(ctx)>>>(
+        tok_of(a.g), tok_of(a.dy), P, B, T, static_cast<int>(K), dA, dA ? code_of(a.dA_log.dtype()) : 0, db,
+        db ? code_of(a.ddt_bias.dtype()) : 0);
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_kda (forward): CTA per (sequence, value head, 32-column V tile); warp w holds
+// rows y = w + 8 r (r < K/8 <= 32) of the state column x0 + lane in registers. Per token:
+// S = diag(e^g) S; p = S^T k; delta = beta (v - p); S += k delta^T; o = scale S^T q.
+
+__global__ void __launch_bounds__(kThreads) recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0,
+                                                                 Tok o, Mat ht, Layout L, int K, int V, int HV,
+                                                                 int G, float scale) {
+  __shared__ float ks[kRecK], qs[kRecK], as[kRecK], vs[32], red[8][32], bb[1];
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int x = blockIdx.y * 32 + lane;
+  const bool xv = x < V;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  float st[kRecRows];
+#pragma unroll
+  for (int r = 0; r < kRecRows; ++r) {
+    const int y = warp + 8 * r;
+    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
+  }
+  for (int64_t i = 0; i < s.len; ++i) {
+    const int64_t t = s.t0 + i;
+    __syncthreads();
+    for (int e = threadIdx.x; e < K; e += blockDim.x) {
+      ks[e] = k.ld(s.b, t, hk, e);
+      qs[e] = q.ld(s.b, t, hk, e);
+      as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
+    }
+    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    if (threadIdx.x == 0) bb[0] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    __syncthreads();
+    float p = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) {
+        st[r] *= as[y];
+        p = fmaf(st[r], ks[y], p);
+      }
+    }
+    red[warp][lane] = p;
+    __syncthreads();
+    float ps = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) ps += red[w][lane];
+    const float delta = bb[0] * (vs[lane] - ps);
+    float po = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) {
+        st[r] = fmaf(ks[y], delta, st[r]);
+        po = fmaf(st[r], qs[y], po);
+      }
+    }
+    __syncthreads();
+    red[warp][lane] = po;
+    __syncthreads();
+    if (warp == 0 && xv) {
+      float os = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) os += red[w][lane];
+      o.st_(s.b, t, hv, x, scale * os);
+    }
+  }
+  if (ht.p && xv) {
+#pragma unroll
+    for (int r = 0; r < kRecRows; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
+    }
+  }
+}
+
+void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
+  const char* op = "fused_recurrent_kda";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0 || V == 0) return;
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  recurrent_fwd_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
+      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV),
+      static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";
+  compose_fwd(c, a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// supports(): no float64 anywhere; K <= 256 where a kernel keeps K-long rows on chip (recurrent
+// registers, the gated_delta_rule state kernels of the top level).
+
+using gdn::sm80::no_f64;
+
+bool sup_intra(const ChunkKdaFwdIntraArgs& a) {
+  return no_f64({&a.q, &a.k, &a.gk, &a.beta, &a.Aqk, &a.Akk}) && a.chunk_size <= kMaxBT;
+}
+bool sup_wu(const KdaRecomputeWUFwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.beta, &a.Akk, &a.gk, &a.w, &a.u, &a.kg, &a.qg}) && a.Akk.size(-1) <= kMaxBT;
+}
+bool sup_o(const ChunkKdaFwdOArgs& a) {
+  return no_f64({&a.qg, &a.Aqk, &a.v, &a.h, &a.o}) && a.Aqk.size(-1) <= kMaxBT;
+}
+bool sup_dav(const ChunkKdaBwdDAvArgs& a) {
+  return no_f64({&a.Aqk, &a.v, &a.dout, &a.dAqk, &a.dv}) && a.Aqk.size(-1) <= kMaxBT;
+}
+bool sup_gate(const KdaGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
+bool sup_gate_bwd(const KdaGateBwdArgs& a) {
+  return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
+}
+bool sup_rec(const FusedRecurrentKdaFwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
+         a.q.size(-1) <= kRecK;
+}
+bool sup_top(const ChunkKdaFwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
+                 &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk,
+                 &a.Akk, &a.beta_sigmoid}) &&
+         a.q.size(-1) <= 256;
+}
+
+}  // namespace
+}  // namespace fusedops::kda::sm80
+
+namespace fusedops {
+
+void register_kda_cuda_sm80(Registry& r) {
+  using namespace kda::sm80;
+  const BackendSpec s = gdn::sm80::spec();
+  const auto F = Direction::kForward, B = Direction::kBackward;
+  r.add<ChunkKdaFwdIntraArgs>("chunk_kda_fwd_intra", F, s, sup_intra, fwd_intra);
+  r.add<KdaRecomputeWUFwdArgs>("kda_recompute_w_u", F, s, sup_wu, wu_fwd);
+  r.add<ChunkKdaFwdOArgs>("chunk_kda_fwd_o", F, s, sup_o, fwd_o);
+  r.add<ChunkKdaBwdDAvArgs>("chunk_kda_bwd_dAv", B, s, sup_dav, bwd_dav);
+  r.add<KdaGateFwdArgs>("kda_gate", F, s, sup_gate, gate_fwd);
+  r.add<KdaGateBwdArgs>("kda_gate", B, s, sup_gate_bwd, gate_bwd);
+  r.add<FusedRecurrentKdaFwdArgs>("fused_recurrent_kda", F, s, sup_rec, recurrent_fwd);
+  r.add<ChunkKdaFwdArgs>("chunk_kda", F, s, sup_top, top_fwd);
+  kda::sm80::register_bwd(r);
+}
+
+}  // namespace fusedops
