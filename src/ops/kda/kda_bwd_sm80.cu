@@ -1,5 +1,11 @@
-// KDA (Kimi delta attention), CUDA backend cuda_sm80: the backward-direction chunk operators and
-// fused_recurrent_kda backward (see kda_sm80.cu for the conventions).
+// KDA (Kimi delta attention), CUDA backend cuda_sm80: the backward-direction chunk operators
+// chunk_kda_bwd_wy_dqkg_fused (K3) and chunk_kda_bwd_intra (K4), and chunk_kda backward through
+// kda::compose_bwd (see kda_sm80.cu for the conventions). Both kernels run one CTA of 256 threads
+// per (chunk, q/k head) and loop over the head's group of value heads; dq and dk (summed over the
+// group) are accumulated in the output by the thread that owns the element, in value-head order,
+// so results are deterministic without atomics.
+#include <cmath>
+
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
@@ -8,7 +14,558 @@
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops::kda::sm80 {
+namespace {
 
-void register_bwd(Registry&) {}
+using gdn::sm80::ChunkPos;
+using gdn::sm80::SeqPos;
+using gdn::sm80::ldf;
+using gdn::sm80::seq_pos;
+using gdn::sm80::stf;
+using gdn::sm80::Layout;
+using gdn::sm80::Mat;
+using gdn::sm80::Tok;
+using gdn::sm80::allow_smem;
+using gdn::sm80::chunk_pos;
+using gdn::sm80::fill;
+using gdn::sm80::kLd;
+using gdn::sm80::kMaxBT;
+using gdn::sm80::kThreads;
+using gdn::sm80::layout_of;
+using gdn::sm80::load_state;
+using gdn::sm80::load_tile;
+using gdn::sm80::mat_of;
+using gdn::sm80::mm;
+using gdn::sm80::no_f64;
+using gdn::sm80::stream_of;
+using gdn::sm80::tok_of;
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+constexpr int kTile = kMaxBT * kLd;  // one [64][65] fp32 tile
+
+// ---------------------------------------------------------------------------------------------
+// chunk_kda_bwd_wy_dqkg_fused (K3). Per value head of the group:
+//  phase A, per 64-column V slice: dA += dVn V^T; P = Akk^T dVn; dv = beta P; db += rowsum(P V).
+//  phase B, per 64-channel K slice: over the V slices dW = -dVn S^T, dQh = dO S^T, dKi = Vn dH^T,
+//    sdh = rowsum(S . dH); then dQh *= scale e^g, dKi *= e^{g_last - g}, Ke = K e^g,
+//    dA += dW Ke^T, R = Akk^T dW, db += rowsum(R Ke), dg = Q dQh - K dKi + beta Ke R (+ the last
+//    row terms e^{g_last} sdh + colsum(K dKi)), dq += dQh, dk += dKi + beta e^g R.
+//  Then dA = M> . dA diag(beta), dAkk = -M> . (Akk^T (dA Akk^T)).
+// Dynamic shared memory: 8 tiles [64][65] (Am, dA, dW, dQh, dKi, T1, T2, T3) + 4 x 64 floats
+// = 134.1 KB (sm_80 allows 163 KB).
+
+constexpr size_t kWySmem = sizeof(float) * (8 * kTile + 4 * kMaxBT);
+
+__global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, Tok vn, Tok gk, Tok beta, Tok Akk,
+                                                         Mat h, Mat dh, Tok dout, Tok dvn, Tok dq, Tok dk, Tok dv,
+                                                         Tok dbeta, Tok dg, Tok dAkk, Layout L, int K, int V,
+                                                         int HV, int G, float scale) {
+  extern __shared__ float smem[];
+  float* Am = smem;
+  float* dA = Am + kTile;
+  float* dW = dA + kTile;
+  float* dQh = dW + kTile;
+  float* dKi = dQh + kTile;
+  float* T1 = dKi + kTile;
+  float* T2 = T1 + kTile;
+  float* T3 = T2 + kTile;
+  float* bs = T3 + kTile;      // beta [64]
+  float* dbr = bs + kMaxBT;    // dbeta accumulator [64]
+  float* sdh = dbr + kMaxBT;   // [64] rowsum(S . dH) of the K slice
+  float* kd = sdh + 64;        // [64] colsum(K . dKi) of the K slice
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hk = blockIdx.y, len = c.len, BT = L.BT;
+  if (len == 0) return;
+  const int64_t tl = c.t0 + len - 1;
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    const int64_t sidx = chunk * HV + hv;
+    __syncthreads();
+    for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      Am[i * kLd + j] = (i < len && j <= i) ? Akk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+    }
+    fill(dA, kTile, 0.0f);
+    if (threadIdx.x < kMaxBT) {
+      bs[threadIdx.x] = threadIdx.x < len ? beta.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+      dbr[threadIdx.x] = 0.0f;
+    }
+    // Phase A.
+    for (int x0 = 0; x0 < V; x0 += 64) {
+      const int vw = imin(64, V - x0);
+      __syncthreads();
+      load_tile(T1, kLd, kMaxBT, 64, dvn, c.b, c.t0, hv, len, x0, V);
+      load_tile(T2, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
+      __syncthreads();
+      mm(len, len, vw, T1, kLd, 1, T2, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
+      mm(len, vw, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T3[m * kLd + n] = val; });
+      __syncthreads();
+      if (threadIdx.x < len) {
+        const int r = threadIdx.x;
+        float s = 0.0f;
+        for (int x = 0; x < vw; ++x) s = fmaf(T3[r * kLd + x], T2[r * kLd + x], s);
+        dbr[r] += s;
+      }
+      for (int e = threadIdx.x; e < len * vw; e += blockDim.x) {
+        const int r = e / vw, x = e - r * vw;
+        dv.st_(c.b, c.t0 + r, hv, x0 + x, bs[r] * T3[r * kLd + x]);
+      }
+    }
+    // Phase B.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      const int kw = imin(64, K - y0);
+      __syncthreads();
+      fill(dW, kTile, 0.0f);
+      fill(dQh, kTile, 0.0f);
+      fill(dKi, kTile, 0.0f);
+      if (threadIdx.x < 64) sdh[threadIdx.x] = 0.0f;
+      for (int x0 = 0; x0 < V; x0 += 64) {
+        const int vw = imin(64, V - x0);
+        __syncthreads();
+        load_state(T1, kLd, 64, 64, h, sidx, K, V, y0, x0);   // S[ch][v]
+        load_state(T3, kLd, 64, 64, dh, sidx, K, V, y0, x0);  // dH[ch][v]
+        load_tile(T2, kLd, kMaxBT, 64, dvn, c.b, c.t0, hv, len, x0, V);
+        __syncthreads();
+        mm(len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dW[m * kLd + n] -= val; });
+        if (threadIdx.x < kw) {
+          const int y = threadIdx.x;
+          float s = 0.0f;
+          for (int x = 0; x < vw; ++x) s = fmaf(T1[y * kLd + x], T3[y * kLd + x], s);
+          sdh[y] += s;
+        }
+        __syncthreads();
+        load_tile(T2, kLd, kMaxBT, 64, dout, c.b, c.t0, hv, len, x0, V);
+        __syncthreads();
+        mm(len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dQh[m * kLd + n] += val; });
+        __syncthreads();
+        load_tile(T2, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
+        __syncthreads();
+        mm(len, kw, vw, T2, kLd, 1, T3, 1, kLd, [&](int m, int n, float val) { dKi[m * kLd + n] += val; });
+      }
+      __syncthreads();
+      // Gates; Ke = K e^g into T1, Q into T3, the raw K into T2.
+      for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
+        const int r = e / 64, y = e - r * 64;
+        float ke = 0.0f, qq = 0.0f, kk = 0.0f;
+        if (r < len && y < kw) {
+          const float gv = gk.ld(c.b, c.t0 + r, hv, y0 + y);
+          const float eg = expf(gv);
+          kk = k.ld(c.b, c.t0 + r, hk, y0 + y);
+          qq = q.ld(c.b, c.t0 + r, hk, y0 + y);
+          ke = kk * eg;
+          dQh[r * kLd + y] *= scale * eg;
+          dKi[r * kLd + y] *= expf(gk.ld(c.b, tl, hv, y0 + y) - gv);
+        }
+        T1[r * kLd + y] = ke;
+        T2[r * kLd + y] = kk;
+        T3[r * kLd + y] = qq;
+      }
+      __syncthreads();
+      // dA += dW Ke^T; kd = colsum(K . dKi).
+      mm(len, len, kw, dW, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
+      if (threadIdx.x < kw) {
+        const int y = threadIdx.x;
+        float s = 0.0f;
+        for (int r = 0; r < len; ++r) s = fmaf(T2[r * kLd + y], dKi[r * kLd + y], s);
+        kd[y] = s;
+      }
+      __syncthreads();
+      // R = Akk^T dW into T2 (the raw K is dead; it is re-read from global below).
+      mm(len, kw, len, Am, 1, kLd, dW, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
+      __syncthreads();
+      if (threadIdx.x < len) {
+        const int r = threadIdx.x;
+        float s = 0.0f;
+        for (int y = 0; y < kw; ++y) s = fmaf(T2[r * kLd + y], T1[r * kLd + y], s);
+        dbr[r] += s;
+      }
+      for (int e = threadIdx.x; e < len * kw; e += blockDim.x) {
+        const int r = e / kw, y = e - r * kw;
+        const float R = T2[r * kLd + y], ke = T1[r * kLd + y], qq = T3[r * kLd + y];
+        const float kk = k.ld(c.b, c.t0 + r, hk, y0 + y);
+        const float eg = expf(gk.ld(c.b, c.t0 + r, hv, y0 + y));
+        const float dqh = dQh[r * kLd + y], dki = dKi[r * kLd + y];
+        float dgv = qq * dqh - kk * dki + bs[r] * ke * R;
+        if (r == len - 1) dgv += expf(gk.ld(c.b, tl, hv, y0 + y)) * sdh[y] + kd[y];
+        dg.st_(c.b, c.t0 + r, hv, y0 + y, dgv);
+        const float dkv = dki + bs[r] * eg * R;
+        if (gi == 0) {
+          dq.st_(c.b, c.t0 + r, hk, y0 + y, dqh);
+          dk.st_(c.b, c.t0 + r, hk, y0 + y, dkv);
+        } else {
+          dq.st_(c.b, c.t0 + r, hk, y0 + y, dq.ld(c.b, c.t0 + r, hk, y0 + y) + dqh);
+          dk.st_(c.b, c.t0 + r, hk, y0 + y, dk.ld(c.b, c.t0 + r, hk, y0 + y) + dkv);
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < len) dbeta.st_(c.b, c.t0 + threadIdx.x, hv, 0, dbr[threadIdx.x]);
+    // dA = M> . dA diag(beta); X = dA Akk^T (T1); dAkk = -M> . (Akk^T X).
+    for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      dA[i * kLd + j] = (i < len && j < i) ? dA[i * kLd + j] * bs[j] : 0.0f;
+    }
+    __syncthreads();
+    mm(len, len, len, dA, kLd, 1, Am, 1, kLd, [&](int m, int n, float val) { T1[m * kLd + n] = val; });
+    __syncthreads();
+    mm(len, len, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
+    __syncthreads();
+    for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
+      const int i = e / BT, j = e - i * BT;
+      dAkk.st_(c.b, c.t0 + i, hv, j, j < i ? -T2[i * kLd + j] : 0.0f);
+    }
+  }
+}
+
+void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
+  const char* op = "chunk_kda_bwd_wy_dqkg_fused";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
+  auto kernel = wy_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.v_new), tok_of(a.gk), tok_of(a.beta), tok_of(a.Akk),
+      mat_of(a.h), mat_of(a.dh), tok_of(a.dout), tok_of(a.dvn), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv),
+      tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dAkk), L, static_cast<int>(K), static_cast<int>(V),
+      static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_kda_bwd_intra (K4): CTA per (chunk, q/k head), value heads of the group in order. Per
+// 32-channel slice every thread owns 8 (row i, channel c) outputs (a warp = one row, 32 channels)
+// and sums element-wise over the pairs with every exponential factor <= 1:
+//   dqi = sum_{j<i} dAqk_ij k_jc E_ij,  rr = sum_{j<i} dAkk_ij k_jc E_ij,
+//   cc  = sum_{j>i} (dAqk_ji q_jc + dAkk_ji beta_j k_jc) E_ji,   E_ij = exp(g_ic - g_jc).
+// dbeta_i += sum_c rr k_ic (per-row fixed-order sum through shared memory); rr *= beta_i;
+// dg += q dqi + (rr - cc) k; dq += dqi + dAqk_ii k; dk += rr + cc + dAqk_ii q.
+// Dynamic shared memory: Dq, Dl [64][65], Q, K, G, P [64][33], beta and dbeta [64]: 68.6 KB.
+
+constexpr int kSl = 32;
+constexpr int kLdS = kSl + 1;
+constexpr int kOwn = kMaxBT * kSl / kThreads;  // 8
+constexpr size_t kIntraSmem = sizeof(float) * (2 * kTile + 4 * kMaxBT * kLdS + 2 * kMaxBT);
+
+__global__ void __launch_bounds__(kThreads, 1) bintra_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
+                                                          Tok dq, Tok dk, Tok dbeta, Tok dg, Tok dqo, Tok dko,
+                                                          Tok dbo, Tok dgo, Layout L, int K, int G) {
+  extern __shared__ float smem[];
+  float* Dq = smem;
+  float* Dl = Dq + kTile;
+  float* Qs = Dl + kTile;
+  float* Ks = Qs + kMaxBT * kLdS;
+  float* Gs = Ks + kMaxBT * kLdS;
+  float* Ps = Gs + kMaxBT * kLdS;
+  float* bs = Ps + kMaxBT * kLdS;
+  float* dbr = bs + kMaxBT;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hk = blockIdx.y, len = c.len;
+  if (len == 0) return;
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    __syncthreads();
+    for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
+      const int i = e / kMaxBT, j = e - i * kMaxBT;
+      const bool in = i < len && j < len;
+      Dq[i * kLd + j] = (in && j <= i) ? dAqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+      Dl[i * kLd + j] = (in && j < i) ? dAkk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+    }
+    if (threadIdx.x < kMaxBT) {
+      const int i = threadIdx.x;
+      bs[i] = i < len ? beta.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
+      dbr[i] = 0.0f;
+    }
+    for (int y0 = 0; y0 < K; y0 += kSl) {
+      __syncthreads();
+      load_tile(Qs, kLdS, kMaxBT, kSl, q, c.b, c.t0, hk, len, y0, K);
+      load_tile(Ks, kLdS, kMaxBT, kSl, k, c.b, c.t0, hk, len, y0, K);
+      load_tile(Gs, kLdS, kMaxBT, kSl, gk, c.b, c.t0, hv, len, y0, K);
+      __syncthreads();
+      float dqi[kOwn], rr[kOwn], cc[kOwn];
+#pragma unroll
+      for (int p = 0; p < kOwn; ++p) {
+        const int e = threadIdx.x + kThreads * p, i = e >> 5, x = e & 31;
+        float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        if (i < len) {
+          const float gi_ = Gs[i * kLdS + x];
+          for (int j = 0; j < i; ++j) {
+            const float w = Ks[j * kLdS + x] * expf(gi_ - Gs[j * kLdS + x]);
+            a1 = fmaf(Dq[i * kLd + j], w, a1);
+            a2 = fmaf(Dl[i * kLd + j], w, a2);
+          }
+          for (int j = i + 1; j < len; ++j) {
+            const float ex = expf(Gs[j * kLdS + x] - gi_);
+            a3 = fmaf(fmaf(Dq[j * kLd + i], Qs[j * kLdS + x], Dl[j * kLd + i] * bs[j] * Ks[j * kLdS + x]), ex, a3);
+          }
+        }
+        dqi[p] = a1;
+        rr[p] = a2;
+        cc[p] = a3;
+        Ps[i * kLdS + x] = a2 * Ks[i * kLdS + x];
+      }
+      __syncthreads();
+      if (threadIdx.x < len) {
+        const int i = threadIdx.x;
+        float s = 0.0f;
+        for (int x = 0; x < kSl; ++x) s += Ps[i * kLdS + x];
+        dbr[i] += s;
+      }
+#pragma unroll
+      for (int p = 0; p < kOwn; ++p) {
+        const int e = threadIdx.x + kThreads * p, i = e >> 5, x = e & 31;
+        if (i < len && y0 + x < K) {
+          const int64_t t = c.t0 + i;
+          const int ch = y0 + x;
+          const float qv = Qs[i * kLdS + x], kv = Ks[i * kLdS + x], dd = Dq[i * kLd + i];
+          const float r = bs[i] * rr[p];
+          dgo.st_(c.b, t, hv, ch, dg.ld(c.b, t, hv, ch) + qv * dqi[p] + (r - cc[p]) * kv);
+          const float qprev = gi == 0 ? dq.ld(c.b, t, hk, ch) : dqo.ld(c.b, t, hk, ch);
+          const float kprev = gi == 0 ? dk.ld(c.b, t, hk, ch) : dko.ld(c.b, t, hk, ch);
+          dqo.st_(c.b, t, hk, ch, qprev + dqi[p] + dd * kv);
+          dko.st_(c.b, t, hk, ch, kprev + r + cc[p] + dd * qv);
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < len) {
+      const int i = threadIdx.x;
+      dbo.st_(c.b, c.t0 + i, hv, 0, dbeta.ld(c.b, c.t0 + i, hv, 0) + dbr[i]);
+    }
+  }
+}
+
+void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
+  const char* op = "chunk_kda_bwd_intra";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
+  auto kernel = bintra_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kIntraSmem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kIntraSmem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.dAqk), tok_of(a.dAkk), tok_of(a.dq),
+      tok_of(a.dk), tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dq_out), tok_of(a.dk_out), tok_of(a.dbeta_out),
+      tok_of(a.dg_out), L, static_cast<int>(K), static_cast<int>(HV / H));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused_recurrent_kda (backward): CTA per (sequence, q/k head), the group's value heads in order.
+// The state before token t is recomputed from h0 for every t (O(T^2) token steps: no workspace in
+// this API, and checkpoints of [K,V] states do not fit on chip); the operator is meant for
+// decoding-length sequences and supports() refuses T > kRecBwdMaxT. Shared memory holds the state
+// Sp [K][V+1] and its gradient dS [K][V+1] in fp32 (odd leading dimension: row and column passes
+// are both conflict-free). Column passes: thread x owns state column x; row passes: thread y owns
+// row y. Per token (reverse): St = diag(a) Sp; p = St^T k; delta = beta (v - p);
+//   dq = scale (St + k delta^T) dO;  dS += scale q dO^T;  dk = dS delta;  dd = dS^T k;
+//   dv = beta dd;  dbeta = dd . (v - p);  dp = -beta dd;  D = dS + k dp^T;  dk += St dp;
+//   dg = rowsum(St . D);  dS = diag(a) D.
+
+constexpr int64_t kRecBwdMaxT = 1024;
+
+size_t rec_bwd_smem(int K, int V) {
+  return sizeof(float) * (2 * static_cast<size_t>(K) * (V + 1) + 3 * static_cast<size_t>(K) + 6 * V + 8);
+}
+
+__global__ void __launch_bounds__(kThreads) rec_bwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok dout,
+                                                           Mat dht, Tok dq, Tok dk, Tok dv, Tok dg, Tok dbeta,
+                                                           Mat dh0, Layout L, int K, int V, int HV, int G,
+                                                           float scale) {
+  extern __shared__ float smem[];
+  const int ld = V + 1;
+  float* Sp = smem;                 // [K][V+1]
+  float* dS = Sp + K * ld;          // [K][V+1]
+  float* qs = dS + K * ld;          // [K]
+  float* ks = qs + K;               // [K]
+  float* as = ks + K;               // [K] exp(g)
+  float* vs = as + K;               // [V]
+  float* ds = vs + V;               // [V] dO
+  float* ps = ds + V;               // [V] p
+  float* dl = ps + V;               // [V] delta
+  float* dp = dl + V;               // [V] dp
+  float* db = dp + V;               // [V] dbeta terms
+  float* sc = db + V;               // [8] scalars: beta
+  const int64_t n = blockIdx.x;  // sequence
+  const int hk = blockIdx.y;
+  const SeqPos s = seq_pos(L, n);
+  const int tid = threadIdx.x;
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    const int64_t sidx = n * HV + hv;
+    __syncthreads();
+    for (int e = tid; e < K * V; e += blockDim.x) {
+      const int y = e / V, x = e - y * V;
+      dS[y * ld + x] = dht.p ? ldf(dht.p, dht.code, sidx * K * V + e) : 0.0f;
+    }
+    for (int64_t t = s.len - 1; t >= 0; --t) {
+      // Sp = the state before token t, from h0.
+      __syncthreads();
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        Sp[y * ld + x] = h0.p ? ldf(h0.p, h0.code, sidx * K * V + e) : 0.0f;
+      }
+      for (int64_t tau = 0; tau <= t; ++tau) {
+        const int64_t tt = s.t0 + tau;
+        __syncthreads();
+        for (int y = tid; y < K; y += blockDim.x) {
+          ks[y] = k.ld(s.b, tt, hk, y);
+          as[y] = g.p ? expf(g.ld(s.b, tt, hv, y)) : 1.0f;
+          if (tau == t) qs[y] = q.ld(s.b, tt, hk, y);
+        }
+        for (int x = tid; x < V; x += blockDim.x) {
+          vs[x] = v.ld(s.b, tt, hv, x);
+          if (tau == t) ds[x] = dout.ld(s.b, tt, hv, x);
+        }
+        if (tid == 0) sc[0] = beta.p ? beta.ld(s.b, tt, hv, 0) : 1.0f;
+        __syncthreads();
+        if (tau < t) {
+          // Forward step on the columns.
+          for (int x = tid; x < V; x += blockDim.x) {
+            float p = 0.0f;
+            for (int y = 0; y < K; ++y) p = fmaf(ks[y], as[y] * Sp[y * ld + x], p);
+            const float d = sc[0] * (vs[x] - p);
+            for (int y = 0; y < K; ++y) Sp[y * ld + x] = fmaf(as[y], Sp[y * ld + x], ks[y] * d);
+          }
+        }
+      }
+      // Token t. Pass 1 (columns): p, delta.
+      const float bt = sc[0];
+      for (int x = tid; x < V; x += blockDim.x) {
+        float p = 0.0f;
+        for (int y = 0; y < K; ++y) p = fmaf(ks[y], as[y] * Sp[y * ld + x], p);
+        ps[x] = p;
+        dl[x] = bt * (vs[x] - p);
+      }
+      __syncthreads();
+      // Pass 2 (rows): dq; dS += scale q dO^T; dk1 = dS delta.
+      // (K <= 256 = blockDim.x: thread y owns row y.)
+      float dq_y = 0.0f, dk_y = 0.0f;
+      if (tid < K) {
+        const int y = tid;
+        const float ay = as[y], ky = ks[y], qy = scale * qs[y];
+        for (int x = 0; x < V; ++x) {
+          dq_y = fmaf(fmaf(ay, Sp[y * ld + x], ky * dl[x]), ds[x], dq_y);
+          const float d = fmaf(qy, ds[x], dS[y * ld + x]);
+          dS[y * ld + x] = d;
+          dk_y = fmaf(d, dl[x], dk_y);
+        }
+        dq_y *= scale;
+      }
+      __syncthreads();
+      // Pass 3 (columns): dd = dS^T k; dv, dp, dbeta terms.
+      for (int x = tid; x < V; x += blockDim.x) {
+        float d = 0.0f;
+        for (int y = 0; y < K; ++y) d = fmaf(dS[y * ld + x], ks[y], d);
+        dv.st_(s.b, s.t0 + t, hv, x, bt * d);
+        dp[x] = -bt * d;
+        db[x] = d * (vs[x] - ps[x]);
+      }
+      __syncthreads();
+      if (tid == 0 && dbeta.p) {
+        float sb = 0.0f;
+        for (int x = 0; x < V; ++x) sb += db[x];
+        dbeta.st_(s.b, s.t0 + t, hv, 0, sb);
+      }
+      // Pass 4 (rows): D = dS + k dp^T; dk += St dp; dg = rowsum(St . D); dS = diag(a) D.
+      if (tid < K) {
+        const int y = tid;
+        float a2 = 0.0f, ag = 0.0f;
+        const float ay = as[y], ky = ks[y];
+        for (int x = 0; x < V; ++x) {
+          const float st = ay * Sp[y * ld + x];
+          const float d = fmaf(ky, dp[x], dS[y * ld + x]);
+          a2 = fmaf(st, dp[x], a2);
+          ag = fmaf(st, d, ag);
+          dS[y * ld + x] = ay * d;
+        }
+        const int64_t tt = s.t0 + t;
+        if (dg.p) dg.st_(s.b, tt, hv, y, ag);
+        const float dkv = dk_y + a2;
+        if (gi == 0) {
+          dq.st_(s.b, tt, hk, y, dq_y);
+          dk.st_(s.b, tt, hk, y, dkv);
+        } else {
+          dq.st_(s.b, tt, hk, y, dq.ld(s.b, tt, hk, y) + dq_y);
+          dk.st_(s.b, tt, hk, y, dk.ld(s.b, tt, hk, y) + dkv);
+        }
+      }
+    }
+    __syncthreads();
+    if (dh0.p)
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        stf(dh0.p, dh0.code, sidx * K * V + e, dS[y * ld + x]);
+      }
+  }
+}
+
+void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
+  const char* op = "fused_recurrent_kda";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * H == 0) return;
+  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
+  const size_t smem = rec_bwd_smem(static_cast<int>(K), static_cast<int>(V));
+  auto kernel = rec_bwd_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  kernel<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
+      tok_of(a.dout), mat_of(a.dht), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv), tok_of(a.dg), tok_of(a.dbeta),
+      mat_of(a.dh0), L, static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV),
+      static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";
+  compose_bwd(c, a);
+}
+
+bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.v_new, &a.gk, &a.beta, &a.Akk, &a.h, &a.dh, &a.dout, &a.dvn, &a.dq,
+                 &a.dk, &a.dv, &a.dbeta, &a.dg, &a.dAkk}) &&
+         a.chunk_size <= kMaxBT;
+}
+bool sup_bintra(const ChunkKdaBwdIntraArgs& a) {
+  return no_f64({&a.q, &a.k, &a.gk, &a.beta, &a.dAqk, &a.dAkk, &a.dq, &a.dk, &a.dbeta, &a.dg, &a.dq_out,
+                 &a.dk_out, &a.dbeta_out, &a.dg_out}) &&
+         a.chunk_size <= kMaxBT;
+}
+bool sup_top_bwd(const ChunkKdaBwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.q_normed,
+                 &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid, &a.dout,
+                 &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias}) &&
+         a.q.size(-1) <= 256;
+}
+
+bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
+  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv,
+                 &a.dg, &a.dbeta, &a.dh0}) &&
+         a.q.size(-1) <= kThreads && a.v.size(-1) <= kThreads && a.q.size(1) <= kRecBwdMaxT &&
+         rec_bwd_smem(static_cast<int>(a.q.size(-1)), static_cast<int>(a.v.size(-1))) <= 160 * 1024;
+}
+
+}  // namespace
+
+void register_bwd(Registry& r) {
+  const BackendSpec s = gdn::sm80::spec();
+  const auto B = Direction::kBackward;
+  r.add<ChunkKdaBwdWyDqkgArgs>("chunk_kda_bwd_wy_dqkg_fused", B, s, sup_wy, wy_dqkg);
+  r.add<ChunkKdaBwdIntraArgs>("chunk_kda_bwd_intra", B, s, sup_bintra, bwd_intra);
+  r.add<ChunkKdaBwdArgs>("chunk_kda", B, s, sup_top_bwd, top_bwd);
+  r.add<FusedRecurrentKdaBwdArgs>("fused_recurrent_kda", B, s, sup_rec_bwd, recurrent_bwd);
+}
 
 }  // namespace fusedops::kda::sm80
