@@ -359,23 +359,26 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // fused_recurrent_kda (backward): CTA per (sequence, q/k head), the group's value heads in order.
-// The state before token t is recomputed from h0 for every t (O(T^2) token steps: no workspace in
-// this API, and checkpoints of [K,V] states do not fit on chip); the operator is meant for
-// decoding-length sequences and supports() refuses T > kRecBwdMaxT. Shared memory holds the state
-// Sp [K][V+1] and its gradient dS [K][V+1] in fp32 (odd leading dimension: row and column passes
-// are both conflict-free). Column passes: thread x owns state column x; row passes: thread y owns
-// row y. Per token (reverse): St = diag(a) Sp; p = St^T k; delta = beta (v - p);
+// The states are recomputed (no workspace in this API): per block of 32 tokens, in reverse, the
+// state before the block is recomputed from h0 and kept in registers (64 per thread: K*V <= 16384),
+// and the state before each token of the block from that checkpoint: T^2/64 + 16 T token steps,
+// so supports() refuses T > kRecBwdMaxT (the operator is meant for decoding-length sequences).
+// Shared memory holds the state Sp [K][V+1] and its gradient dS [K][V+1] in fp32 (odd leading
+// dimension: row and column passes are both conflict-free). Column passes: thread x owns state
+// column x; row passes: thread y owns row y. Per token (reverse): St = diag(a) Sp; p = St^T k; delta = beta (v - p);
 //   dq = scale (St + k delta^T) dO;  dS += scale q dO^T;  dk = dS delta;  dd = dS^T k;
 //   dv = beta dd;  dbeta = dd . (v - p);  dp = -beta dd;  D = dS + k dp^T;  dk += St dp;
 //   dg = rowsum(St . D);  dS = diag(a) D.
 
-constexpr int64_t kRecBwdMaxT = 1024;
+constexpr int64_t kRecBwdMaxT = 4096;
+constexpr int64_t kRecBlk = 32;  // tokens per recomputation block
+constexpr int kRecCk = 64;       // checkpoint elements per thread: K * V <= 256 * 64
 
 size_t rec_bwd_smem(int K, int V) {
   return sizeof(float) * (2 * static_cast<size_t>(K) * (V + 1) + 3 * static_cast<size_t>(K) + 6 * V + 8);
 }
 
-__global__ void __launch_bounds__(kThreads) rec_bwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok dout,
+__global__ void __launch_bounds__(kThreads, 1) rec_bwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok dout,
                                                            Mat dht, Tok dq, Tok dk, Tok dv, Tok dg, Tok dbeta,
                                                            Mat dh0, Layout L, int K, int V, int HV, int G,
                                                            float scale) {
@@ -405,29 +408,24 @@ __global__ void __launch_bounds__(kThreads) rec_bwd_kernel(Tok q, Tok k, Tok v, 
       const int y = e / V, x = e - y * V;
       dS[y * ld + x] = dht.p ? ldf(dht.p, dht.code, sidx * K * V + e) : 0.0f;
     }
-    for (int64_t t = s.len - 1; t >= 0; --t) {
-      // Sp = the state before token t, from h0.
-      __syncthreads();
-      for (int e = tid; e < K * V; e += blockDim.x) {
-        const int y = e / V, x = e - y * V;
-        Sp[y * ld + x] = h0.p ? ldf(h0.p, h0.code, sidx * K * V + e) : 0.0f;
-      }
-      for (int64_t tau = 0; tau <= t; ++tau) {
+    // Tokens tau in [from, to] (loading q and dO at tau == tq); a forward step on the columns for
+    // every tau != tq. Starts and ends with every thread past a barrier after the loads.
+    auto tokens = [&](int64_t from, int64_t to, int64_t tq) {
+      for (int64_t tau = from; tau <= to; ++tau) {
         const int64_t tt = s.t0 + tau;
         __syncthreads();
         for (int y = tid; y < K; y += blockDim.x) {
           ks[y] = k.ld(s.b, tt, hk, y);
           as[y] = g.p ? expf(g.ld(s.b, tt, hv, y)) : 1.0f;
-          if (tau == t) qs[y] = q.ld(s.b, tt, hk, y);
+          if (tau == tq) qs[y] = q.ld(s.b, tt, hk, y);
         }
         for (int x = tid; x < V; x += blockDim.x) {
           vs[x] = v.ld(s.b, tt, hv, x);
-          if (tau == t) ds[x] = dout.ld(s.b, tt, hv, x);
+          if (tau == tq) ds[x] = dout.ld(s.b, tt, hv, x);
         }
         if (tid == 0) sc[0] = beta.p ? beta.ld(s.b, tt, hv, 0) : 1.0f;
         __syncthreads();
-        if (tau < t) {
-          // Forward step on the columns.
+        if (tau != tq) {
           for (int x = tid; x < V; x += blockDim.x) {
             float p = 0.0f;
             for (int y = 0; y < K; ++y) p = fmaf(ks[y], as[y] * Sp[y * ld + x], p);
@@ -436,6 +434,33 @@ __global__ void __launch_bounds__(kThreads) rec_bwd_kernel(Tok q, Tok k, Tok v, 
           }
         }
       }
+    };
+    const int64_t nblk = (s.len + kRecBlk - 1) / kRecBlk;
+    for (int64_t blk = nblk - 1; blk >= 0; --blk) {
+      const int64_t b0 = blk * kRecBlk, b1 = b0 + kRecBlk < s.len ? b0 + kRecBlk : s.len;
+      // The state before token b0, from h0, kept in registers (element e = tid + 256 r).
+      __syncthreads();
+      for (int e = tid; e < K * V; e += blockDim.x) {
+        const int y = e / V, x = e - y * V;
+        Sp[y * ld + x] = h0.p ? ldf(h0.p, h0.code, sidx * K * V + e) : 0.0f;
+      }
+      tokens(0, b0 - 1, -1);
+      __syncthreads();
+      float ck[kRecCk];
+#pragma unroll
+      for (int r = 0; r < kRecCk; ++r) {
+        const int e = tid + kThreads * r;
+        ck[r] = e < K * V ? Sp[(e / V) * ld + e % V] : 0.0f;
+      }
+      for (int64_t t = b1 - 1; t >= b0; --t) {
+      // Sp = the state before token t: the block's checkpoint, then tokens b0 .. t-1.
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kRecCk; ++r) {
+        const int e = tid + kThreads * r;
+        if (e < K * V) Sp[(e / V) * ld + e % V] = ck[r];
+      }
+      tokens(b0, t, t);
       // Token t. Pass 1 (columns): p, delta.
       const float bt = sc[0];
       for (int x = tid; x < V; x += blockDim.x) {
@@ -497,6 +522,7 @@ __global__ void __launch_bounds__(kThreads) rec_bwd_kernel(Tok q, Tok k, Tok v, 
           dk.st_(s.b, tt, hk, y, dk.ld(s.b, tt, hk, y) + dkv);
         }
       }
+      }
     }
     __syncthreads();
     if (dh0.p)
@@ -554,6 +580,7 @@ bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
   return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv,
                  &a.dg, &a.dbeta, &a.dh0}) &&
          a.q.size(-1) <= kThreads && a.v.size(-1) <= kThreads && a.q.size(1) <= kRecBwdMaxT &&
+         a.q.size(-1) * a.v.size(-1) <= kThreads * kRecCk &&
          rec_bwd_smem(static_cast<int>(a.q.size(-1)), static_cast<int>(a.v.size(-1))) <= 160 * 1024;
 }
 
