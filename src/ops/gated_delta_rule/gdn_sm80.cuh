@@ -302,6 +302,6 @@ inline bool no_f64(std::initializer_list<const TensorView*> ts) {
 }  // namespace fusedops::gdn::sm80
 
 namespace fusedops::gdn {
-// The backward half of the CUDA backend (gated_delta_rule_sm80_bwd.cu).
+// The backward half of the CUDA backend (gated_delta_rule_bwd_sm80.cu).
 void register_cuda_sm80_bwd(Registry& r);
 }  // namespace fusedops::gdn

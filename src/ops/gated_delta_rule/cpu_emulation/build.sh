@@ -22,7 +22,7 @@ namespace fusedops::cuda { class DeviceGuard { public: DeviceGuard(const char*, 
 EOH
 python3 $HERE/prep.py $ROOT/src/ops/gated_delta_rule $OUT/shadow/src/ops/gated_delta_rule
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
-for f in fwd bwd; do $CXX -c $OUT/shadow/src/ops/gated_delta_rule/gated_delta_rule_sm80_$f.cpp -o $OUT/emu_$f.o; done
+for f in fwd bwd; do $CXX -c $OUT/shadow/src/ops/gated_delta_rule/gated_delta_rule_${f}_sm80.cpp -o $OUT/emu_$f.o; done
 $CXX -c $HERE/emu_register.cpp -o $OUT/emu_register.o
 $CXX -O2 -c $ROOT/tests/cpp/ops/test_gated_delta_rule.cpp -o $OUT/test_gdn.o
 BLAS=$(grep -o "BLAS_openblas_LIBRARY:FILEPATH=.*" $B/CMakeCache.txt | cut -d= -f2)

@@ -6,7 +6,7 @@ import sys
 
 src, dst = sys.argv[1], sys.argv[2]
 os.makedirs(dst, exist_ok=True)
-for f in ["gdn_sm80.cuh", "gated_delta_rule_sm80_fwd.cu", "gated_delta_rule_sm80_bwd.cu"]:
+for f in ["gdn_sm80.cuh", "gated_delta_rule_fwd_sm80.cu", "gated_delta_rule_bwd_sm80.cu"]:
     s = open(os.path.join(src, f)).read()
     s = s.replace("extern __shared__ float smem[];",
                   "float* smem = reinterpret_cast<float*>(g_emu_smem.data());")
