@@ -1223,8 +1223,6 @@ TopIndex make_top_index(const Shape& s, int64_t BT, Device dev) {
   return ix;
 }
 
-TensorView opt(const TestTensor& t) { return t.numel() || !t.shape().empty() ? t.view() : TensorView(); }
-
 struct Result {
   TestTensor o, ht, dq, dk, dv, dg, dbeta, dh0, dA, dbias;
 };

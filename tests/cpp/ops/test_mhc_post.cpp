@@ -100,12 +100,6 @@ TensorView padded_view(const TestTensor& buf, const std::vector<double>& bv, DTy
                     static_cast<int>(shape.size()), shape.data(), str.data());
 }
 
-int64_t numel_of(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t v : s) n *= v;
-  return n;
-}
-
 void check_case(const BackendCase& b, DType dtype, const std::vector<int64_t>& shape, uint64_t seed,
                 int64_t pad = 0, int64_t offset = 0) {
   SCOPED_TRACE(case_name(b.id, dtype, shape) + " pad " + std::to_string(pad) + " offset " +
