@@ -1,4 +1,5 @@
-// CPU emulation of the CUDA features the cuda_sm80 GDN kernels use (see build.sh). Test aid only.
+// CPU emulation of the CUDA features the cuda_sm80 GDN and KDA kernels use (see the build.sh of
+// each family). Test aid only.
 #pragma once
 #include <barrier>
 #include <cmath>

@@ -10,7 +10,7 @@ ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 HERE=$ROOT/src/ops/kda/cpu_emulation
 B=$1; OUT=${EMU_OUT:-/tmp/kda_cpu_emulation}
 mkdir -p $OUT/shadow/src/cuda
-cp $HERE/emu_core.h $OUT/shadow/
+cp $ROOT/src/ops/gated_delta_rule/cpu_emulation/emu_core.h $OUT/shadow/  # the one emulation core (GDN and KDA)
 printf '#pragma once\n#include "emu_core.h"\n' > $OUT/shadow/cuda_runtime_api.h
 printf '#pragma once\n#include "emu_core.h"\n#include "src/core/half.h"\nusing __nv_bfloat16 = fusedops::bf16_t;\ninline float __bfloat162float(__nv_bfloat16 v) { return fusedops::to_float(v); }\ninline __nv_bfloat16 __float2bfloat16_rn(float v) { return fusedops::float_to_bf16(v); }\n' > $OUT/shadow/cuda_bf16.h
 printf '#pragma once\n#include "emu_core.h"\n#include "src/core/half.h"\nusing __half = fusedops::fp16_t;\ninline float __half2float(__half v) { return fusedops::to_float(v); }\ninline __half __float2half_rn(float v) { return fusedops::float_to_fp16(v); }\n' > $OUT/shadow/cuda_fp16.h
