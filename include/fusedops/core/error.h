@@ -2,10 +2,13 @@
 // source location. The Python binding maps the kind to ValueError / TypeError / RuntimeError.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace fusedops {
@@ -35,11 +38,46 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+template <class>
+inline constexpr bool kUnsupportedPart = false;
+
+// Appends one part of a message the way std::ostream's defaults print it (integers in decimal,
+// floating point as %g, bool as 1/0), but without iostreams: formatting through std::locale
+// crashed inside some Python processes, where another library's copy of the C++ runtime
+// interposed the locale facet ids (seen with torch 2.11+cu130 on an H200 host).
+template <class T>
+void append_part(std::string& out, const T& v) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, bool>) {
+    out += v ? '1' : '0';
+  } else if constexpr (std::is_same_v<U, char>) {
+    out += v;
+  } else if constexpr (std::is_enum_v<U>) {
+    append_part(out, static_cast<std::underlying_type_t<U>>(v));
+  } else if constexpr (std::is_integral_v<U>) {
+    char buf[24];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
+  } else if constexpr (std::is_floating_point_v<U>) {
+    char buf[40];
+    const int n = std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+    out.append(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
+    if constexpr (std::is_pointer_v<T>) {
+      out += v ? std::string_view(v) : std::string_view("(null)");
+    } else {
+      out += std::string_view(v);
+    }
+  } else {
+    static_assert(kUnsupportedPart<U>, "fusedops::detail::concat: unsupported message part type");
+  }
+}
+
 template <class... Parts>
 std::string concat(Parts&&... parts) {
-  std::ostringstream os;
-  (os << ... << std::forward<Parts>(parts));
-  return os.str();
+  std::string out;
+  (append_part(out, parts), ...);
+  return out;
 }
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& op, const std::string& message,
                               const char* file, int line);

@@ -1,6 +1,5 @@
 // clipped_swiglu: argument checks (ops.md section 7.5), then dispatch to the selected backend.
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,11 +13,7 @@ namespace {
 
 using clipped_swiglu::kOp;
 
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
+std::string num(double v) { return detail::concat(v); }
 
 // Checks shared by both directions; returns the output shape (x's with shape[dim] halved).
 std::vector<int64_t> check_common(const Context& ctx, const TensorView& x, const TensorView& gi,
