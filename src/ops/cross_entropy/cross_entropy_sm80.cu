@@ -604,9 +604,11 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, int optin) {
 }
 
 // Raises the kernel's dynamic shared-memory limit once per (kernel, device), so that calls
-// after the first (e.g. inside CUDA-graph capture) make no such API call.
+// after the first (e.g. inside CUDA-graph capture) make no such API call. Any non-zero request
+// goes through here: the default limit is 48 KiB minus the kernel's static shared memory, so a
+// request of exactly 48 KiB already needs the attribute.
 void allow_smem(const char* op, const void* kernel, int device, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
+  if (bytes == 0) return;
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, size_t> allowed;
   std::lock_guard<std::mutex> lock(mu);
@@ -622,6 +624,20 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
   auto kernel = rows_vec_kernel<TIn, TOut, kIters>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
   kernel<<<static_cast<unsigned>(pl.blocks), pl.threads, pl.smem_bytes, stream>>>(p);
+  const cudaError_t err = cudaPeekAtLastError();
+  if (err != cudaSuccess) {
+    // Say which launch configuration the device refused, next to what the kernel allows.
+    cudaGetLastError();
+    cudaFuncAttributes at{};
+    cudaFuncGetAttributes(&at, kernel);
+    FUSEDOPS_FAIL(kRuntime, op, "CUDA error ", cudaGetErrorName(err), " launching the row kernel (",
+                  kIters, " register units) with ", pl.blocks, " blocks of ", pl.threads,
+                  " threads and ", pl.smem_bytes, " B of dynamic shared memory (rows ", p.rows,
+                  ", vocab ", p.vocab, "); the kernel allows ", at.maxThreadsPerBlock,
+                  " threads, uses ", at.numRegs, " registers and ", at.sharedSizeBytes,
+                  " B of static shared memory, dynamic limit ", at.maxDynamicSharedSizeBytes,
+                  " B, device opt-in ", smem_optin(device), " B");
+  }
 }
 
 template <class TIn, class TOut>
