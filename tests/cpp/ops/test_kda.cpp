@@ -104,7 +104,8 @@ struct Index {
   TensorView cov() const { return co.numel() ? co.view() : TensorView(); }
 };
 
-Index make_index(const Layout& L, DType idt = DType::kInt64) {
+// Built on the host, then placed on dev (a device backend reads them on its device).
+Index make_index(const Layout& L, Device dev, DType idt = DType::kInt64) {
   Index ix;
   if (L.cu.empty()) return ix;
   const int64_t n = static_cast<int64_t>(L.cu.size());
@@ -118,6 +119,9 @@ Index make_index(const Layout& L, DType idt = DType::kInt64) {
   ix.co = TestTensor(idt, {n});
   prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
   prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
+  ix.cu = ix.cu.to(dev);
+  ix.ci = ix.ci.to(dev);
+  ix.co = ix.co.to(dev);
   return ix;
 }
 
@@ -656,7 +660,7 @@ std::vector<int64_t> snap(const Layout& L) {
 
 TEST(KdaSubops, FwdIntraAndRecomputeWU) {
   for_each_case("chunk_kda_fwd_intra", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 11, dt, 2.0);
     const Rd rb{dt}, acc{f32or(dt)};
     TestTensor q = tensor(dt, tok(L, L.H, L.K), in.q, b.device), k = tensor(dt, tok(L, L.H, L.K), in.k, b.device);
@@ -688,7 +692,7 @@ TEST(KdaSubops, FwdIntraAndRecomputeWU) {
 
 TEST(KdaSubops, FwdOAndBwdDAv) {
   for_each_case("chunk_kda_fwd_o", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 12, dt);
     const Rd acc{f32or(dt)};
     std::mt19937_64 gen(3);
@@ -714,7 +718,7 @@ TEST(KdaSubops, FwdOAndBwdDAv) {
 TEST(KdaSubops, BwdWyDqkgFusedAndBwdIntra) {
   for_each_case("chunk_kda_bwd_wy_dqkg_fused", Direction::kBackward,
                 [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 13, dt, 2.0);
     const Rd acc{f32or(dt)};
     const DType adt = f32or(dt);
@@ -817,7 +821,7 @@ TEST(KdaSubops, GateBothForms) {
 
 TEST(KdaSubops, GdnStateRecurrencesInTheirGkForm) {
   for_each_case("chunk_gated_delta_rule_fwd_h", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 17, dt);
     const DType adt = f32or(dt);
     const Vec Akk = stored(o_intra(in, L, 0.3, kExact).second, dt);
@@ -851,7 +855,7 @@ TEST(KdaSubops, GdnStateRecurrencesInTheirGkForm) {
 
 TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
   for_each_case("fused_recurrent_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 14, dt);
     const DType adt = f32or(dt);
     for (bool full : {true, false}) {  // with g, beta, h0, dht; and without any of them
@@ -895,7 +899,7 @@ TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
 // The top level: forward and backward against the recurrence oracle (base: the recurrence in dt).
 TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
   for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L);
+    const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 15, dt);
     const DType adt = f32or(dt);
     auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
@@ -976,12 +980,12 @@ TEST(KdaSubops, RepeatedBackwardPiecesAreBitwiseEqual) {
 
 TEST(KdaSubops, GatesOfMinus1000StayFinite) {
   const Layout L{1, 130, 1, 2, 16, 16, 64, {0, 15, 100, 130}};
-  const Index ix = make_index(L);
   Inputs in = make_inputs(L, 16, DType::kFloat32);
   for (size_t i = 0; i < in.graw.size(); i += 3) in.graw[i] = -1000.0;
   in.gk = stored(o_cumsum(in.graw, L), DType::kFloat32);
   for (const auto& b : runnable_backends("chunk_kda_bwd_intra", Direction::kBackward)) {
     SCOPED_TRACE(b.id);
+    const Index ix = make_index(L, b.device);
     TestTensor q = tensor(DType::kFloat32, tok(L, L.H, L.K), in.q, b.device);
     TestTensor k = tensor(DType::kFloat32, tok(L, L.H, L.K), in.k, b.device);
     TestTensor gk = tensor(DType::kFloat32, tok(L, L.HV, L.K), in.gk, b.device);
