@@ -67,6 +67,10 @@ def parse_args(argv):
 
 def git_commit() -> dict:
     info = {"commit": os.environ.get("FUSEDOPS_COMMIT") or None, "dirty": None}
+    if info["commit"]:
+        # Named by the caller (a tree exported from a commit, e.g. inside another checkout on the
+        # GPU machine, where git would describe the enclosing repository instead).
+        return info
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10)
