@@ -55,21 +55,29 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
+      if (task + 1 < e) {  // the next task's operands, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
+          prefetch_rows(v, nx, hv);
+          prefetch_rows(A, nx, hv);
+          prefetch_rows(dw, nx, hv);
+          prefetch_rows(du, nx, hv);
+        }
+      }
       dGd.assign(n, 0.0);
       dBd.assign(n, 0.0);
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* kt = s.get(1, K * n);
-      transpose(kr.p, kr.ld, n, K, kt, n);
       float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n, Tri::kNone, true);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
+           true);
       float* dKs = s.get(3, n * K);
       std::fill(dKs, dKs + n * K, 0.0f);
       float* Am = s.get(4, n * n);
-      float* At = s.get(5, n * n);
       float* bt = s.get(6, n);
       float* gm = s.get(7, n);
       float* eg = s.get(8, n);
-      float* vt = s.get(9, V * n);
       float* dA = s.get(10, n * n);
       float* tmp = s.get(11, n * n);
       float* R = s.get(12, n * K);
@@ -82,7 +90,6 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       float* rowbuf = s.get(19, std::max(K, V));
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_tril_block(A, c, hv, false, Am, n);
-        transpose(Am, n, n, n, At, n);
         load_scalars(beta, c, hv, bt);
         load_scalars(g, c, hv, gm);
         std::copy(gm, gm + n, eg);
@@ -91,10 +98,11 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
         const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
         const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
-        transpose(vr.p, vr.ld, n, V, vt, n);
         // dA = dW Kbg^T + dU Vb^T = (dW K^T) diag(beta e^g) + (dU V^T) diag(beta), strictly lower.
-        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kt, n, false, dA, n, Tri::kNone, true);
-        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vt, n, false, tmp, n, Tri::kNone, true);
+        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kr.p, kr.ld, false, dA, n, Tri::kNone, true, nullptr, 0,
+           true);
+        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vr.p, vr.ld, false, tmp, n, Tri::kNone, true, nullptr,
+             0, true);
         for (int64_t i = 0; i < n; ++i) {
           float* d = dA + i * n;
           const float* t = tmp + i * n;
@@ -116,7 +124,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         commit_rows(Po, dv, c, hv);
         // dL = -M> . (A^T (M>.dA) A^T).
         gemm(n, n, n, 1.0f, Am, 1, n, dA, n, false, T1, n, Tri::kUpper);
-        gemm(n, n, n, -1.0f, T1, n, 1, At, n, false, dL, n, Tri::kNone, true);
+        gemm(n, n, n, -1.0f, T1, n, 1, Am, n, false, dL, n, Tri::kNone, true, nullptr, 0, true);
         for (int64_t i = 0; i < n; ++i) {
           float* d = dL + i * n;
           for (int64_t j = 0; j < i; ++j) {
@@ -176,6 +184,16 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
       for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
         const Chunk& c = *it;
         const int64_t len = c.len, last = len - 1;
+        if (it + 1 != chunks.rend()) {  // the next chunk's operands, while this one computes
+          const Chunk& nx = *(it + 1);
+          prefetch_rows(q, nx, hv / G);
+          prefetch_rows(k, nx, hv / G);
+          prefetch_rows(w, nx, hv);
+          prefetch_rows(dO, nx, hv);
+          prefetch_rows(dvl, nx, hv);
+          prefetch_rows(dv2, nx, hv, true);
+          if (vt == V) prefetch_state(dh, nx.index * HV + hv, true);
+        }
         store_state_tile(X, dh, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
@@ -247,12 +265,21 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
+      if (task + 1 < e) {  // the next task's rows, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
+          prefetch_rows(dO, nx, hv);
+          prefetch_rows(dv, nx, hv, true);
+        }
+      }
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      float* kt = s.get(2, K * n);
-      transpose(kr.p, kr.ld, n, K, kt, n);
       float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
+           true);
       float* P = s.get(4, n * n);
       float* gm = s.get(5, n);
       float* D = s.get(6, n * V);
@@ -283,15 +310,25 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len, last = n - 1;
+      if (task + 1 < e) {  // the next task's operands, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
+          prefetch_state(h, nx.index * HV + hv);
+          prefetch_state(dh, nx.index * HV + hv);
+          prefetch_rows(vn, nx, hv);
+          prefetch_rows(dO, nx, hv);
+          prefetch_rows(d2, nx, hv);
+        }
+      }
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
       float* dQs = s.get(2, n * K);
       float* dKs = s.get(3, n * K);
       std::fill(dQs, dQs + n * K, 0.0f);
       std::fill(dKs, dKs + n * K, 0.0f);
-      float* St = s.get(4, V * K);
-      float* dHt = s.get(5, V * K);
-      float* vnT = s.get(6, V * n);
       float* Ds = s.get(7, n * n);
       float* dQ = s.get(8, n * K);
       float* dK = s.get(9, n * K);
@@ -306,39 +343,37 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
       float* qk = nullptr;
       std::vector<double> t1, rs;
       if (dg.defined()) {
-        float* kt = s.get(21, K * n);
         qk = s.get(22, n * n);
-        transpose(kr.p, kr.ld, n, K, kt, n);
-        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
+        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
+           true);
         t1.resize(n);
         rs.resize(n);
       }
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
         const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
         const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
-        transpose(S, V, K, V, St, K);
-        transpose(dH, V, K, V, dHt, K);
+        // S^T, dH^T and Vnew^T are packed by the products straight from S, dH and Vnew.
         const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
         const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
-        transpose(vr.p, vr.ld, n, V, vnT, n);
         load_scalars(g, c, hv, gm);
         std::copy(gm, gm + n, eg);
         exp_inplace(eg, n);
         // Ds = scale M>= . Gamma . (dO Vnew^T).
         decay_matrix(gm, n, false, Ds, n);
         float* dov = s.get(20, n * n);
-        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vnT, n, false, dov, n, Tri::kNone, true);
+        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vr.p, vr.ld, false, dov, n, Tri::kNone, true, nullptr,
+             0, true);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
         // dQ = scale diag(e^g) dO S^T + Ds K.
-        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, St, K, false, dQ, K);
+        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, S, V, false, dQ, K, Tri::kNone, false, nullptr, 0, true);
         if (dg.defined())
           for (int64_t i = 0; i < n; ++i) t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * K, qr.p + i * qr.ld, K);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t y = 0; y < K; ++y) dQ[i * K + y] *= scale * eg[i];
         gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, K, Tri::kLower);
         // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
-        gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dHt, K, false, dKi, K);
+        gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dH, V, false, dKi, K, Tri::kNone, false, nullptr, 0, true);
         for (int64_t i = 0; i < n; ++i) {
           const float f = std::exp(gm[last] - gm[i]);
           for (int64_t y = 0; y < K; ++y) dK[i * K + y] = dKi[i * K + y] *= f;
@@ -347,7 +382,8 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         if (dw.defined()) {
           const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
           const OutRows Wo = out_rows(dw, c, hv, dW);
-          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, St, K, false, Wo.p, Wo.ld);
+          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, S, V, false, Wo.p, Wo.ld, Tri::kNone, false, nullptr,
+               0, true);
           commit_rows(Wo, dw, c, hv);
         }
         if (dg.defined()) {

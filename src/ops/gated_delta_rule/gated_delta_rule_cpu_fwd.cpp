@@ -47,12 +47,11 @@ const float* view_state(const Mat& m, int64_t index, float* buf) {
 }
 
 void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float* out, int64_t ld) {
-  std::vector<float> row(A.D);
+  // Only the m = i (+1) leading entries of row i are read (converted straight into out).
   for (int64_t i = 0; i < c.len; ++i) {
-    load_floats(A.ptr(c.b, c.t0 + i, h), A.dtype, row.data(), A.D);
     float* o = out + i * ld;
     const int64_t m = strict ? i : i + 1;
-    for (int64_t j = 0; j < m; ++j) o[j] = row[j];
+    load_floats(A.ptr(c.b, c.t0 + i, h), A.dtype, o, m);
     std::fill(o + m, o + c.len, 0.0f);
   }
 }
@@ -104,11 +103,16 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
+      if (task + 1 < e) {  // the next task's rows, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) prefetch_rows(A, nx, hv, true);
+      }
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* kt = s.get(1, K * n);
-      transpose(kr.p, kr.ld, n, K, kt, n);
       float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kt, n, false, kk, n, Tri::kNone, true);
+      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
+           true);
       float* gam = s.get(3, n * n);
       float* bt = s.get(5, n);
       float* gm = s.get(6, n);
@@ -165,6 +169,17 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
+      if (task + 1 < e) {  // the next task's rows, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
+          prefetch_rows(A, nx, hv);
+          prefetch_rows(v, nx, hv);
+          prefetch_rows(w, nx, hv, true);
+          prefetch_rows(u, nx, hv, true);
+        }
+      }
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
       float* Am = s.get(1, n * n);
       float* Aw = s.get(2, n * n);
@@ -210,8 +225,18 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
       float* X = s.get(0, K * vt);
       if (h0.defined()) load_state_tile(h0, n * HV + hv, v0, vt, X);
       else std::fill(X, X + K * vt, 0.0f);
-      for (const Chunk& c : make_chunks({seqs[n]}, BT)) {
+      const auto chunks = make_chunks({seqs[n]}, BT);
+      for (size_t ci = 0; ci < chunks.size(); ++ci) {
+        const Chunk& c = chunks[ci];
         const int64_t len = c.len, last = len - 1;
+        if (ci + 1 < chunks.size()) {  // the next chunk's operands, while this one computes
+          const Chunk& nx = chunks[ci + 1];
+          prefetch_rows(k, nx, hv / G);
+          prefetch_rows(w, nx, hv);
+          prefetch_rows(u, nx, hv);
+          if (vn.defined()) prefetch_rows(vn, nx, hv, true);
+          if (vt == V) prefetch_state(h, nx.index * HV + hv, true);
+        }
         store_state_tile(X, h, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
@@ -238,18 +263,24 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
             store_floats(Vn + i * vt, col_ptr(vn, c.b, c.t0 + i, hv, v0), vn.dtype, vt);
         // Vg = diag(exp(g_last - g)) Vn (or Vn itself without a scalar gate).
         float* Vg = s.get(6, len * vt);
-        for (int64_t i = 0; i < len; ++i) std::copy(Vn + i * ldn, Vn + i * ldn + vt, Vg + i * vt);
         if (g.defined()) {
           float* gm = s.get(4, len);
           load_scalars(g, c, hv, gm);
           const float gl = gm[last];
           for (int64_t i = 0; i < len; ++i) gm[i] = gl - gm[i];
           exp_inplace(gm, len);
-          for (int64_t i = 0; i < len; ++i)
-            for (int64_t x = 0; x < vt; ++x) Vg[i * vt + x] *= gm[i];
+          for (int64_t i = 0; i < len; ++i) {
+            const float f = gm[i];
+            const float* __restrict src = Vn + i * ldn;
+            float* __restrict dst = Vg + i * vt;
+            for (int64_t x = 0; x < vt; ++x) dst[x] = src[x] * f;
+          }
           const float d = std::exp(gl);
           for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
-        } else if (gk.defined()) {
+        } else {
+          for (int64_t i = 0; i < len; ++i) std::copy(Vn + i * ldn, Vn + i * ldn + vt, Vg + i * vt);
+        }
+        if (!g.defined() && gk.defined()) {
           float* gl = s.get(4, K);
           load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gl, K);
           exp_inplace(gl, K);
@@ -274,12 +305,22 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
+      if (task + 1 < e) {  // the next task's operands, while this one computes
+        const Chunk& nx = chunks[(task + 1) / H];
+        const int64_t nh = (task + 1) % H;
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
+          prefetch_state(h, nx.index * HV + hv);
+          prefetch_rows(v, nx, hv);
+          prefetch_rows(o, nx, hv, true);
+        }
+      }
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      float* kt = s.get(2, K * n);
-      transpose(kr.p, kr.ld, n, K, kt, n);
       float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kt, n, false, qk, n, Tri::kNone, true);
+      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
+           true);
       float* P = s.get(4, n * n);
       float* gm = s.get(5, n);
       float* eg = s.get(6, n);

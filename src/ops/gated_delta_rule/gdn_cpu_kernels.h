@@ -86,67 +86,6 @@ inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int64_t pstr
       C[r * ldc + j] = Cb ? Cb[r * ldcb + j] + alpha * acc[r][j] : alpha * acc[r][j];
 }
 
-// C[M,N] (=|+=) alpha * A[M,K] B[K,N]. A(i,k) = A[i*ars + k*acs] (any strides: pass ars=1,
-// acs=lda for a transposed operand); B row-major with leading dimension ldb; C row-major (ldc).
-// With accumulate=false C is overwritten (its old contents, NaN included, are never read).
-// tri skips the zero part of A; c_lower computes only the blocks of C that touch the lower
-// triangle (j <= i), leaving the rest of C unspecified. With cin, C = Cin + alpha * A B (Cin
-// [M,N] with leading dimension ldcin; it may be C itself).
-inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t ars,
-                 int64_t acs, const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc,
-                 Tri tri = Tri::kNone, bool c_lower = false, const float* cin = nullptr,
-                 int64_t ldcin = 0) {
-  if (M <= 0 || N <= 0) return;
-  alignas(32) float pack[kMR * 256];
-  std::vector<float> big;
-  for (int64_t i0 = 0; i0 < M; i0 += kMR) {
-    const int mr = static_cast<int>(std::min<int64_t>(kMR, M - i0));
-    int64_t k0 = 0, k1 = K;
-    if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
-    if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
-    const int64_t kn = std::max<int64_t>(0, k1 - k0);
-    // A transposed operand (ars == 1) already has each k's rows contiguous: read it in place.
-    // Otherwise pack A[i0:i0+mr, k0:k1] as [kn][mr], one contiguous stream for the broadcasts.
-    const float* ap;
-    int64_t ak;
-    if (ars == 1) {
-      ap = A + i0 + k0 * acs;
-      ak = acs;
-    } else {
-      float* dst = pack;
-      if (kn > 256) {
-        big.resize(kMR * kn);
-        dst = big.data();
-      }
-      const float* a = A + i0 * ars + k0 * acs;
-      for (int64_t k = 0; k < kn; ++k)
-        for (int r = 0; r < mr; ++r) dst[k * mr + r] = a[r * ars + k * acs];
-      ap = dst;
-      ak = mr;
-    }
-    const float* b = B + k0 * ldb;
-    const int64_t jend = c_lower ? std::min<int64_t>(N, i0 + mr) : N;
-    for (int64_t j0 = 0; j0 < jend; j0 += kNR) {
-      const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
-      float* c = C + i0 * ldc + j0;
-      const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
-      const int64_t ldcb = cin ? ldcin : ldc;
-      if (nw == kNR) {
-        switch (mr) {
-          case 6: micro_16<6>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 5: micro_16<5>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 4: micro_16<4>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 3: micro_16<3>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          case 2: micro_16<2>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-          default: micro_16<1>(kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc); break;
-        }
-      } else {
-        micro_tail(mr, nw, kn, ap, ak, b + j0, ldb, alpha, cb, ldcb, c, ldc);
-      }
-    }
-  }
-}
-
 #ifdef __AVX__
 // dst[0..7][0..7] = src[0..7][0..7]^T with AVX shuffles.
 inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
@@ -172,6 +111,108 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
   _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 #endif
+
+// The calling thread's buffer for the packed B operand, kept across calls: no allocation per call.
+inline float* gemm_pack_buf(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// C[M,N] (=|+=) alpha * A[M,K] B[K,N]. A(i,k) = A[i*ars + k*acs] (any strides: pass ars=1,
+// acs=lda for a transposed operand); B row-major with leading dimension ldb; C row-major (ldc).
+// With accumulate=false C is overwritten (its old contents, NaN included, are never read).
+// tri skips the zero part of A; c_lower computes only the blocks of C that touch the lower
+// triangle (j <= i), leaving the rest of C unspecified. With cin, C = Cin + alpha * A B (Cin
+// [M,N] with leading dimension ldcin; it may be C itself).
+// B's full 16-column panels are packed once as [panel][K][16] (contiguous: rows of B at
+// power-of-two strides would share a few L1 sets and evict each other between the row blocks).
+// With b_trans, B is given transposed: B(k, j) = B[j*ldb + k] (packed straight from it, no
+// separate transpose). Every element of C is one micro-kernel dot product over k in order, so
+// the result does not depend on the blocking.
+inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t ars,
+                 int64_t acs, const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc,
+                 Tri tri = Tri::kNone, bool c_lower = false, const float* cin = nullptr,
+                 int64_t ldcin = 0, bool b_trans = false) {
+  if (M <= 0 || N <= 0) return;
+  alignas(32) float pack[kMR * 256];
+  std::vector<float> big;
+  const int64_t npan = (N + kNR - 1) / kNR, nfull = N / kNR;
+  // Panel stride: one spare row, so that the panels do not all start in the same cache set.
+  const int64_t ps = (K + 1) * kNR;
+  float* bpack = gemm_pack_buf(ps * npan);
+  if (!b_trans) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float* row = B + k * ldb;
+      for (int64_t p = 0; p < nfull; ++p) {
+        store8(bpack + p * ps + k * kNR, load8(row + p * kNR));
+        store8(bpack + p * ps + k * kNR + 8, load8(row + p * kNR + 8));
+      }
+      for (int64_t j = nfull * kNR; j < N; ++j)
+        bpack[nfull * ps + k * kNR + (j - nfull * kNR)] = row[j];
+    }
+  } else {
+    // Panel p holds rows p*16 .. p*16+15 of the given B^T, transposed to [K][16].
+    for (int64_t p = 0; p < npan; ++p) {
+      const int64_t j0 = p * kNR, nw = std::min<int64_t>(kNR, N - j0);
+      float* dst = bpack + p * ps;
+      int64_t k8 = 0, j8 = 0;
+#ifdef __AVX__
+      k8 = K / 8 * 8;
+      j8 = nw / 8 * 8;
+      for (int64_t jj = 0; jj < j8; jj += 8)
+        for (int64_t k = 0; k < k8; k += 8)
+          transpose8x8(B + (j0 + jj) * ldb + k, ldb, dst + k * kNR + jj, kNR);
+#endif
+      for (int64_t jj = 0; jj < nw; ++jj)
+        for (int64_t k = jj < j8 ? k8 : 0; k < K; ++k) dst[k * kNR + jj] = B[(j0 + jj) * ldb + k];
+    }
+  }
+  for (int64_t i0 = 0; i0 < M; i0 += kMR) {
+    const int mr = static_cast<int>(std::min<int64_t>(kMR, M - i0));
+    int64_t k0 = 0, k1 = K;
+    if (tri == Tri::kLower) k1 = std::min<int64_t>(K, i0 + mr);
+    if (tri == Tri::kUpper) k0 = std::min<int64_t>(K, i0);
+    const int64_t kn = std::max<int64_t>(0, k1 - k0);
+    // A[i0:i0+mr, k0:k1] packed as [kn][mr], one contiguous stream for the broadcasts (a
+    // transposed operand too: read in place, its rows would collide in L1 like B's).
+    float* ap = pack;
+    if (kn > 256) {
+      big.resize(kMR * kn);
+      ap = big.data();
+    }
+    const int64_t ak = mr;
+    const float* a = A + i0 * ars + k0 * acs;
+    if (ars == 1 && mr == kMR) {
+      for (int64_t k = 0; k < kn; ++k)
+        for (int r = 0; r < kMR; ++r) ap[k * kMR + r] = a[r + k * acs];
+    } else {
+      for (int64_t k = 0; k < kn; ++k)
+        for (int r = 0; r < mr; ++r) ap[k * mr + r] = a[r * ars + k * acs];
+    }
+    const int64_t jend = c_lower ? std::min<int64_t>(N, i0 + mr) : N;
+    for (int64_t j0 = 0; j0 < jend; j0 += kNR) {
+      const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
+      float* c = C + i0 * ldc + j0;
+      const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
+      const int64_t ldcb = cin ? ldcin : ldc;
+      if (nw == kNR) {
+        const float* b = bpack + (j0 / kNR) * ps + k0 * kNR;
+        switch (mr) {
+          case 6: micro_16<6>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          case 5: micro_16<5>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          case 4: micro_16<4>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          case 3: micro_16<3>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          case 2: micro_16<2>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          default: micro_16<1>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+        }
+      } else {
+        micro_tail(mr, nw, kn, ap, ak, bpack + (j0 / kNR) * ps + k0 * kNR, kNR, alpha, cb, ldcb,
+                   c, ldc);
+      }
+    }
+  }
+}
 
 // dst[c, r] = src[r, c] for an [rows, cols] block (ld = leading dimensions).
 inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
@@ -278,6 +319,27 @@ inline void decay_matrix(const float* g, int64_t n, bool strict, float* gam, int
     exp_inplace(row, m);
     std::fill(row + m, row + n, 0.0f);
   }
+}
+
+// Software prefetch (into L2) of a byte range, of the rows of a chunk and of a state matrix: the
+// loops issue them for the next task's operands while computing the current one (token-major rows
+// are kilobytes apart, so the hardware prefetchers, which stop at page boundaries, would leave
+// most of their lines as demand misses).
+inline void prefetch_bytes(const void* p, int64_t bytes, bool write = false) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) {
+    if (write) __builtin_prefetch(c + off, 1, 2);
+    else __builtin_prefetch(c + off, 0, 2);
+  }
+}
+inline void prefetch_rows(const Tok& t, const Chunk& c, int64_t h, bool write = false) {
+  if (!t.defined()) return;
+  const int64_t bytes = static_cast<int64_t>(t.esize) * t.D;
+  for (int64_t i = 0; i < c.len; ++i) prefetch_bytes(t.ptr(c.b, c.t0 + i, h), bytes, write);
+}
+inline void prefetch_state(const Mat& m, int64_t index, bool write = false) {
+  if (m.defined())
+    prefetch_bytes(m.ptr(index), static_cast<int64_t>(m.esize) * m.rows * m.cols, write);
 }
 
 // A scratch arena of fp32 buffers (buffer i keeps its largest size).
