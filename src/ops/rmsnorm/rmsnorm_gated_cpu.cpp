@@ -94,33 +94,49 @@ void fwd_typed(const RmsNormGatedFwdArgs& a) {
   const bool has_z = a.z.defined(), has_res = a.residual.defined();
   const float inv_g = 1.0f / static_cast<float>(g), eps = static_cast<float>(a.eps);
   float* rstd_out = a.rstd.data_as<float>();
+  // Strides once per call; fp32 rows are read and written in place (no staging copies) when the
+  // row is not modified before the norm (no residual, gate after the norm).
+  const int64_t x_st = a.x.row_stride(), z_st = has_z ? a.z.row_stride() : 0;
+  const int64_t r_st = has_res ? a.residual.row_stride() : 0;
+  const bool x_direct = a.x.dtype() == DType::kFloat32 && !has_res && !(has_z && !a.norm_before_gate);
+  const bool z_direct = has_z && a.z.dtype() == DType::kFloat32;
+  const bool y_direct = a.y.dtype() == DType::kFloat32;
   cpu::parallel_for(0, rows, row_grain(D), [&](int64_t r0, int64_t r1) {
-    std::vector<float> x(D), res(D), z(D), act(D), y(D);
+    std::vector<float> xbuf(D), res(D), zbuf(D), act(D), ybuf(D);
     for (int64_t r = r0; r < r1; ++r) {
-      load_row<T>(a.x.data(), a.x.dtype(), a.x.row_stride(), r, x.data(), D);
-      if (has_res) {
-        load_row<T>(a.residual.data(), a.residual.dtype(), a.residual.row_stride(), r, res.data(), D);
-        for (int64_t d = 0; d < D; ++d) x[d] += res[d];
-        store_row<T>(a.residual_out.data(), a.residual_out.dtype(), r, x.data(), D);
-        // Normalise what was stored (the backward recomputes from it), as x + residual in eager.
-        if (a.residual_out.dtype() != DType::kFloat32)
-          for (int64_t d = 0; d < D; ++d) x[d] = to_float(from_float<T>(x[d]));
+      const float* x = xbuf.data();
+      if (x_direct) {
+        x = a.x.data_as<const float>() + r * x_st;
+      } else {
+        float* xm = xbuf.data();
+        load_row<T>(a.x.data(), a.x.dtype(), x_st, r, xm, D);
+        if (has_res) {
+          load_row<T>(a.residual.data(), a.residual.dtype(), r_st, r, res.data(), D);
+          for (int64_t d = 0; d < D; ++d) xm[d] += res[d];
+          store_row<T>(a.residual_out.data(), a.residual_out.dtype(), r, xm, D);
+          // Normalise what was stored (the backward recomputes from it), as x + residual in eager.
+          if (a.residual_out.dtype() != DType::kFloat32)
+            for (int64_t d = 0; d < D; ++d) xm[d] = to_float(from_float<T>(xm[d]));
+        }
       }
       if (has_z) {
-        load_row<T>(a.z.data(), a.z.dtype(), a.z.row_stride(), r, z.data(), D);
-        gate(a.norm_before_gate ? a.activation : GateActivation::kSilu, z.data(), act.data(), nullptr, D);
+        const float* z = zbuf.data();
+        if (z_direct) z = a.z.data_as<const float>() + r * z_st;
+        else load_row<T>(a.z.data(), a.z.dtype(), z_st, r, zbuf.data(), D);
+        gate(a.norm_before_gate ? a.activation : GateActivation::kSilu, z, act.data(), nullptr, D);
         if (!a.norm_before_gate)
-          for (int64_t d = 0; d < D; ++d) x[d] *= act[d];  // u = x * silu(z)
+          for (int64_t d = 0; d < D; ++d) xbuf[d] *= act[d];  // u = x * silu(z) (x is xbuf here)
       }
+      float* y = y_direct ? a.y.data_as<float>() + r * D : ybuf.data();
       for (int64_t s = 0; s < G; ++s) {
         const int64_t d0 = s * g;
-        const float rs = 1.0f / std::sqrt(cpu::sum_squares(x.data() + d0, g) * inv_g + eps);
+        const float rs = 1.0f / std::sqrt(cpu::sum_squares(x + d0, g) * inv_g + eps);
         rstd_out[r * G + s] = rs;
         for (int64_t d = d0; d < d0 + g; ++d) y[d] = x[d] * rs * w[d] + b[d];
       }
       if (has_z && a.norm_before_gate)
         for (int64_t d = 0; d < D; ++d) y[d] *= act[d];
-      store_row<T>(a.y.data(), a.y.dtype(), r, y.data(), D);
+      if (!y_direct) store_row<T>(a.y.data(), a.y.dtype(), r, y, D);
     }
   });
 }
@@ -139,33 +155,46 @@ void bwd_typed(const RmsNormGatedBwdArgs& a) {
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   // Partial sums in double: a chunk holds many rows, and the fixed order then costs no accuracy.
   std::vector<double> part_w(want_w ? chunks * D : 0), part_b(want_b ? chunks * D : 0);
+  const int64_t x_st = a.x.row_stride(), dy_st = a.dy.row_stride();
+  const int64_t z_st = has_z ? a.z.row_stride() : 0;
+  const int64_t dres_st = a.dresidual.defined() ? a.dresidual.row_stride() : 0;
+  // fp32 rows that are only read are used in place (no staging copies).
+  const bool x_direct = a.x.dtype() == DType::kFloat32 && nbg;
+  const bool dy_direct = a.dy.dtype() == DType::kFloat32;
+  const bool z_direct = has_z && a.z.dtype() == DType::kFloat32;
   cpu::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> x(D), dy(D), z(D), act(D), dact(D), t(D), dx(D), dz(D), dres(D);
+    std::vector<float> xb(D), dyb(D), zb(D), act(D), dact(D), t(D), dx(D), dz(D), dres(D);
     for (int64_t c = c0; c < c1; ++c) {
       double* pw = want_w ? part_w.data() + c * D : nullptr;
       double* pb = want_b ? part_b.data() + c * D : nullptr;
       if (pw) std::fill(pw, pw + D, 0.0);
       if (pb) std::fill(pb, pb + D, 0.0);
       for (int64_t r = c * chunk_rows; r < std::min(rows, (c + 1) * chunk_rows); ++r) {
-        load_row<T>(a.x.data(), a.x.dtype(), a.x.row_stride(), r, x.data(), D);
-        load_row<T>(a.dy.data(), a.dy.dtype(), a.dy.row_stride(), r, dy.data(), D);
+        const float* x = xb.data();
+        if (x_direct) x = a.x.data_as<const float>() + r * x_st;
+        else load_row<T>(a.x.data(), a.x.dtype(), x_st, r, xb.data(), D);
+        const float* dy = dyb.data();
+        if (dy_direct) dy = a.dy.data_as<const float>() + r * dy_st;
+        else load_row<T>(a.dy.data(), a.dy.dtype(), dy_st, r, dyb.data(), D);
         if (has_z) {
-          load_row<T>(a.z.data(), a.z.dtype(), a.z.row_stride(), r, z.data(), D);
-          gate(nbg ? a.activation : GateActivation::kSilu, z.data(), act.data(), dact.data(), D);
+          const float* z = zb.data();
+          if (z_direct) z = a.z.data_as<const float>() + r * z_st;
+          else load_row<T>(a.z.data(), a.z.dtype(), z_st, r, zb.data(), D);
+          gate(nbg ? a.activation : GateActivation::kSilu, z, act.data(), dact.data(), D);
         }
         if (!nbg)
-          for (int64_t d = 0; d < D; ++d) x[d] *= act[d];  // u = x * silu(z)
+          for (int64_t d = 0; d < D; ++d) xb[d] *= act[d];  // u = x * silu(z) (x is xb here)
         // t = w * (upstream gradient of the normalised value): dh = dy*a (gate after) or dy.
         if (has_z && nbg) {
           for (int64_t d = 0; d < D; ++d) t[d] = dy[d] * act[d];
         } else {
-          std::memcpy(t.data(), dy.data(), D * sizeof(float));
+          std::memcpy(t.data(), dy, D * sizeof(float));
         }
         for (int64_t s = 0; s < G; ++s) {
           const int64_t d0 = s * g;
           const float rs = rstd_in[r * G + s];
           for (int64_t d = d0; d < d0 + g; ++d) dx[d] = t[d] * w[d];
-          const float mean = rs * cpu::dot(x.data() + d0, dx.data() + d0, g) * inv_g;
+          const float mean = rs * cpu::dot(x + d0, dx.data() + d0, g) * inv_g;
           for (int64_t d = d0; d < d0 + g; ++d) {
             const float xh = x[d] * rs;
             if (pw) pw[d] += static_cast<double>(t[d] * xh);
@@ -176,14 +205,14 @@ void bwd_typed(const RmsNormGatedBwdArgs& a) {
         }
         if (!nbg) {
           // dx currently holds du; x holds u = x*silu(z): recover x for dz = du*x*silu'(z).
-          load_row<T>(a.x.data(), a.x.dtype(), a.x.row_stride(), r, t.data(), D);
+          load_row<T>(a.x.data(), a.x.dtype(), x_st, r, t.data(), D);
           for (int64_t d = 0; d < D; ++d) {
             dz[d] = dx[d] * t[d] * dact[d];
             dx[d] *= act[d];
           }
         }
         if (a.dresidual.defined()) {
-          load_row<T>(a.dresidual.data(), a.dresidual.dtype(), a.dresidual.row_stride(), r, dres.data(), D);
+          load_row<T>(a.dresidual.data(), a.dresidual.dtype(), dres_st, r, dres.data(), D);
           for (int64_t d = 0; d < D; ++d) dx[d] += dres[d];
         }
         store_row<T>(a.dx.data(), a.dx.dtype(), r, dx.data(), D);
