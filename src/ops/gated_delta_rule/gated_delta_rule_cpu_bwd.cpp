@@ -55,17 +55,16 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
-      if (task + 1 < e) {  // the next task's operands, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
-          prefetch_rows(v, nx, hv);
-          prefetch_rows(A, nx, hv);
-          prefetch_rows(dw, nx, hv);
-          prefetch_rows(du, nx, hv);
-        }
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) {
+            prefetch_rows(v, nx, hv);
+            prefetch_rows(A, nx, hv);
+            prefetch_rows(dw, nx, hv);
+            prefetch_rows(du, nx, hv);
+          });
       dGd.assign(n, 0.0);
       dBd.assign(n, 0.0);
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
@@ -265,16 +264,14 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
-      if (task + 1 < e) {  // the next task's rows, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
-          prefetch_rows(dO, nx, hv);
-          prefetch_rows(dv, nx, hv, true);
-        }
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) {
+            prefetch_rows(dO, nx, hv);
+            prefetch_rows(dv, nx, hv, true);
+          });
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
       float* qk = s.get(3, n * n);
@@ -310,19 +307,17 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len, last = n - 1;
-      if (task + 1 < e) {  // the next task's operands, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
-          prefetch_state(h, nx.index * HV + hv);
-          prefetch_state(dh, nx.index * HV + hv);
-          prefetch_rows(vn, nx, hv);
-          prefetch_rows(dO, nx, hv);
-          prefetch_rows(d2, nx, hv);
-        }
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) {
+            prefetch_state(h, nx.index * HV + hv);
+            prefetch_state(dh, nx.index * HV + hv);
+            prefetch_rows(vn, nx, hv);
+            prefetch_rows(dO, nx, hv);
+            prefetch_rows(d2, nx, hv);
+          });
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
       float* dQs = s.get(2, n * K);

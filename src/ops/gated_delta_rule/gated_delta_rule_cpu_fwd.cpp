@@ -103,12 +103,11 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
-      if (task + 1 < e) {  // the next task's rows, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) prefetch_rows(A, nx, hv, true);
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) { prefetch_rows(A, nx, hv, true); });
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
       float* kk = s.get(2, n * n);
       gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
@@ -169,17 +168,16 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
-      if (task + 1 < e) {  // the next task's rows, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
-          prefetch_rows(A, nx, hv);
-          prefetch_rows(v, nx, hv);
-          prefetch_rows(w, nx, hv, true);
-          prefetch_rows(u, nx, hv, true);
-        }
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) {
+            prefetch_rows(A, nx, hv);
+            prefetch_rows(v, nx, hv);
+            prefetch_rows(w, nx, hv, true);
+            prefetch_rows(u, nx, hv, true);
+          });
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
       float* Am = s.get(1, n * n);
       float* Aw = s.get(2, n * n);
@@ -305,17 +303,15 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
-      if (task + 1 < e) {  // the next task's operands, while this one computes
-        const Chunk& nx = chunks[(task + 1) / H];
-        const int64_t nh = (task + 1) % H;
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-        for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) {
-          prefetch_state(h, nx.index * HV + hv);
-          prefetch_rows(v, nx, hv);
-          prefetch_rows(o, nx, hv, true);
-        }
-      }
+      // The next task's operands, while this one computes.
+      prefetch_next_task(
+          chunks, task, e, H, G,
+          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
+          [&](const Chunk& nx, int64_t hv) {
+            prefetch_state(h, nx.index * HV + hv);
+            prefetch_rows(v, nx, hv);
+            prefetch_rows(o, nx, hv, true);
+          });
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
       float* qk = s.get(3, n * n);

@@ -342,6 +342,19 @@ inline void prefetch_state(const Mat& m, int64_t index, bool write = false) {
     prefetch_bytes(m.ptr(index), static_cast<int64_t>(m.esize) * m.rows * m.cols, write);
 }
 
+// For the chunk-parallel operators (tasks = (chunk, q/k head) pairs, H per chunk): while task
+// `task` of a thread's range [.., end) computes, prefetch the next task's operands: head(next
+// chunk, its q/k head) once, then value_head(next chunk, hv) for each of that head's G value heads.
+template <class HeadFn, class ValueHeadFn>
+inline void prefetch_next_task(const std::vector<Chunk>& chunks, int64_t task, int64_t end, int64_t H,
+                               int64_t G, HeadFn&& head, ValueHeadFn&& value_head) {
+  if (task + 1 >= end) return;
+  const Chunk& nx = chunks[(task + 1) / H];
+  const int64_t nh = (task + 1) % H;
+  head(nx, nh);
+  for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) value_head(nx, hv);
+}
+
 // A scratch arena of fp32 buffers (buffer i keeps its largest size).
 class Scratch {
  public:
