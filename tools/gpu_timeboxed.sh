@@ -5,6 +5,8 @@
 # then the report one op at a time (REPORT_OPS) while time is left (BUDGET seconds, default 560),
 # each op's JSON in OUT/report/, and the demo when DEMO holds its arguments.
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
+# STAGES picks and orders the stages after the build (default "gtest memcheck pytest report demo");
+# DEMO_TIMEOUT and REPORT_TIMEOUT cap the demo's and each report op's seconds (default: all left).
 # Run from an exported tree with .commit (the commit id), .whl/ and .gpu/googletest as for gpu_check.
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"; cd "$ROOT"
@@ -16,20 +18,27 @@ export FUSEDOPS_COMMIT="$(cat .commit)"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; python3 -c 'import torch;print("torch", torch.__version__)'; } | tee -a $S
 note "commit $FUSEDOPS_COMMIT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site .whl/*.whl >$L/wheels.log 2>&1 || note "wheel install failed"
-cmake -S . -B $W/build -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS=90a -DFUSEDOPS_BUILD_TESTS=ON -DFUSEDOPS_BUILD_PYTHON=ON \
+STAGES=${STAGES:-gtest memcheck pytest report demo}
+case " $STAGES " in *" gtest "*|*" memcheck "*) BT=ON;; *) BT=OFF;; esac
+cmake -S . -B $W/build -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS=90a -DFUSEDOPS_BUILD_TESTS=$BT -DFUSEDOPS_BUILD_PYTHON=ON \
   -DPython_EXECUTABLE="$(command -v python3)" -DFUSEDOPS_GTEST_SOURCE_DIR=$ROOT/.gpu/googletest >$L/cmake.log 2>&1 || { tail -20 $L/cmake.log; exit 1; }
 cmake --build $W/build -j 16 >$L/build.log 2>&1 || { grep -B2 -A8 error $L/build.log | head -40 | tee -a $S; exit 1; }
 note "build done at $(( $(date +%s) - T0 )) s"
 rm -rf $W/py && mkdir -p $W/py && cp -r python/fusedops $W/py/ && cp $W/build/_C*.so $W/py/fusedops/
 export PYTHONPATH=$W/py:$W/site PYTHONUNBUFFERED=1
 TESTS=$W/build/fusedops_tests
+stage_gtest() {
 for suite in $($TESTS --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.'); do
   if $TESTS --gtest_filter="$suite.*" >$L/gtest/$suite.log 2>&1; then :; else
     note "FAILED gtest $suite"; grep -E "Failure|error|Expected|Which is|FAILED  \]" $L/gtest/$suite.log | head -12 | cut -c1-300 | tee -a $S; fi
 done
 note "gtest: $(cat $L/gtest/*.log | grep -c '^\[       OK') OK, $(cat $L/gtest/*.log | grep -c '^\[  FAILED  \] [A-Za-z]*\.[A-Za-z]* (') failed, at $(( $(date +%s) - T0 )) s"
+}
+stage_memcheck() {
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 $TESTS >$L/memcheck.log 2>&1
 note "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1) at $(( $(date +%s) - T0 )) s"
+}
+stage_pytest() {
 for f in $(ls tests/python/ops/test_*.py tests/python/test_core.py); do
   name=$(basename $f .py)
   timeout 60 python3 -m pytest $f -q -p no:cacheprovider -k "${PYK:-cuda or error or raise or valid or bad}" >$L/pytest/$name.log 2>&1
@@ -37,15 +46,21 @@ for f in $(ls tests/python/ops/test_*.py tests/python/test_core.py); do
   [ $rc = 0 ] || grep -E "^(FAILED|ERROR)|Fatal Python|^E  " $L/pytest/$name.log | head -8 | cut -c1-300 | tee -a $S
 done
 note "pytest done at $(( $(date +%s) - T0 )) s"
+}
+stage_report() {
 for op in ${REPORT_OPS:-fused_cross_entropy_loss chunk_loss causal_conv1d rmsnorm_gated clipped_swiglu sort_chunks_by_idx matmul_add mhc}; do
   l=$(left); [ $l -lt 40 ] && { note "report $op skipped (time)"; continue; }
-  timeout $((l - 30)) python3 bench/report.py --device cuda --ops $op --json $OUT/report/$op.json >$L/report-$op.log 2>&1
-  note "report $op rc=$? at $(( $(date +%s) - T0 )) s"; grep -E "speed|x |TB/s|ms" $L/report-$op.log | tail -8 | cut -c1-200 >> $S
+  timeout $(( l - 30 < ${REPORT_TIMEOUT:-100000} ? l - 30 : ${REPORT_TIMEOUT:-100000} )) python3 bench/report.py --device cuda --ops $op --json $OUT/report/$op.json >$L/report-$op.log 2>&1
+  rc=$?; cp $L/report-$op.log $OUT/report/; note "report $op rc=$rc at $(( $(date +%s) - T0 )) s"; grep -E "speed|x |TB/s|ms" $L/report-$op.log | tail -8 | cut -c1-200 >> $S
 done
+}
+stage_demo() {
 l=$(left)
 if [ $l -gt 60 ] && [ -n "${DEMO:-}" ]; then
-  timeout $((l - 10)) python3 examples/train_hybrid.py $DEMO --json $OUT/train_hybrid.json >$L/demo.log 2>&1
-  note "demo rc=$?"; tail -15 $L/demo.log >> $S
+  timeout $(( l - 10 < ${DEMO_TIMEOUT:-100000} ? l - 10 : ${DEMO_TIMEOUT:-100000} )) python3 examples/train_hybrid.py $DEMO --json $OUT/train_hybrid.json >$L/demo.log 2>&1
+  rc=$?; cp $L/demo.log $OUT/; note "demo rc=$rc"; tail -15 $L/demo.log >> $S
 fi
+}
+for st in $STAGES; do stage_$st; done
 tar czf $OUT/logs.tgz -C $W logs
 note "total $(( $(date +%s) - T0 )) s"
