@@ -55,6 +55,10 @@ def parse_args(argv):
     p.add_argument("--json", metavar="PATH", default=None, help="write every result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of speed-ups")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip", default="",
+                   help="comma-separated implementation names not to run (e.g. fla: no Triton autotuning)")
+    p.add_argument("--cases", metavar="REGEX", default=None,
+                   help="run only the cases whose label matches this regular expression")
     p.add_argument("--keep-triton-cache", action="store_true",
                    help="use the usual Triton cache (default: a fresh one, so that the peers' "
                         "first-call latency includes their compilation)")
@@ -398,6 +402,19 @@ def main(argv=None) -> int:
         return 2
 
     cases = [c for o in wanted for c in ops[o].cases(device, args.quick, dtypes)]
+    if args.cases:
+        import re
+        try:
+            pattern = re.compile(args.cases)
+        except re.error as e:
+            print(f"report.py: bad --cases regex: {e}", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if pattern.search(c.label)]
+    skipped = {s.strip() for s in args.skip.split(",") if s.strip()}
+    for c in cases:
+        for impl in c.impls:
+            if impl.name in skipped and impl.name != "fusedops":
+                impl.status = "skipped (--skip)"
     if args.quick:
         for c in cases:
             c.ref_row_budget_elems = 1 << 18
