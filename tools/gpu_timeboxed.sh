@@ -6,6 +6,7 @@
 # each op's JSON in OUT/report/, and the demo when DEMO holds its arguments.
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
 # STAGES picks and orders the stages after the build (default "gtest memcheck pytest report demo");
+# REPORT_ARGS go to every report.py call (e.g. "--skip fla --cases REGEX").
 # DEMO_TIMEOUT and REPORT_TIMEOUT cap the demo's and each report op's seconds (default: all left).
 # Run from an exported tree with .commit (the commit id), .whl/ and .gpu/googletest as for gpu_check.
 set -u
@@ -50,7 +51,7 @@ note "pytest done at $(( $(date +%s) - T0 )) s"
 stage_report() {
 for op in ${REPORT_OPS:-fused_cross_entropy_loss chunk_loss causal_conv1d rmsnorm_gated clipped_swiglu sort_chunks_by_idx matmul_add mhc}; do
   l=$(left); [ $l -lt 40 ] && { note "report $op skipped (time)"; continue; }
-  timeout $(( l - 30 < ${REPORT_TIMEOUT:-100000} ? l - 30 : ${REPORT_TIMEOUT:-100000} )) python3 bench/report.py --device cuda --ops $op --json $OUT/report/$op.json >$L/report-$op.log 2>&1
+  timeout $(( l - 30 < ${REPORT_TIMEOUT:-100000} ? l - 30 : ${REPORT_TIMEOUT:-100000} )) python3 bench/report.py --device cuda --ops $op ${REPORT_ARGS:-} --json $OUT/report/$op.json >$L/report-$op.log 2>&1
   rc=$?; cp $L/report-$op.log $OUT/report/; note "report $op rc=$rc at $(( $(date +%s) - T0 )) s"; grep -E "speed|x |TB/s|ms" $L/report-$op.log | tail -8 | cut -c1-200 >> $S
 done
 }
@@ -63,4 +64,6 @@ fi
 }
 for st in $STAGES; do stage_$st; done
 tar czf $OUT/logs.tgz -C $W logs
+# Few files come back from the device: the per-op results travel as one archive.
+tar czf $OUT/report.tgz -C $OUT report && rm -rf $OUT/report
 note "total $(( $(date +%s) - T0 )) s"

@@ -53,8 +53,28 @@ CPU_DTYPES = [torch.float32]
 BT = 64
 
 
+def unit_lower_inverse(L, eye):
+    """(I + L)^-1 for strictly lower L. CUDA has no 16-bit triangular solve: 16-bit inputs are
+    solved in fp32 and rounded back to their dtype."""
+    if L.dtype in (torch.bfloat16, torch.float16):
+        A = torch.linalg.solve_triangular((eye + L).float(), eye.float().expand_as(L), upper=False,
+                                          unitriangular=True)
+        return A.to(L.dtype)
+    return torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+
+
 def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     """The gated delta rule chunk by chunk in plain PyTorch (the 'eager' baseline)."""
+    # Mixed inputs (16-bit q/k/v with fp32 gates or state) run in their promoted dtype, as
+    # PyTorch's own type promotion would; the output comes back in q's dtype.
+    out_dtype = q.dtype
+    dt = q.dtype
+    for x in (k, v, g, beta, initial_state):
+        if x is not None:
+            dt = torch.promote_types(dt, x.dtype)
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(dt)
     B, T, H, K = q.shape
     V = v.shape[-1]
     pad = (chunk_size - T % chunk_size) % chunk_size
@@ -71,7 +91,7 @@ def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     kb = k * beta[..., None]
     L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
     eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    A = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    A = unit_lower_inverse(L, eye)
     w = A @ (kb * g.exp()[..., None])
     u = A @ (v * beta[..., None])
     S = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
@@ -84,7 +104,7 @@ def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
         gl = gi[..., -1:]
         S = S * gl[..., None].exp() + (ki * (gl - gi).exp()[..., None]).transpose(-1, -2) @ vn
     o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * chunk_size, H, V)[:, :T]
-    return o, S
+    return o.to(out_dtype), S
 
 
 def _recurrent_segment(S, q, k, v, g, beta, scale):

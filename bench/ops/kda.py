@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from .. import common
 from ..common import Case, Impl, peer_status
+from .gated_delta_rule import unit_lower_inverse
 
 OP = "chunk_kda"
 
@@ -42,6 +43,16 @@ BT = 64
 def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     """KDA chunk by chunk in plain PyTorch (the 'eager' baseline): vectorised over batch and
     heads, one Python iteration per chunk."""
+    # Mixed inputs (16-bit q/k/v with fp32 gates or state) run in their promoted dtype, as
+    # PyTorch's own type promotion would; the output comes back in q's dtype.
+    out_dtype = q.dtype
+    dt = q.dtype
+    for x in (k, v, g, beta, initial_state):
+        if x is not None:
+            dt = torch.promote_types(dt, x.dtype)
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.to(dt)
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
@@ -64,7 +75,7 @@ def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT
         KE = E * ki[:, :, None, :, :]
         Aqk = torch.einsum("bhik,bhijk->bhij", qi, KE) * scale
         L = (torch.einsum("bhik,bhijk->bhij", ki, KE) * bi[..., None]).tril(-1)
-        A = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+        A = unit_lower_inverse(L, eye)
         w = A @ (ki * gi.exp() * bi[..., None])
         u = A @ (vi * bi[..., None])
         vn = u - w @ S
@@ -72,7 +83,7 @@ def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT
         gl = gi[:, :, -1]
         S = S * gl.exp()[..., None] + (ki * (gl[:, :, None, :] - gi).exp()).transpose(-1, -2) @ vn
     o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
-    return o, S
+    return o.to(out_dtype), S
 
 
 def _grads(out, inp, names):
