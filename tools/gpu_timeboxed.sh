@@ -6,6 +6,7 @@
 # each op's JSON in OUT/report/, and the demo when DEMO holds its arguments.
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
 # STAGES picks and orders the stages after the build (default "gtest memcheck pytest report demo");
+# GTEST_SUITES (regex), MEMCHECK_FILTER (gtest filter) and PYFILES (test files) narrow the tests.
 # REPORT_ARGS go to every report.py call (e.g. "--skip fla --cases REGEX").
 # DEMO_TIMEOUT and REPORT_TIMEOUT cap the demo's and each report op's seconds (default: all left).
 # Run from an exported tree with .commit (the commit id), .whl/ and .gpu/googletest as for gpu_check.
@@ -29,18 +30,18 @@ rm -rf $W/py && mkdir -p $W/py && cp -r python/fusedops $W/py/ && cp $W/build/_C
 export PYTHONPATH=$W/py:$W/site PYTHONUNBUFFERED=1
 TESTS=$W/build/fusedops_tests
 stage_gtest() {
-for suite in $($TESTS --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.'); do
+for suite in $($TESTS --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.' | grep -E "${GTEST_SUITES:-.}"); do
   if $TESTS --gtest_filter="$suite.*" >$L/gtest/$suite.log 2>&1; then :; else
     note "FAILED gtest $suite"; grep -E "Failure|error|Expected|Which is|FAILED  \]" $L/gtest/$suite.log | head -12 | cut -c1-300 | tee -a $S; fi
 done
 note "gtest: $(cat $L/gtest/*.log | grep -c '^\[       OK') OK, $(cat $L/gtest/*.log | grep -c '^\[  FAILED  \] [A-Za-z]*\.[A-Za-z]* (') failed, at $(( $(date +%s) - T0 )) s"
 }
 stage_memcheck() {
-timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 $TESTS >$L/memcheck.log 2>&1
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 $TESTS ${MEMCHECK_FILTER:+--gtest_filter=$MEMCHECK_FILTER} >$L/memcheck.log 2>&1
 note "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1) at $(( $(date +%s) - T0 )) s"
 }
 stage_pytest() {
-for f in $(ls tests/python/ops/test_*.py tests/python/test_core.py); do
+for f in ${PYFILES:-$(ls tests/python/ops/test_*.py tests/python/test_core.py)}; do
   name=$(basename $f .py)
   timeout 60 python3 -m pytest $f -q -p no:cacheprovider -k "${PYK:-cuda or error or raise or valid or bad}" >$L/pytest/$name.log 2>&1
   rc=$?; note "pytest $name rc=$rc: $(tail -1 $L/pytest/$name.log | cut -c1-120)"
@@ -62,6 +63,8 @@ if [ $l -gt 60 ] && [ -n "${DEMO:-}" ]; then
   rc=$?; cp $L/demo.log $OUT/; note "demo rc=$rc"; tail -15 $L/demo.log >> $S
 fi
 }
+# Stage "custom": the commands of the file $CUSTOM, run here with this script's variables.
+stage_custom() { [ -n "${CUSTOM:-}" ] && . "$CUSTOM"; note "custom done at $(( $(date +%s) - T0 )) s"; }
 for st in $STAGES; do stage_$st; done
 tar czf $OUT/logs.tgz -C $W logs
 # Few files come back from the device: the per-op results travel as one archive.
