@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "fusedops/core/dtype.h"
 #include "fusedops/core/error.h"
@@ -101,6 +103,51 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[N]) {
 #pragma unroll
   for (int e = 0; e < N; ++e) pack.v[e] = from_f<T>(in[e]);
   *reinterpret_cast<Pack<T, N>*>(p) = pack;
+}
+
+// Two floats rounded to T (T 16-bit) in one 32-bit word, the first in the low half (the lower
+// address), rounded like from_f.
+template <class T>
+__device__ __forceinline__ uint32_t pack_word(float a, float b) {
+  uint32_t w;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    memcpy(&w, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    memcpy(&w, &h, 4);
+  }
+  return w;
+}
+
+// kN floats rounded to T (as from_f rounds) and written to global memory as one access of
+// kN * sizeof(T) bytes (4, 8 or 16; p aligned to it). Spelled in PTX because cicc splits some
+// Pack<T, N> and uint4 stores of 16-bit data (at p + k * C for a run-time C) into 2- and 4-byte
+// stores, which costs bandwidth (seen in mhc_post, causal_conv1d and rmsnorm_gated's backward).
+template <class T, int kN>
+__device__ __forceinline__ void store_global(T* p, const float (&v)[kN]) {
+  if constexpr (kN == 1) {
+    *p = from_f<T>(v[0]);
+  } else if constexpr (sizeof(T) == 4 && kN == 4) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(__float_as_uint(v[0])),
+                 "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])), "r"(__float_as_uint(v[3]))
+                 : "memory");
+  } else if constexpr (sizeof(T) == 4) {
+    static_assert(kN == 2, "8 bytes of fp32");
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1]))
+                 : "memory");
+  } else if constexpr (kN == 8) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(pack_word<T>(v[0], v[1])),
+                 "r"(pack_word<T>(v[2], v[3])), "r"(pack_word<T>(v[4], v[5])), "r"(pack_word<T>(v[6], v[7]))
+                 : "memory");
+  } else if constexpr (kN == 4) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(pack_word<T>(v[0], v[1])),
+                 "r"(pack_word<T>(v[2], v[3]))
+                 : "memory");
+  } else {
+    static_assert(kN == 2, "4 bytes of 16-bit values");
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(pack_word<T>(v[0], v[1])) : "memory");
+  }
 }
 
 inline bool aligned_to(const void* p, size_t bytes) {

@@ -51,15 +51,20 @@ struct MhcParams {
   int tpr;
 };
 
-// V consecutive elements at p as floats, in 16-byte (or smaller, V*sizeof(T) < 16) accesses;
-// p must be aligned to min(16, V * sizeof(T)) bytes.
+// V consecutive elements at p as floats; p must be aligned to min(16, V * sizeof(T)) bytes.
+// 16-byte units move as one LDG/STG.128 (a Pack<T, N> or uint4 store was split into 32-bit and
+// 16-bit stores for all but the first stream, costing mhc_post a large part of its bandwidth).
 template <int V, class T>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
   constexpr int M = (V * static_cast<int>(sizeof(T)) > 16) ? 16 / static_cast<int>(sizeof(T)) : V;
 #pragma unroll
   for (int k = 0; k < V / M; ++k) {
     float t[M];
-    cuda::load_floats<M>(p + k * M, t);
+    if constexpr (M * sizeof(T) == 16) {
+      cuda::raw_to_floats<T>(cuda::load_raw16(p + k * M), t);
+    } else {
+      cuda::load_floats<M>(p + k * M, t);
+    }
 #pragma unroll
     for (int e = 0; e < M; ++e) out[k * M + e] = t[e];
   }
@@ -73,9 +78,31 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
     float t[M];
 #pragma unroll
     for (int e = 0; e < M; ++e) t[e] = in[k * M + e];
-    cuda::store_floats<M>(p + k * M, t);
+    if constexpr (M * sizeof(T) == 16) {
+      cuda::store_global<T, M>(p + k * M, t);
+    } else {
+      cuda::store_floats<M>(p + k * M, t);
+    }
   }
 }
+
+// V elements of T as loaded: raw 16 bytes for a 16-byte unit (converted at use, so that two
+// units in flight cost 4 registers per 16 bytes), else floats.
+template <class T, int V, bool kRaw = V * sizeof(T) == 16>
+struct Unit {
+  float v[V];
+  __device__ __forceinline__ void load(const T* p) { load_vec<V>(p, v); }
+  __device__ __forceinline__ void get(float (&out)[V]) const {
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[e] = v[e];
+  }
+};
+template <class T, int V>
+struct Unit<T, V, true> {
+  uint4 raw;
+  __device__ __forceinline__ void load(const T* p) { raw = cuda::load_raw16(p); }
+  __device__ __forceinline__ void get(float (&out)[V]) const { cuda::raw_to_floats<T>(raw, out); }
+};
 
 template <int V>
 __device__ __forceinline__ float dot_vec(const float (&a)[V], const float (&b)[V]) {
@@ -193,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) pre_bwd_kernel(MhcParams p) {
 // out[t, k, c] = h_post[t, k] h_out[t, c] + sum_j h_res[t, j, k] x[t, j, c]; outputs in chunks
 // of 4 streams (x is read once per chunk; once for n <= 4).
 template <class T, int kN, int V>
-__global__ void __launch_bounds__(kThreads) post_fwd_kernel(MhcParams p) {
+__global__ void __launch_bounds__(kThreads, 3) post_fwd_kernel(MhcParams p) {
   const Lane l = lane_of(p);
   if (!l.active) return;
   const int n = kN > 0 ? kN : p.n;
@@ -211,22 +238,46 @@ __global__ void __launch_bounds__(kThreads) post_fwd_kernel(MhcParams p) {
 #pragma unroll
       for (int k = 0; k < kN; ++k) w[j][k] = hr[j * kN + k];
     }
-    for (int64_t u = l.lane; u < units; u += p.tpr) {
-      float f[V], xv[kN][V];
-      load_vec<V>(ho + u * V, f);
+    // Two units per pass, both loaded before either is stored (the compiler may not move loads
+    // above stores that could alias), held raw (4 registers per 16 bytes) until used: up to
+    // 2 x 80 bytes in flight per thread for 16-bit x. __launch_bounds__(, 3) keeps it at 80
+    // registers (3 blocks, 768 threads per SM; ~20 bytes of loop-invariant spill, L1-resident).
+    auto mix = [&](int64_t u, const Unit<T, V>& fu, const Unit<T, V> (&xu)[kN]) {
+      float fv[V], xv[kN][V];
+      fu.get(fv);
 #pragma unroll
-      for (int j = 0; j < kN; ++j) load_vec<V>(x + j * p.x_rs + u * V, xv[j]);
+      for (int j = 0; j < kN; ++j) xu[j].get(xv[j]);
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         float acc[V];
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = hpv[k] * f[e];
+        for (int e = 0; e < V; ++e) acc[e] = hpv[k] * fv[e];
 #pragma unroll
         for (int j = 0; j < kN; ++j)
 #pragma unroll
           for (int e = 0; e < V; ++e) acc[e] += w[j][k] * xv[j][e];
         store_vec<V>(out + k * p.C + u * V, acc);
       }
+    };
+    int64_t u = l.lane;
+    for (; u + p.tpr < units; u += 2 * p.tpr) {
+      Unit<T, V> fa, fb, xa[kN], xb[kN];
+      fa.load(ho + u * V);
+      fb.load(ho + (u + p.tpr) * V);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        xa[j].load(x + j * p.x_rs + u * V);
+        xb[j].load(x + j * p.x_rs + (u + p.tpr) * V);
+      }
+      mix(u, fa, xa);
+      mix(u + p.tpr, fb, xb);
+    }
+    if (u < units) {
+      Unit<T, V> fa, xa[kN];
+      fa.load(ho + u * V);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) xa[j].load(x + j * p.x_rs + u * V);
+      mix(u, fa, xa);
     }
   } else {
     for (int k0 = 0; k0 < n; k0 += kChunkN) {

@@ -518,31 +518,115 @@ constexpr int kN4 = 4;
 constexpr int kThreads4 = 64;
 constexpr int kRowsPerPartial4 = 32;  // hc_split_sinkhorn_partial_rows(4)
 
-template <class T, bool kFused>
-__device__ __forceinline__ void load4(const SkParams& p, int64_t row, bool act, float (&L)[16]) {
+// RN(1/d) for N values: the hardware reciprocal refined by one Newton step, which is exactly
+// the fast path of __frcp_rn (bitwise the same result) for d with a biased exponent in [1, 252];
+// any other d (0, denormal, huge, inf, NaN) sends the batch through __frcp_rn. __frcp_rn itself
+// puts a branch and a reconvergence point around every reciprocal, which serialised the four
+// independent rows of a step; here the rare branch is taken once per batch.
+template <int N>
+__device__ __forceinline__ void rcp_rn(const float (&d)[N], float (&inv)[N]) {
+  bool fast = true;
 #pragma unroll
-  for (int e = 0; e < 16; ++e) L[e] = act ? logit<T, kFused>(p, row, e / kN4, e % kN4) : 0.0f;
+  for (int i = 0; i < N; ++i) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d[i]));
+    inv[i] = fmaf(r, fmaf(-d[i], r, 1.0f), r);
+    fast = fast && ((__float_as_uint(d[i]) + 0x01800000u) & 0x7f800000u) > 0x01ffffffu;
+  }
+  if (!fast) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) inv[i] = __frcp_rn(d[i]);
+  }
+}
+
+// sigmoid of N values, 1 / (1 + exp(-u)) with the division correctly rounded (= RN(1/x)).
+template <int N>
+__device__ __forceinline__ void sigmoid_n(const float (&u)[N], float (&out)[N]) {
+  float x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = 1.0f + expf(-u[i]);
+  rcp_rn<N>(x, out);
+}
+
+// Rows [row0, row0 + nrows) of a [rows, W] matrix of T (row stride rs elements) as floats at
+// tile[r * ld + off + c], read coalesced by the whole block; a null matrix reads as zeros.
+// (One thread per row reading its own row touches a new 32-byte sector per thread per element.)
+template <class T, int W>
+__device__ __forceinline__ void tile_in(const void* src, int64_t rs, int64_t row0, int nrows,
+                                        float* tile, int ld, int off) {
+  const T* m = static_cast<const T*>(src);
+  for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
+    const int r = i / W, c = i - r * W;
+    tile[r * ld + off + c] = m ? to_f(m[(row0 + r) * rs + c]) : 0.0f;
+  }
+}
+
+// tile[r * ld + off + c] to rows [row0, row0 + nrows) of a contiguous [rows, W] matrix of T.
+template <class T, int W>
+__device__ __forceinline__ void tile_out(void* dst, int64_t row0, int nrows, const float* tile,
+                                         int ld, int off) {
+  T* m = static_cast<T*>(dst);
+  for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
+    const int r = i / W, c = i - r * W;
+    m[(row0 + r) * W + c] = from_f<T>(tile[r * ld + off + c]);
+  }
+}
+
+// Staging tiles of the n = 4 kernels (floats per row, padded to an odd stride so that a thread
+// reading its own row is free of bank conflicts). Forward: in = the mixes row (24) or the
+// logits (16), out = [pre | post | comb] (24) or comb (16). Backward: in = mixes + dcomb + dpre +
+// dpost (48) or logits + dcomb (32); out = dmixes (24) or dlogits (16).
+template <bool kFused>
+struct Tile4 {
+  static constexpr int kIn = kFused ? (2 + kN4) * kN4 : kN4 * kN4;
+  static constexpr int kFwdLd = kIn + 1;
+  static constexpr int kBwdIn = kIn + kN4 * kN4 + (kFused ? 2 * kN4 : 0);
+  static constexpr int kBwdLd = kBwdIn + 1;
+  static constexpr int kBwdFloats = kThreads4 * kBwdLd;
+};
+
+__device__ __forceinline__ int rows_in_block4(const SkParams& p) {
+  const int64_t left = p.rows - static_cast<int64_t>(blockIdx.x) * kThreads4;
+  return static_cast<int>(left < kThreads4 ? left : kThreads4);
+}
+
+template <bool kFused>
+__device__ __forceinline__ void logits4(const SkParams& p, const float* v, float (&L)[16]) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    if constexpr (kFused) {
+      L[e] = p.scale[2] * v[2 * kN4 + e] + p.base[2 * kN4 + e];
+    } else {
+      L[e] = v[e];
+    }
+  }
 }
 
 template <bool kDiv>
 __device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int variant, float eps) {
+  float s[kN4];
 #pragma unroll
   for (int i = 0; i < kN4; ++i) {
     float m = L[i * kN4];
 #pragma unroll
     for (int j = 1; j < kN4; ++j) m = fmaxf(m, L[i * kN4 + j]);
-    float s = 0.0f;
+    s[i] = 0.0f;
 #pragma unroll
     for (int j = 0; j < kN4; ++j) {
       K[i * kN4 + j] = expf(L[i * kN4 + j] - m);
-      s += K[i * kN4 + j];
+      s[i] += K[i * kN4 + j];
     }
-    if (variant == kDeepSeek) {
-      const float inv = __frcp_rn(s);
+  }
+  if (variant == kDeepSeek) {
+    float inv[kN4];
+    rcp_rn<kN4>(s, inv);
 #pragma unroll
-      for (int j = 0; j < kN4; ++j)
-        K[i * kN4 + j] = (kDiv ? div_rn(K[i * kN4 + j], s, inv) : K[i * kN4 + j] * inv) + eps;
-    }
+    for (int i = 0; i < kN4; ++i)
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) {
+        float& k = K[i * kN4 + j];
+        k = (kDiv ? div_rn(k, s[i], inv[i]) : k * inv[i]) + eps;
+      }
   }
 }
 
@@ -552,19 +636,24 @@ __device__ __forceinline__ int at4(int a, int o) {
   return kRow ? a * kN4 + o : o * kN4 + a;
 }
 
+// Every K is >= +0 (or NaN), so starting the sums at K[0] instead of 0 + K[0] changes no bit.
 template <bool kRow, bool kDiv>
 __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)[kN4]) {
+  float inv[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
-    float s = 0.0f;
+    float s = K[at4<kRow>(a, 0)];
 #pragma unroll
-    for (int o = 0; o < kN4; ++o) s += K[at4<kRow>(a, o)];
+    for (int o = 1; o < kN4; ++o) s += K[at4<kRow>(a, o)];
     d[a] = s + eps;
-    const float inv = __frcp_rn(d[a]);
+  }
+  rcp_rn<kN4>(d, inv);
+#pragma unroll
+  for (int a = 0; a < kN4; ++a) {
 #pragma unroll
     for (int o = 0; o < kN4; ++o) {
       float& k = K[at4<kRow>(a, o)];
-      k = kDiv ? div_rn(k, d[a], inv) : k * inv;
+      k = kDiv ? div_rn(k, d[a], inv[a]) : k * inv[a];
     }
   }
 }
@@ -593,59 +682,111 @@ __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps,
 
 template <bool kRow>
 __device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const float* hist_t) {
+  float d[kN4], inv[kN4];
+#pragma unroll
+  for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
+  rcp_rn<kN4>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
-    const float d = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
-    const float inv = __frcp_rn(d);
     float dot = 0.0f;
 #pragma unroll
     for (int o = 0; o < kN4; ++o) dot += G[at4<kRow>(a, o)] * K[at4<kRow>(a, o)];
 #pragma unroll
     for (int o = 0; o < kN4; ++o) {
       const int e = at4<kRow>(a, o);
-      G[e] = div_rn(G[e] - dot, d, inv);
-      K[e] *= d;
+      G[e] = div_rn(G[e] - dot, d[a], inv[a]);
+      K[e] *= d[a];
     }
   }
 }
 
+// One block = 64 rows: the block reads its rows (and writes its outputs) coalesced through a
+// shared-memory tile; each thread then owns one row.
 template <class T, bool kFused>
 __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kThreads4 + threadIdx.x;
-  if (row >= p.rows) return;  // no collective operations
+  using Tl = Tile4<kFused>;
+  constexpr int kLd = Tl::kFwdLd;
+  __shared__ float tile[kThreads4 * kLd];
+  const int nrows = rows_in_block4(p);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
+  const bool act = static_cast<int>(threadIdx.x) < nrows;
+  tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, tile, kLd, 0);
+  __syncthreads();
+  float v[Tl::kIn];
+#pragma unroll
+  for (int c = 0; c < Tl::kIn; ++c) v[c] = act ? tile[threadIdx.x * kLd + c] : 0.0f;
+  float L[16], K[16];
+  logits4<kFused>(p, v, L);
+  float pre[kN4], post[kN4];
   if constexpr (kFused) {
-    const T* m = static_cast<const T*>(p.in) + row * p.in_rs;
+    float u[2 * kN4], sg[2 * kN4];
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
-      const float pre = sigmoidf_(p.scale[0] * to_f(m[i]) + p.base[i]) + p.eps;
-      const float post = 2.0f * sigmoidf_(p.scale[1] * to_f(m[kN4 + i]) + p.base[kN4 + i]);
-      static_cast<T*>(p.pre)[row * kN4 + i] = from_f<T>(pre);
-      static_cast<T*>(p.post)[row * kN4 + i] = from_f<T>(post);
+      u[i] = p.scale[0] * v[i] + p.base[i];
+      u[kN4 + i] = p.scale[1] * v[kN4 + i] + p.base[kN4 + i];
+    }
+    sigmoid_n<2 * kN4>(u, sg);
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) {
+      pre[i] = sg[i] + p.eps;
+      post[i] = 2.0f * sg[kN4 + i];
     }
   }
-  float L[16], K[16];
-  load4<T, kFused>(p, row, true, L);
   init4<false>(L, K, p.variant, p.eps);
   iterate4<false>(K, p.variant, p.eps, 0, p.iters, nullptr);
-  T* comb = static_cast<T*>(p.comb) + row * 16;
+  __syncthreads();  // every row has been read from the tile
+  float* mine = tile + threadIdx.x * kLd;
+  if constexpr (kFused) {
 #pragma unroll
-  for (int e = 0; e < 16; ++e) comb[e] = from_f<T>(K[e]);
+    for (int i = 0; i < kN4; ++i) {
+      mine[i] = pre[i];
+      mine[kN4 + i] = post[i];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 16; ++e) mine[(kFused ? 2 * kN4 : 0) + e] = K[e];
+  __syncthreads();
+  if constexpr (kFused) {
+    tile_out<T, kN4>(p.pre, row0, nrows, tile, kLd, 0);
+    tile_out<T, kN4>(p.post, row0, nrows, tile, kLd, kN4);
+  }
+  tile_out<T, 16>(p.comb, row0, nrows, tile, kLd, kFused ? 2 * kN4 : 0);
+}
+
+// Shared memory of the n = 4 backward: the history (which also serves as the staging tile before
+// and after the iterations), then the fused partial sums.
+__host__ __device__ inline int hist_floats4(int seg, int stage_floats) {
+  return seg * 8 * kThreads4 > stage_floats ? seg * 8 * kThreads4 : stage_floats;
 }
 
 template <class T, bool kFused>
-__global__ void __launch_bounds__(kThreads4, 8) sinkhorn4_bwd_kernel(SkParams p) {
+__global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p) {
+  using Tl = Tile4<kFused>;
   constexpr int kW = (2 + kN4) * kN4, kP = 3 + kW;
+  constexpr int kLd = Tl::kBwdLd;
   extern __shared__ float smem[];
-  float* hist = smem;                           // [seg][8][kThreads4]
-  float* part = smem + p.seg * 8 * kThreads4;   // fused: [kThreads4][kP]
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kThreads4 + threadIdx.x;
-  const bool act = row < p.rows;
-  const int64_t r = act ? row : 0;
-  float L[16], K[16], G[16];
-  load4<T, kFused>(p, r, act, L);
-  const T* dcomb = p.dcomb ? static_cast<const T*>(p.dcomb) + r * 16 : nullptr;
+  float* hist = smem;  // [seg][8][kThreads4]; before and after the iterations the staging tile
+  float* part = smem + hist_floats4(p.seg, Tl::kBwdFloats);  // fused: [kThreads4][kP]
+  const int nrows = rows_in_block4(p);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
+  const bool act = static_cast<int>(threadIdx.x) < nrows;
+
+  // Inputs, coalesced: [mixes or logits | dcomb | dpre | dpost] per row.
+  tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, hist, kLd, 0);
+  tile_in<T, 16>(p.dcomb, 16, row0, nrows, hist, kLd, Tl::kIn);
+  if constexpr (kFused) {
+    tile_in<T, kN4>(p.dpre, kN4, row0, nrows, hist, kLd, Tl::kIn + 16);
+    tile_in<T, kN4>(p.dpost, kN4, row0, nrows, hist, kLd, Tl::kIn + 16 + kN4);
+  }
+  __syncthreads();
+  float v[Tl::kBwdIn];
 #pragma unroll
-  for (int e = 0; e < 16; ++e) G[e] = (act && dcomb) ? to_f(dcomb[e]) : 0.0f;
+  for (int c = 0; c < Tl::kBwdIn; ++c) v[c] = act ? hist[threadIdx.x * kLd + c] : 0.0f;
+  __syncthreads();  // the tile becomes the history
+  float L[16], K[16], G[16];
+  logits4<kFused>(p, v, L);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) G[e] = v[Tl::kIn + e];
 
   int end = p.iters;
   while (end > 0) {
@@ -662,57 +803,63 @@ __global__ void __launch_bounds__(kThreads4, 8) sinkhorn4_bwd_kernel(SkParams p)
   }
   // G = dK0 -> dL (rowmax a constant; deepseek: softmax backward with S as recomputed).
   float dL[16];
+  {
+    float e[16], s[kN4];
 #pragma unroll
-  for (int i = 0; i < kN4; ++i) {
-    float m = L[i * kN4];
+    for (int i = 0; i < kN4; ++i) {
+      float m = L[i * kN4];
 #pragma unroll
-    for (int j = 1; j < kN4; ++j) m = fmaxf(m, L[i * kN4 + j]);
-    float e[kN4], s = 0.0f;
+      for (int j = 1; j < kN4; ++j) m = fmaxf(m, L[i * kN4 + j]);
+      s[i] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kN4; ++j) {
-      e[j] = expf(L[i * kN4 + j] - m);
-      s += e[j];
+      for (int j = 0; j < kN4; ++j) {
+        e[i * kN4 + j] = expf(L[i * kN4 + j] - m);
+        s[i] += e[i * kN4 + j];
+      }
     }
     if (p.variant == kMindSpeed) {
 #pragma unroll
-      for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = G[i * kN4 + j] * e[j];
+      for (int k = 0; k < 16; ++k) dL[k] = G[k] * e[k];
     } else {
-      const float inv = __frcp_rn(s);
-      float dot = 0.0f;
+      float inv[kN4];
+      rcp_rn<kN4>(s, inv);
 #pragma unroll
-      for (int j = 0; j < kN4; ++j) {
-        e[j] = div_rn(e[j], s, inv);
-        dot += G[i * kN4 + j] * e[j];
+      for (int i = 0; i < kN4; ++i) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kN4; ++j) {
+          e[i * kN4 + j] = div_rn(e[i * kN4 + j], s[i], inv[i]);
+          dot += G[i * kN4 + j] * e[i * kN4 + j];
+        }
+#pragma unroll
+        for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = e[i * kN4 + j] * (G[i * kN4 + j] - dot);
       }
-#pragma unroll
-      for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = e[j] * (G[i * kN4 + j] - dot);
     }
   }
+  float out[Tl::kIn];  // dlogits, or dmixes [pre | post | res]
   if constexpr (!kFused) {
-    if (act) {
-      T* out = static_cast<T*>(p.dout) + row * 16;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) out[e] = from_f<T>(dL[e]);
-    }
+    for (int e = 0; e < 16; ++e) out[e] = dL[e];
   } else {
     const float a0 = p.scale[0], a1 = p.scale[1], a2 = p.scale[2];
-    const T* m = static_cast<const T*>(p.in) + r * p.in_rs;
-    T* dm = static_cast<T*>(p.dout) + r * kW;
     float* pr = part + threadIdx.x * kP;  // this row's contributions, zeros past the end
+    float u[2 * kN4], sg[2 * kN4];
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) {
+      u[i] = a0 * v[i] + p.base[i];
+      u[kN4 + i] = a1 * v[kN4 + i] + p.base[kN4 + i];
+    }
+    sigmoid_n<2 * kN4>(u, sg);
     float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
-      const float mp = act ? to_f(m[i]) : 0.0f, mq = act ? to_f(m[kN4 + i]) : 0.0f;
-      const float sp = sigmoidf_(a0 * mp + p.base[i]);
-      const float gpre = (act && p.dpre) ? to_f(static_cast<const T*>(p.dpre)[row * kN4 + i]) : 0.0f;
+      const float mp = v[i], mq = v[kN4 + i];
+      const float sp = sg[i], sq = sg[kN4 + i];
+      const float gpre = v[Tl::kIn + 16 + i], gpost = v[Tl::kIn + 16 + kN4 + i];
       const float du = gpre * sp * (1.0f - sp);
-      const float sq = sigmoidf_(a1 * mq + p.base[kN4 + i]);
-      const float gpost = (act && p.dpost) ? to_f(static_cast<const T*>(p.dpost)[row * kN4 + i]) : 0.0f;
       const float dv = gpost * 2.0f * sq * (1.0f - sq);
-      if (act) {
-        dm[i] = from_f<T>(du * a0);
-        dm[kN4 + i] = from_f<T>(dv * a1);
-      }
+      out[i] = du * a0;
+      out[kN4 + i] = dv * a1;
       c0 += du * mp;
       c1 += dv * mq;
       pr[3 + i] = du;
@@ -721,20 +868,24 @@ __global__ void __launch_bounds__(kThreads4, 8) sinkhorn4_bwd_kernel(SkParams p)
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const float dz = act ? dL[e] : 0.0f;
-      if (act) {
-        dm[2 * kN4 + e] = from_f<T>(dz * a2);
-        c2 += dz * to_f(m[2 * kN4 + e]);
-      }
+      out[2 * kN4 + e] = dz * a2;
+      if (act) c2 += dz * v[2 * kN4 + e];
       pr[3 + 2 * kN4 + e] = dz;
     }
     pr[0] = c0;
     pr[1] = c1;
     pr[2] = c2;
-    __syncthreads();
+  }
+  __syncthreads();  // every thread is done with the history: it becomes the output tile
+#pragma unroll
+  for (int c = 0; c < Tl::kIn; ++c) hist[threadIdx.x * kLd + c] = out[c];
+  __syncthreads();
+  tile_out<T, Tl::kIn>(p.dout, row0, nrows, hist, kLd, 0);
+  if constexpr (kFused) {
     // One partial per warp (32 rows), rows added in order; a warp wholly past the end writes
     // nothing (its partial index is beyond the workspace).
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kThreads4 + warp * kRowsPerPartial4;
+    const int64_t first_row = row0 + warp * kRowsPerPartial4;
     if (first_row < p.rows) {
       for (int q = lane; q < kP; q += 32) {
         float acc = 0.0f;
@@ -776,10 +927,12 @@ bool fast4(int n, int variant) { return n == kN4 && variant != kLog; }
 
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
+template <bool kFused>
 void plan_backward4(SkParams& p, int part_floats, size_t* smem_bytes) {
   const int room = (kSmemBudgetFloats - part_floats) / (8 * kThreads4);
   p.seg = std::max(1, std::min(p.iters, room));
-  *smem_bytes = static_cast<size_t>(p.seg * 8 * kThreads4 + part_floats) * sizeof(float);
+  *smem_bytes = static_cast<size_t>(hist_floats4(p.seg, Tile4<kFused>::kBwdFloats) + part_floats) *
+                sizeof(float);
 }
 
 void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
@@ -826,7 +979,7 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
   size_t smem = 0;
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   if (fast4(n, p.variant)) {
-    plan_backward4(p, 0, &smem);
+    plan_backward4<false>(p, 0, &smem);
     cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
       sinkhorn4_bwd_kernel<T, false><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
@@ -907,7 +1060,7 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   size_t smem = 0;
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   if (partials > 0 && fast4(n, p.variant)) {
-    plan_backward4(p, kThreads4 * np, &smem);
+    plan_backward4<true>(p, kThreads4 * np, &smem);
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
       sinkhorn4_bwd_kernel<T, true><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
