@@ -1,28 +1,34 @@
 // causal_conv1d, generic CUDA backend (sm_80 and later).
 //
-// Forward: one pass over x. A block owns (a time tile, 32 channel vectors); each of its 8 rows of
-// threads (threadIdx.y) takes a run of 16 consecutive time steps, each thread 16 bytes of
-// channels (8 bf16 / fp16 or 4 fp32; 4 channels when a residual is streamed too; 1 element on
-// the scalar fallback). A thread slides over its run keeping the last W input rows in registers
-// (a ring whose slots are compile-time within an unrolled chunk of rows, so no register moves),
-// reads the W-1 rows before its run once (the halo), issues the loads of a chunk of rows before
-// using them and prefetches the next chunk into L2.
+// Both directions stream: a block owns (a time tile, 32 channel vectors); each of its 8 rows of
+// threads (threadIdx.y) takes a long run of consecutive time steps (p.rows, picked on the host
+// from the SM count and the kernel's occupancy so that the grid is about a whole number of
+// waves; 16..4096 rows, >= 32 in the backward), each thread a vector of channels (16 bytes in the
+// plain forward: 8 bf16 / fp16 or 4 fp32; 4 channels when a second tensor is streamed -- the
+// residual, or dy in the backward; 1 element on the scalar fallback). A thread keeps the loads
+// of its next P rows in flight at all times (the registers of row r are refilled with row r+P
+// before row r is used; ~128 bytes per thread, ~64 KB per SM), reads each row once, reads the
+// W-1 rows before its run once (the halo), and keeps the last W input rows as floats in a ring
+// that shifts by register renaming.
 //
-// Backward (2 channels per thread, 32 steps per run, 93 registers: two blocks per SM without
-// spills): the same walk recomputes a = conv(x) + bias, forms g = dy * act'(a), keeps the last
+// Backward: the same walk recomputes a = conv(x) + bias, forms g = dy * act'(a), keeps the last
 // W values of g in a second ring and emits dx[t-W+1] = sum_j w[W-1-j] g[t-W+1+j] (+ the
 // final-state gradient on the last W tokens of a sequence); it reads W-1 rows of x and dy past
 // its run (g there feeds dx of its own rows). dweight and dbias are per-thread fp32 sums over
 // the run, reduced over the block's 8 runs in shared memory in a fixed order and written as one
 // partial row per block; a second kernel sums the partial rows over blocks in block order. No
-// atomics: bitwise reproducible. d_initial_state (first W-1 tokens of each sequence) and the
-// forward's final_state are small per-(sequence, channel) kernels.
+// atomics: bitwise reproducible (the run length depends only on the problem and the device).
+// d_initial_state (first W-1 tokens of each sequence) and the forward's final_state are small
+// per-(sequence, channel) kernels.
 //
 // Varlen: blocks tile the packed time axis; a thread finds the sequence of its first row by
 // binary search in cu_seqlens and restarts its rings at every sequence start inside its run
-// (rows before a sequence start come from initial_state or are 0). Nothing is read from the
-// host: the call is CUDA-graph capturable.
+// (rows before a sequence start come from initial_state or are 0; the backward first finishes
+// the ended sequence's last dx rows with g = 0 past its end). Nothing is read from the host:
+// the call is CUDA-graph capturable.
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
@@ -48,12 +54,10 @@ namespace {
 
 constexpr const char* kOp = "causal_conv1d";
 constexpr int kThreadsX = 32;  // channel vectors per block
-constexpr int kThreadsY = 8;   // time runs per block
+constexpr int kThreadsY = 4;   // time runs per block
 constexpr int kThreads = kThreadsX * kThreadsY;
-constexpr int kFwdRowsPerThread = 16;
-constexpr int kBwdRowsPerThread = static_cast<int>(conv1d::kCudaBwdRows) / kThreadsY;
+constexpr int kMinBlocks = 3;  // blocks per SM: a cap of 168 registers per thread
 constexpr int kMaxWidth = 8;
-static_assert(kBwdRowsPerThread * kThreadsY == conv1d::kCudaBwdRows, "tile mismatch");
 
 // DType codes of the small tensors read or written element by element.
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
@@ -95,6 +99,7 @@ struct Params {
   void* dbias;          // or nullptr
   int64_t B, T, D, N;
   int64_t tiles_per_batch;  // time tiles per batch (non-varlen)
+  int rows;                 // rows per thread run; a block's tile is kThreadsY runs
   int W;
   int w_code, b_code, h0_code, dht_code, state_code, dw_code, db_code;
   int cu64;
@@ -136,21 +141,6 @@ __device__ __forceinline__ void raw_floats(const RawT<T, kN>& r, float (&out)[kN
     out[0] = v.x;
     out[1] = v.y;
   }
-}
-
-template <class T, int kN>
-__device__ __forceinline__ void store_vec(T* p, const float (&v)[kN]) {
-  if constexpr (kN == 1) {
-    *p = cuda::from_f<T>(v[0]);
-  } else {
-    cuda::store_floats<kN>(p, v);
-  }
-}
-
-// Starts bringing the line holding p into L2 (no register is tied up waiting for it): the
-// rows of the next chunk are in flight while this chunk's loads are used.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ float sigmoid(float a) { return __frcp_rn(1.0f + __expf(-a)); }
@@ -197,51 +187,101 @@ __device__ __forceinline__ bool seek(const Params& p, Sequence& s, int t) {
   return true;
 }
 
-// The extended input x~ at absolute time r of sequence s (r < bos: the initial state or 0).
-template <class T, int kN>
-__device__ __forceinline__ void load_extended(const Params& p, const T* xb, const Sequence& s,
-                                              int r, int64_t d0, float (&out)[kN]) {
-  if (r >= s.bos) {
-    raw_floats<T, kN>(load_raw<T, kN>(xb + r * p.x_st + d0), out);
-    return;
-  }
-  const int tau = r - s.bos;  // < 0
-#pragma unroll
-  for (int e = 0; e < kN; ++e)
-    out[e] = (p.h0 != nullptr && tau >= -p.W)
-                 ? load_elem(p.h0, (s.n * p.D + d0 + e) * p.W + tau + p.W, p.h0_code)
-                 : 0.0f;
+// Element i of a small tensor of storage type S, as float.
+template <class S>
+__device__ __forceinline__ float elem_as(const void* p, int64_t i) {
+  return cuda::to_f(static_cast<const S*>(p)[i]);
 }
 
-// Weights as a width-kW filter: the real W taps right-aligned, zeros before them.
+// Runs fn(S{}) with S the storage type of dtype code `code` (uniform over the block): the
+// loads inside fn are then straight-line code and all go out before any is used.
+template <class Fn>
+__device__ __forceinline__ void visit_code(int code, Fn&& fn) {
+  if (code == kF32) {
+    fn(float{});
+  } else if (code == kF16) {
+    fn(__half{});
+  } else {
+    fn(__nv_bfloat16{});
+  }
+}
+
+// The block's weights (as a width-kW filter: the real W taps right-aligned, zeros before them)
+// and bias as fp32 in shared memory, filled by the whole block from any dtype and weight strides;
+// each thread then copies its own channels' weights to registers. Called by every thread of the
+// block before any leaves.
 template <int kW, int kN>
-__device__ __forceinline__ void load_weights(const Params& p, int64_t d0, float (&w)[kW][kN]) {
+struct Coeffs {
+  float w[kW][kThreadsX * kN];
+  float bias[kThreadsX * kN];
+};
+
+template <int kW, int kN>
+__device__ __forceinline__ void fill_coeffs(const Params& p, Coeffs<kW, kN>& c) {
+  constexpr int kCols = kThreadsX * kN;
+  constexpr int kPerW = (kW * kCols + kThreads - 1) / kThreads;
+  constexpr int kPerB = (kCols + kThreads - 1) / kThreads;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int tid = threadIdx.y * kThreadsX + threadIdx.x;
+  visit_code(p.w_code, [&](auto tag) {
+    using S = decltype(tag);
+    float v[kPerW];
 #pragma unroll
-  for (int k = 0; k < kW; ++k) {
-    const int kr = k - (kW - p.W);
+    for (int q = 0; q < kPerW; ++q) {
+      const int i = tid + q * kThreads;
+      const int k = i / kCols;
+      const int64_t d = col0 + (i - k * kCols);
+      const int kr = k - (kW - p.W);
+      v[q] = (i < kW * kCols && d < p.D && kr >= 0) ? elem_as<S>(p.weight, kr * p.w_sk + d * p.w_sd)
+                                                     : 0.0f;
+    }
 #pragma unroll
-    for (int e = 0; e < kN; ++e)
-      w[k][e] = kr >= 0 ? load_elem(p.weight, kr * p.w_sk + (d0 + e) * p.w_sd, p.w_code) : 0.0f;
-  }
+    for (int q = 0; q < kPerW; ++q) {
+      const int i = tid + q * kThreads;
+      if (i < kW * kCols) c.w[i / kCols][i % kCols] = v[q];
+    }
+  });
+  visit_code(p.b_code, [&](auto tag) {
+    using S = decltype(tag);
+#pragma unroll
+    for (int q = 0; q < kPerB; ++q) {
+      const int i = tid + q * kThreads;
+      if (i < kCols)
+        c.bias[i] = (p.bias != nullptr && col0 + i < p.D) ? elem_as<S>(p.bias, col0 + i) : 0.0f;
+    }
+  });
+  __syncthreads();
 }
 
-template <int kN>
-__device__ __forceinline__ void load_bias(const Params& p, int64_t d0, float (&b)[kN]) {
+template <int kW, int kN>
+__device__ __forceinline__ void thread_weights(const Coeffs<kW, kN>& c, float (&w)[kW][kN]) {
 #pragma unroll
-  for (int e = 0; e < kN; ++e) b[e] = p.bias != nullptr ? load_elem(p.bias, d0 + e, p.b_code) : 0.0f;
+  for (int k = 0; k < kW; ++k)
+#pragma unroll
+    for (int e = 0; e < kN; ++e) w[k][e] = c.w[k][threadIdx.x * kN + e];
 }
 
-// Rows per unrolled chunk: a multiple of the ring size, at least 4 (loads in flight).
-template <int kW>
-inline constexpr int kChunk = kW * ((4 + kW - 1) / kW);
+// Rows in flight per thread: about kPipeBytes of loads (over all streamed tensors), 2 to 8
+// rows. With three 128-thread blocks per SM that is ~36 KB of loads outstanding per SM, about
+// twice what the read part of the traffic needs at full HBM bandwidth (Little's law: ~2-3 TB/s
+// of reads x ~1 us / 132 SMs). 128 bytes would spill the width-4 kernels under the
+// 168-register cap.
+constexpr int kPipeBytes = 96;
+template <class T, int kN, int kStreams>
+inline constexpr int kPipeRows = kPipeBytes / (kN * static_cast<int>(sizeof(T)) * kStreams);
+template <class T, int kN, int kStreams>
+inline constexpr int kPipe = kPipeRows<T, kN, kStreams> > 8   ? 8
+                             : kPipeRows<T, kN, kStreams> < 2 ? 2
+                                                              : kPipeRows<T, kN, kStreams>;
 
-// This thread's rows [t_begin, t_end) and batch, from the block's tile.
+// This thread's rows [t_begin, t_end) and batch, from the block's tile of kThreadsY runs of
+// p.rows rows.
 struct Run {
   int64_t batch;
   int t_begin, t_end;
 };
-__device__ __forceinline__ Run thread_run(const Params& p, int rows_per_thread) {
-  const int64_t rows_per_block = static_cast<int64_t>(rows_per_thread) * kThreadsY;
+__device__ __forceinline__ Run thread_run(const Params& p) {
+  const int64_t rows_per_block = static_cast<int64_t>(p.rows) * kThreadsY;
   Run r;
   int64_t tile = blockIdx.x;
   r.batch = 0;
@@ -249,95 +289,166 @@ __device__ __forceinline__ Run thread_run(const Params& p, int rows_per_thread) 
     r.batch = tile / p.tiles_per_batch;
     tile -= r.batch * p.tiles_per_batch;
   }
-  const int64_t begin = tile * rows_per_block + static_cast<int64_t>(threadIdx.y) * rows_per_thread;
+  const int64_t begin = tile * rows_per_block + static_cast<int64_t>(threadIdx.y) * p.rows;
   r.t_begin = static_cast<int>(min(begin, p.T));
-  r.t_end = static_cast<int>(min(begin + rows_per_thread, p.T));
+  r.t_end = static_cast<int>(min(begin + p.rows, p.T));
   return r;
 }
 
+// Loads row r of a tensor (row pointer base already offset to the thread's channels).
+template <class T, int kN>
+__device__ __forceinline__ RawT<T, kN> load_row(const T* base, int r, int64_t stride) {
+  return load_raw<T, kN>(base + static_cast<int64_t>(r) * stride);
+}
+
+// Shifts a ring of the last kW rows by one (slot kW-1 is then free for the next row). Inside
+// the unrolled pipeline these moves are register renames.
+template <int kW, int kN>
+__device__ __forceinline__ void shift_ring(float (&ring)[kW][kN]) {
+#pragma unroll
+  for (int j = 0; j + 1 < kW; ++j)
+#pragma unroll
+    for (int e = 0; e < kN; ++e) ring[j][e] = ring[j + 1][e];
+}
+
+// The kW-1 rows before r (r a sequence start or the start of the thread's run) of the
+// extended input x~ into slots 0..kW-2 of the input ring: rows >= bos from x, rows before it
+// from initial_state (local time tau = row - bos in [-W, 0)) or 0. All loads go out before any
+// is used: one memory round trip.
+template <class T, int kW, int kN>
+__device__ __forceinline__ void load_halo(const Params& p, const T* xb, const Sequence& s, int r,
+                                          int64_t d0, float (&xr)[kW][kN]) {
+  if constexpr (kW > 1) {
+    using Raw = RawT<T, kN>;
+    Raw raw[kW - 1];
+#pragma unroll
+    for (int j = 0; j < kW - 1; ++j) {
+      const int rj = r - (kW - 1) + j;
+      raw[j] = rj >= s.bos ? load_row<T, kN>(xb, rj, p.x_st) : Raw{};
+    }
+    float hv[kW - 1][kN];
+#pragma unroll
+    for (int j = 0; j < kW - 1; ++j)
+#pragma unroll
+      for (int e = 0; e < kN; ++e) hv[j][e] = 0.0f;
+    if (p.h0 != nullptr && r - (kW - 1) < s.bos) {
+      visit_code(p.h0_code, [&](auto tag) {
+        using S = decltype(tag);
+        const int64_t base = (s.n * p.D + d0) * p.W + p.W - s.bos;  // + row + e * W
+#pragma unroll
+        for (int j = 0; j < kW - 1; ++j) {
+          const int rj = r - (kW - 1) + j;
+          const bool in = rj < s.bos && rj - s.bos >= -p.W;
+#pragma unroll
+          for (int e = 0; e < kN; ++e)
+            hv[j][e] = in ? elem_as<S>(p.h0, base + rj + static_cast<int64_t>(e) * p.W) : 0.0f;
+        }
+      });
+    }
+#pragma unroll
+    for (int j = 0; j < kW - 1; ++j) {
+      if (r - (kW - 1) + j >= s.bos) {
+        raw_floats<T, kN>(raw[j], xr[j]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kN; ++e) xr[j][e] = hv[j][e];
+      }
+    }
+  }
+}
+
+// Forward. A thread streams each sequence segment of its run with the loads of the next P rows
+// always in flight (row r's registers are refilled with row r+P before row r is used), keeping
+// the last kW input rows as floats in a shifting ring. A segment (the whole run unless varlen
+// puts a sequence start inside it) starts from its halo; the hot loop has no sequence logic.
 template <class T, int kW, int kN, bool kResidual>
-__global__ void __launch_bounds__(kThreads, 2) causal_conv1d_fwd_kernel(Params p) {
-  constexpr int U = kChunk<kW>;
+__global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_fwd_kernel(Params p) {
+  constexpr int P = kPipe<T, kN, kResidual ? 2 : 1>;
+  using Raw = RawT<T, kN>;
+  __shared__ __align__(16) Coeffs<kW, kN> coeffs;
+  fill_coeffs<kW, kN>(p, coeffs);
   const int64_t d0 = (static_cast<int64_t>(blockIdx.y) * kThreadsX + threadIdx.x) * kN;
   if (d0 >= p.D) return;
-  const Run run = thread_run(p, kFwdRowsPerThread);
+  const Run run = thread_run(p);
   if (run.t_begin >= run.t_end) return;
   const T* xb = static_cast<const T*>(p.x) + run.batch * p.x_sb + d0;
   const T* rb = kResidual ? static_cast<const T*>(p.residual) + run.batch * p.r_sb + d0 : nullptr;
   T* yb = static_cast<T*>(p.out) + run.batch * p.T * p.D + d0;
-
-  float w[kW][kN], bias[kN];
-  load_weights<kW, kN>(p, d0, w);
-  load_bias<kN>(p, d0, bias);
+  const float* bias = coeffs.bias + threadIdx.x * kN;
+  float w[kW][kN];
+  thread_weights<kW, kN>(coeffs, w);
 
   Sequence s{static_cast<int>(run.batch), 0, static_cast<int>(p.T)};
   if (p.cu) s.n = find_sequence(p, run.t_begin);
   for (int t = run.t_begin; t < run.t_end;) {
-    if (!seek(p, s, t)) break;
+    if (!seek(p, s, t)) return;
     const int seg_end = min(s.eos, run.t_end);
-    float xr[kW][kN];  // row t-(kW-1)+j of the segment in slot j
+    // The halo first (its per-element initial-state loads and addresses would otherwise add
+    // to the registers of the rows in flight), then the segment's first P rows.
+    float xr[kW][kN];  // slot j: row r-(kW-1)+j, slot kW-1 the current row r
+    load_halo<T, kW, kN>(p, xb, s, t, d0, xr);
+    Raw xs[P] = {}, rs[kResidual ? P : 1] = {};
 #pragma unroll
-    for (int j = 0; j < kW - 1; ++j) load_extended<T, kN>(p, xb - d0, s, t - (kW - 1) + j, d0, xr[j]);
-    for (int c0 = t; c0 < seg_end; c0 += U) {
-      RawT<T, kN> xs[U], rs[kResidual ? U : 1];
-#pragma unroll
-      for (int i = U; i < 2 * U; ++i) {
-        if (c0 + i < seg_end) {
-          prefetch_l2(xb + (c0 + i) * p.x_st);
-          if constexpr (kResidual) prefetch_l2(rb + (c0 + i) * p.r_st);
-        }
+    for (int i = 0; i < P; ++i) {
+      if (t + i < seg_end) {
+        xs[i] = load_row<T, kN>(xb, t + i, p.x_st);
+        if constexpr (kResidual) rs[i] = load_row<T, kN>(rb, t + i, p.r_st);
       }
+    }
+    for (int c = t; c < seg_end; c += P) {
 #pragma unroll
-      for (int i = 0; i < U; ++i) {
-        if (c0 + i < seg_end) {
-          xs[i] = load_raw<T, kN>(xb + (c0 + i) * p.x_st);
-          if constexpr (kResidual) rs[i] = load_raw<T, kN>(rb + (c0 + i) * p.r_st);
+      for (int i = 0; i < P; ++i) {
+        const int r = c + i;
+        if (r >= seg_end) break;
+        const Raw cx = xs[i];
+        const Raw cr = rs[kResidual ? i : 0];
+        if (r + P < seg_end) {
+          xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
+          if constexpr (kResidual) rs[i] = load_row<T, kN>(rb, r + P, p.r_st);
         }
-      }
-#pragma unroll
-      for (int i = 0; i < U; ++i) {
-        if (c0 + i >= seg_end) break;
-        raw_floats<T, kN>(xs[i], xr[(i + kW - 1) % kW]);
+        raw_floats<T, kN>(cx, xr[kW - 1]);
         float a[kN];
 #pragma unroll
         for (int e = 0; e < kN; ++e) a[e] = bias[e];
 #pragma unroll
         for (int k = 0; k < kW; ++k)
 #pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[(i + k) % kW][e], a[e]);
+          for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
         if (p.silu) {
 #pragma unroll
           for (int e = 0; e < kN; ++e) a[e] *= sigmoid(a[e]);
         }
         if constexpr (kResidual) {
-          float r[kN];
-          raw_floats<T, kN>(rs[i], r);
+          float rv[kN];
+          raw_floats<T, kN>(cr, rv);
 #pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] += r[e];
+          for (int e = 0; e < kN; ++e) a[e] += rv[e];
         }
-        store_vec<T, kN>(yb + static_cast<int64_t>(c0 + i) * p.D, a);
+        cuda::store_global<T, kN>(yb + static_cast<int64_t>(r) * p.D, a);
+        shift_ring<kW, kN>(xr);
       }
     }
     t = seg_end;
   }
 }
 
+// Backward. For each sequence segment [t, seg_end) of its run, a thread streams rows
+// [t, look_end) of x and dy (look_end = seg_end + kW - 1 clipped to the sequence) through the
+// same pipeline: it recomputes a, forms g = dy * act'(a) into a second ring and, once g of rows
+// tau..tau+kW-1 is known, writes dx[tau]. After the last row it feeds kW-1 zero rows of g (past
+// the sequence end tokens contribute nothing) to finish the segment's last dx rows.
+// dweight/dbias sums run over the segment rows only.
 template <class T, int kW, int kN>
-__global__ void __launch_bounds__(kThreads, 2) causal_conv1d_bwd_kernel(Params p) {
-  constexpr int U = kChunk<kW>;
+__global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_bwd_kernel(Params p) {
+  constexpr int P = kPipe<T, kN, 2>;
   constexpr int kCols = kThreadsX * kN;
+  static_assert(kCols <= kThreads, "one thread per column in the block reduction");
+  using Raw = RawT<T, kN>;
   __shared__ float red[kThreadsY][kCols];
-  // The bias of the block's channels, read each row from shared memory (registers are short).
-  __shared__ __align__(16) float sbias[kCols];
+  __shared__ __align__(16) Coeffs<kW, kN> coeffs;
+  fill_coeffs<kW, kN>(p, coeffs);
   const int64_t d0 = (static_cast<int64_t>(blockIdx.y) * kThreadsX + threadIdx.x) * kN;
-  if (threadIdx.y == 0) {
-#pragma unroll
-    for (int e = 0; e < kN; ++e)
-      sbias[threadIdx.x * kN + e] =
-          (p.bias != nullptr && d0 + e < p.D) ? load_elem(p.bias, d0 + e, p.b_code) : 0.0f;
-  }
-  __syncthreads();
-  const Run run = thread_run(p, kBwdRowsPerThread);
+  const Run run = thread_run(p);
   float dw[kW][kN], db[kN];
 #pragma unroll
   for (int e = 0; e < kN; ++e) {
@@ -350,98 +461,112 @@ __global__ void __launch_bounds__(kThreads, 2) causal_conv1d_bwd_kernel(Params p
     const T* xb = static_cast<const T*>(p.x) + run.batch * p.x_sb + d0;
     const T* dyb = static_cast<const T*>(p.dy) + run.batch * p.dy_sb + d0;
     T* dxb = static_cast<T*>(p.out) + run.batch * p.T * p.D + d0;
+    const float* bias = coeffs.bias + threadIdx.x * kN;
     float w[kW][kN];
-    load_weights<kW, kN>(p, d0, w);
-    const float* bias = sbias + threadIdx.x * kN;
-
+    thread_weights<kW, kN>(coeffs, w);
     Sequence s{static_cast<int>(run.batch), 0, static_cast<int>(p.T)};
     if (p.cu) s.n = find_sequence(p, run.t_begin);
+    float gr[kW][kN];  // g of rows r-(kW-1)..r
+#pragma unroll
+    for (int j = 0; j < kW; ++j)
+#pragma unroll
+      for (int e = 0; e < kN; ++e) gr[j][e] = 0.0f;
     for (int t = run.t_begin; t < run.t_end;) {
       if (!seek(p, s, t)) break;
       const int seg_end = min(s.eos, run.t_end);           // rows owned: dx, dweight
       const int look_end = min(s.eos, run.t_end + kW - 1);  // rows whose g is needed
-      const int loop_end = seg_end + kW - 1;                // rows past look_end: g = 0
+      float xr[kW][kN];  // x~ of rows r-(kW-1)..r; the halo first, as in the forward
+      load_halo<T, kW, kN>(p, xb, s, t, d0, xr);
+      Raw xs[P] = {}, gs[P] = {};
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        if (t + i < look_end) {
+          xs[i] = load_row<T, kN>(xb, t + i, p.x_st);
+          gs[i] = load_row<T, kN>(dyb, t + i, p.dy_st);
+        }
+      }
       // dx rows at local time >= L - W also get the final-state gradient.
       const int dht_from = p.dht != nullptr ? s.eos - p.W : INT_MAX;
-      // gr needs no initial value: dx of row tau >= t reads g of rows tau..tau+kW-1, each
-      // written (possibly as 0 past the sequence end) before that read.
-      float xr[kW][kN], gr[kW][kN];
+
+      // dx[tau] = sum_j w[kW-1-j] g[tau+j]; g[tau+j] is in slot j once row tau+kW-1 is in.
+      // Only the last kW rows before look_end (written after the loop) can be among the last W
+      // tokens of a sequence, which add the final-state gradient.
+      auto emit = [&](int tau, auto with_dht) {
+        float o[kN];
 #pragma unroll
-      for (int j = 0; j < kW - 1; ++j)
-        load_extended<T, kN>(p, xb - d0, s, t - (kW - 1) + j, d0, xr[j]);
-      for (int c0 = t; c0 < loop_end; c0 += U) {
-        RawT<T, kN> xs[U], gs[U];
+        for (int e = 0; e < kN; ++e) o[e] = 0.0f;
 #pragma unroll
-        for (int i = U; i < 2 * U; ++i) {
-          if (c0 + i < look_end) {
-            prefetch_l2(xb + (c0 + i) * p.x_st);
-            prefetch_l2(dyb + (c0 + i) * p.dy_st);
+        for (int j = 0; j < kW; ++j)
+#pragma unroll
+          for (int e = 0; e < kN; ++e) o[e] = fmaf(w[kW - 1 - j][e], gr[j][e], o[e]);
+        if constexpr (decltype(with_dht)::value) {
+          if (tau >= dht_from) {
+            const int j = tau - dht_from;  // slot of token tau in the final state
+#pragma unroll
+            for (int e = 0; e < kN; ++e)
+              o[e] += load_elem(p.dht, (s.n * p.D + d0 + e) * p.W + j, p.dht_code);
           }
         }
+        cuda::store_global<T, kN>(dxb + static_cast<int64_t>(tau) * p.D, o);
+      };
+
+      for (int c = t; c < look_end; c += P) {
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-          if (c0 + i < look_end) {
-            xs[i] = load_raw<T, kN>(xb + (c0 + i) * p.x_st);
-            gs[i] = load_raw<T, kN>(dyb + (c0 + i) * p.dy_st);
+        for (int i = 0; i < P; ++i) {
+          const int r = c + i;
+          if (r >= look_end) break;
+          const Raw cx = xs[i], cg = gs[i];
+          if (r + P < look_end) {
+            xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
+            gs[i] = load_row<T, kN>(dyb, r + P, p.dy_st);
           }
-        }
+          raw_floats<T, kN>(cx, xr[kW - 1]);
+          float a[kN], g[kN];
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-          const int u = c0 + i;
-          if (u >= loop_end) break;
-          float(&g)[kN] = gr[(i + kW - 1) % kW];
-          if (u < look_end) {
-            raw_floats<T, kN>(xs[i], xr[(i + kW - 1) % kW]);
-            float a[kN];
+          for (int e = 0; e < kN; ++e) a[e] = bias[e];
 #pragma unroll
-            for (int e = 0; e < kN; ++e) a[e] = bias[e];
+          for (int k = 0; k < kW; ++k)
+#pragma unroll
+            for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
+          raw_floats<T, kN>(cg, g);  // dy, then dy * act'(a) in place
+          if (p.silu) {
+#pragma unroll
+            for (int e = 0; e < kN; ++e) {
+              const float sg = sigmoid(a[e]);
+              g[e] *= sg * fmaf(a[e], 1.0f - sg, 1.0f);
+            }
+          }
+          if (r < seg_end) {
+#pragma unroll
+            for (int e = 0; e < kN; ++e) db[e] += g[e];
 #pragma unroll
             for (int k = 0; k < kW; ++k)
 #pragma unroll
-              for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[(i + k) % kW][e], a[e]);
-            raw_floats<T, kN>(gs[i], g);  // dy, then dy * act'(a) in place
-            if (p.silu) {
-#pragma unroll
-              for (int e = 0; e < kN; ++e) {
-                const float sg = sigmoid(a[e]);
-                g[e] *= sg * fmaf(a[e], 1.0f - sg, 1.0f);
-              }
-            }
-            if (u < seg_end) {
-#pragma unroll
-              for (int e = 0; e < kN; ++e) db[e] += g[e];
-#pragma unroll
-              for (int k = 0; k < kW; ++k)
-#pragma unroll
-                for (int e = 0; e < kN; ++e) dw[k][e] = fmaf(g[e], xr[(i + k) % kW][e], dw[k][e]);
-            }
-          } else {
-#pragma unroll
-            for (int e = 0; e < kN; ++e) g[e] = 0.0f;
+              for (int e = 0; e < kN; ++e) dw[k][e] = fmaf(g[e], xr[k][e], dw[k][e]);
           }
-          const int tau = u - (kW - 1);
-          if (tau >= t) {
-            float o[kN];
+          shift_ring<kW, kN>(xr);
+          shift_ring<kW, kN>(gr);
 #pragma unroll
-            for (int e = 0; e < kN; ++e) o[e] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kW; ++j)
-#pragma unroll
-              for (int e = 0; e < kN; ++e) o[e] = fmaf(w[kW - 1 - j][e], gr[(i + j) % kW][e], o[e]);
-            if (tau >= dht_from) {
-              const int j = tau - dht_from;  // slot of token tau in the final state
-#pragma unroll
-              for (int e = 0; e < kN; ++e)
-                o[e] += load_elem(p.dht, (s.n * p.D + d0 + e) * p.W + j, p.dht_code);
-            }
-            store_vec<T, kN>(dxb + static_cast<int64_t>(tau) * p.D, o);
-          }
+          for (int e = 0; e < kN; ++e) gr[kW - 1][e] = g[e];
+          const int tau = r - (kW - 1);
+          if (tau >= t && r + 1 < look_end) emit(tau, std::false_type{});
         }
+      }
+      // dx of rows look_end-kW..look_end-1 (those of this segment): rows from look_end on
+      // contribute g = 0 (past the sequence end, or past the rows whose dx this thread writes).
+#pragma unroll
+      for (int k = 0; k < kW; ++k) {
+        if (k > 0) {
+          shift_ring<kW, kN>(gr);
+#pragma unroll
+          for (int e = 0; e < kN; ++e) gr[kW - 1][e] = 0.0f;
+        }
+        const int tau = look_end - kW + k;
+        if (tau >= t && tau < seg_end) emit(tau, std::true_type{});
       }
       t = seg_end;
     }
   }
-
   if (!p.want_dw && !p.want_db) return;  // uniform over the block
   // Fixed-order reduction over the block's time runs, one partial row per quantity.
   const int tid = threadIdx.y * kThreadsX + threadIdx.x;
@@ -627,10 +752,42 @@ unsigned channel_blocks(int64_t D, int kN) {
   return static_cast<unsigned>(blocks);
 }
 
-int64_t tiles_for(const Params& p, int rows_per_thread, int64_t* per_batch) {
-  const int64_t rows = static_cast<int64_t>(rows_per_thread) * kThreadsY;
-  *per_batch = (p.T + rows - 1) / rows;
-  return p.cu ? *per_batch : p.B * *per_batch;
+int sm_count(int device) {
+  static int cached[64] = {};
+  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
+  int n = 0;
+  FUSEDOPS_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  if (device >= 0 && device < 64) cached[device] = n;
+  return std::max(n, 1);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows per thread run (a multiple of 8, at least min_rows), minimizing a model of the time:
+// waves of `capacity` resident blocks; a wave of n blocks takes (rows + 8) * max(n, 3/4 of
+// capacity) (bandwidth-bound, shared by the resident blocks, until fewer than ~3/4 of them are
+// left: then the loads in flight no longer cover HBM latency x bandwidth); 8 rows stand for a thread's start-up (weights,
+// halo, filling the pipeline). Long runs amortize the start-up and the halo; short runs fill
+// the machine when the problem is small. `columns` counts the blocks side by side along the
+// channels and batches.
+int pick_rows(int64_t T, int64_t columns, int64_t capacity, int min_rows) {
+  const int64_t r_max =
+      std::min<int64_t>(4096, std::max<int64_t>(min_rows, ceil_div(ceil_div(T, kThreadsY), 8) * 8));
+  const int64_t floor_blocks = std::max<int64_t>(1, capacity * 3 / 4);
+  int64_t best = min_rows;
+  double best_cost = 0.0;
+  for (int64_t r = min_rows; r <= r_max; r += 8) {
+    const int64_t blocks = columns * ceil_div(T, r * kThreadsY);
+    const int64_t full = blocks / capacity, rest = blocks % capacity;
+    const double cost = static_cast<double>(r + 8) *
+                        (static_cast<double>(full * capacity) +
+                         static_cast<double>(rest > 0 ? std::max(rest, floor_blocks) : 0));
+    if (r == min_rows || cost < best_cost) {
+      best_cost = cost;
+      best = r;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 void launch_small(int64_t count, cudaStream_t stream, void (*kernel)(Params), const Params& p) {
@@ -644,52 +801,72 @@ void launch_small(int64_t count, cudaStream_t stream, void (*kernel)(Params), co
 enum Mode : int { kForward = 0, kForwardResidual = 1, kBackward = 2 };
 
 // Channels per thread on the vector path: 16 bytes in the plain forward; 4 channels (16 bytes
-// of fp32, 8 of 16-bit types) in the forward with a residual (one more stream in flight); 2 in
-// the backward, whose rings of x and g, weights and weight-gradient sums spill at 4 under the
-// 128-register cap of two blocks per SM.
+// of fp32, 8 of 16-bit types) with a second streamed tensor (residual, or dy in the backward):
+// its buffers, and the backward's second ring and weight-gradient sums, would not fit 8
+// channels under the 168-register cap.
 template <class T, int kMode>
-constexpr int kVecChannels = kMode == kForward ? cuda::kVec16<T> : kMode == kForwardResidual ? 4 : 2;
+constexpr int kVecChannels = kMode == kForward ? cuda::kVec16<T> : 4;
 
+// Minimum rows per thread run. The backward's tiles (kThreadsY runs) must span at least
+// kCudaBwdRows rows: the partial-sum workspace is sized for that many tiles.
+constexpr int kFwdMinRows = 16;
+constexpr int kBwdMinRows = static_cast<int>(conv1d::kCudaBwdRows) / kThreadsY;
+static_assert(kBwdMinRows * kThreadsY == conv1d::kCudaBwdRows && kBwdMinRows % 8 == 0,
+              "tile mismatch");
+
+// Picks the run length for this kernel's occupancy and launches it; returns the time tiles
+// (blocks along x).
 template <class T, int kW, int kN, int kMode>
-void launch_kernel(const Params& p, dim3 grid, cudaStream_t stream) {
-  const dim3 block(kThreadsX, kThreadsY);
+int64_t launch_kernel(Params p, int device, cudaStream_t stream) {
+  void (*kernel)(Params) = nullptr;
   if constexpr (kMode == kBackward) {
-    causal_conv1d_bwd_kernel<T, kW, kN><<<grid, block, 0, stream>>>(p);
+    kernel = causal_conv1d_bwd_kernel<T, kW, kN>;
   } else {
-    causal_conv1d_fwd_kernel<T, kW, kN, kMode == kForwardResidual><<<grid, block, 0, stream>>>(p);
+    kernel = causal_conv1d_fwd_kernel<T, kW, kN, kMode == kForwardResidual>;
   }
+  static const int per_sm = [&] {
+    int n = 0;
+    FUSEDOPS_CUDA_CHECK(kOp, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+    return std::max(n, 1);
+  }();
+  const unsigned cblocks = channel_blocks(p.D, kN);
+  const int64_t batches = p.cu ? 1 : p.B;
+  const int64_t capacity = static_cast<int64_t>(sm_count(device)) * per_sm;
+  p.rows = pick_rows(p.T, batches * cblocks, capacity,
+                     kMode == kBackward ? kBwdMinRows : kFwdMinRows);
+  p.tiles_per_batch = ceil_div(p.T, static_cast<int64_t>(p.rows) * kThreadsY);
+  const int64_t tiles = batches * p.tiles_per_batch;
+  FUSEDOPS_REQUIRE(tiles <= INT32_MAX, kRuntime, kOp, "cuda_sm80: too many time tiles (", tiles,
+                   ")");
+  const dim3 grid(static_cast<unsigned>(tiles), cblocks);
+  const dim3 block(kThreadsX, kThreadsY);
+  kernel<<<grid, block, 0, stream>>>(p);
   FUSEDOPS_CUDA_LAUNCH_CHECK(kOp);
+  return tiles;
 }
 
 // The vector path takes W = 1..4 with its exact width; the scalar path (rows not aligned to the
 // vector, or W = 5..8) runs width 8 with zero taps in front of the real ones.
 template <class T, int kMode>
-void launch_main(const Params& p, int64_t tiles, bool vec, cudaStream_t stream) {
-  FUSEDOPS_REQUIRE(tiles <= INT32_MAX, kRuntime, kOp, "cuda_sm80: too many time tiles (", tiles,
-                   ")");
-  if (!vec || p.W > 4) {
-    const dim3 grid(static_cast<unsigned>(tiles), channel_blocks(p.D, 1));
-    launch_kernel<T, kMaxWidth, 1, kMode>(p, grid, stream);
-    return;
-  }
+int64_t launch_main(const Params& p, bool vec, int device, cudaStream_t stream) {
+  if (!vec || p.W > 4) return launch_kernel<T, kMaxWidth, 1, kMode>(p, device, stream);
   constexpr int kV = kVecChannels<T, kMode>;
-  const dim3 grid(static_cast<unsigned>(tiles), channel_blocks(p.D, kV));
   switch (p.W) {
-    case 1: launch_kernel<T, 1, kV, kMode>(p, grid, stream); break;
-    case 2: launch_kernel<T, 2, kV, kMode>(p, grid, stream); break;
-    case 3: launch_kernel<T, 3, kV, kMode>(p, grid, stream); break;
-    default: launch_kernel<T, 4, kV, kMode>(p, grid, stream); break;
+    case 1: return launch_kernel<T, 1, kV, kMode>(p, device, stream);
+    case 2: return launch_kernel<T, 2, kV, kMode>(p, device, stream);
+    case 3: return launch_kernel<T, 3, kV, kMode>(p, device, stream);
+    default: return launch_kernel<T, 4, kV, kMode>(p, device, stream);
   }
 }
 
 template <class T, int kMode>
-void launch_main_if_aligned(const Params& p, int64_t tiles, cudaStream_t stream) {
+int64_t launch_main_if_aligned(const Params& p, int device, cudaStream_t stream) {
   constexpr int kV = kVecChannels<T, kMode>;
   bool vec = rows_vectorizable<T>(p.x, p.x_sb, p.x_st, p.D, kV) &&
              rows_vectorizable<T>(p.out, p.T * p.D, p.D, p.D, kV);
   if (kMode == kForwardResidual) vec = vec && rows_vectorizable<T>(p.residual, p.r_sb, p.r_st, p.D, kV);
   if (kMode == kBackward) vec = vec && rows_vectorizable<T>(p.dy, p.dy_sb, p.dy_st, p.D, kV);
-  launch_main<T, kMode>(p, tiles, vec, stream);
+  return launch_main<T, kMode>(p, vec, device, stream);
 }
 
 void fwd(const Context& ctx, const CausalConv1dFwdArgs& a) {
@@ -709,14 +886,12 @@ void fwd(const Context& ctx, const CausalConv1dFwdArgs& a) {
   }
   cuda::visit_dtype(a.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    int64_t per_batch = 0;
-    const int64_t tiles = tiles_for(p, kFwdRowsPerThread, &per_batch);
-    p.tiles_per_batch = per_batch;
-    if (tiles > 0) {
+    const bool rows = p.T > 0 && p.B > 0 && p.D > 0;
+    if (rows) {
       if (p.residual) {
-        launch_main_if_aligned<T, kForwardResidual>(p, tiles, stream);
+        launch_main_if_aligned<T, kForwardResidual>(p, ctx.device.index, stream);
       } else {
-        launch_main_if_aligned<T, kForward>(p, tiles, stream);
+        launch_main_if_aligned<T, kForward>(p, ctx.device.index, stream);
       }
     }
     if (p.state_out) launch_small(p.N * p.D, stream, causal_conv1d_final_state_kernel<T>, p);
@@ -753,10 +928,9 @@ void bwd(const Context& ctx, const CausalConv1dBwdArgs& a) {
   }
   cuda::visit_dtype(a.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    int64_t per_batch = 0;
-    const int64_t tiles = tiles_for(p, kBwdRowsPerThread, &per_batch);
-    p.tiles_per_batch = per_batch;
-    if (tiles > 0) launch_main_if_aligned<T, kBackward>(p, tiles, stream);
+    const bool rows = p.T > 0 && p.B > 0 && p.D > 0;
+    // Partial rows written (blocks along time); 0 leaves dweight / dbias = 0 below.
+    const int64_t tiles = rows ? launch_main_if_aligned<T, kBackward>(p, ctx.device.index, stream) : 0;
     const int prows = (p.want_dw ? p.W : 0) + (p.want_db ? 1 : 0);
     if (prows > 0) {
       const int64_t count = prows * p.D;
