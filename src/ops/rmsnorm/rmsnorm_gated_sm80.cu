@@ -15,6 +15,7 @@
 // that read the segment twice (the second read mostly hits L1/L2); the loop backward gives the
 // whole block to one row and accumulates the parameter gradients directly in its own partial row.
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
@@ -277,6 +278,80 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
   }
 }
 
+// Short segments (one 16-byte unit per thread, a group of at most 32 threads per segment, no
+// residual): each group handles kRows segments of the block at once, their loads all issued before
+// the first reduction, so that a thread keeps kRows * 32 bytes of loads in flight (the one-segment
+// kernel above keeps 32 and, at 4 resident blocks, could not cover the memory latency). x and z
+// stay in registers in their storage type. Same arithmetic, in the same order, as gated_fwd_kernel.
+template <class T, int kRows>
+__global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_rows_kernel(GatedFwdParams p) {
+  constexpr int N = kVec16<T>;
+  const int tpr = p.tpr;
+  const int lane = threadIdx.x & (tpr - 1);
+  const int groups = blockDim.x / tpr;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kRows + threadIdx.x / tpr;
+  const bool unit_ok = lane < p.g / N;
+  const bool gate_first = p.z != nullptr && !p.nbg;
+  const bool gate_after = p.z != nullptr && p.nbg;
+  Raw16 xr[kRows], zr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t seg = first + static_cast<int64_t>(r) * groups;
+    xr[r] = zr[r] = make_uint4(0, 0, 0, 0);
+    if (seg < p.segments && unit_ok) {
+      const int64_t row = seg / p.G;
+      const int64_t col = (seg - row * p.G) * p.g + lane * N;
+      xr[r] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + col);
+      if (p.z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
+    }
+  }
+  // The value that is normalised: x, times silu(z) when the gate comes first.
+  auto value = [&](int r, float (&v)[N]) {
+    raw_to_floats<T>(xr[r], v);
+    if (gate_first) {
+      float z[N];
+      raw_to_floats<T>(zr[r], z);
+#pragma unroll
+      for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e]);
+    }
+  };
+  float ss[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float v[N];
+    value(r, v);
+    ss[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < N; ++e) ss[r] += v[e] * v[e];
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) ss[r] = cuda::warp_sum(ss[r], tpr);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t seg = first + static_cast<int64_t>(r) * groups;
+    if (seg >= p.segments) break;
+    const float rs = rsqrtf(ss[r] * p.inv_g + p.eps);
+    if (lane == 0) p.rstd[seg] = rs;
+    if (!unit_ok) continue;
+    const int64_t row = seg / p.G;
+    const int64_t col0 = (seg - row * p.G) * p.g;
+    float v[N], w[N], b[N], z[N], o[N];
+    value(r, v);
+    if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
+    if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
+    if (gate_after) raw_to_floats<T>(zr[r], z);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      float h = v[e] * rs;
+      if (p.weight) h *= w[e];
+      if (p.bias) h += b[e];
+      if (gate_after) h *= gate_value(p.gate, z[e]);
+      o[e] = h;
+    }
+    store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
+  }
+}
+
 // Per-element backward of elements [kOff, kOff + H) of one unit. Inputs: dy, x (the saved
 // value), z (when gated), w, b, the group's rstd and mean = mean_G(v^ * w * t) where t is the
 // gradient reaching the normalised value v (dy*act(z) with the gate after, dy otherwise).
@@ -338,7 +413,11 @@ __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const fl
   return dot;
 }
 
-template <class T, int kIters, bool kVec>
+// kRows > 1 (one 16-byte unit per thread, groups of at most 32 threads, x in the storage type of
+// dy): each row slot takes kRows rows per step, all their loads issued before the first
+// reduction, so that more bytes are in flight per thread (the one-row step leaves the SM idle
+// between its load and its stores).
+template <class T, int kIters, bool kVec, int kRows = 1>
 __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
   constexpr int H = N > 1 ? N / 2 : 1;  // half a unit
@@ -398,39 +477,93 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
     for (int j = 0; j < kAcc; ++j)
 #pragma unroll
       for (int e = 0; e < N; ++e) acc_w[j][e] = acc_b[j][e] = 0.0f;
-    for (int64_t it = 0; it < iters; ++it) {
-      const int64_t row = r_begin + it * slots + slot;
-      const bool active = row < r_end;
-      // dy and z stay in registers in their storage type, x as floats (it may be fp32).
-      Raw16 dyr[kIters], zr[kIters];
-      float xs[kIters][N];
-      float dot = 0.0f;
+    if constexpr (kRows > 1) {
+      static_assert(kIters == 1, "the batched-row step holds one unit per thread");
+      const bool unit_ok = lane < units;
+      for (int64_t it = 0; it < iters; it += kRows) {
+        // dy, x and z of kRows rows stay in registers in their storage type.
+        Raw16 dyr[kRows], xr[kRows], zr[kRows];
 #pragma unroll
-      for (int j = 0; j < kIters; ++j) {
-        const int64_t i = static_cast<int64_t>(j) * tpr + lane;
-        dyr[j] = zr[j] = make_uint4(0, 0, 0, 0);
-        if (active && i < units) {
-          dyr[j] = load_raw16(static_cast<const T*>(p.dy) + row * p.dy_stride + col0 + i * N);
-          if (p.z) zr[j] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col0 + i * N);
-          load_any<T, N>(p.x, p.x_f32, row * p.x_stride + col0 + i * N, xs[j]);
-          float w[N];
-          if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + i * N, w);
-          dot += unit_dot<N>(ug, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w);
+        for (int q = 0; q < kRows; ++q) {
+          const int64_t row = r_begin + (it + q) * slots + slot;
+          dyr[q] = xr[q] = zr[q] = make_uint4(0, 0, 0, 0);
+          if (row < r_end && unit_ok) {
+            const int64_t c = col0 + lane * N;
+            dyr[q] = load_raw16(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
+            xr[q] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + c);
+            if (p.z) zr[q] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + c);
+          }
+        }
+        float w[N], b[N];
+        if (unit_ok && p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
+        if (unit_ok && p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
+        float dot[kRows];
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) {
+          float xs[N];
+          raw_to_floats<T>(xr[q], xs);
+          dot[q] = unit_ok ? unit_dot<N>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w) : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) dot[q] = cuda::warp_sum(dot[q], tpr);
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) {
+          const int64_t row = r_begin + (it + q) * slots + slot;
+          if (row >= r_end || !unit_ok) continue;
+          const float r = p.rstd[row * p.G + grp];
+          const float mean = r * dot[q] * p.inv_g;
+          float xs[N], dx[N], dz[N];
+          raw_to_floats<T>(xr[q], xs);
+          half_backward<N, N, 0>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w, b, r, mean, dx, dz,
+                                 acc_w[0], acc_b[0]);
+          // Whole 16-byte units, each one store instruction (see cuda::store_global).
+          const int64_t at = col0 + lane * N;
+          if (p.dres) {
+            float d[N];
+            load_any<T, N>(p.dres, false, row * p.dres_stride + at, d);
+#pragma unroll
+            for (int e = 0; e < N; ++e) dx[e] += d[e];
+          }
+          cuda::store_global<T, N>(static_cast<T*>(p.dx) + row * p.D + at, dx);
+          if (p.dres_in) cuda::store_global<T, N>(static_cast<T*>(p.dres_in) + row * p.D + at, dx);
+          if (p.z) cuda::store_global<T, N>(static_cast<T*>(p.dz) + row * p.D + at, dz);
         }
       }
-      dot = group_sum(dot, tpr, scratch);
-      if (!active) continue;
-      const float r = p.rstd[row * p.G + grp];
-      const float mean = r * dot * p.inv_g;
+    } else {
+      for (int64_t it = 0; it < iters; ++it) {
+        const int64_t row = r_begin + it * slots + slot;
+        const bool active = row < r_end;
+        // dy and z stay in registers in their storage type, x as floats (it may be fp32).
+        Raw16 dyr[kIters], zr[kIters];
+        float xs[kIters][N];
+        float dot = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kIters; ++j) {
-        const int64_t i = static_cast<int64_t>(j) * tpr + lane;
-        if (i >= units) continue;
-        float w[N], b[N];
-        if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + i * N, w);
-        if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + i * N, b);
-        unit_out(row, i, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w, b, r, mean, acc_w[j],
-                 acc_b[j]);
+        for (int j = 0; j < kIters; ++j) {
+          const int64_t i = static_cast<int64_t>(j) * tpr + lane;
+          dyr[j] = zr[j] = make_uint4(0, 0, 0, 0);
+          if (active && i < units) {
+            dyr[j] = load_raw16(static_cast<const T*>(p.dy) + row * p.dy_stride + col0 + i * N);
+            if (p.z) zr[j] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col0 + i * N);
+            load_any<T, N>(p.x, p.x_f32, row * p.x_stride + col0 + i * N, xs[j]);
+            float w[N];
+            if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + i * N, w);
+            dot += unit_dot<N>(ug, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w);
+          }
+        }
+        dot = group_sum(dot, tpr, scratch);
+        if (!active) continue;
+        const float r = p.rstd[row * p.G + grp];
+        const float mean = r * dot * p.inv_g;
+#pragma unroll
+        for (int j = 0; j < kIters; ++j) {
+          const int64_t i = static_cast<int64_t>(j) * tpr + lane;
+          if (i >= units) continue;
+          float w[N], b[N];
+          if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + i * N, w);
+          if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + i * N, b);
+          unit_out(row, i, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w, b, r, mean, acc_w[j],
+                   acc_b[j]);
+        }
       }
     }
     // Sum the row slots of the block in a fixed order: one partial row per (chunk, group).
@@ -535,6 +668,17 @@ int gate_code(const TensorView& z, GateActivation act) {
   return act == GateActivation::kSigmoid ? kGateSigmoid : kGateSilu;
 }
 
+// FUSEDOPS_RMSNORM_GATED_ROWS=1|2|4 (default 4): rows per group and step of the short-segment
+// kernels (1: one row at a time, the general kernels). A tuning aid.
+int rows_per_step() {
+  static const int rows = [] {
+    const char* v = std::getenv("FUSEDOPS_RMSNORM_GATED_ROWS");
+    const int r = v ? std::atoi(v) : 4;
+    return (r == 1 || r == 2 || r == 4) ? r : 4;
+  }();
+  return rows;
+}
+
 bool is_f32(const TensorView& t) { return t.defined() && t.dtype() == DType::kFloat32; }
 bool aligned16(const TensorView& t) { return !t.defined() || cuda::aligned_to(t.data(), 16); }
 bool stride_ok(const TensorView& t, int n) { return !t.defined() || t.row_stride() % n == 0; }
@@ -577,7 +721,15 @@ void launch_fwd(const Context& ctx, const RmsNormGatedFwdArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
   FUSEDOPS_REQUIRE(plan.blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
-  if (!vec) {
+  const int rows = rows_per_step();
+  if (vec && plan.iters == 1 && plan.tpr <= 32 && p.residual == nullptr && rows > 1) {
+    const int64_t per_block = (kRowThreads / plan.tpr) * rows;
+    const int64_t blocks = (p.segments + per_block - 1) / per_block;
+    FUSEDOPS_REQUIRE(blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
+    const dim3 g2(static_cast<unsigned>(blocks));
+    if (rows == 4) gated_fwd_rows_kernel<T, 4><<<g2, block, 0, stream>>>(p);
+    else gated_fwd_rows_kernel<T, 2><<<g2, block, 0, stream>>>(p);
+  } else if (!vec) {
     gated_fwd_kernel<T, 0, false><<<grid, block, 0, stream>>>(p);
   } else {
     switch (plan.iters) {
@@ -641,7 +793,11 @@ void launch_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
     p.tpr = plan.tpr;
     auto kernel = gated_bwd_kernel<T, 0, false>;
     if (vec) {
-      kernel = iters == 1 ? gated_bwd_kernel<T, 1, true>
+      // Short segments of 16-bit or fp32 x take kRows rows per step (see gated_bwd_kernel).
+      const bool batched =
+          iters == 1 && plan.tpr <= 32 && (!p.x_f32 || std::is_same_v<T, float>) && rows_per_step() > 1;
+      kernel = batched     ? (rows_per_step() == 4 ? gated_bwd_kernel<T, 1, true, 4> : gated_bwd_kernel<T, 1, true, 2>)
+               : iters == 1 ? gated_bwd_kernel<T, 1, true>
                : iters == 2 ? gated_bwd_kernel<T, 2, true>
                             : gated_bwd_kernel<T, 0, true>;
     }
