@@ -34,6 +34,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/causal_conv1d.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/fastmath.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/causal_conv1d/causal_conv1d_common.h"
 
@@ -144,6 +145,15 @@ __device__ __forceinline__ void raw_floats(const RawT<T, kN>& r, float (&out)[kN
 }
 
 __device__ __forceinline__ float sigmoid(float a) { return __frcp_rn(1.0f + __expf(-a)); }
+
+// sigmoid of kN values, bitwise as sigmoid() (cuda::rcp_rn: no branch per value).
+template <int kN>
+__device__ __forceinline__ void sigmoid_n(const float (&a)[kN], float (&out)[kN]) {
+  float d[kN];
+#pragma unroll
+  for (int e = 0; e < kN; ++e) d[e] = 1.0f + __expf(-a[e]);
+  cuda::rcp_rn<kN>(d, out);
+}
 
 __device__ __forceinline__ int64_t offset_at(const void* cu, int cu64, int64_t i) {
   return cu64 ? static_cast<const int64_t*>(cu)[i]
@@ -415,8 +425,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_fwd_kernel
 #pragma unroll
           for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
         if (p.silu) {
+          float sg[kN];
+          sigmoid_n<kN>(a, sg);
 #pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] *= sigmoid(a[e]);
+          for (int e = 0; e < kN; ++e) a[e] *= sg[e];
         }
         if constexpr (kResidual) {
           float rv[kN];
@@ -530,11 +542,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_bwd_kernel
             for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
           raw_floats<T, kN>(cg, g);  // dy, then dy * act'(a) in place
           if (p.silu) {
+            float sg[kN];
+            sigmoid_n<kN>(a, sg);
 #pragma unroll
-            for (int e = 0; e < kN; ++e) {
-              const float sg = sigmoid(a[e]);
-              g[e] *= sg * fmaf(a[e], 1.0f - sg, 1.0f);
-            }
+            for (int e = 0; e < kN; ++e) g[e] *= sg[e] * fmaf(a[e], 1.0f - sg[e], 1.0f);
           }
           if (r < seg_end) {
 #pragma unroll

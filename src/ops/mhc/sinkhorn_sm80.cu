@@ -23,6 +23,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/mhc.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/fastmath.cuh"
 #include "src/cuda/reduce.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/mhc/sinkhorn_common.h"
@@ -518,34 +519,13 @@ constexpr int kN4 = 4;
 constexpr int kThreads4 = 64;
 constexpr int kRowsPerPartial4 = 32;  // hc_split_sinkhorn_partial_rows(4)
 
-// RN(1/d) for N values: the hardware reciprocal refined by one Newton step, which is exactly
-// the fast path of __frcp_rn (bitwise the same result) for d with a biased exponent in [1, 252];
-// any other d (0, denormal, huge, inf, NaN) sends the batch through __frcp_rn. __frcp_rn itself
-// puts a branch and a reconvergence point around every reciprocal, which serialised the four
-// independent rows of a step; here the rare branch is taken once per batch.
-template <int N>
-__device__ __forceinline__ void rcp_rn(const float (&d)[N], float (&inv)[N]) {
-  bool fast = true;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d[i]));
-    inv[i] = fmaf(r, fmaf(-d[i], r, 1.0f), r);
-    fast = fast && ((__float_as_uint(d[i]) + 0x01800000u) & 0x7f800000u) > 0x01ffffffu;
-  }
-  if (!fast) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) inv[i] = __frcp_rn(d[i]);
-  }
-}
-
 // sigmoid of N values, 1 / (1 + exp(-u)) with the division correctly rounded (= RN(1/x)).
 template <int N>
 __device__ __forceinline__ void sigmoid_n(const float (&u)[N], float (&out)[N]) {
   float x[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = 1.0f + expf(-u[i]);
-  rcp_rn<N>(x, out);
+  cuda::rcp_rn<N>(x, out);
 }
 
 // Rows [row0, row0 + nrows) of a [rows, W] matrix of T (row stride rs elements) as floats at
@@ -619,7 +599,7 @@ __device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int 
   }
   if (variant == kDeepSeek) {
     float inv[kN4];
-    rcp_rn<kN4>(s, inv);
+    cuda::rcp_rn<kN4>(s, inv);
 #pragma unroll
     for (int i = 0; i < kN4; ++i)
 #pragma unroll
@@ -647,7 +627,7 @@ __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)
     for (int o = 1; o < kN4; ++o) s += K[at4<kRow>(a, o)];
     d[a] = s + eps;
   }
-  rcp_rn<kN4>(d, inv);
+  cuda::rcp_rn<kN4>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
 #pragma unroll
@@ -685,7 +665,7 @@ __device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const f
   float d[kN4], inv[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
-  rcp_rn<kN4>(d, inv);
+  cuda::rcp_rn<kN4>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
     float dot = 0.0f;
@@ -822,7 +802,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
       for (int k = 0; k < 16; ++k) dL[k] = G[k] * e[k];
     } else {
       float inv[kN4];
-      rcp_rn<kN4>(s, inv);
+      cuda::rcp_rn<kN4>(s, inv);
 #pragma unroll
       for (int i = 0; i < kN4; ++i) {
         float dot = 0.0f;
