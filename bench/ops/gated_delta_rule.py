@@ -53,6 +53,16 @@ CPU_DTYPES = [torch.float32]
 BT = 64
 
 
+def promoted(*ts):
+    """The tensors (None allowed) in their common promoted dtype: the eager composites run mixed
+    inputs (16-bit q/k/v with fp32 gates or state) as PyTorch's own type promotion would."""
+    dt = None
+    for x in ts:
+        if x is not None:
+            dt = x.dtype if dt is None else torch.promote_types(dt, x.dtype)
+    return tuple(None if x is None else x.to(dt) for x in ts)
+
+
 def unit_lower_inverse(L, eye):
     """(I + L)^-1 for strictly lower L. CUDA has no 16-bit triangular solve: 16-bit inputs are
     solved in fp32 and rounded back to their dtype."""
@@ -65,16 +75,8 @@ def unit_lower_inverse(L, eye):
 
 def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     """The gated delta rule chunk by chunk in plain PyTorch (the 'eager' baseline)."""
-    # Mixed inputs (16-bit q/k/v with fp32 gates or state) run in their promoted dtype, as
-    # PyTorch's own type promotion would; the output comes back in q's dtype.
     out_dtype = q.dtype
-    dt = q.dtype
-    for x in (k, v, g, beta, initial_state):
-        if x is not None:
-            dt = torch.promote_types(dt, x.dtype)
-    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
-    if initial_state is not None:
-        initial_state = initial_state.to(dt)
+    q, k, v, g, beta, initial_state = promoted(q, k, v, g, beta, initial_state)
     B, T, H, K = q.shape
     V = v.shape[-1]
     pad = (chunk_size - T % chunk_size) % chunk_size

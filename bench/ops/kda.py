@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .. import common
 from ..common import Case, Impl, peer_status
-from .gated_delta_rule import unit_lower_inverse
+from .gated_delta_rule import promoted, unit_lower_inverse
 
 OP = "chunk_kda"
 
@@ -43,16 +43,8 @@ BT = 64
 def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
     """KDA chunk by chunk in plain PyTorch (the 'eager' baseline): vectorised over batch and
     heads, one Python iteration per chunk."""
-    # Mixed inputs (16-bit q/k/v with fp32 gates or state) run in their promoted dtype, as
-    # PyTorch's own type promotion would; the output comes back in q's dtype.
     out_dtype = q.dtype
-    dt = q.dtype
-    for x in (k, v, g, beta, initial_state):
-        if x is not None:
-            dt = torch.promote_types(dt, x.dtype)
-    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
-    if initial_state is not None:
-        initial_state = initial_state.to(dt)
+    q, k, v, g, beta, initial_state = promoted(q, k, v, g, beta, initial_state)
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
