@@ -61,24 +61,33 @@ inline void store_span(const float* __restrict in, T* __restrict out, int64_t n)
   }
 }
 
-float max_lanes(const float* a, int64_t n) {
+// The reductions below read float rows, or rows of any storage type T converted on the fly.
+template <class T>
+float max_lanes(const T* a, int64_t n) {
   float acc[kLanes];
   for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<float>::max();
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = a[i + l] > acc[l] ? a[i + l] : acc[l];
-  for (int l = 0; i + l < n; ++l) acc[l] = a[i + l] > acc[l] ? a[i + l] : acc[l];
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = to_float(a[i + l]);
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int l = 0; i + l < n; ++l) {
+    const float v = to_float(a[i + l]);
+    acc[l] = v > acc[l] ? v : acc[l];
+  }
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
   return acc[0];
 }
 
-float sum_lanes(const float* a, int64_t n) {
+template <class T>
+float sum_lanes(const T* a, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l];
-  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] += to_float(a[i + l]);
+  for (int l = 0; i + l < n; ++l) acc[l] += to_float(a[i + l]);
   return reduce_lanes(acc);
 }
 
@@ -105,12 +114,13 @@ int64_t label_of(const void* labels, bool int64, int64_t i) {
 }
 
 // sum_i exp(a[i] - m), lane-blocked; a is left as it is.
-float exp_sum(const float* a, int64_t n, float m) {
+template <class T>
+float exp_sum(const T* a, int64_t n, float m) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(a[i + l] - m);
-  for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(a[i + l] - m);
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
+  for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
   return reduce_lanes(acc);
 }
 
@@ -174,6 +184,21 @@ void rows_typed(const RowsParams& p) {
         continue;
       }
       const TIn* x = static_cast<const TIn*>(p.logits) + r * p.logits_row_stride;
+      if constexpr (!std::is_same_v<TIn, double>) {
+        if (!g && !capped && p.logit_scale == 1.0f) {
+          // Loss only, unscaled logits: the row is read as it is stored, converted on the fly,
+          // with no fp32 copy (bitwise the same sums: the copy would equal to_float(x) exactly).
+          const float m = max_lanes(x, V);
+          const float zy = y >= 0 && y < V ? to_float(x[y]) : std::numeric_limits<float>::quiet_NaN();
+          const float sz = eps > 0.0f ? sum_lanes(x, V) : 0.0f;
+          const float log_d = std::log(exp_sum(x, V, m));
+          const float lse = m + log_d;
+          const float row_z = lambda * lse * lse;
+          p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
+          if (p.row_z) p.row_z[r] = row_z;
+          continue;
+        }
+      }
       float m;
       if (capped) {
         for (int64_t v = 0; v < V; ++v) {
