@@ -149,9 +149,10 @@ void extended_row(const Problem& p, const Rows<const T>& x, const Task& tk, int6
   }
 }
 
-// a = bias + sum_k w[k] * x~[t-W+1+k] from the ring holding rows t-W+1..t.
-void preactivation(const Problem& p, const float* ring, int64_t t, int64_t d0, int64_t nd,
-                   float* __restrict a) {
+// a = bias + sum_k w[k] * x~[t-W+1+k], row k of the window given by row_of(k) (channels
+// d0..d0+nd).
+template <class RowOf>
+void preactivation_with(const Problem& p, RowOf row_of, int64_t d0, int64_t nd, float* __restrict a) {
   const int64_t D = p.g.D, W = p.g.W;
   if (!p.b.empty()) {
     std::memcpy(a, p.b.data() + d0, nd * sizeof(float));
@@ -159,10 +160,16 @@ void preactivation(const Problem& p, const float* ring, int64_t t, int64_t d0, i
     std::fill(a, a + nd, 0.0f);
   }
   for (int64_t k = 0; k < W; ++k) {
-    const float* __restrict row = ring + p.slot(t - W + 1 + k) * nd;
+    const float* __restrict row = row_of(k);
     const float* __restrict wk = p.w.data() + k * D + d0;
     for (int64_t d = 0; d < nd; ++d) a[d] += wk[d] * row[d];
   }
+}
+
+// The same from the ring holding rows t-W+1..t.
+void preactivation(const Problem& p, const float* ring, int64_t t, int64_t d0, int64_t nd,
+                   float* __restrict a) {
+  preactivation_with(p, [&](int64_t k) { return ring + p.slot(t - p.g.W + 1 + k) * nd; }, d0, nd, a);
 }
 
 template <class T>
@@ -176,9 +183,18 @@ void fwd_task(const Problem& p, const CausalConv1dFwdArgs& args, const Task& tk,
   float* rbuf = a + nd;            // 1 row
   for (int64_t r = tk.t0 - W + 1; r < tk.t0; ++r)
     extended_row(p, x, tk, r, d0, nd, ring + p.slot(r) * nd);
+  // fp32 rows are read where they are (no copy into the ring); the halo rows before t0 come
+  // from the ring either way.
   for (int64_t t = tk.t0; t < tk.t1; ++t) {
-    cpu::load_float(x.row(tk.batch, tk.begin + t) + d0, ring + p.slot(t) * nd, nd);
-    preactivation(p, ring, t, d0, nd, a);
+    if constexpr (std::is_same_v<T, float>) {
+      preactivation_with(p, [&](int64_t k) {
+        const int64_t r = t - W + 1 + k;
+        return r >= tk.t0 ? x.row(tk.batch, tk.begin + r) + d0 : ring + p.slot(r) * nd;
+      }, d0, nd, a);
+    } else {
+      cpu::load_float(x.row(tk.batch, tk.begin + t) + d0, ring + p.slot(t) * nd, nd);
+      preactivation(p, ring, t, d0, nd, a);
+    }
     if (p.silu) silu_row(a, nd);
     if (res.base) {
       cpu::load_float(res.row(tk.batch, tk.begin + t) + d0, rbuf, nd);
