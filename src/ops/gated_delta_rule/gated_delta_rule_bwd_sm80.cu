@@ -20,11 +20,11 @@ int64_t chunk_count(const Layout& L, const TensorView& cu, const TensorView& ci)
 
 // ---------------------------------------------------------------------------------------------
 // chunk_bwd_dv_local: CTA per (chunk, value head). P = scale M>= . Gamma . Q K^T, dv = P^T dO per
-// 32-column V tile. Shared memory: Qa, Kb [64][33], P [64][65] (33.5 KiB).
+// 32-column V tile. Shared memory: Qa, Kb [64][37], P [64][69] (33.5 KiB).
 
 __global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO, Tok g, Tok dv, Layout L, int K,
                                                             int V, int G, float scale) {
-  constexpr int kW = 32, kLdS = kW + 1;  // 32-column K slices and V tiles
+  constexpr int kW = 32, kLdS = pad_ld(kW);  // 32-column K slices and V tiles
   __shared__ float Qa[kMaxBT * kLdS];
   __shared__ float Kb[kMaxBT * kLdS];
   __shared__ float P[kMaxBT * kLd];
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO
     load_tile(Qa, kLdS, kMaxBT, kW, q, c.b, c.t0, hk, len, y0, K);
     load_tile(Kb, kLdS, kMaxBT, kW, k, c.b, c.t0, hk, len, y0, K);
     __syncthreads();
-    mm(len, len, kW, Qa, kLdS, 1, Kb, 1, kLdS, [&](int m, int n, float v) { P[m * kLd + n] += v; });
+    mm(L.tc, len, len, kW, Qa, kLdS, 1, Kb, 1, kLdS, [&](int m, int n, float v) { P[m * kLd + n] += v; });
   }
   __syncthreads();
   for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO
     load_tile(Qa, kLdS, kMaxBT, kW, dO, c.b, c.t0, hv, len, x0, V);
     __syncthreads();
     // dv[j][x] = sum_i P[i][j] dO[i][x].
-    mm(len, min(kW, V - x0), len, P, 1, kLd, Qa, kLdS, 1,
+    mm(L.tc, len, min(kW, V - x0), len, P, 1, kLd, Qa, kLdS, 1,
        [&](int m, int n, float v) { dv.st_(c.b, c.t0 + m, hv, x0 + n, v); });
   }
 }
@@ -61,7 +61,7 @@ void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.dout.size(2), V = a.dout.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   dv_local_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
@@ -72,16 +72,16 @@ void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // chunk_gated_delta_rule_bwd_dhu: CTA per (sequence, value head, 32-column V tile), reverse over
-// the chunks. Shared memory: X [K][33], Sl [64][65], D2 [64][33], dOs [64][33], g [64], gk_last [K].
+// the chunks. Shared memory: X [K][37], Sl [64][69], D2 [64][37], dOs [64][37], g [64], gk_last [K].
 
 constexpr int kVT = 32;
-constexpr int kLdV = kVT + 1;
+constexpr int kLdV = pad_ld(kVT);
 
 size_t state_smem(int K) {
   return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) dhu_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
+__global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
                                                           Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L, int K,
                                                           int V, int HV, int G, float scale) {
   extern __shared__ float smem[];
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) dhu_kernel(Tok q, Tok k, Tok w, T
       load_tile(Sl, kLd, kMaxBT, 64, k, s.b, t0, hk, len, y0, K);
       __syncthreads();
       const float glast = gl[len - 1];
-      mm(len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1, [&](int m, int nn, float v) {
+      mm(L.tc, len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1, [&](int m, int nn, float v) {
         D2[m * kLdV + nn] += (g.p ? expf(glast - gl[m]) : 1.0f) * v;
       });
     }
@@ -141,12 +141,12 @@ __global__ void __launch_bounds__(kThreads, 1) dhu_kernel(Tok q, Tok k, Tok w, T
         Sl[r * kLd + cc] = v;
       }
       __syncthreads();
-      mm(min(64, K - y0), vt, len, Sl, 1, kLd, dOs, kLdV, 1,
+      mm(L.tc, min(64, K - y0), vt, len, Sl, 1, kLd, dOs, kLdV, 1,
          [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
       __syncthreads();
       load_tile(Sl, kLd, kMaxBT, 64, w, s.b, t0, hv, len, y0, K);
       __syncthreads();
-      mm(min(64, K - y0), vt, len, Sl, 1, kLd, D2, kLdV, 1,
+      mm(L.tc, min(64, K - y0), vt, len, Sl, 1, kLd, D2, kLdV, 1,
          [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] -= v; });
     }
   }
@@ -159,7 +159,7 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.dout.size(2), V = a.dout.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   const size_t smem = state_smem(static_cast<int>(K));
@@ -182,11 +182,11 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 // gradient is assembled from its separate terms in double (see README):
 //   dg_i = scale e^{g_i} q_i.(dO S^T)_i + rowsum(M)_i - colsum(M)_i - dKi_i.k_i,   M = Ds . Q K^T
 //   dg_last += e^{g_last} <S, dH> + sum_i dKi_i.k_i.
-// Shared memory (floats): Ta, Tb [64][65] (V tiles), Ds, P [64][65], Qs, Ks, Acc, dQa, dKa
-// [64][33], g, u [64]; doubles: dgp [G][64], red [256].
+// Shared memory (floats): Ta, Tb [64][69] (V tiles), Ds, P [64][69], Qs, Ks, Acc, dQa, dKa
+// [64][37], g, u [64]; doubles: dgp [G][64], red [256].
 
 constexpr int kKS = 32;  // K slice width
-constexpr int kLdK = kKS + 1;
+constexpr int kLdK = pad_ld(kKS);
 
 size_t dqkwg_smem(int G) {
   return sizeof(double) * (static_cast<size_t>(G) * kMaxBT + kThreads) +
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
     load_tile(Qs, kLdK, kMaxBT, kKS, q, c.b, c.t0, hk, len, y0, K);
     load_tile(Ks, kLdK, kMaxBT, kKS, k, c.b, c.t0, hk, len, y0, K);
     __syncthreads();
-    mm(len, len, kKS, Qs, kLdK, 1, Ks, 1, kLdK, [&](int m, int n, float v) { P[m * kLd + n] += v; });
+    mm(L.tc, len, len, kKS, Qs, kLdK, 1, Ks, 1, kLdK, [&](int m, int n, float v) { P[m * kLd + n] += v; });
   }
   for (int y0 = 0; y0 < K; y0 += kKS) {
     const int ks = min(kKS, K - y0);
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
           load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
           load_tile(Tb, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
           __syncthreads();
-          mm(len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
+          mm(L.tc, len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
         }
         __syncthreads();
         for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
         load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
         load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
         __syncthreads();
-        mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+        mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
       }
       __syncthreads();
       if (tid < len) {
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       }
       __syncthreads();
       // dQ += Ds K.
-      mm(len, ks, len, Ds, kLd, 1, Ks, kLdK, 1, [&](int m, int n, float v) { dQa[m * kLdK + n] += v; });
+      mm(L.tc, len, ks, len, Ds, kLd, 1, Ks, kLdK, 1, [&](int m, int n, float v) { dQa[m * kLdK + n] += v; });
       __syncthreads();
       // Pass C: Acc = Vnew dH^T -> dKi = diag(e^{g_last - g}) Acc.
       fill(Acc, kMaxBT * kLdK, 0.0f);
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
         load_tile(Ta, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
         load_state(Tb, kLd, kKS, 64, dh, sidx, K, V, y0, x0);
         __syncthreads();
-        mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+        mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
       }
       __syncthreads();
       for (int e = tid; e < len * ks; e += blockDim.x) {
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
         dgp[gi * kMaxBT + len - 1] += r;
       }
       // dK += Ds^T Q.
-      mm(len, ks, len, Ds, 1, kLd, Qs, kLdK, 1, [&](int m, int n, float v) { dKa[m * kLdK + n] += v; });
+      mm(L.tc, len, ks, len, Ds, 1, kLd, Qs, kLdK, 1, [&](int m, int n, float v) { dKa[m * kLdK + n] += v; });
       // Pass D: dW = -dv2 S^T.
       if (dw.p) {
         __syncthreads();
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
           load_tile(Ta, kLd, kMaxBT, 64, dv2, c.b, c.t0, hv, len, x0, V);
           load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
           __syncthreads();
-          mm(len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+          mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
         }
         __syncthreads();
         store_tile(Acc, kLdK, len, ks, dw, c.b, c.t0, hv, y0, -1.0f);
@@ -363,7 +363,7 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || H == 0) return;
   const int G = static_cast<int>(HV / H);
@@ -386,14 +386,14 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
 //   dbeta_i = sum_j DLG_ij (KK^T)_ij + e^{g_i} R_i.k_i + P_i.v_i        (R = A^T dW, P = A^T dU)
 //   dg_i   += beta_i sum_j DLG_ij KK_ij - sum_m beta_m DLG_mi KK_mi + beta_i e^{g_i} R_i.k_i
 //   dk     += diag(beta e^g) R + Mm K + Mm^T K;  dv = diag(beta) P.
-// Shared memory (floats): KK, Am, dAm [64][65], Ta|Tb [64][33] x2 (also T1 as one [64][65]),
-// Rb [64][33], dKa [64][K+1], beta, e^g, g, dbeta, dg [64].
+// Shared memory (floats): KK, Am, dAm [64][69], Ta|Tb [64][37] x2 (also T1 as one [64][69]),
+// Rb [64][37], dKa [64][K+5], beta, e^g, g, dbeta, dg [64].
 
 constexpr int kWS = 32;  // slice width of the K and V tiles here
-constexpr int kLdW = kWS + 1;
+constexpr int kLdW = pad_ld(kWS);
 
 size_t wy_smem(int K) {
-  return sizeof(float) * (3 * kMaxBT * kLd + 3 * kMaxBT * kLdW + static_cast<size_t>(kMaxBT) * (K + 1) +
+  return sizeof(float) * (3 * kMaxBT * kLd + 3 * kMaxBT * kLdW + static_cast<size_t>(kMaxBT) * pad_ld(K) +
                           5 * kMaxBT);
 }
 
@@ -408,13 +408,13 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
   float* Tb = Ta + kMaxBT * kLdW;     // [64][kLdW]; Ta|Tb also hold T1 [64][kLd]
   float* T1 = Ta;
   float* Rb = Tb + kMaxBT * kLdW;     // [64][kLdW]
-  float* dKa = Rb + kMaxBT * kLdW;    // [64][K+1]
-  float* bs = dKa + kMaxBT * (K + 1);
+  float* dKa = Rb + kMaxBT * kLdW;    // [64][K+5]
+  float* bs = dKa + kMaxBT * pad_ld(K);
   float* es = bs + kMaxBT;
   float* gl = es + kMaxBT;
   float* dB = gl + kMaxBT;
   float* dG = dB + kMaxBT;
-  const int ldk = K + 1;
+  const int ldk = pad_ld(K);
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
   if (len == 0) return;
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
     __syncthreads();
     load_tile(Ta, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
     __syncthreads();
-    mm(len, len, kWS, Ta, kLdW, 1, Ta, 1, kLdW, [&](int m, int n, float x) { KK[m * kLd + n] += x; });
+    mm(L.tc, len, len, kWS, Ta, kLdW, 1, Ta, 1, kLdW, [&](int m, int n, float x) { KK[m * kLd + n] += x; });
   }
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
       load_tile(Ta, kLdW, kMaxBT, kWS, dW, c.b, c.t0, hv, len, y0, K);
       load_tile(Tb, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
       __syncthreads();
-      mm(len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW,
+      mm(L.tc, len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW,
          [&](int m, int n, float x) { dAm[m * kLd + n] += bs[n] * es[n] * x; });
     }
     for (int x0 = 0; x0 < V; x0 += kWS) {
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
       load_tile(Ta, kLdW, kMaxBT, kWS, dU, c.b, c.t0, hv, len, x0, V);
       load_tile(Tb, kLdW, kMaxBT, kWS, v, c.b, c.t0, hv, len, x0, V);
       __syncthreads();
-      mm(len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW, [&](int m, int n, float x) { dAm[m * kLd + n] += bs[n] * x; });
+      mm(L.tc, len, len, kWS, Ta, kLdW, 1, Tb, 1, kLdW, [&](int m, int n, float x) { dAm[m * kLd + n] += bs[n] * x; });
     }
     __syncthreads();
     for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
@@ -467,10 +467,10 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
     }
     __syncthreads();
     // T1 = A^T dA  (T1 overwrites the Ta|Tb tiles, not read by this product).
-    mm(len, len, len, Am, 1, kLd, dAm, kLd, 1, [&](int m, int n, float x) { T1[m * kLd + n] = x; });
+    mm(L.tc, len, len, len, Am, 1, kLd, dAm, kLd, 1, [&](int m, int n, float x) { T1[m * kLd + n] = x; });
     __syncthreads();
     // DLG = -M> . (T1 A^T) . Gamma, written over dA (entries outside j < i < len stay 0).
-    mm(len, len, len, T1, kLd, 1, Am, 1, kLd, [&](int m, int n, float x) {
+    mm(L.tc, len, len, len, T1, kLd, 1, Am, 1, kLd, [&](int m, int n, float x) {
       dAm[m * kLd + n] = n < m ? -x * expf(gl[m] - gl[n]) : 0.0f;
     });
     __syncthreads();
@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
       load_tile(Ta, kLdW, kMaxBT, kWS, dW, c.b, c.t0, hv, len, y0, K);
       load_tile(Tb, kLdW, kMaxBT, kWS, k, c.b, c.t0, hk, len, y0, K);
       __syncthreads();
-      mm(len, ks, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
+      mm(L.tc, len, ks, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
         Rb[m * kLdW + n] = x;
         dKa[m * ldk + y0 + n] += bs[m] * es[m] * x;
       });
@@ -506,9 +506,9 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
         dB[tid] += es[tid] * rk;
         dG[tid] += bs[tid] * es[tid] * rk;
       }
-      mm(len, ks, len, dAm, kLd, 1, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
+      mm(L.tc, len, ks, len, dAm, kLd, 1, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
       __syncthreads();
-      mm(len, ks, len, dAm, 1, kLd, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
+      mm(L.tc, len, ks, len, dAm, 1, kLd, Tb, kLdW, 1, [&](int m, int n, float x) { dKa[m * ldk + y0 + n] += x; });
     }
     // V slices: P = A^T dU; dv = diag(beta) P; dbeta += P.v.
     for (int x0 = 0; x0 < V; x0 += kWS) {
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
       load_tile(Ta, kLdW, kMaxBT, kWS, dU, c.b, c.t0, hv, len, x0, V);
       load_tile(Tb, kLdW, kMaxBT, kWS, v, c.b, c.t0, hv, len, x0, V);
       __syncthreads();
-      mm(len, vt, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
+      mm(L.tc, len, vt, len, Am, 1, kLd, Ta, kLdW, 1, [&](int m, int n, float x) {
         Rb[m * kLdW + n] = x;
         dv.st_(c.b, c.t0 + m, hv, x0 + n, bs[m] * x);
       });
@@ -550,7 +550,7 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.A.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView(), a.k.dtype());
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || H == 0) return;
   const size_t smem = wy_smem(static_cast<int>(K));
@@ -904,7 +904,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs
   p.h0 = mat_of(a.initial_state);
   p.dht = mat_of(a.dht);
   p.dh0 = mat_of(a.dh0);
-  p.L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  p.L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   p.K = static_cast<int>(K);
   p.V = static_cast<int>(V);
   p.HV = static_cast<int>(HV);

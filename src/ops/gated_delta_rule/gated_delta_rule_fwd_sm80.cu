@@ -41,7 +41,7 @@ void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
   const char* op = "chunk_local_cumsum";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.g.size(0), T = a.g.size(1), H = a.g.size(2), S = a.g.ndim() > 3 ? a.g.size(3) : 1;
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.g.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   const int64_t C = H * S;
   if (NT == 0 || C == 0) return;
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) kkt_kernel(Tok k, Tok beta, Tok g, T
     __syncthreads();
     load_tile(Ks, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K);
     __syncthreads();
-    mm(len, len, 64, Ks, kLd, 1, Ks, 1, kLd, [&](int m, int n, float v) { Gm[m * kLd + n] += v; });
+    mm(L.tc, len, len, 64, Ks, kLd, 1, Ks, 1, kLd, [&](int m, int n, float v) { Gm[m * kLd + n] += v; });
   }
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
@@ -95,7 +95,7 @@ void kkt(const Context& ctx, const ChunkScaledDotKktArgs& a) {
   const char* op = "chunk_scaled_dot_kkt";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3), HV = a.beta.size(2);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.k.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   kkt_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, 0, stream_of(ctx)>>>(
@@ -137,7 +137,7 @@ void solve(const Context& ctx, const SolveTrilArgs& a) {
   const char* op = "solve_tril";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.A.size(0), T = a.A.size(1), H = a.A.size(2), BT = a.A.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.A.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   solve_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kMaxBT, 0, stream_of(ctx)>>>(
@@ -171,14 +171,14 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, To
     __syncthreads();
     load_tile(Ts, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V, cb);
     __syncthreads();
-    mm(len, min(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
+    mm(L.tc, len, min(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
        [&](int m, int n, float val) { u.st_(c.b, c.t0 + m, hv, x0 + n, val); });
   }
   for (int y0 = 0; y0 < K; y0 += 64) {
     __syncthreads();
     load_tile(Ts, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K, ce);
     __syncthreads();
-    mm(len, min(64, K - y0), len, Am, kLd, 1, Ts, kLd, 1,
+    mm(L.tc, len, min(64, K - y0), len, Am, kLd, 1, Ts, kLd, 1,
        [&](int m, int n, float val) { w.st_(c.b, c.t0 + m, hv, y0 + n, val); });
   }
 }
@@ -188,7 +188,7 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.A.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices);
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.k.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || HV == 0) return;
   wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
@@ -199,17 +199,17 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // chunk_gated_delta_rule_fwd_h: CTA per (sequence, value head, 32-column V tile). Shared memory:
-// X [K][33] (the state tile), Sl [64][65] (a 64-column slice of W or K), Vn [64][33], g [64],
+// X [K][37] (the state tile), Sl [64][69] (a 64-column slice of W or K), Vn [64][37], g [64],
 // gk_last [K].
 
 constexpr int kVT = 32;          // V tile of the state kernels
-constexpr int kLdV = kVT + 1;
+constexpr int kLdV = pad_ld(kVT);
 
 size_t state_smem(int K) {
   return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) fwd_h_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h,
+__global__ void __launch_bounds__(kThreads, 2) fwd_h_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h,
                                                          Tok vn, Mat ht, Layout L, int K, int V, int HV,
                                                          int G) {
   extern __shared__ float smem[];
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_h_kernel(Tok k, Tok w, Tok u,
       __syncthreads();
       load_tile(Sl, kLd, kMaxBT, 64, w, s.b, t0, hv, len, y0, K);
       __syncthreads();
-      mm(len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1,
+      mm(L.tc, len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1,
          [&](int m, int nn, float v) { Vn[m * kLdV + nn] -= v; });
     }
     __syncthreads();
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_h_kernel(Tok k, Tok w, Tok u,
       __syncthreads();
       load_tile(Sl, kLd, kMaxBT, 64, k, s.b, t0, hk, len, y0, K);
       __syncthreads();
-      mm(min(64, K - y0), vt, len, Sl, 1, kLd, Vn, kLdV, 1,
+      mm(L.tc, min(64, K - y0), vt, len, Sl, 1, kLd, Vn, kLdV, 1,
          [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
     }
   }
@@ -277,7 +277,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.u.size(2), V = a.u.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   const size_t smem = state_smem(static_cast<int>(K));
@@ -295,7 +295,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // chunk_fwd_o: CTA per (chunk, value head). P = M>= . Gamma . Q K^T once; per 64-column V tile
-// O = diag(e^g) Q S (64-row K slices) + P Vnew, times scale. Shared memory: Qa, Kb, P, O [64][65].
+// O = diag(e^g) Q S (64-row K slices) + P Vnew, times scale. Shared memory: Qa, Kb, P, O [64][69].
 
 constexpr size_t kFwdOSmem = sizeof(float) * (4 * kMaxBT * kLd + kMaxBT);
 
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok q, Tok k, Tok v, Ma
     load_tile(Qa, kLd, kMaxBT, 64, q, c.b, c.t0, hk, len, y0, K);
     load_tile(Kb, kLd, kMaxBT, 64, k, c.b, c.t0, hk, len, y0, K);
     __syncthreads();
-    mm(len, len, 64, Qa, kLd, 1, Kb, 1, kLd, [&](int m, int n, float val) { P[m * kLd + n] += val; });
+    mm(L.tc, len, len, 64, Qa, kLd, 1, Kb, 1, kLd, [&](int m, int n, float val) { P[m * kLd + n] += val; });
   }
   __syncthreads();
   for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
@@ -338,13 +338,13 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok q, Tok k, Tok v, Ma
       }
       load_state(Kb, kLd, 64, 64, h, sidx, K, V, y0, x0);
       __syncthreads();
-      mm(len, vt, min(64, K - y0), Qa, kLd, 1, Kb, kLd, 1,
+      mm(L.tc, len, vt, min(64, K - y0), Qa, kLd, 1, Kb, kLd, 1,
          [&](int m, int n, float val) { O[m * kLd + n] += val; });
     }
     __syncthreads();
     load_tile(Kb, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
     __syncthreads();
-    mm(len, vt, len, P, kLd, 1, Kb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
+    mm(L.tc, len, vt, len, P, kLd, 1, Kb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
     __syncthreads();
     store_tile(O, kLd, len, vt, o, c.b, c.t0, hv, x0, scale);
   }
@@ -355,7 +355,7 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || HV == 0) return;
   auto kernel = fwd_o_kernel;
@@ -504,7 +504,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));

@@ -1,7 +1,7 @@
 // Private pieces of the gated delta rule CUDA backend (cuda_sm80, runs on sm_80 and later):
 // runtime-dtype element access, chunk / sequence positions read on the device from cu_seqlens,
 // chunk_indices and chunk_offsets, fp32 shared-memory tile loads and stores, and the one CTA-wide
-// product every chunk kernel uses (FFMA, 256 threads, 4x4 outputs per thread).
+// product every chunk kernel uses (tf32 tensor cores for 16-bit inputs, FFMA for fp32 inputs).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -23,7 +24,11 @@ namespace fusedops::gdn::sm80 {
 // Every chunk kernel runs 256 threads (the product below maps them as a 16x16 grid).
 constexpr int kThreads = 256;
 constexpr int kMaxBT = 64;
-constexpr int kLd = kMaxBT + 1;  // leading dimension of a [64][64] fp32 tile (odd: no conflicts)
+// Leading dimension of an fp32 shared-memory tile of w columns: w + 5 (5 mod 32 for w = 32 and 64).
+// An odd stride keeps the FFMA product's strided reads conflict-free, and 5 mod 32 keeps the
+// tensor-core fragment reads (8 rows x 4 columns per warp, either orientation) at most 2-way.
+constexpr int pad_ld(int w) { return w + 5; }
+constexpr int kLd = pad_ld(kMaxBT);  // [64][69]
 
 enum : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
@@ -102,11 +107,24 @@ struct Layout {
   const void* ci = nullptr;     // chunk_indices [NT,2]
   const void* co = nullptr;     // chunk_offsets [N+1]
   int i64 = 0;                  // index dtype is int64
+  int tc = 0;                   // chunk products on tf32 tensor cores (16-bit inputs)
 };
 
+// Tensor-core products for 16-bit inputs (their tf32 rounding, 2^-11 relative, stays far below
+// the inputs' own 2^-8 / 2^-11); fp32 inputs keep exact-fp32 FFMA products. FUSEDOPS_GDN_TC=0
+// turns the tensor cores off (for measurement).
+inline int tc_for(DType in) {
+  static const bool off = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_TC");
+    return e != nullptr && e[0] == '0';
+  }();
+  return (in == DType::kBFloat16 || in == DType::kFloat16) && !off ? 1 : 0;
+}
+
 inline Layout layout_of(int64_t B, int64_t T, int64_t BT, const TensorView& cu, const TensorView& ci,
-                        const TensorView& co) {
+                        const TensorView& co, DType in) {
   Layout L;
+  L.tc = tc_for(in);
   L.B = B;
   L.T = T;
   L.BT = static_cast<int>(BT);
@@ -169,11 +187,84 @@ __device__ __forceinline__ SeqPos seq_pos(const Layout& L, int64_t n) {
   return s;
 }
 
+// Four consecutive elements i..i+3 (i a multiple of 4, p aligned to 4 elements) as float, in one
+// 8-byte (16-bit types) or 16-byte (fp32) load; and the store.
+__device__ __forceinline__ void ld4(const void* p, int code, int64_t i, float (&v)[4]) {
+  if (code == kF32) {
+    const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    return;
+  }
+  const uint2 x = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
+  const uint32_t w[2] = {x.x, x.y};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (code == kBF16) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void st4(void* p, int code, int64_t i, const float (&v)[4]) {
+  if (code == kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+  uint32_t w[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (code == kBF16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+      w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+      w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p) + i) = make_uint2(w[0], w[1]);
+}
+
+// True when element offset `base` plus any multiple of 4 and of the strides is 4-element aligned.
+__device__ __forceinline__ bool quad_ok(const void* p, int code, int64_t base, int64_t s1, int64_t s2 = 0) {
+  const uintptr_t bytes = code == kF32 ? 16 : 8;
+  return (reinterpret_cast<uintptr_t>(p) % bytes) == 0 && ((base | s1 | s2) & 3) == 0;
+}
+
 // dst[r*ld + c] (r < R, c < C) = rowscale[r] * t(b, t0 + r, h, c0 + c) for r < rows and
-// c0 + c < cols, 0 elsewhere. All threads of the block take part; no barrier inside.
+// c0 + c < cols, 0 elsewhere. All threads of the block take part; no barrier inside. Reads four
+// elements at a time where the tensor's alignment allows.
 __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, const Tok& t, int64_t b,
                                           int64_t t0, int64_t h, int rows, int64_t c0, int64_t cols,
                                           const float* rowscale = nullptr) {
+  const int64_t base = t.off(b, t0, h) + c0;
+  if ((C & 3) == 0 && t.p != nullptr && quad_ok(t.p, t.code, base, t.st)) {
+    const int q = C >> 2;
+    for (int e = threadIdx.x; e < R * q; e += blockDim.x) {
+      const int r = e / q, c = (e - r * q) << 2;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (r < rows) {
+        if (c0 + c + 3 < cols) {
+          ld4(t.p, t.code, base + r * t.st + c, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (c0 + c + j < cols) v[j] = ldf(t.p, t.code, base + r * t.st + c + j);
+        }
+        if (rowscale) {
+          const float sc = rowscale[r];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[j] *= sc;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[j];
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < R * C; e += blockDim.x) {
     const int r = e / C, c = e - r * C;
     float v = 0.0f;
@@ -189,6 +280,26 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
 __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, const Mat& m,
                                            int64_t index, int K, int V, int y0, int x0) {
   const int64_t base = index * static_cast<int64_t>(K) * V;
+  const int64_t o = base + static_cast<int64_t>(y0) * V + x0;
+  if ((C & 3) == 0 && quad_ok(m.p, m.code, o, V)) {
+    const int q = C >> 2;
+    for (int e = threadIdx.x; e < R * q; e += blockDim.x) {
+      const int r = e / q, c = (e - r * q) << 2;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (y0 + r < K) {
+        if (x0 + c + 3 < V) {
+          ld4(m.p, m.code, o + static_cast<int64_t>(r) * V + c, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (x0 + c + j < V) v[j] = ldf(m.p, m.code, o + static_cast<int64_t>(r) * V + c + j);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[j];
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < R * C; e += blockDim.x) {
     const int r = e / C, c = e - r * C;
     float v = 0.0f;
@@ -197,9 +308,19 @@ __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, con
   }
 }
 
+// m[index][r][x0 + c] = src[r*ld + c] for r < K, c < vt.
 __device__ __forceinline__ void store_state(const float* src, int ld, const Mat& m, int64_t index,
                                             int K, int V, int x0, int vt) {
   const int64_t base = index * static_cast<int64_t>(K) * V;
+  if ((vt & 3) == 0 && quad_ok(m.p, m.code, base + x0, V)) {
+    const int q = vt >> 2;
+    for (int e = threadIdx.x; e < K * q; e += blockDim.x) {
+      const int r = e / q, c = (e - r * q) << 2;
+      const float v[4] = {src[r * ld + c], src[r * ld + c + 1], src[r * ld + c + 2], src[r * ld + c + 3]};
+      st4(m.p, m.code, base + static_cast<int64_t>(r) * V + x0 + c, v);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < K * vt; e += blockDim.x) {
     const int r = e / vt, c = e - r * vt;
     stf(m.p, m.code, base + static_cast<int64_t>(r) * V + x0 + c, src[r * ld + c]);
@@ -210,6 +331,17 @@ __device__ __forceinline__ void store_state(const float* src, int ld, const Mat&
 __device__ __forceinline__ void store_tile(const float* src, int ld, int rows, int C, const Tok& t,
                                            int64_t b, int64_t t0, int64_t h, int64_t c0,
                                            float scale = 1.0f) {
+  const int64_t base = t.off(b, t0, h) + c0;
+  if ((C & 3) == 0 && quad_ok(t.p, t.code, base, t.st)) {
+    const int q = C >> 2;
+    for (int e = threadIdx.x; e < rows * q; e += blockDim.x) {
+      const int r = e / q, c = (e - r * q) << 2;
+      const float v[4] = {scale * src[r * ld + c], scale * src[r * ld + c + 1], scale * src[r * ld + c + 2],
+                          scale * src[r * ld + c + 3]};
+      st4(t.p, t.code, base + r * t.st + c, v);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < rows * C; e += blockDim.x) {
     const int r = e / C, c = e - r * C;
     t.st_(b, t0 + r, h, c0 + c, scale * src[r * ld + c]);
@@ -223,12 +355,15 @@ __device__ __forceinline__ void fill(float* dst, int n, float v) {
 // The CTA-wide product C(m,n) = sum_{k<Kd} A(m,k) B(k,n) for m < M, n < N with
 // A(m,k) = A[m*as0 + k*as1], B(k,n) = B[k*bs0 + n*bs1] in shared memory; f(m, n, value) is called
 // once per output by the thread that owns it (a fixed owner: callers may accumulate into
-// shared memory from f). Threads form a 16x16 grid, each owning the strided 4x4 outputs
-// (m0 + tm + 16i, n0 + tn + 16j) of every 64x64 block. Needs blockDim.x == 256; no barrier inside
-// (callers separate products that read what another writes with __syncthreads).
+// shared memory from f). Needs blockDim.x == 256; no barrier inside (callers separate products
+// that read what another writes with __syncthreads). Each output sums its k terms in one fixed
+// order, so results are deterministic.
+
+// FFMA form: threads form a 16x16 grid, each owning the strided 4x4 outputs
+// (m0 + tm + 16i, n0 + tn + 16j) of every 64x64 block.
 template <class F>
-__device__ __forceinline__ void mm(int M, int N, int Kd, const float* A, int as0, int as1,
-                                   const float* B, int bs0, int bs1, F&& f) {
+__device__ __forceinline__ void mm_ffma(int M, int N, int Kd, const float* A, int as0, int as1,
+                                        const float* B, int bs0, int bs1, F& f) {
   const int tm = threadIdx.x >> 4, tn = threadIdx.x & 15;
   for (int m0 = 0; m0 < M; m0 += 64)
     for (int n0 = 0; n0 < N; n0 += 64) {
@@ -264,6 +399,87 @@ __device__ __forceinline__ void mm(int M, int N, int Kd, const float* A, int as0
         for (int j = 0; j < 4; ++j)
           if (mv[i] && nv[j]) f(mi[i], nj[j], acc[i][j]);
     }
+}
+
+// fp32 -> tf32, rounded to nearest (ties away), as a 32-bit mma operand.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += a b for one m16n8k8 tf32 tile (fp32 accumulate).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Tensor-core form: the 8 warps take 16 x (8*NJ) output tiles in turn; per 8-wide k step a lane
+// loads its A fragment once (rows g, g+8; columns t, t+4 with g = lane/4, t = lane%4) and one B
+// fragment per 8-column group, zero outside M, N and Kd.
+template <int NJ, class F>
+__device__ __forceinline__ void mm_tc(int M, int N, int Kd, const float* A, int as0, int as1, const float* B,
+                                      int bs0, int bs1, F& f) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  const int tn = (N + 8 * NJ - 1) / (8 * NJ), tiles = ((M + 15) >> 4) * tn;
+  for (int wt = warp; wt < tiles; wt += kThreads / 32) {
+    const int m0 = (wt / tn) * 16, n0 = (wt % tn) * (8 * NJ);
+    const int r0 = m0 + gq, r1 = r0 + 8;
+    const bool v0 = r0 < M, v1 = r1 < M;
+    const float* a0p = A + r0 * as0;
+    const float* a1p = A + r1 * as0;
+    const float* bp[NJ];
+    bool vb[NJ];
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int col = n0 + 8 * j + gq;
+      vb[j] = col < N;
+      bp[j] = B + col * bs1;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    }
+    for (int k0 = 0; k0 < Kd; k0 += 8) {
+      const int ka = k0 + tq, kb = ka + 4;
+      const bool ok_a = ka < Kd, ok_b = kb < Kd;
+      uint32_t a[4];
+      a[0] = to_tf32(v0 && ok_a ? a0p[ka * as1] : 0.0f);
+      a[1] = to_tf32(v1 && ok_a ? a1p[ka * as1] : 0.0f);
+      a[2] = to_tf32(v0 && ok_b ? a0p[kb * as1] : 0.0f);
+      a[3] = to_tf32(v1 && ok_b ? a1p[kb * as1] : 0.0f);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const uint32_t b0 = to_tf32(vb[j] && ok_a ? bp[j][ka * bs0] : 0.0f);
+        const uint32_t b1 = to_tf32(vb[j] && ok_b ? bp[j][kb * bs0] : 0.0f);
+        mma_tf32(acc[j], a, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int c = n0 + 8 * j + 2 * tq;
+      if (v0 && c < N) f(r0, c, acc[j][0]);
+      if (v0 && c + 1 < N) f(r0, c + 1, acc[j][1]);
+      if (v1 && c < N) f(r1, c, acc[j][2]);
+      if (v1 && c + 1 < N) f(r1, c + 1, acc[j][3]);
+    }
+  }
+}
+
+// The product on tensor cores when tc (block-uniform) is set, else in FFMA. Wide outputs use
+// 16x32 warp tiles (one A fragment feeds four mma); narrow ones 16x16 so that all warps work.
+template <class F>
+__device__ __forceinline__ void mm(int tc, int M, int N, int Kd, const float* A, int as0, int as1,
+                                   const float* B, int bs0, int bs1, F&& f) {
+  if (!tc) {
+    mm_ffma(M, N, Kd, A, as0, as1, B, bs0, bs1, f);
+  } else if (((M + 15) >> 4) * ((N + 31) >> 5) >= kThreads / 32) {
+    mm_tc<4>(M, N, Kd, A, as0, as1, B, bs0, bs1, f);
+  } else {
+    mm_tc<2>(M, N, Kd, A, as0, as1, B, bs0, bs1, f);
+  }
 }
 
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device), after checking the

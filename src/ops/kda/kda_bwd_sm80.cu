@@ -28,6 +28,7 @@ using gdn::sm80::allow_smem;
 using gdn::sm80::chunk_pos;
 using gdn::sm80::fill;
 using gdn::sm80::kLd;
+using gdn::sm80::pad_ld;
 using gdn::sm80::kMaxBT;
 using gdn::sm80::kThreads;
 using gdn::sm80::layout_of;
@@ -41,7 +42,7 @@ using gdn::sm80::tok_of;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
-constexpr int kTile = kMaxBT * kLd;  // one [64][65] fp32 tile
+constexpr int kTile = kMaxBT * kLd;  // one [64][69] fp32 tile
 
 // ---------------------------------------------------------------------------------------------
 // chunk_kda_bwd_wy_dqkg_fused (K3). Per value head of the group:
@@ -51,7 +52,7 @@ constexpr int kTile = kMaxBT * kLd;  // one [64][65] fp32 tile
 //    dA += dW Ke^T, R = Akk^T dW, db += rowsum(R Ke), dg = Q dQh - K dKi + beta Ke R (+ the last
 //    row terms e^{g_last} sdh + colsum(K dKi)), dq += dQh, dk += dKi + beta e^g R.
 //  Then dA = M> . dA diag(beta), dAkk = -M> . (Akk^T (dA Akk^T)).
-// Dynamic shared memory: 8 tiles [64][65] (Am, dA, dW, dQh, dKi, T1, T2, T3) + 4 x 64 floats
+// Dynamic shared memory: 8 tiles [64][69] (Am, dA, dW, dQh, dKi, T1, T2, T3) + 4 x 64 floats
 // = 134.1 KB (sm_80 allows 163 KB).
 
 constexpr size_t kWySmem = sizeof(float) * (8 * kTile + 4 * kMaxBT);
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
       load_tile(T1, kLd, kMaxBT, 64, dvn, c.b, c.t0, hv, len, x0, V);
       load_tile(T2, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
       __syncthreads();
-      mm(len, len, vw, T1, kLd, 1, T2, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
-      mm(len, vw, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T3[m * kLd + n] = val; });
+      mm(L.tc, len, len, vw, T1, kLd, 1, T2, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
+      mm(L.tc, len, vw, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T3[m * kLd + n] = val; });
       __syncthreads();
       if (threadIdx.x < len) {
         const int r = threadIdx.x;
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
         load_state(T3, kLd, 64, 64, dh, sidx, K, V, y0, x0);  // dH[ch][v]
         load_tile(T2, kLd, kMaxBT, 64, dvn, c.b, c.t0, hv, len, x0, V);
         __syncthreads();
-        mm(len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dW[m * kLd + n] -= val; });
+        mm(L.tc, len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dW[m * kLd + n] -= val; });
         if (threadIdx.x < kw) {
           const int y = threadIdx.x;
           float s = 0.0f;
@@ -137,11 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
         __syncthreads();
         load_tile(T2, kLd, kMaxBT, 64, dout, c.b, c.t0, hv, len, x0, V);
         __syncthreads();
-        mm(len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dQh[m * kLd + n] += val; });
+        mm(L.tc, len, kw, vw, T2, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dQh[m * kLd + n] += val; });
         __syncthreads();
         load_tile(T2, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
         __syncthreads();
-        mm(len, kw, vw, T2, kLd, 1, T3, 1, kLd, [&](int m, int n, float val) { dKi[m * kLd + n] += val; });
+        mm(L.tc, len, kw, vw, T2, kLd, 1, T3, 1, kLd, [&](int m, int n, float val) { dKi[m * kLd + n] += val; });
       }
       __syncthreads();
       // Gates; Ke = K e^g into T1, Q into T3, the raw K into T2.
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
       }
       __syncthreads();
       // dA += dW Ke^T; kd = colsum(K . dKi).
-      mm(len, len, kw, dW, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
+      mm(L.tc, len, len, kw, dW, kLd, 1, T1, 1, kLd, [&](int m, int n, float val) { dA[m * kLd + n] += val; });
       if (threadIdx.x < kw) {
         const int y = threadIdx.x;
         float s = 0.0f;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
       }
       __syncthreads();
       // R = Akk^T dW into T2 (the raw K is dead; it is re-read from global below).
-      mm(len, kw, len, Am, 1, kLd, dW, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
+      mm(L.tc, len, kw, len, Am, 1, kLd, dW, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
       __syncthreads();
       if (threadIdx.x < len) {
         const int r = threadIdx.x;
@@ -207,9 +208,9 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
       dA[i * kLd + j] = (i < len && j < i) ? dA[i * kLd + j] * bs[j] : 0.0f;
     }
     __syncthreads();
-    mm(len, len, len, dA, kLd, 1, Am, 1, kLd, [&](int m, int n, float val) { T1[m * kLd + n] = val; });
+    mm(L.tc, len, len, len, dA, kLd, 1, Am, 1, kLd, [&](int m, int n, float val) { T1[m * kLd + n] = val; });
     __syncthreads();
-    mm(len, len, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
+    mm(L.tc, len, len, len, Am, 1, kLd, T1, kLd, 1, [&](int m, int n, float val) { T2[m * kLd + n] = val; });
     __syncthreads();
     for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
       const int i = e / BT, j = e - i * BT;
@@ -223,7 +224,7 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
@@ -245,14 +246,14 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
 //   cc  = sum_{j>i} (dAqk_ji q_jc + dAkk_ji beta_j k_jc) E_ji,   E_ij = exp(g_ic - g_jc).
 // dbeta_i += sum_c rr k_ic (per-row fixed-order sum through shared memory); rr *= beta_i;
 // dg += q dqi + (rr - cc) k; dq += dqi + dAqk_ii k; dk += rr + cc + dAqk_ii q.
-// Dynamic shared memory: Dq, Dl [64][65], Q, K, G, P [64][33], beta and dbeta [64]: 68.6 KB.
+// Dynamic shared memory: Dq, Dl [64][69], Q, K, G, P [64][37], beta and dbeta [64]: 68.6 KB.
 
 constexpr int kSl = 32;
-constexpr int kLdS = kSl + 1;
+constexpr int kLdS = pad_ld(kSl);
 constexpr int kOwn = kMaxBT * kSl / kThreads;  // 8
 constexpr size_t kIntraSmem = sizeof(float) * (2 * kTile + 4 * kMaxBT * kLdS + 2 * kMaxBT);
 
-__global__ void __launch_bounds__(kThreads, 1) bintra_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
+__global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
                                                           Tok dq, Tok dk, Tok dbeta, Tok dg, Tok dqo, Tok dko,
                                                           Tok dbo, Tok dgo, Layout L, int K, int G) {
   extern __shared__ float smem[];
@@ -344,7 +345,7 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   const char* op = "chunk_kda_bwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
@@ -538,7 +539,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);

@@ -29,6 +29,7 @@ using gdn::sm80::chunk_pos;
 using gdn::sm80::code_of;
 using gdn::sm80::fill;
 using gdn::sm80::kLd;
+using gdn::sm80::pad_ld;
 using gdn::sm80::kMaxBT;
 using gdn::sm80::kThreads;
 using gdn::sm80::ldf;
@@ -58,12 +59,12 @@ int64_t num_chunks(const Layout& L, const TensorView& cu, const TensorView& ci) 
 // only reads its own column of X: no barrier inside). Static shared memory 33.5 KB.
 
 constexpr int kSl = 32;         // channel slice of the intra kernel
-constexpr int kLdS = kSl + 1;   // its leading dimension
+constexpr int kLdS = pad_ld(kSl);   // its leading dimension
 constexpr int kPer = kMaxBT * kMaxBT / kThreads;  // 16 entries per thread
 
 __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
                                                          Layout L, int K, int G, float scale) {
-  __shared__ float sm[2 * kMaxBT * kLd];  // 3 x [64][33] slices, later Ls and X [64][65]
+  __shared__ float sm[2 * kMaxBT * kLd];  // 3 x [64][37] slices, later Ls and X [64][69]
   __shared__ float bs[kMaxBT];
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hv = blockIdx.y, hk = hv / G, len = c.len, BT = L.BT;
@@ -132,7 +133,7 @@ void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const char* op = "chunk_kda_fwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
@@ -181,13 +182,13 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
       Ts[r * kLd + x] = val;
     }
     __syncthreads();
-    mm(len, kw, len, Am, kLd, 1, Ts, kLd, 1, [&](int m, int n, float val) { w.st_(c.b, c.t0 + m, hv, y0 + n, val); });
+    mm(L.tc, len, kw, len, Am, kLd, 1, Ts, kLd, 1, [&](int m, int n, float val) { w.st_(c.b, c.t0 + m, hv, y0 + n, val); });
   }
   for (int x0 = 0; x0 < V; x0 += 64) {
     __syncthreads();
     load_tile(Ts, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V, cb);
     __syncthreads();
-    mm(len, imin(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
+    mm(L.tc, len, imin(64, V - x0), len, Am, kLd, 1, Ts, kLd, 1,
        [&](int m, int n, float val) { u.st_(c.b, c.t0 + m, hv, x0 + n, val); });
   }
 }
@@ -197,7 +198,7 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3), BT = a.Akk.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView(), a.k.dtype());
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
@@ -211,7 +212,7 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // chunk_kda_fwd_o: CTA per (chunk, value head). P = lower(Aqk) staged once; per 64-column V tile
 // O = qg S (64-row K slices of the snapshot), then O = scale O + P Vnew. Dynamic shared memory
-// 4 x [64][65] fp32 = 66.6 KB.
+// 4 x [64][69] fp32 = 66.6 KB.
 
 constexpr size_t kFourTiles = sizeof(float) * 4 * kMaxBT * kLd;
 
@@ -240,12 +241,12 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v,
       load_tile(Qa, kLd, kMaxBT, 64, qg, c.b, c.t0, hv, len, y0, K);
       load_state(Sb, kLd, 64, 64, h, sidx, K, V, y0, x0);
       __syncthreads();
-      mm(len, vt, imin(64, K - y0), Qa, kLd, 1, Sb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
+      mm(L.tc, len, vt, imin(64, K - y0), Qa, kLd, 1, Sb, kLd, 1, [&](int m, int n, float val) { O[m * kLd + n] += val; });
     }
     __syncthreads();
     load_tile(Sb, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
     __syncthreads();
-    mm(len, vt, len, P, kLd, 1, Sb, kLd, 1,
+    mm(L.tc, len, vt, len, P, kLd, 1, Sb, kLd, 1,
        [&](int m, int n, float val) { O[m * kLd + n] = fmaf(scale, O[m * kLd + n], val); });
     __syncthreads();
     store_tile(O, kLd, len, vt, o, c.b, c.t0, hv, x0);
@@ -257,7 +258,7 @@ void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.v.size(0), T = a.v.size(1), HV = a.v.size(2), V = a.v.size(3), K = a.qg.size(3);
   const int64_t BT = a.Aqk.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView(), a.v.dtype());
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
@@ -272,9 +273,9 @@ void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // chunk_kda_bwd_dAv: CTA per (chunk, value head). P = lower(Aqk); per 64-column V slice
 // D += dO Vnew^T and dv = P^T dO (stored per slice); then dAqk = scale M>= . D. Dynamic shared
-// memory 4 x [64][65] fp32 = 66.6 KB.
+// memory 4 x [64][69] fp32 = 66.6 KB.
 
-__global__ void __launch_bounds__(kThreads) dav_kernel(Tok Aqk, Tok v, Tok dout, Tok dA, Tok dv, Layout L, int V,
+__global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok dout, Tok dA, Tok dv, Layout L, int V,
                                                        float scale) {
   extern __shared__ float smem[];
   float* P = smem;
@@ -295,8 +296,8 @@ __global__ void __launch_bounds__(kThreads) dav_kernel(Tok Aqk, Tok v, Tok dout,
     load_tile(dOs, kLd, kMaxBT, 64, dout, c.b, c.t0, hv, len, x0, V);
     load_tile(Vs, kLd, kMaxBT, 64, v, c.b, c.t0, hv, len, x0, V);
     __syncthreads();
-    mm(len, len, vw, dOs, kLd, 1, Vs, 1, kLd, [&](int m, int n, float val) { D[m * kLd + n] += val; });
-    mm(len, vw, len, P, 1, kLd, dOs, kLd, 1, [&](int m, int n, float val) { dv.st_(c.b, c.t0 + m, hv, x0 + n, val); });
+    mm(L.tc, len, len, vw, dOs, kLd, 1, Vs, 1, kLd, [&](int m, int n, float val) { D[m * kLd + n] += val; });
+    mm(L.tc, len, vw, len, P, 1, kLd, dOs, kLd, 1, [&](int m, int n, float val) { dv.st_(c.b, c.t0 + m, hv, x0 + n, val); });
   }
   __syncthreads();
   for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
@@ -309,7 +310,7 @@ void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   const char* op = "chunk_kda_bwd_dAv";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.v.size(0), T = a.v.size(1), HV = a.v.size(2), V = a.v.size(3), BT = a.Aqk.size(3);
-  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView());
+  const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView(), a.v.dtype());
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
@@ -549,7 +550,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView());
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0 || V == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
