@@ -182,26 +182,27 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 // gradient is assembled from its separate terms in double (see README):
 //   dg_i = scale e^{g_i} q_i.(dO S^T)_i + rowsum(M)_i - colsum(M)_i - dKi_i.k_i,   M = Ds . Q K^T
 //   dg_last += e^{g_last} <S, dH> + sum_i dKi_i.k_i.
-// Shared memory (floats): Ta, Tb [64][69] (V tiles), Ds, P [64][69], Qs, Ks, Acc, dQa, dKa
-// [64][37], g, u [64]; doubles: dgp [G][64], red [256].
+// Shared memory (floats): Ta, Tb [64][37] (32-column V tiles), Ds, P [64][69], Qs, Ks, Acc, dQa,
+// dKa [64][37], g, u [64]; doubles: dgp [G][64], red [256]. About 104 KiB: two CTAs per SM.
 
 constexpr int kKS = 32;  // K slice width
 constexpr int kLdK = pad_ld(kKS);
+constexpr int kVS = 32;  // V tile width (Ta, Tb): keeps shared memory under half an SM's
 
 size_t dqkwg_smem(int G) {
   return sizeof(double) * (static_cast<size_t>(G) * kMaxBT + kThreads) +
-         sizeof(float) * (4 * kMaxBT * kLd + 5 * kMaxBT * kLdK + 2 * kMaxBT);
+         sizeof(float) * (2 * kMaxBT * kLd + 7 * kMaxBT * kLdK + 2 * kMaxBT);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
+__global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
                                                             Tok g, Tok dq, Tok dk, Tok dw, Tok dg, Layout L,
                                                             int K, int V, int HV, int G, float scale) {
   extern __shared__ double dsmem[];
   double* dgp = dsmem;                       // [G][64]
   double* red = dgp + G * kMaxBT;            // [256]
   float* Ta = reinterpret_cast<float*>(red + kThreads);
-  float* Tb = Ta + kMaxBT * kLd;
-  float* Ds = Tb + kMaxBT * kLd;
+  float* Tb = Ta + kMaxBT * kLdK;
+  float* Ds = Tb + kMaxBT * kLdK;
   float* P = Ds + kMaxBT * kLd;
   float* Qs = P + kMaxBT * kLd;
   float* Ks = Qs + kMaxBT * kLdK;
@@ -240,12 +241,12 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       // shared memory from the first K slice on).
       if (y0 == 0 || G > 1) {
         fill(Ds, kMaxBT * kLd, 0.0f);
-        for (int x0 = 0; x0 < V; x0 += 64) {
+        for (int x0 = 0; x0 < V; x0 += kVS) {
           __syncthreads();
-          load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
-          load_tile(Tb, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
+          load_tile(Ta, kLdK, kMaxBT, kVS, dO, c.b, c.t0, hv, len, x0, V);
+          load_tile(Tb, kLdK, kMaxBT, kVS, vn, c.b, c.t0, hv, len, x0, V);
           __syncthreads();
-          mm(L.tc, len, len, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
+          mm(L.tc, len, len, kVS, Ta, kLdK, 1, Tb, 1, kLdK, [&](int m, int n, float v) { Ds[m * kLd + n] += v; });
         }
         __syncthreads();
         for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
@@ -264,8 +265,18 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
         }
         double sd = 0.0;
         const int64_t base = sidx * static_cast<int64_t>(K) * V, kv = static_cast<int64_t>(K) * V;
-        for (int64_t e = tid; e < kv; e += blockDim.x)
-          sd += static_cast<double>(ldf(h.p, h.code, base + e)) * ldf(dh.p, dh.code, base + e);
+        if ((kv & 3) == 0 && quad_ok(h.p, h.code, base, 0) && quad_ok(dh.p, dh.code, base, 0)) {
+          for (int64_t e = 4 * tid; e < kv; e += 4 * blockDim.x) {
+            float hs[4], ds[4];
+            ld4(h.p, h.code, base + e, hs);
+            ld4(dh.p, dh.code, base + e, ds);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sd += static_cast<double>(hs[j]) * ds[j];
+          }
+        } else {
+          for (int64_t e = tid; e < kv; e += blockDim.x)
+            sd += static_cast<double>(ldf(h.p, h.code, base + e)) * ldf(dh.p, dh.code, base + e);
+        }
         red[tid] = sd;
         __syncthreads();
         if (tid == 0) {
@@ -276,12 +287,12 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       }
       // Pass B: Acc = dO S^T (slice rows of S).
       fill(Acc, kMaxBT * kLdK, 0.0f);
-      for (int x0 = 0; x0 < V; x0 += 64) {
+      for (int x0 = 0; x0 < V; x0 += kVS) {
         __syncthreads();
-        load_tile(Ta, kLd, kMaxBT, 64, dO, c.b, c.t0, hv, len, x0, V);
-        load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
+        load_tile(Ta, kLdK, kMaxBT, kVS, dO, c.b, c.t0, hv, len, x0, V);
+        load_state(Tb, kLdK, kKS, kVS, h, sidx, K, V, y0, x0);
         __syncthreads();
-        mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+        mm(L.tc, len, ks, kVS, Ta, kLdK, 1, Tb, 1, kLdK, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
       }
       __syncthreads();
       if (tid < len) {
@@ -300,12 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       __syncthreads();
       // Pass C: Acc = Vnew dH^T -> dKi = diag(e^{g_last - g}) Acc.
       fill(Acc, kMaxBT * kLdK, 0.0f);
-      for (int x0 = 0; x0 < V; x0 += 64) {
+      for (int x0 = 0; x0 < V; x0 += kVS) {
         __syncthreads();
-        load_tile(Ta, kLd, kMaxBT, 64, vn, c.b, c.t0, hv, len, x0, V);
-        load_state(Tb, kLd, kKS, 64, dh, sidx, K, V, y0, x0);
+        load_tile(Ta, kLdK, kMaxBT, kVS, vn, c.b, c.t0, hv, len, x0, V);
+        load_state(Tb, kLdK, kKS, kVS, dh, sidx, K, V, y0, x0);
         __syncthreads();
-        mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+        mm(L.tc, len, ks, kVS, Ta, kLdK, 1, Tb, 1, kLdK, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
       }
       __syncthreads();
       for (int e = tid; e < len * ks; e += blockDim.x) {
@@ -335,12 +346,12 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_kernel(Tok q, Tok k, Tok vn
       if (dw.p) {
         __syncthreads();
         fill(Acc, kMaxBT * kLdK, 0.0f);
-        for (int x0 = 0; x0 < V; x0 += 64) {
+        for (int x0 = 0; x0 < V; x0 += kVS) {
           __syncthreads();
-          load_tile(Ta, kLd, kMaxBT, 64, dv2, c.b, c.t0, hv, len, x0, V);
-          load_state(Tb, kLd, kKS, 64, h, sidx, K, V, y0, x0);
+          load_tile(Ta, kLdK, kMaxBT, kVS, dv2, c.b, c.t0, hv, len, x0, V);
+          load_state(Tb, kLdK, kKS, kVS, h, sidx, K, V, y0, x0);
           __syncthreads();
-          mm(L.tc, len, ks, 64, Ta, kLd, 1, Tb, 1, kLd, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
+          mm(L.tc, len, ks, kVS, Ta, kLdK, 1, Tb, 1, kLdK, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
         }
         __syncthreads();
         store_tile(Acc, kLdK, len, ks, dw, c.b, c.t0, hv, y0, -1.0f);

@@ -299,7 +299,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
 
 constexpr size_t kFwdOSmem = sizeof(float) * (4 * kMaxBT * kLd + kMaxBT);
 
-__global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok q, Tok k, Tok v, Mat h, Tok g, Tok o, Layout L,
+__global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v, Mat h, Tok g, Tok o, Layout L,
                                                          int K, int V, int HV, int G, float scale) {
   extern __shared__ float smem[];
   float* Qa = smem;

@@ -242,26 +242,33 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
                                           const float* rowscale = nullptr) {
   const int64_t base = t.off(b, t0, h) + c0;
   if ((C & 3) == 0 && t.p != nullptr && quad_ok(t.p, t.code, base, t.st)) {
-    const int q = C >> 2;
-    for (int e = threadIdx.x; e < R * q; e += blockDim.x) {
-      const int r = e / q, c = (e - r * q) << 2;
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (r < rows) {
-        if (c0 + c + 3 < cols) {
-          ld4(t.p, t.code, base + r * t.st + c, v);
-        } else {
+    // Four quads per thread per round: all four loads issue before the first shared store.
+    const int q = C >> 2, n = R * q;
+    for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
+      float v[4][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (c0 + c + j < cols) v[j] = ldf(t.p, t.code, base + r * t.st + c + j);
-        }
-        if (rowscale) {
-          const float sc = rowscale[r];
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) v[j] *= sc;
+        for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
+        if (e < n && r < rows) {
+          if (c0 + c + 3 < cols) {
+            ld4(t.p, t.code, base + r * t.st + c, v[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (c0 + c + j < cols) v[u][j] = ldf(t.p, t.code, base + r * t.st + c + j);
+          }
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[j];
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        if (e >= n) break;
+        const float sc = (rowscale != nullptr && r < rows) ? rowscale[r] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[u][j] * sc;
+      }
     }
     return;
   }
@@ -282,21 +289,31 @@ __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, con
   const int64_t base = index * static_cast<int64_t>(K) * V;
   const int64_t o = base + static_cast<int64_t>(y0) * V + x0;
   if ((C & 3) == 0 && quad_ok(m.p, m.code, o, V)) {
-    const int q = C >> 2;
-    for (int e = threadIdx.x; e < R * q; e += blockDim.x) {
-      const int r = e / q, c = (e - r * q) << 2;
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (y0 + r < K) {
-        if (x0 + c + 3 < V) {
-          ld4(m.p, m.code, o + static_cast<int64_t>(r) * V + c, v);
-        } else {
+    const int q = C >> 2, n = R * q;
+    for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
+      float v[4][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (x0 + c + j < V) v[j] = ldf(m.p, m.code, o + static_cast<int64_t>(r) * V + c + j);
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
+        if (e < n && y0 + r < K) {
+          if (x0 + c + 3 < V) {
+            ld4(m.p, m.code, o + static_cast<int64_t>(r) * V + c, v[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (x0 + c + j < V) v[u][j] = ldf(m.p, m.code, o + static_cast<int64_t>(r) * V + c + j);
+          }
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[j];
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        if (e >= n) break;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[u][j];
+      }
     }
     return;
   }
