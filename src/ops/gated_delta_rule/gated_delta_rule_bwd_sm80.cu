@@ -78,7 +78,7 @@ constexpr int kVT = 32;
 constexpr int kLdV = pad_ld(kVT);
 
 size_t state_smem(int K) {
-  return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + 2 * kMaxBT + K);
 }
 
 __global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, T
   float* dOs = D2 + kMaxBT * kLdV;      // [64][kLdV]
   float* gl = dOs + kMaxBT * kLdV;      // [64]
   float* gkl = gl + kMaxBT;             // [K]
+  float* eq = gkl + K;                  // [64] scale e^g per row (the Q tile's row scale)
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
@@ -107,7 +108,11 @@ __global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, T
     store_state(X, kLdV, dh, idx, K, V, x0, vt);
     load_tile(D2, kLdV, kMaxBT, kVT, dvl, s.b, t0, hv, len, x0, V);
     load_tile(dOs, kLdV, kMaxBT, kVT, dO, s.b, t0, hv, len, x0, V);
-    if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(s.b, t0 + threadIdx.x, hv, 0) : 0.0f;
+    if (threadIdx.x < kMaxBT) {
+      const float gv = (g.p && threadIdx.x < len) ? g.ld(s.b, t0 + threadIdx.x, hv, 0) : 0.0f;
+      gl[threadIdx.x] = gv;
+      eq[threadIdx.x] = g.p ? scale * expf(gv) : scale;
+    }
     if (gk.p)
       for (int y = threadIdx.x; y < K; y += blockDim.x) gkl[y] = gk.ld(s.b, t0 + len - 1, hv, y);
     // dv2 = dv + diag(e^{g_last - g}) K X.
@@ -131,15 +136,7 @@ __global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, T
     }
     for (int y0 = 0; y0 < K; y0 += 64) {
       __syncthreads();
-      for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
-        const int r = e / 64, cc = e - r * 64;
-        float v = 0.0f;
-        if (r < len && y0 + cc < K) {
-          v = scale * q.ld(s.b, t0 + r, hk, y0 + cc);
-          if (g.p) v *= expf(gl[r]);
-        }
-        Sl[r * kLd + cc] = v;
-      }
+      load_tile(Sl, kLd, kMaxBT, 64, q, s.b, t0, hk, len, y0, K, eq);
       __syncthreads();
       mm(L.tc, min(64, K - y0), vt, len, Sl, 1, kLd, dOs, kLdV, 1,
          [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
@@ -450,11 +447,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
       dB[tid] = 0.0f;
       dG[tid] = 0.0f;
     }
-    for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
-      const int i = e / kMaxBT, j = e - i * kMaxBT;
-      Am[i * kLd + j] = (i < len && j <= i) ? A.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-      dAm[i * kLd + j] = 0.0f;
-    }
+    load_tri(Am, A, c.b, c.t0, hv, len, L.BT, false);
+    fill(dAm, kMaxBT * kLd, 0.0f);
     // dA (before masking) = dW (diag(beta e^g) K)^T + dU (diag(beta) V)^T.
     for (int y0 = 0; y0 < K; y0 += kWS) {
       __syncthreads();

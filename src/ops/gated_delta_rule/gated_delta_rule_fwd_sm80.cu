@@ -114,10 +114,7 @@ __global__ void __launch_bounds__(kMaxBT) solve_kernel(Tok A, Tok Ai, Layout L) 
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int h = blockIdx.y, len = c.len, BT = L.BT;
   if (len == 0) return;
-  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-    const int i = e / kMaxBT, j = e - i * kMaxBT;
-    Ls[i * kLd + j] = (i < len && j < i) ? A.ld(c.b, c.t0 + i, h, j) : 0.0f;
-  }
+  load_tri(Ls, A, c.b, c.t0, h, len, BT, true);
   __syncthreads();
   const int j = threadIdx.x;
   for (int i = 0; i < len; ++i) {
@@ -157,10 +154,7 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, To
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hv = blockIdx.y, hk = hv / G, len = c.len;
   if (len == 0) return;
-  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-    const int i = e / kMaxBT, j = e - i * kMaxBT;
-    Am[i * kLd + j] = (i < len && j <= i) ? A.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-  }
+  load_tri(Am, A, c.b, c.t0, hv, len, L.BT, false);
   if (threadIdx.x < kMaxBT) {
     const int i = threadIdx.x;
     const float b = i < len ? beta.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
@@ -297,7 +291,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
 // chunk_fwd_o: CTA per (chunk, value head). P = M>= . Gamma . Q K^T once; per 64-column V tile
 // O = diag(e^g) Q S (64-row K slices) + P Vnew, times scale. Shared memory: Qa, Kb, P, O [64][69].
 
-constexpr size_t kFwdOSmem = sizeof(float) * (4 * kMaxBT * kLd + kMaxBT);
+constexpr size_t kFwdOSmem = sizeof(float) * (4 * kMaxBT * kLd + 2 * kMaxBT);
 
 __global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v, Mat h, Tok g, Tok o, Layout L,
                                                          int K, int V, int HV, int G, float scale) {
@@ -307,11 +301,16 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v,
   float* P = Kb + kMaxBT * kLd;
   float* O = P + kMaxBT * kLd;
   float* gl = O + kMaxBT * kLd;
+  float* eg = gl + kMaxBT;  // e^g per row
   const int64_t chunk = blockIdx.x;
   const ChunkPos c = chunk_pos(L, chunk);
   const int hv = blockIdx.y, hk = hv / G, len = c.len;
   if (len == 0) return;
-  if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+  if (threadIdx.x < kMaxBT) {
+    const float gv = (g.p && threadIdx.x < len) ? g.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
+    gl[threadIdx.x] = gv;
+    eg[threadIdx.x] = expf(gv);
+  }
   fill(P, kMaxBT * kLd, 0.0f);
   for (int y0 = 0; y0 < K; y0 += 64) {
     __syncthreads();
@@ -332,10 +331,7 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v,
     fill(O, kMaxBT * kLd, 0.0f);
     for (int y0 = 0; y0 < K; y0 += 64) {
       __syncthreads();
-      for (int e = threadIdx.x; e < kMaxBT * 64; e += blockDim.x) {
-        const int r = e / 64, cc = e - r * 64;
-        Qa[r * kLd + cc] = (r < len && y0 + cc < K) ? q.ld(c.b, c.t0 + r, hk, y0 + cc) * expf(gl[r]) : 0.0f;
-      }
+      load_tile(Qa, kLd, kMaxBT, 64, q, c.b, c.t0, hk, len, y0, K, eg);
       load_state(Kb, kLd, 64, 64, h, sidx, K, V, y0, x0);
       __syncthreads();
       mm(L.tc, len, vt, min(64, K - y0), Qa, kLd, 1, Kb, kLd, 1,

@@ -235,11 +235,12 @@ __device__ __forceinline__ bool quad_ok(const void* p, int code, int64_t base, i
 }
 
 // dst[r*ld + c] (r < R, c < C) = rowscale[r] * t(b, t0 + r, h, c0 + c) for r < rows and
-// c0 + c < cols, 0 elsewhere. All threads of the block take part; no barrier inside. Reads four
-// elements at a time where the tensor's alignment allows.
+// c0 + c < cols (and, when tri >= 0, c0 + c + tri <= r: the lower triangle, strict for tri = 1),
+// 0 elsewhere. All threads of the block take part; no barrier inside. Reads four elements at a
+// time where the tensor's alignment allows.
 __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, const Tok& t, int64_t b,
                                           int64_t t0, int64_t h, int rows, int64_t c0, int64_t cols,
-                                          const float* rowscale = nullptr) {
+                                          const float* rowscale = nullptr, int tri = -1) {
   const int64_t base = t.off(b, t0, h) + c0;
   if ((C & 3) == 0 && t.p != nullptr && quad_ok(t.p, t.code, base, t.st)) {
     // Four quads per thread per round: all four loads issue before the first shared store.
@@ -267,7 +268,8 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
         if (e >= n) break;
         const float sc = (rowscale != nullptr && r < rows) ? rowscale[r] : 1.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[u][j] * sc;
+        for (int j = 0; j < 4; ++j)
+          dst[r * ld + c + j] = (tri < 0 || c0 + c + j + tri <= r) ? v[u][j] * sc : 0.0f;
       }
     }
     return;
@@ -275,12 +277,19 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
   for (int e = threadIdx.x; e < R * C; e += blockDim.x) {
     const int r = e / C, c = e - r * C;
     float v = 0.0f;
-    if (r < rows && c0 + c < cols) {
+    if (r < rows && c0 + c < cols && (tri < 0 || c0 + c + tri <= r)) {
       v = t.ld(b, t0 + r, h, c0 + c);
       if (rowscale) v *= rowscale[r];
     }
     dst[r * ld + c] = v;
   }
+}
+
+// The [64][64] chunk matrix of A [B,T,H,BT] at chunk rows t0.. (len valid): its lower triangle
+// (strictly lower when strict), 0 elsewhere.
+__device__ __forceinline__ void load_tri(float* dst, const Tok& A, int64_t b, int64_t t0, int64_t h, int len,
+                                         int BT, bool strict) {
+  load_tile(dst, kLd, kMaxBT, kMaxBT, A, b, t0, h, len, 0, BT, nullptr, strict ? 1 : 0);
 }
 
 // dst[r*ld + c] = m[index][y0 + r][x0 + c] of a [K,V] state, 0 outside.
@@ -459,6 +468,7 @@ __device__ __forceinline__ void mm_tc(int M, int N, int Kd, const float* A, int 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     }
+#pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 8) {
       const int ka = k0 + tq, kb = ka + 4;
       const bool ok_a = ka < Kd, ok_b = kb < Kd;

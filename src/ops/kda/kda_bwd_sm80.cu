@@ -34,6 +34,7 @@ using gdn::sm80::kThreads;
 using gdn::sm80::layout_of;
 using gdn::sm80::load_state;
 using gdn::sm80::load_tile;
+using gdn::sm80::load_tri;
 using gdn::sm80::mat_of;
 using gdn::sm80::mm;
 using gdn::sm80::no_f64;
@@ -83,10 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
     const int hv = hk * G + gi;
     const int64_t sidx = chunk * HV + hv;
     __syncthreads();
-    for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-      const int i = e / kMaxBT, j = e - i * kMaxBT;
-      Am[i * kLd + j] = (i < len && j <= i) ? Akk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-    }
+    load_tri(Am, Akk, c.b, c.t0, hv, len, L.BT, false);
     fill(dA, kTile, 0.0f);
     if (threadIdx.x < kMaxBT) {
       bs[threadIdx.x] = threadIdx.x < len ? beta.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
@@ -275,12 +273,8 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     __syncthreads();
-    for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-      const int i = e / kMaxBT, j = e - i * kMaxBT;
-      const bool in = i < len && j < len;
-      Dq[i * kLd + j] = (in && j <= i) ? dAqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-      Dl[i * kLd + j] = (in && j < i) ? dAkk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-    }
+    load_tri(Dq, dAqk, c.b, c.t0, hv, len, L.BT, false);
+    load_tri(Dl, dAkk, c.b, c.t0, hv, len, L.BT, true);
     if (threadIdx.x < kMaxBT) {
       const int i = threadIdx.x;
       bs[i] = i < len ? beta.ld(c.b, c.t0 + i, hv, 0) : 0.0f;

@@ -36,6 +36,7 @@ using gdn::sm80::ldf;
 using gdn::sm80::layout_of;
 using gdn::sm80::load_state;
 using gdn::sm80::load_tile;
+using gdn::sm80::load_tri;
 using gdn::sm80::mat_of;
 using gdn::sm80::mm;
 using gdn::sm80::seq_pos;
@@ -156,10 +157,7 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hv = blockIdx.y, hk = hv / G, len = c.len;
   if (len == 0) return;
-  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-    const int i = e / kMaxBT, j = e - i * kMaxBT;
-    Am[i * kLd + j] = (i < len && j <= i) ? Akk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-  }
+  load_tri(Am, Akk, c.b, c.t0, hv, len, L.BT, false);
   if (threadIdx.x < kMaxBT) cb[threadIdx.x] = threadIdx.x < len ? beta.ld(c.b, c.t0 + threadIdx.x, hv, 0) : 0.0f;
   __syncthreads();
   const int64_t tl = c.t0 + len - 1;
@@ -227,10 +225,7 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v,
   const ChunkPos c = chunk_pos(L, chunk);
   const int hv = blockIdx.y, len = c.len;
   if (len == 0) return;
-  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-    const int i = e / kMaxBT, j = e - i * kMaxBT;
-    P[i * kLd + j] = (i < len && j <= i) ? Aqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-  }
+  load_tri(P, Aqk, c.b, c.t0, hv, len, L.BT, false);
   const int64_t sidx = chunk * HV + hv;
   for (int x0 = 0; x0 < V; x0 += 64) {
     const int vt = imin(64, V - x0);
@@ -285,10 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok do
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hv = blockIdx.y, len = c.len, BT = L.BT;
   if (len == 0) return;
-  for (int e = threadIdx.x; e < kMaxBT * kMaxBT; e += blockDim.x) {
-    const int i = e / kMaxBT, j = e - i * kMaxBT;
-    P[i * kLd + j] = (i < len && j <= i) ? Aqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-  }
+  load_tri(P, Aqk, c.b, c.t0, hv, len, L.BT, false);
   fill(D, kMaxBT * kLd, 0.0f);
   for (int x0 = 0; x0 < V; x0 += 64) {
     const int vw = imin(64, V - x0);
