@@ -298,9 +298,9 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
         for (int y = 0; y < ks; ++y) r += static_cast<double>(Qs[tid * kLdK + y]) * Acc[tid * kLdK + y];
         dgp[gi * kMaxBT + tid] += static_cast<double>(eg) * r;
       }
-      for (int e = tid; e < len * ks; e += blockDim.x) {
-        const int i = e / ks, y = e - i * ks;
-        dQa[i * kLdK + y] += scale * expf(gl[i]) * Acc[i * kLdK + y];
+      for (int e = tid; e < len * kKS; e += blockDim.x) {
+        const int i = e / kKS, y = e % kKS;
+        if (y < ks) dQa[i * kLdK + y] += scale * expf(gl[i]) * Acc[i * kLdK + y];
       }
       __syncthreads();
       // dQ += Ds K.
@@ -316,9 +316,9 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
         mm(L.tc, len, ks, kVS, Ta, kLdK, 1, Tb, 1, kLdK, [&](int m, int n, float v) { Acc[m * kLdK + n] += v; });
       }
       __syncthreads();
-      for (int e = tid; e < len * ks; e += blockDim.x) {
-        const int i = e / ks, y = e - i * ks;
-        Acc[i * kLdK + y] *= expf(gl[len - 1] - gl[i]);
+      for (int e = tid; e < len * kKS; e += blockDim.x) {
+        const int i = e / kKS, y = e % kKS;
+        if (y < ks) Acc[i * kLdK + y] *= expf(gl[len - 1] - gl[i]);
       }
       __syncthreads();
       if (tid < len) {
@@ -327,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
         ub[tid] = r;
         dgp[gi * kMaxBT + tid] -= r;
       }
-      for (int e = tid; e < len * ks; e += blockDim.x) {
-        const int i = e / ks, y = e - i * ks;
-        dKa[i * kLdK + y] += Acc[i * kLdK + y];
+      for (int e = tid; e < len * kKS; e += blockDim.x) {
+        const int i = e / kKS, y = e % kKS;
+        if (y < ks) dKa[i * kLdK + y] += Acc[i * kLdK + y];
       }
       __syncthreads();
       if (tid == 0) {

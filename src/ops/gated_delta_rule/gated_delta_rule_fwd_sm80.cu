@@ -244,9 +244,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_kernel(Tok k, Tok w, Tok u,
     // Gates: Vg = diag(e^{g_last - g}) Vn, X *= e^{g_last}; or X[y,:] *= e^{gk_last,y}.
     if (g.p) {
       const float glast = gl[len - 1];
-      for (int e = threadIdx.x; e < len * vt; e += blockDim.x) {
-        const int i = e / vt, cc = e - i * vt;
-        Vn[i * kLdV + cc] *= expf(glast - gl[i]);
+      for (int e = threadIdx.x; e < len * kVT; e += blockDim.x) {
+        const int i = e / kVT, cc = e % kVT;
+        if (cc < vt) Vn[i * kLdV + cc] *= expf(glast - gl[i]);
       }
       const float d = expf(glast);
       for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;

@@ -228,6 +228,26 @@ __device__ __forceinline__ void st4(void* p, int code, int64_t i, const float (&
   *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p) + i) = make_uint2(w[0], w[1]);
 }
 
+// e = r * q + cq split into (r, 4 cq), with shifts when q is a power of two.
+struct QuadIdx {
+  int q, shift;  // shift < 0: q is not a power of two
+  __device__ __forceinline__ explicit QuadIdx(int q_) : q(q_), shift(-1) {
+    if ((q_ & (q_ - 1)) == 0) {
+      shift = 0;
+      while ((1 << shift) < q_) ++shift;
+    }
+  }
+  __device__ __forceinline__ void split(int e, int& r, int& c) const {
+    if (shift >= 0) {
+      r = e >> shift;
+      c = (e & (q - 1)) << 2;
+    } else {
+      r = e / q;
+      c = (e - r * q) << 2;
+    }
+  }
+};
+
 // True when element offset `base` plus any multiple of 4 and of the strides is 4-element aligned.
 __device__ __forceinline__ bool quad_ok(const void* p, int code, int64_t base, int64_t s1, int64_t s2 = 0) {
   const uintptr_t bytes = code == kF32 ? 16 : 8;
@@ -245,11 +265,14 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
   if ((C & 3) == 0 && t.p != nullptr && quad_ok(t.p, t.code, base, t.st)) {
     // Four quads per thread per round: all four loads issue before the first shared store.
     const int q = C >> 2, n = R * q;
+    const QuadIdx qi(q);
     for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
       float v[4][4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        const int e = e0 + u * blockDim.x;
+        int r, c;
+        qi.split(e, r, c);
 #pragma unroll
         for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
         if (e < n && r < rows) {
@@ -264,7 +287,9 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        const int e = e0 + u * blockDim.x;
+        int r, c;
+        qi.split(e, r, c);
         if (e >= n) break;
         const float sc = (rowscale != nullptr && r < rows) ? rowscale[r] : 1.0f;
 #pragma unroll
@@ -299,11 +324,14 @@ __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, con
   const int64_t o = base + static_cast<int64_t>(y0) * V + x0;
   if ((C & 3) == 0 && quad_ok(m.p, m.code, o, V)) {
     const int q = C >> 2, n = R * q;
+    const QuadIdx qi(q);
     for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
       float v[4][4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        const int e = e0 + u * blockDim.x;
+        int r, c;
+        qi.split(e, r, c);
 #pragma unroll
         for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
         if (e < n && y0 + r < K) {
@@ -318,7 +346,9 @@ __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, con
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x, r = e / q, c = (e - r * q) << 2;
+        const int e = e0 + u * blockDim.x;
+        int r, c;
+        qi.split(e, r, c);
         if (e >= n) break;
 #pragma unroll
         for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[u][j];
@@ -340,8 +370,10 @@ __device__ __forceinline__ void store_state(const float* src, int ld, const Mat&
   const int64_t base = index * static_cast<int64_t>(K) * V;
   if ((vt & 3) == 0 && quad_ok(m.p, m.code, base + x0, V)) {
     const int q = vt >> 2;
+    const QuadIdx qi(q);
     for (int e = threadIdx.x; e < K * q; e += blockDim.x) {
-      const int r = e / q, c = (e - r * q) << 2;
+      int r, c;
+      qi.split(e, r, c);
       const float v[4] = {src[r * ld + c], src[r * ld + c + 1], src[r * ld + c + 2], src[r * ld + c + 3]};
       st4(m.p, m.code, base + static_cast<int64_t>(r) * V + x0 + c, v);
     }
@@ -360,8 +392,10 @@ __device__ __forceinline__ void store_tile(const float* src, int ld, int rows, i
   const int64_t base = t.off(b, t0, h) + c0;
   if ((C & 3) == 0 && quad_ok(t.p, t.code, base, t.st)) {
     const int q = C >> 2;
+    const QuadIdx qi(q);
     for (int e = threadIdx.x; e < rows * q; e += blockDim.x) {
-      const int r = e / q, c = (e - r * q) << 2;
+      int r, c;
+      qi.split(e, r, c);
       const float v[4] = {scale * src[r * ld + c], scale * src[r * ld + c + 1], scale * src[r * ld + c + 2],
                           scale * src[r * ld + c + 3]};
       st4(t.p, t.code, base + r * t.st + c, v);
@@ -445,45 +479,50 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 
 // Tensor-core form: the 8 warps take 16 x (8*NJ) output tiles in turn; per 8-wide k step a lane
 // loads its A fragment once (rows g, g+8; columns t, t+4 with g = lane/4, t = lane%4) and one B
-// fragment per 8-column group, zero outside M, N and Kd.
+// fragment per 8-column group. Rows past M and columns past N read row M-1 / column N-1 instead
+// (an mma output depends only on its own row of A and column of B, and those outputs are
+// dropped), so the k loop carries no predicates; only a last partial k step (Kd % 8) reads zeros
+// past Kd. Operand addresses advance by pointer increments.
 template <int NJ, class F>
 __device__ __forceinline__ void mm_tc(int M, int N, int Kd, const float* A, int as0, int as1, const float* B,
                                       int bs0, int bs1, F& f) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int tn = (N + 8 * NJ - 1) / (8 * NJ), tiles = ((M + 15) >> 4) * tn;
+  const int kfull = Kd & ~7, a4 = 4 * as1, a8 = 8 * as1, b4 = 4 * bs0, b8 = 8 * bs0;
   for (int wt = warp; wt < tiles; wt += kThreads / 32) {
     const int m0 = (wt / tn) * 16, n0 = (wt % tn) * (8 * NJ);
     const int r0 = m0 + gq, r1 = r0 + 8;
-    const bool v0 = r0 < M, v1 = r1 < M;
-    const float* a0p = A + r0 * as0;
-    const float* a1p = A + r1 * as0;
-    const float* bp[NJ];
-    bool vb[NJ];
+    const float* pa0 = A + min(r0, M - 1) * as0 + tq * as1;
+    const float* pa1 = A + min(r1, M - 1) * as0 + tq * as1;
+    const float* pb[NJ];
     float acc[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-      const int col = n0 + 8 * j + gq;
-      vb[j] = col < N;
-      bp[j] = B + col * bs1;
+      pb[j] = B + min(n0 + 8 * j + gq, N - 1) * bs1 + tq * bs0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     }
+    int k0 = 0;
 #pragma unroll 2
-    for (int k0 = 0; k0 < Kd; k0 += 8) {
-      const int ka = k0 + tq, kb = ka + 4;
-      const bool ok_a = ka < Kd, ok_b = kb < Kd;
-      uint32_t a[4];
-      a[0] = to_tf32(v0 && ok_a ? a0p[ka * as1] : 0.0f);
-      a[1] = to_tf32(v1 && ok_a ? a1p[ka * as1] : 0.0f);
-      a[2] = to_tf32(v0 && ok_b ? a0p[kb * as1] : 0.0f);
-      a[3] = to_tf32(v1 && ok_b ? a1p[kb * as1] : 0.0f);
+    for (; k0 < kfull; k0 += 8) {
+      const uint32_t a[4] = {to_tf32(pa0[0]), to_tf32(pa1[0]), to_tf32(pa0[a4]), to_tf32(pa1[a4])};
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
-        const uint32_t b0 = to_tf32(vb[j] && ok_a ? bp[j][ka * bs0] : 0.0f);
-        const uint32_t b1 = to_tf32(vb[j] && ok_b ? bp[j][kb * bs0] : 0.0f);
-        mma_tf32(acc[j], a, b0, b1);
+        mma_tf32(acc[j], a, to_tf32(pb[j][0]), to_tf32(pb[j][b4]));
+        pb[j] += b8;
       }
+      pa0 += a8;
+      pa1 += a8;
     }
+    if (k0 < Kd) {
+      const bool ok_a = k0 + tq < Kd, ok_b = k0 + tq + 4 < Kd;
+      const uint32_t a[4] = {to_tf32(ok_a ? pa0[0] : 0.0f), to_tf32(ok_a ? pa1[0] : 0.0f),
+                             to_tf32(ok_b ? pa0[a4] : 0.0f), to_tf32(ok_b ? pa1[a4] : 0.0f)};
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+        mma_tf32(acc[j], a, to_tf32(ok_a ? pb[j][0] : 0.0f), to_tf32(ok_b ? pb[j][b4] : 0.0f));
+    }
+    const bool v0 = r0 < M, v1 = r1 < M;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int c = n0 + 8 * j + 2 * tq;
