@@ -4,6 +4,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
+
 #include "fusedops/core/error.h"
 
 #define FUSEDOPS_CUDA_CHECK(op, call)                                                        \
@@ -37,5 +40,20 @@ class DeviceGuard {
   int previous_ = 0;
   bool changed_ = false;
 };
+
+// The device's SM count (at least 1), read once per device and cached (thread-safe): launch
+// heuristics size grids by it.
+inline int sm_count(const char* op, int device) {
+  static std::atomic<int> cache[64];
+  if (device >= 0 && device < 64) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int n = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  n = std::max(n, 1);
+  if (device >= 0 && device < 64) cache[device].store(n, std::memory_order_relaxed);
+  return n;
+}
 
 }  // namespace fusedops::cuda

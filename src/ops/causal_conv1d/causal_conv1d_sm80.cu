@@ -763,15 +763,6 @@ unsigned channel_blocks(int64_t D, int kN) {
   return static_cast<unsigned>(blocks);
 }
 
-int sm_count(int device) {
-  static int cached[64] = {};
-  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
-  int n = 0;
-  FUSEDOPS_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cached[device] = n;
-  return std::max(n, 1);
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Rows per thread run (a multiple of 8, at least min_rows), minimizing a model of the time:
@@ -842,7 +833,7 @@ int64_t launch_kernel(Params p, int device, cudaStream_t stream) {
   }();
   const unsigned cblocks = channel_blocks(p.D, kN);
   const int64_t batches = p.cu ? 1 : p.B;
-  const int64_t capacity = static_cast<int64_t>(sm_count(device)) * per_sm;
+  const int64_t capacity = static_cast<int64_t>(cuda::sm_count(kOp, device)) * per_sm;
   p.rows = pick_rows(p.T, batches * cblocks, capacity,
                      kMode == kBackward ? kBwdMinRows : kFwdMinRows);
   p.tiles_per_batch = ceil_div(p.T, static_cast<int64_t>(p.rows) * kThreadsY);

@@ -245,15 +245,6 @@ __global__ void __launch_bounds__(kThreads) swiglu_bwd_kernel(SwigluParams p) {
   }
 }
 
-int sm_count(int device) {
-  static int cached[64] = {};
-  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
-  int n = 0;
-  FUSEDOPS_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cached[device] = n;
-  return n;
-}
-
 SwigluParams make_params(const TensorView& x, int dim, const TensorView& gi, double alpha,
                          double limit, double bias, int mode) {
   const Rows2d s = clipped_swiglu::rows_2d(x, dim);
@@ -326,7 +317,7 @@ void run(const Context& ctx, SwigluParams p, bool interleaved, bool vec) {
   int per_sm = 1;
   if (interleaved) per_sm = vec ? launcher(Launch<T, true, true>{}) : launcher(Launch<T, true, false>{});
   else per_sm = vec ? launcher(Launch<T, false, true>{}) : launcher(Launch<T, false, false>{});
-  const int64_t wave = static_cast<int64_t>(sm_count(ctx.device.index)) * per_sm;
+  const int64_t wave = static_cast<int64_t>(cuda::sm_count(kOp, ctx.device.index)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, std::min(blocks_needed, wave));
   const int64_t stride = blocks * kThreads;
   p.step_rows = stride / p.units_per_row;

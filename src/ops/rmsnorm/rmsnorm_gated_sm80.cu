@@ -654,15 +654,6 @@ __global__ void __launch_bounds__(256) gated_param_grad_kernel(FinalizeParams p)
   }
 }
 
-int sm_count(int device) {
-  static int cached[64] = {};
-  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
-  int n = 0;
-  FUSEDOPS_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cached[device] = n;
-  return n;
-}
-
 int gate_code(const TensorView& z, GateActivation act) {
   if (!z.defined()) return kNoGate;
   return act == GateActivation::kSigmoid ? kGateSigmoid : kGateSilu;
@@ -807,7 +798,7 @@ void launch_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
     // kMaxPartials chunks, each chunk a contiguous run of rows.
     int per_sm = 1;
     FUSEDOPS_CUDA_CHECK(kOp, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowThreads, 0));
-    const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * sm_count(ctx.device.index);
+    const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * cuda::sm_count(kOp, ctx.device.index);
     chunks = std::clamp<int64_t>((wave + p.G - 1) / p.G, 1, max_chunks);
     p.rows_per_chunk = (rows + chunks - 1) / chunks;
     chunks = (rows + p.rows_per_chunk - 1) / p.rows_per_chunk;

@@ -10,7 +10,6 @@
 // in flight per lane. The backward and sort_chunks_by_map read the map once per row instead.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -223,18 +222,6 @@ __global__ void __launch_bounds__(kRowThreads) move_rows_kernel(MoveParams p) {
   }
 }
 
-int sm_count(const char* op, int device) {
-  static std::atomic<int> cache[64];
-  if (device >= 0 && device < 64) {
-    const int v = cache[device].load(std::memory_order_relaxed);
-    if (v > 0) return v;
-  }
-  int n = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cache[device].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // The widest access (16, 8, 4, 2 or 1 bytes) that divides every address and byte count.
 int access_bytes(std::initializer_list<uint64_t> quantities) {
   for (int w = 16; w > 1; w >>= 1) {
@@ -253,7 +240,7 @@ void launch_move_typed(const char* op, MoveParams p, int64_t row_bytes, int64_t 
   p.dst_stride_units = dst_stride_bytes / static_cast<int64_t>(sizeof(Unit));
   // Enough warps to cover every SM with full blocks; each then strides over the rows.
   const int64_t want = (p.N + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const int64_t cap = static_cast<int64_t>(sm_count(op, device)) * (2048 / kRowThreads) * 4;
+  const int64_t cap = static_cast<int64_t>(cuda::sm_count(op, device)) * (2048 / kRowThreads) * 4;
   const unsigned blocks = static_cast<unsigned>(want < cap ? want : cap);
   constexpr int kUnroll = 8;
   move_rows_kernel<Unit, kUnroll><<<blocks, kRowThreads, 0, stream>>>(p);
