@@ -21,6 +21,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/rmsnorm.h"
 #include "src/cuda/rownorm.cuh"
+#include "src/cuda/fastmath.cuh"
 #include "src/ops/rmsnorm/rmsnorm_gated_common.h"
 
 namespace fusedops {
@@ -169,6 +170,57 @@ __device__ __forceinline__ float gate_value(int code, float z) {
   return code == kGateSilu ? z * s : s;
 }
 
+// gate_value / gate_fn of N elements at once, bitwise the same: the reciprocals 1/(1 + e^-z) go
+// through cuda::rcp_rn in batches of kGateBatch (one rare-case branch per batch instead of one
+// branch and reconvergence point per element). Used where the kernel's register budget has room
+// for the batch (ptxas -v shows no new spills): the short-segment kernels with two rows per step.
+constexpr int kGateBatch = 4;
+template <int N>
+constexpr int gate_batch() { return N % kGateBatch == 0 ? kGateBatch : (N % 2 == 0 ? 2 : 1); }
+
+template <int M>
+__device__ __forceinline__ void sigmoid_m(const float* z, float (&e)[M], float (&s)[M]) {
+  float d[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    e[i] = expf(-z[i]);
+    d[i] = 1.0f + e[i];
+  }
+  cuda::rcp_rn<M>(d, s);
+}
+template <int N>
+__device__ __forceinline__ void gate_value_n(int code, const float (&z)[N], float (&a)[N]) {
+  constexpr int M = gate_batch<N>();
+#pragma unroll
+  for (int i0 = 0; i0 < N; i0 += M) {
+    float e[M], s[M];
+    sigmoid_m<M>(z + i0, e, s);
+#pragma unroll
+    for (int i = 0; i < M; ++i) a[i0 + i] = code == kGateSilu ? z[i0 + i] * s[i] : s[i];
+  }
+}
+template <int N>
+__device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
+  constexpr int M = gate_batch<N>();
+#pragma unroll
+  for (int i0 = 0; i0 < N; i0 += M) {
+    float e[M], s[M];
+    sigmoid_m<M>(z + i0, e, s);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float zi = z[i0 + i];
+      const float one_minus = zi >= 0.0f ? e[i] * s[i] : 1.0f - s[i];
+      if (code == kGateSilu) {
+        a[i0 + i] = zi * s[i];
+        da[i0 + i] = s[i] * (1.0f + zi * one_minus);
+      } else {
+        a[i0 + i] = s[i];
+        da[i0 + i] = s[i] * one_minus;
+      }
+    }
+  }
+}
+
 template <class T, int kIters, bool kVec>
 __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3 : 4) gated_fwd_kernel(GatedFwdParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
@@ -311,8 +363,15 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     if (gate_first) {
       float z[N];
       raw_to_floats<T>(zr[r], z);
+      if constexpr (kRows <= 2) {
+        float a[N];
+        gate_value_n<N>(kGateSilu, z, a);
 #pragma unroll
-      for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e]);
+        for (int e = 0; e < N; ++e) v[e] *= a[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e]);
+      }
     }
   };
   float ss[kRows];
@@ -340,12 +399,15 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
     if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
     if (gate_after) raw_to_floats<T>(zr[r], z);
+    if constexpr (kRows <= 2) {
+      if (gate_after) gate_value_n<N>(p.gate, z, z);  // z becomes act(z)
+    }
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float h = v[e] * rs;
       if (p.weight) h *= w[e];
       if (p.bias) h += b[e];
-      if (gate_after) h *= gate_value(p.gate, z[e]);
+      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(p.gate, z[e]);
       o[e] = h;
     }
     store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
@@ -364,11 +426,20 @@ struct UnitGrads {
 };
 
 // dy and z are given by accessors (element e -> float) so that they can stay raw.
-template <int N, int H, int kOff, class DY, class Z>
+template <int N, int H, int kOff, bool kBatch, class DY, class Z>
 __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, const float (&x)[N], Z z_at,
                                               const float (&w)[N], const float (&b)[N],
                                               float r, float mean, float (&dx)[H], float (&dz)[H],
                                               float* acc_w, float* acc_b) {
+  float ga[H], gd[H];  // act(z), act'(z) when batched
+  if constexpr (kBatch) {
+    if (u.gate != kNoGate) {
+      float zs[H];
+#pragma unroll
+      for (int k = 0; k < H; ++k) zs[k] = z_at(kOff + k);
+      gate_fn_n<H>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga, gd);
+    }
+  }
 #pragma unroll
   for (int k = 0; k < H; ++k) {
     const int e = kOff + k;
@@ -377,14 +448,18 @@ __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, cons
     float t, vh;
     if (u.gate == kNoGate || u.nbg) {
       float a = 1.0f, da = 0.0f;
-      if (u.gate != kNoGate) gate_fn(u.gate, ze, a, da);
+      if (u.gate != kNoGate) {
+        if constexpr (kBatch) a = ga[k], da = gd[k];
+        else gate_fn(u.gate, ze, a, da);
+      }
       t = dye * a;
       vh = x[e] * r;
       dx[k] = r * (t * we - vh * mean);
       dz[k] = dye * (vh * we + (u.has_b ? b[e] : 0.0f)) * da;
     } else {
       float sz, dsz;
-      gate_fn(kGateSilu, ze, sz, dsz);
+      if constexpr (kBatch) sz = ga[k], dsz = gd[k];
+      else gate_fn(kGateSilu, ze, sz, dsz);
       t = dye;
       vh = x[e] * sz * r;
       const float du = r * (t * we - vh * mean);
@@ -397,16 +472,27 @@ __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, cons
 }
 
 // This unit's share of sum_G(v * w * t) (times rstd later): v = x or u = x*silu(z).
-template <int N, class DY, class Z>
+template <int N, bool kBatch, class DY, class Z>
 __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const float (&x)[N], Z z_at,
                                           const float (&w)[N]) {
-  float dot = 0.0f;
+  float dot = 0.0f, ga[N];
+  if constexpr (kBatch) {
+    if (u.gate != kNoGate) {
+      float zs[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) zs[e] = z_at(e);
+      gate_value_n<N>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga);
+    }
+  }
 #pragma unroll
   for (int e = 0; e < N; ++e) {
     float v = x[e], t = dy_at(e);
     if (u.gate != kNoGate) {
-      if (u.nbg) t *= gate_value(u.gate, z_at(e));
-      else v *= gate_value(kGateSilu, z_at(e));
+      float a;
+      if constexpr (kBatch) a = ga[e];
+      else a = gate_value(u.nbg ? u.gate : static_cast<int>(kGateSilu), z_at(e));
+      if (u.nbg) t *= a;
+      else v *= a;
     }
     dot += v * (u.has_w ? w[e] : 1.0f) * t;
   }
@@ -421,6 +507,7 @@ template <class T, int kIters, bool kVec, int kRows = 1>
 __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
   constexpr int H = N > 1 ? N / 2 : 1;  // half a unit
+  constexpr bool kBatch = kRows == 2;        // batched gates (see gate_batch)
   constexpr int kAcc = kIters > 0 ? kIters : 1;
   __shared__ float scratch[32];
   const int tpr = p.tpr;
@@ -463,10 +550,10 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
   auto unit_out = [&](int64_t row, int64_t i, const Elems<T>& dy_at, const float (&x)[N], const Elems<T>& z_at,
                       const float (&w)[N], const float (&b)[N], float r, float mean, float* acc_w, float* acc_b) {
     float dx[H], dz[H];
-    half_backward<N, H, 0>(ug, dy_at, x, z_at, w, b, r, mean, dx, dz, acc_w, acc_b);
+    half_backward<N, H, 0, kBatch>(ug, dy_at, x, z_at, w, b, r, mean, dx, dz, acc_w, acc_b);
     store_half(row, i, 0, dx, dz);
     if constexpr (N > H) {
-      half_backward<N, H, H>(ug, dy_at, x, z_at, w, b, r, mean, dx, dz, acc_w, acc_b);
+      half_backward<N, H, H, kBatch>(ug, dy_at, x, z_at, w, b, r, mean, dx, dz, acc_w, acc_b);
       store_half(row, i, H, dx, dz);
     }
   };
@@ -502,7 +589,7 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
         for (int q = 0; q < kRows; ++q) {
           float xs[N];
           raw_to_floats<T>(xr[q], xs);
-          dot[q] = unit_ok ? unit_dot<N>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w) : 0.0f;
+          dot[q] = unit_ok ? unit_dot<N, kBatch>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w) : 0.0f;
         }
 #pragma unroll
         for (int q = 0; q < kRows; ++q) dot[q] = cuda::warp_sum(dot[q], tpr);
@@ -514,7 +601,7 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
           const float mean = r * dot[q] * p.inv_g;
           float xs[N], dx[N], dz[N];
           raw_to_floats<T>(xr[q], xs);
-          half_backward<N, N, 0>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w, b, r, mean, dx, dz,
+          half_backward<N, N, 0, kBatch>(ug, Elems<T>{dyr[q], nullptr}, xs, Elems<T>{zr[q], nullptr}, w, b, r, mean, dx, dz,
                                  acc_w[0], acc_b[0]);
           // Whole 16-byte units, each one store instruction (see cuda::store_global).
           const int64_t at = col0 + lane * N;
@@ -547,7 +634,7 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
             load_any<T, N>(p.x, p.x_f32, row * p.x_stride + col0 + i * N, xs[j]);
             float w[N];
             if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + i * N, w);
-            dot += unit_dot<N>(ug, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w);
+            dot += unit_dot<N, kBatch>(ug, Elems<T>{dyr[j], nullptr}, xs[j], Elems<T>{zr[j], nullptr}, w);
           }
         }
         dot = group_sum(dot, tpr, scratch);
@@ -602,7 +689,7 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
         float dy[N], x[N], z[N], w[N], b[N];
         load_unit(row, i, dy, x, z, w, b);
         const Raw16 none = make_uint4(0, 0, 0, 0);
-        dot += unit_dot<N>(ug, Elems<T>{none, dy}, x, Elems<T>{none, z}, w);
+        dot += unit_dot<N, kBatch>(ug, Elems<T>{none, dy}, x, Elems<T>{none, z}, w);
       }
       dot = group_sum(dot, tpr, scratch);
       const float r = p.rstd[row * p.G + grp];
