@@ -4,6 +4,7 @@
 // per (sequence, value head, 32-column V tile) looping over the chunks with the [K,32] state in
 // shared memory. Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
 #include <cmath>
+#include <cstdlib>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
@@ -266,6 +267,104 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_kernel(Tok k, Tok w, Tok u,
   if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
 }
 
+// The same recurrence with the next chunk's W, U (and g, gk_last) and K staged in registers while
+// this chunk's products run (RegTile: 16-bit k, w, u with K <= 128 and 8-byte aligned quads), and
+// W and K staged whole ([64][K+5]) so that each product is one phase (W X summed over all of K at
+// once instead of in two 64-row halves: the same operations up to that grouping).
+constexpr int kPfQ = 8;  // quads per thread of a 64 x 128 tile
+
+size_t state_pf_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + static_cast<size_t>(kMaxBT) * pad_ld(K) +
+                          kMaxBT * kLdV + kMaxBT + K);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0,
+                                                             Mat h, Tok vn, Mat ht, Layout L, int K, int V,
+                                                             int HV, int G) {
+  extern __shared__ float smem[];
+  const int ldS = pad_ld(K), qpr = K / 4;
+  float* X = smem;                        // [K][kLdV]
+  float* S = X + K * kLdV;                // [64][K+5]: W, then K, of the chunk
+  float* Vn = S + kMaxBT * ldS;           // [64][kLdV]
+  float* gl = Vn + kMaxBT * kLdV;         // [64]
+  float* gkl = gl + kMaxBT;               // [K]
+  const int tid = threadIdx.x;
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  RegTile<kPfQ> rw, rk;
+  RegTile<2> ru;
+  float rg = 0.0f, rgk = 0.0f;
+  auto len_of = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto fetch_wu = [&](int64_t ci) {
+    if (ci >= nch) return;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    rw.fetch(w, s.b, t0, hv, len, 0, qpr, K);
+    ru.fetch(u, s.b, t0, hv, len, x0, kVT / 4, V);
+    rg = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    rgk = (gk.p && tid < K) ? gk.ld(s.b, t0 + len - 1, hv, tid) : 0.0f;
+  };
+  auto fetch_k = [&](int64_t ci) {
+    if (ci >= nch) return;
+    rk.fetch(k, s.b, s.t0 + ci * L.BT, hk, len_of(ci), 0, qpr, K);
+  };
+  fetch_wu(0);
+  fetch_k(0);
+  if (h0.p) load_state(X, kLdV, K, kVT, h0, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, h, idx, K, V, x0, vt);
+    rw.put(S, ldS, w.code, qpr);
+    ru.put(Vn, kLdV, u.code, kVT / 4);
+    if (tid < kMaxBT) gl[tid] = rg;
+    if (gk.p && tid < K) gkl[tid] = rgk;
+    __syncthreads();
+    fetch_wu(ci + 1);
+    // Vn = U - W X.
+    mm(L.tc, len, vt, K, S, ldS, 1, X, kLdV, 1, [&](int m, int nn, float v) { Vn[m * kLdV + nn] -= v; });
+    __syncthreads();
+    if (vn.p) {
+      store_tile(Vn, kLdV, len, vt, vn, s.b, t0, hv, x0);
+      __syncthreads();
+    }
+    if (g.p) {
+      const float glast = gl[len - 1];
+      for (int e = tid; e < len * kVT; e += blockDim.x) {
+        const int i = e / kVT, cc = e % kVT;
+        if (cc < vt) Vn[i * kLdV + cc] *= expf(glast - gl[i]);
+      }
+      const float d = expf(glast);
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    rk.put(S, ldS, k.code, qpr);
+    __syncthreads();
+    fetch_k(ci + 1);
+    // X += K^T Vg.
+    mm(L.tc, K, vt, len, S, 1, ldS, Vn, kLdV, 1, [&](int m, int nn, float v) { X[m * kLdV + nn] += v; });
+  }
+  __syncthreads();
+  if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
+}
+
+// FUSEDOPS_GDN_PF=0 keeps fwd_h_kernel for every input (for measurement).
+bool pf_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_PF");
+    return e != nullptr && e[0] == '0';
+  }();
+  return !off;
+}
+
 void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const char* op = "chunk_gated_delta_rule_fwd_h";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -274,8 +373,10 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
-  const size_t smem = state_smem(static_cast<int>(K));
-  auto kernel = fwd_h_kernel;
+  const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
+                  quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.u);
+  const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
+  auto kernel = pf ? fwd_h_pf_kernel : fwd_h_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);

@@ -310,6 +310,52 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
   }
 }
 
+// A 64-row tile of a 16-bit token-major tensor staged in registers: quad e = threadIdx.x + 256 j
+// (j < NQ) is row e / qpr, columns c0 + 4 (e % qpr) .. + 3, qpr quads per row. fetch() issues
+// the 8-byte loads (rows >= rows_valid and columns >= cols read as zero) and returns at once;
+// put() converts to fp32 and writes dst[r*ld + c] (one use of the loaded registers, so that the
+// loads of the next chunk overlap this chunk's products). Needs 8-byte aligned quads (quad_ok).
+template <int NQ>
+struct RegTile {
+  uint2 q[NQ];
+  __device__ __forceinline__ void fetch(const Tok& t, int64_t b, int64_t t0, int64_t h, int rows_valid,
+                                        int64_t c0, int qpr, int64_t cols) {
+    const int64_t base = t.off(b, t0, h) + c0;
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+      const int e = threadIdx.x + j * kThreads, r = e / qpr, c = (e - r * qpr) * 4;
+      q[j] = make_uint2(0u, 0u);
+      if (r < rows_valid && r < kMaxBT && c0 + c + 3 < cols)
+        q[j] = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(t.p) + base + r * t.st + c);
+    }
+  }
+  __device__ __forceinline__ void put(float* dst, int ld, int code, int qpr) const {
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+      const int e = threadIdx.x + j * kThreads, r = e / qpr, c = (e - r * qpr) * 4;
+      if (r >= kMaxBT) break;
+      const uint32_t wd[2] = {q[j].x, q[j].y};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 f;
+        if (code == kBF16) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wd[h]));
+        else f = __half22float2(*reinterpret_cast<const __half2*>(&wd[h]));
+        dst[r * ld + c + 2 * h] = f.x;
+        dst[r * ld + c + 2 * h + 1] = f.y;
+      }
+    }
+  }
+};
+
+// True when a 16-bit token-major tensor can be staged by RegTile (8-byte aligned quads).
+inline bool quad_tok(const TensorView& v) {
+  if (!v.defined() || (v.dtype() != DType::kBFloat16 && v.dtype() != DType::kFloat16)) return false;
+  if (reinterpret_cast<uintptr_t>(v.data()) % 8 != 0) return false;
+  for (int d = 0; d + 1 < v.ndim(); ++d)
+    if (v.stride(d) % 4 != 0) return false;
+  return true;
+}
+
 // The [64][64] chunk matrix of A [B,T,H,BT] at chunk rows t0.. (len valid): its lower triangle
 // (strictly lower when strict), 0 elsewhere.
 __device__ __forceinline__ void load_tri(float* dst, const Tok& A, int64_t b, int64_t t0, int64_t h, int len,
