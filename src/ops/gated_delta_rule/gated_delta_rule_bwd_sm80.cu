@@ -4,6 +4,7 @@
 // reverse state recurrence per (sequence, value head, 32-column V tile). Everything reduced across
 // value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
 #include <cmath>
+#include <cstdlib>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
@@ -151,6 +152,103 @@ __global__ void __launch_bounds__(kThreads, 2) dhu_kernel(Tok q, Tok k, Tok w, T
   if (dh0.p) store_state(X, kLdV, dh0, sidx, K, V, x0, vt);
 }
 
+// The same reverse recurrence with register-staged prefetch (16-bit q, k, w, dO, dv with K <= 128,
+// 8-byte aligned quads): the previous chunk's K, dv, dO, g and gk_last load while this chunk's
+// state update runs, this chunk's Q and W while dv2 = dv + K X runs. K, then Q, and W are staged
+// whole ([64][K+5]) so that each product is one phase.
+constexpr int kPfQ = 8;  // quads per thread of a 64 x 128 tile
+
+size_t state_pf_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + 2 * static_cast<size_t>(kMaxBT) * pad_ld(K) +
+                          2 * kMaxBT * kLdV + 2 * kMaxBT + K);
+}
+
+template <int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) dhu_pf_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g,
+                                                           Tok gk, Mat dht, Mat dh, Mat dh0, Tok dv2,
+                                                           Layout L, int K, int V, int HV, int G,
+                                                           float scale) {
+  extern __shared__ float smem[];
+  const int ldS = pad_ld(K), qpr = K / 4, tid = threadIdx.x;
+  float* X = smem;                      // [K][kLdV]
+  float* S = X + K * kLdV;              // [64][K+5]: K, then Q (scaled) of the chunk
+  float* S2 = S + kMaxBT * ldS;         // [64][K+5]: W
+  float* D2 = S2 + kMaxBT * ldS;        // [64][kLdV]
+  float* dOs = D2 + kMaxBT * kLdV;      // [64][kLdV]
+  float* gl = dOs + kMaxBT * kLdV;      // [64]
+  float* eq = gl + kMaxBT;              // [64] scale e^g per row
+  float* gkl = eq + kMaxBT;             // [K]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  RegTile<kPfQ> rk, rq, rw;
+  RegTile<2> rdv, rdo;
+  float rg = 0.0f, rgk = 0.0f;
+  auto len_of = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto fetch_k = [&](int64_t ci) {  // K, dv, dO, g, gk_last of chunk ci
+    if (ci < 0) return;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    rk.fetch(k, s.b, t0, hk, len, 0, qpr, K);
+    rdv.fetch(dvl, s.b, t0, hv, len, x0, kVT / 4, V);
+    rdo.fetch(dO, s.b, t0, hv, len, x0, kVT / 4, V);
+    rg = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    rgk = (gk.p && tid < K) ? gk.ld(s.b, t0 + len - 1, hv, tid) : 0.0f;
+  };
+  auto fetch_qw = [&](int64_t ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    rq.fetch(q, s.b, t0, hk, len, 0, qpr, K);
+    rw.fetch(w, s.b, t0, hv, len, 0, qpr, K);
+  };
+  fetch_k(nch - 1);
+  if (dht.p) load_state(X, kLdV, K, kVT, dht, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  for (int64_t ci = nch - 1; ci >= 0; --ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, dh, idx, K, V, x0, vt);
+    rk.put(S, ldS, k.code, qpr);
+    rdv.put(D2, kLdV, dvl.code, kVT / 4);
+    rdo.put(dOs, kLdV, dO.code, kVT / 4);
+    if (tid < kMaxBT) {
+      gl[tid] = rg;
+      eq[tid] = g.p ? scale * expf(rg) : scale;
+    }
+    if (gk.p && tid < K) gkl[tid] = rgk;
+    __syncthreads();
+    fetch_qw(ci);
+    // dv2 = dv + diag(e^{g_last - g}) K X.
+    const float glast = gl[len - 1];
+    mm(L.tc, len, vt, K, S, ldS, 1, X, kLdV, 1, [&](int m, int nn, float v) {
+      D2[m * kLdV + nn] += (g.p ? expf(glast - gl[m]) : 1.0f) * v;
+    });
+    __syncthreads();
+    store_tile(D2, kLdV, len, vt, dv2, s.b, t0, hv, x0);
+    // X = decay X + scale (diag(e^g) Q)^T dO - W^T dv2.
+    if (g.p) {
+      const float d = expf(gl[len - 1]);
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    rq.put(S, ldS, q.code, qpr, eq);
+    rw.put(S2, ldS, w.code, qpr);
+    __syncthreads();
+    fetch_k(ci - 1);
+    // The two products give every X element the same owning thread: += then -= in that order.
+    mm(L.tc, K, vt, len, S, 1, ldS, dOs, kLdV, 1, [&](int m, int nn, float v) { X[m * kLdV + nn] += v; });
+    mm(L.tc, K, vt, len, S2, 1, ldS, D2, kLdV, 1, [&](int m, int nn, float v) { X[m * kLdV + nn] -= v; });
+  }
+  __syncthreads();
+  if (dh0.p) store_state(X, kLdV, dh0, sidx, K, V, x0, vt);
+}
+
 void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const char* op = "chunk_gated_delta_rule_bwd_dhu";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -159,8 +257,16 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
-  const size_t smem = state_smem(static_cast<int>(K));
-  auto kernel = dhu_kernel;
+  const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
+                  quad_tok(a.q) && quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.dout) && quad_tok(a.dv);
+  const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
+  // Two CTAs per SM cap the staged kernel at 128 registers (ptxas: 144 B of spills); one leaves it
+  // room. FUSEDOPS_GDN_DHU_CTAS=1|2 picks (default 1).
+  static const int ctas = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_DHU_CTAS");
+    return e != nullptr && e[0] == '2' ? 2 : 1;
+  }();
+  auto kernel = !pf ? dhu_kernel : ctas == 2 ? dhu_pf_kernel<2> : dhu_pf_kernel<1>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);

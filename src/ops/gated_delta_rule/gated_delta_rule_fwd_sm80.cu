@@ -4,7 +4,6 @@
 // per (sequence, value head, 32-column V tile) looping over the chunks with the [K,32] state in
 // shared memory. Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
 #include <cmath>
-#include <cstdlib>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
@@ -354,15 +353,6 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
   }
   __syncthreads();
   if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
-}
-
-// FUSEDOPS_GDN_PF=0 keeps fwd_h_kernel for every input (for measurement).
-bool pf_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_PF");
-    return e != nullptr && e[0] == '0';
-  }();
-  return !off;
 }
 
 void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {

@@ -313,7 +313,7 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
 // A 64-row tile of a 16-bit token-major tensor staged in registers: quad e = threadIdx.x + 256 j
 // (j < NQ) is row e / qpr, columns c0 + 4 (e % qpr) .. + 3, qpr quads per row. fetch() issues
 // the 8-byte loads (rows >= rows_valid and columns >= cols read as zero) and returns at once;
-// put() converts to fp32 and writes dst[r*ld + c] (one use of the loaded registers, so that the
+// put() converts to fp32 (times rowscale[r] when given) and writes dst[r*ld + c] (one use of the loaded registers, so that the
 // loads of the next chunk overlap this chunk's products). Needs 8-byte aligned quads (quad_ok).
 template <int NQ>
 struct RegTile {
@@ -329,23 +329,35 @@ struct RegTile {
         q[j] = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(t.p) + base + r * t.st + c);
     }
   }
-  __device__ __forceinline__ void put(float* dst, int ld, int code, int qpr) const {
+  __device__ __forceinline__ void put(float* dst, int ld, int code, int qpr,
+                                      const float* rowscale = nullptr) const {
 #pragma unroll
     for (int j = 0; j < NQ; ++j) {
       const int e = threadIdx.x + j * kThreads, r = e / qpr, c = (e - r * qpr) * 4;
       if (r >= kMaxBT) break;
+      const float sc = rowscale ? rowscale[r] : 1.0f;
       const uint32_t wd[2] = {q[j].x, q[j].y};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float2 f;
         if (code == kBF16) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wd[h]));
         else f = __half22float2(*reinterpret_cast<const __half2*>(&wd[h]));
-        dst[r * ld + c + 2 * h] = f.x;
-        dst[r * ld + c + 2 * h + 1] = f.y;
+        dst[r * ld + c + 2 * h] = rowscale ? f.x * sc : f.x;
+        dst[r * ld + c + 2 * h + 1] = rowscale ? f.y * sc : f.y;
       }
     }
   }
 };
+
+// The state kernels' register-staged prefetch (fwd_h_pf, dhu_pf); FUSEDOPS_GDN_PF=0 keeps the
+// unstaged kernels for every input (for measurement).
+inline bool pf_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_PF");
+    return e != nullptr && e[0] == '0';
+  }();
+  return !off;
+}
 
 // True when a 16-bit token-major tensor can be staged by RegTile (8-byte aligned quads).
 inline bool quad_tok(const TensorView& v) {
