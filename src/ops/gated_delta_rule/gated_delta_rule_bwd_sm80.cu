@@ -1,6 +1,6 @@
 // Gated delta rule, CUDA backend cuda_sm80: the backward-direction operators (section 1.5 blocks
 // B2-B5, section 11, the per-token recurrence's backward). Same structure as the forward file:
-// one CTA of 256 threads per (chunk, head) with fp32 shared-memory tiles and FFMA products; the
+// one CTA of 256 threads per (chunk, head) with fp32 shared-memory tiles and mm products; the
 // reverse state recurrence per (sequence, value head, 32-column V tile). Everything reduced across
 // value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
 #include <cmath>

@@ -1,8 +1,9 @@
 // Gated delta rule, CUDA backend cuda_sm80 (sm_80 and later): the forward-direction operators.
 // Chunk-parallel operators run one CTA of 256 threads per (chunk, head) with the operands staged
-// in shared memory as fp32 and FFMA products (gdn_sm80.cuh mm); the state recurrence runs one CTA
-// per (sequence, value head, 32-column V tile) looping over the chunks with the [K,32] state in
-// shared memory. Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
+// in shared memory as fp32 and products by gdn_sm80.cuh's mm (tf32 tensor cores for 16-bit inputs,
+// FFMA for fp32); the state recurrence runs one CTA per (sequence, value head, 32-column V tile)
+// looping over the chunks with the [K,32] state in shared memory (the staged form prefetches the
+// next chunk's tiles into registers). Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
 #include <cmath>
 
 #include "fusedops/core/registry.h"

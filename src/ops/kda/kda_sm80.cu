@@ -1,8 +1,9 @@
 // KDA (Kimi delta attention), CUDA backend cuda_sm80 (sm_80 and later): the forward-direction
 // operators, chunk_kda_bwd_dAv, the gate backward, and the registration. Chunk-parallel operators
 // run one CTA of 256 threads per (chunk, value head) with the operands staged in shared memory as
-// fp32 and FFMA products (gated_delta_rule's gdn_sm80.cuh helpers: Tok/Mat access, device-side
-// varlen positions, tile loads, the CTA-wide product mm). The top level runs kda::compose_fwd with
+// fp32 and products by the CTA-wide mm (tf32 tensor cores for 16-bit inputs, FFMA for fp32;
+// gated_delta_rule's gdn_sm80.cuh helpers: Tok/Mat access, device-side varlen positions, tile
+// loads, mm). The top level runs kda::compose_fwd with
 // "cuda_sm80" forced on the sub-operators (chunk_local_cumsum, beta_sigmoid and
 // chunk_gated_delta_rule_fwd_h come from the gated_delta_rule CUDA backend, l2norm from its own).
 // Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
