@@ -254,6 +254,35 @@ __device__ __forceinline__ bool quad_ok(const void* p, int code, int64_t base, i
   return (reinterpret_cast<uintptr_t>(p) % bytes) == 0 && ((base | s1 | s2) & 3) == 0;
 }
 
+// The R x C tile (C a multiple of 4) in quads, four quads per thread per round so that all four
+// loads issue before the first shared store: get(r, c, v) fills v (zero-initialised) with
+// elements c..c+3 of row r, put(r, c, v) writes them.
+template <class Get, class Put>
+__device__ __forceinline__ void quad_rounds(int R, int C, Get&& get, Put&& put) {
+  const int q = C >> 2, n = R * q;
+  const QuadIdx qi(q);
+  for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
+    float v[4][4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int e = e0 + u * blockDim.x;
+      int r, c;
+      qi.split(e, r, c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
+      if (e < n) get(r, c, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int e = e0 + u * blockDim.x;
+      int r, c;
+      qi.split(e, r, c);
+      if (e >= n) break;
+      put(r, c, v[u]);
+    }
+  }
+}
+
 // dst[r*ld + c] (r < R, c < C) = rowscale[r] * t(b, t0 + r, h, c0 + c) for r < rows and
 // c0 + c < cols (and, when tri >= 0, c0 + c + tri <= r: the lower triangle, strict for tri = 1),
 // 0 elsewhere. All threads of the block take part; no barrier inside. Reads four elements at a
@@ -263,40 +292,24 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, int R, int C, cons
                                           const float* rowscale = nullptr, int tri = -1) {
   const int64_t base = t.off(b, t0, h) + c0;
   if ((C & 3) == 0 && t.p != nullptr && quad_ok(t.p, t.code, base, t.st)) {
-    // Four quads per thread per round: all four loads issue before the first shared store.
-    const int q = C >> 2, n = R * q;
-    const QuadIdx qi(q);
-    for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
-      float v[4][4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x;
-        int r, c;
-        qi.split(e, r, c);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
-        if (e < n && r < rows) {
+    quad_rounds(
+        R, C,
+        [&](int r, int c, float (&v)[4]) {
+          if (r >= rows) return;
           if (c0 + c + 3 < cols) {
-            ld4(t.p, t.code, base + r * t.st + c, v[u]);
+            ld4(t.p, t.code, base + r * t.st + c, v);
           } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              if (c0 + c + j < cols) v[u][j] = ldf(t.p, t.code, base + r * t.st + c + j);
+              if (c0 + c + j < cols) v[j] = ldf(t.p, t.code, base + r * t.st + c + j);
           }
-        }
-      }
+        },
+        [&](int r, int c, const float (&v)[4]) {
+          const float sc = (rowscale != nullptr && r < rows) ? rowscale[r] : 1.0f;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x;
-        int r, c;
-        qi.split(e, r, c);
-        if (e >= n) break;
-        const float sc = (rowscale != nullptr && r < rows) ? rowscale[r] : 1.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          dst[r * ld + c + j] = (tri < 0 || c0 + c + j + tri <= r) ? v[u][j] * sc : 0.0f;
-      }
-    }
+          for (int j = 0; j < 4; ++j)
+            dst[r * ld + c + j] = (tri < 0 || c0 + c + j + tri <= r) ? v[j] * sc : 0.0f;
+        });
     return;
   }
   for (int e = threadIdx.x; e < R * C; e += blockDim.x) {
@@ -381,37 +394,22 @@ __device__ __forceinline__ void load_state(float* dst, int ld, int R, int C, con
   const int64_t base = index * static_cast<int64_t>(K) * V;
   const int64_t o = base + static_cast<int64_t>(y0) * V + x0;
   if ((C & 3) == 0 && quad_ok(m.p, m.code, o, V)) {
-    const int q = C >> 2, n = R * q;
-    const QuadIdx qi(q);
-    for (int e0 = threadIdx.x; e0 < n; e0 += 4 * blockDim.x) {
-      float v[4][4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x;
-        int r, c;
-        qi.split(e, r, c);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[u][j] = 0.0f;
-        if (e < n && y0 + r < K) {
+    quad_rounds(
+        R, C,
+        [&](int r, int c, float (&v)[4]) {
+          if (y0 + r >= K) return;
           if (x0 + c + 3 < V) {
-            ld4(m.p, m.code, o + static_cast<int64_t>(r) * V + c, v[u]);
+            ld4(m.p, m.code, o + static_cast<int64_t>(r) * V + c, v);
           } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              if (x0 + c + j < V) v[u][j] = ldf(m.p, m.code, o + static_cast<int64_t>(r) * V + c + j);
+              if (x0 + c + j < V) v[j] = ldf(m.p, m.code, o + static_cast<int64_t>(r) * V + c + j);
           }
-        }
-      }
+        },
+        [&](int r, int c, const float (&v)[4]) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = e0 + u * blockDim.x;
-        int r, c;
-        qi.split(e, r, c);
-        if (e >= n) break;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[u][j];
-      }
-    }
+          for (int j = 0; j < 4; ++j) dst[r * ld + c + j] = v[j];
+        });
     return;
   }
   for (int e = threadIdx.x; e < R * C; e += blockDim.x) {
