@@ -153,9 +153,11 @@ struct Elems {
 
 // a = act(z) and da = act'(z). 1 - sigmoid(z) is exp(-z)*sigmoid(z) for z >= 0 (no cancellation
 // where sigmoid is close to 1) and 1 - sigmoid(z) below (no overflow of exp(-z)).
-__device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da) {
-  const float e = expf(-z);
-  const float s = __frcp_rn(1.0f + e);
+// From z, e = e^-z and s = sigmoid(z) = 1 / (1 + e).
+__device__ __forceinline__ float gate_from_sigmoid(int code, float z, float s) {
+  return code == kGateSilu ? z * s : s;
+}
+__device__ __forceinline__ void gate_fn_from_sigmoid(int code, float z, float e, float s, float& a, float& da) {
   const float one_minus = z >= 0.0f ? e * s : 1.0f - s;
   if (code == kGateSilu) {
     a = z * s;
@@ -165,9 +167,12 @@ __device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da) 
     da = s * one_minus;
   }
 }
+__device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da) {
+  const float e = expf(-z);
+  gate_fn_from_sigmoid(code, z, e, __frcp_rn(1.0f + e), a, da);
+}
 __device__ __forceinline__ float gate_value(int code, float z) {
-  const float s = __frcp_rn(1.0f + expf(-z));
-  return code == kGateSilu ? z * s : s;
+  return gate_from_sigmoid(code, z, __frcp_rn(1.0f + expf(-z)));
 }
 
 // gate_value / gate_fn of N elements at once, bitwise the same: the reciprocals 1/(1 + e^-z) go
@@ -188,19 +193,9 @@ __device__ __forceinline__ void sigmoid_m(const float* z, float (&e)[M], float (
   }
   cuda::rcp_rn<M>(d, s);
 }
-template <int N>
-__device__ __forceinline__ void gate_value_n(int code, const float (&z)[N], float (&a)[N]) {
-  constexpr int M = gate_batch<N>();
-#pragma unroll
-  for (int i0 = 0; i0 < N; i0 += M) {
-    float e[M], s[M];
-    sigmoid_m<M>(z + i0, e, s);
-#pragma unroll
-    for (int i = 0; i < M; ++i) a[i0 + i] = code == kGateSilu ? z[i0 + i] * s[i] : s[i];
-  }
-}
-template <int N>
-__device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
+// act(z) (and act'(z) when kDeriv) of N elements, in batches of gate_batch<N>().
+template <int N, bool kDeriv>
+__device__ __forceinline__ void gate_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
   constexpr int M = gate_batch<N>();
 #pragma unroll
   for (int i0 = 0; i0 < N; i0 += M) {
@@ -208,17 +203,18 @@ __device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (
     sigmoid_m<M>(z + i0, e, s);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      const float zi = z[i0 + i];
-      const float one_minus = zi >= 0.0f ? e[i] * s[i] : 1.0f - s[i];
-      if (code == kGateSilu) {
-        a[i0 + i] = zi * s[i];
-        da[i0 + i] = s[i] * (1.0f + zi * one_minus);
-      } else {
-        a[i0 + i] = s[i];
-        da[i0 + i] = s[i] * one_minus;
-      }
+      if constexpr (kDeriv) gate_fn_from_sigmoid(code, z[i0 + i], e[i], s[i], a[i0 + i], da[i0 + i]);
+      else a[i0 + i] = gate_from_sigmoid(code, z[i0 + i], s[i]);
     }
   }
+}
+template <int N>
+__device__ __forceinline__ void gate_value_n(int code, const float (&z)[N], float (&a)[N]) {
+  gate_n<N, false>(code, z, a, a);  // no derivative: the last argument is not written
+}
+template <int N>
+__device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
+  gate_n<N, true>(code, z, a, da);
 }
 
 template <class T, int kIters, bool kVec>
