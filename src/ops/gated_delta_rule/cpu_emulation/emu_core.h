@@ -10,6 +10,9 @@
 #include <thread>
 #include <vector>
 #include <algorithm>
+#include <stdexcept>
+
+#include "src/core/half.h"
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
@@ -17,6 +20,12 @@ struct dim3 {
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 inline std::barrier<>* g_emu_bar = nullptr;
+// Warp collectives (mma.sync): each warp's barrier and operand scratch, per CUDA thread.
+struct EmuWarp {
+  std::unique_ptr<std::barrier<>> bar;
+  float a[32][4], b[32][2];
+};
+inline thread_local EmuWarp* g_emu_warp = nullptr;
 inline std::vector<unsigned char> g_emu_smem;
 inline void __syncthreads() { g_emu_bar->arrive_and_wait(); }
 #define __global__
@@ -60,13 +69,60 @@ void emu_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, A...
         for (size_t i = 0; i + 4 <= smem; i += 4) memcpy(&g_emu_smem[i], &nanv, 4);
         std::barrier<> bar(block.x);
         g_emu_bar = &bar;
+        std::vector<std::unique_ptr<EmuWarp>> warps;
+        for (unsigned w = 0; w * 32 < block.x; ++w) {
+          warps.push_back(std::make_unique<EmuWarp>());
+          warps.back()->bar = std::make_unique<std::barrier<>>(std::min(32u, block.x - 32 * w));
+        }
         std::vector<std::thread> th;
         for (unsigned t = 0; t < block.x; ++t)
           th.emplace_back([&, t] {
             threadIdx = dim3(t, 0, 0);
+            g_emu_warp = warps[t / 32].get();
             blockIdx = dim3(bx, by, bz);
             kernel(args...);
           });
         for (auto& x : th) x.join();
       }
+}
+
+// Vector types and the 16-bit pair conversions of cuda_bf16.h / cuda_fp16.h the kernels use.
+struct uint2 { uint32_t x, y; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct __nv_bfloat162 { fusedops::bf16_t x, y; };
+struct __half2 { fusedops::fp16_t x, y; };
+inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {fusedops::to_float(v.x), fusedops::to_float(v.y)}; }
+inline float2 __half22float2(__half2 v) { return {fusedops::to_float(v.x), fusedops::to_float(v.y)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {fusedops::float_to_bf16(a), fusedops::float_to_bf16(b)}; }
+inline __half2 __floats2half2_rn(float a, float b) { return {fusedops::float_to_fp16(a), fusedops::float_to_fp16(b)}; }
+
+// cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero (inf / NaN unchanged).
+inline uint32_t emu_cvt_rna_tf32(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return u;
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the calling warp (all 32 lanes call):
+// lane l holds A(l/4 + 8 (r%2), l%4 + 4 (r/2)) in a[r], B(l%4 + 4 r, l/4) in b[r] and
+// C(l/4 + 8 (r/2), 2 (l%4) + r%2) in c[r]; the k terms are summed in fp32 in order.
+inline void emu_mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  EmuWarp& w = *g_emu_warp;
+  const int lane = threadIdx.x % 32;
+  auto f = [](uint32_t u) { u &= 0xffffe000u; float v; memcpy(&v, &u, 4); return v; };
+  for (int r = 0; r < 4; ++r) w.a[lane][r] = f(a[r]);
+  w.b[lane][0] = f(b0);
+  w.b[lane][1] = f(b1);
+  w.bar->arrive_and_wait();
+  for (int r = 0; r < 4; ++r) {
+    const int row = lane / 4 + 8 * (r / 2), col = 2 * (lane % 4) + r % 2;
+    float acc = c[r];
+    for (int k = 0; k < 8; ++k)
+      acc += w.a[(row % 8) * 4 + k % 4][(row / 8) + 2 * (k / 4)] * w.b[col * 4 + k % 4][k / 4];
+    c[r] = acc;
+  }
+  w.bar->arrive_and_wait();
 }
