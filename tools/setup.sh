@@ -27,8 +27,10 @@ fi
 stamp="$VENV/.fusedops-requirements"
 if ! cmp -s "$ROOT/tools/requirements-dev.txt" "$stamp" 2>/dev/null; then
   echo "setup: installing Python packages (torch is large: a few minutes the first time)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r "$ROOT/tools/requirements-dev.txt"
+  # --no-cache-dir: torch's wheels with their CUDA libraries take ~5 GB installed; a pip cache
+  # would hold a second copy of them, and CI machines have failed with a full disk.
+  "$VENV/bin/python" -m pip install -q --no-cache-dir --upgrade pip
+  "$VENV/bin/python" -m pip install -q --no-cache-dir -r "$ROOT/tools/requirements-dev.txt"
   cp "$ROOT/tools/requirements-dev.txt" "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
