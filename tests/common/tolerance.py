@@ -60,6 +60,13 @@ def _check_shapes(a: torch.Tensor, ref: torch.Tensor, what: str) -> None:
         raise AssertionError(f"{what} has shape {list(a.shape)}, the reference {list(ref.shape)}")
 
 
+def scale_of(t) -> float:
+    """max(1, max |t|): the scale of a relative bound (1 for an empty tensor; gradients are not
+    tracked)."""
+    t64 = _as64(t)
+    return max(1.0, float(t64.abs().max())) if t64.numel() else 1.0
+
+
 def max_abs_error(a, ref) -> float:
     """max |a - ref|; inf when a is NaN/Inf where ref is finite; 0 for empty tensors."""
     a64, r64 = _as64(a), _as64(ref)
