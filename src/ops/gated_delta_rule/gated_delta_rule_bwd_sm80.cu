@@ -5,11 +5,13 @@
 // value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
 
 namespace fusedops::gdn::sm80 {
@@ -473,6 +475,319 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// chunk_bwd_dqkwg on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64, bf16 or
+// fp16 operands (h and dh too), 16-byte aligned rows, and a device with 189 KiB of shared memory
+// per block (sm_90); everything else takes dqkwg_kernel above. Same math and CTA grid (chunk, q/k
+// head) as dqkwg_kernel. All operands of a value head are staged once in shared memory as 16-bit
+// by cp.async (three groups: Q K dO Vnew h | dh | dv2, so that dh and dv2 arrive under the first
+// products), and every product is an m16n8k16 mma with fp32 accumulators in registers:
+//   warp w owns rows 16 (w % 4) .. +15 of every output, columns 64 (w / 4) .. +63 of the 64x128
+//   ones (dq, dk, dw and the dO h^T, Vnew dH^T products) and 32 (w / 4) .. +31 of the 64x64 ones
+//   (P = Q K^T and dO Vnew^T; a tile wholly above the diagonal is skipped).
+// Ds = scale M>= Gamma dO Vnew^T is rounded to the 16-bit type for the Ds K and Ds^T Q products
+// (Ds is kept both ways round so that both read as A operands); M = Ds . P stays fp32 for the gate
+// gradient. dq and dk accumulate over the group's value heads in registers, in head order. Every
+// reduction (quad shuffles, the two column halves, the row and column sums of M) runs in a fixed
+// order: results are deterministic.
+namespace mma16 {
+constexpr int kD = 128;              // K = V
+constexpr int kLdT = kD + 8;         // 16-bit row stride of [rows][128] tiles: 68 words, so a fragment's 8 rows hit distinct banks
+constexpr int kLdS = kMaxBT + 8;     // of the [64][64] Ds / Ds^T tiles (36 words)
+constexpr int kLdM = kMaxBT + 1;     // fp32 M
+constexpr int kTok = kMaxBT * kLdT;  // elements of a token tile
+constexpr int kSt = kD * kLdT;       // of a state tile
+constexpr size_t kSmem = 2 * (5 * static_cast<size_t>(kTok) + 2 * kSt + 2 * kMaxBT * kLdS) +
+                         4 * (static_cast<size_t>(kMaxBT) * kLdM + 5 * kMaxBT + kThreads / 32);
+
+template <int NJ>
+__device__ __forceinline__ void zero(float (&a)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[j][e] = 0.0f;
+}
+
+// acc[j] += X[m0..m0+15][0..kd) . Y[n0+8j..n0+8j+7][0..kd)^T: both stored with the reduction
+// dimension contiguous.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xyt(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* Y, int ldy,
+                                       int m0, int n0, int kd, int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
+  const uint16_t* pb = Y + (n0 + gq) * ldy + 2 * tq;
+#pragma unroll 2
+  for (int k0 = 0; k0 < kd; k0 += 16) {
+    const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * ldx + k0), ld32(pa + k0 + 8), ld32(pa + 8 * ldx + k0 + 8)};
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const uint16_t* p = pb + 8 * j * ldy + k0;
+      mma16816<BF>(acc[j], a, ld32(p), ld32(p + 8));
+    }
+  }
+}
+
+// acc[j] += X[m0..m0+15][k0..k1) . S[k0..k1)[n0+8j..n0+8j+7]: X stored [m][k], S stored [k][n]
+// (its fragments read transposed by ldmatrix). k0, k1 multiples of 16, NJ even.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* S, int lds,
+                                      int m0, int n0, int k0, int k1, int lane) {
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
+  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
+  const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
+  for (int kk = k0; kk < k1; kk += 16) {
+    const uint32_t a[4] = {ld32(pa + kk), ld32(pa + 8 * ldx + kk), ld32(pa + kk + 8), ld32(pa + 8 * ldx + kk + 8)};
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t r[4];
+      ldsm_x4_t(r, ps + kk * lds + 8 * j);
+      mma16816<BF>(acc[j], a, r[0], r[1]);
+      mma16816<BF>(acc[j + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// Two adjacent outputs (element offset i even) in the output's dtype.
+__device__ __forceinline__ void st2(void* p, int code, int64_t i, float a, float b) {
+  if (code == kF32) *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = float2{a, b};
+  else if (code == kBF16) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b);
+  else *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
+}
+
+// Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+}  // namespace mma16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
+                                                                Tok g, Tok dq, Tok dk, Tok dw, Tok dg, Layout L,
+                                                                int HV, int G, float scale) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kTok;
+  uint16_t* dOs = Ks + kTok;
+  uint16_t* Vs = dOs + kTok;
+  uint16_t* Ws = Vs + kTok;
+  uint16_t* Hs = Ws + kTok;
+  uint16_t* dHs = Hs + kSt;
+  uint16_t* Ds = dHs + kSt;
+  uint16_t* DsT = Ds + kMaxBT * kLdS;
+  float* Mf = reinterpret_cast<float*>(DsT + kMaxBT * kLdS);
+  float* rq = Mf + kMaxBT * kLdM;  // [2][64]: rowsum(Q . dO h^T), per column half
+  float* rk = rq + 2 * kMaxBT;     // [2][64]: rowsum(dKi . K)
+  float* gl = rk + 2 * kMaxBT;     // [64]
+  float* red = gl + kMaxBT;        // [8]: <h, dh> per warp
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  const bool live = wn2 <= wm + 15;  // this warp's 64x64 tile reaches the diagonal
+  auto load_tok = [&](uint16_t* dst, const Tok& t, int head) {
+    const uint16_t* base = static_cast<const uint16_t*>(t.p);
+    for (int e = tid; e < kMaxBT * (kD / 8); e += kThreads) {
+      const int r = e >> 4, col = (e & 15) << 3;
+      const bool ok = r < len;
+      cp_async16(dst + r * kLdT + col, base + t.off(c.b, c.t0 + (ok ? r : 0), head) + col, ok);
+    }
+  };
+  auto load_state = [&](uint16_t* dst, const Mat& m, int64_t sidx) {
+    const uint16_t* base = static_cast<const uint16_t*>(m.p) + sidx * (kD * kD);
+    for (int e = tid; e < kD * (kD / 8); e += kThreads) {
+      const int r = e >> 4, col = (e & 15) << 3;
+      cp_async16(dst + r * kLdT + col, base + r * kD + col, true);
+    }
+  };
+  float dqa[8][4], dka[8][4], pa[4][4];
+  zero(dqa);
+  zero(dka);
+  zero(pa);
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    const int64_t sidx = chunk * HV + hv;
+    if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
+    if (gi == 0) {
+      load_tok(Qs, q, hk);
+      load_tok(Ks, k, hk);
+    }
+    load_tok(dOs, dO, hv);
+    load_tok(Vs, vn, hv);
+    load_state(Hs, h, sidx);
+    cp_async_commit();
+    load_state(dHs, dh, sidx);
+    cp_async_commit();
+    if (dw.p) load_tok(Ws, dv2, hv);
+    cp_async_commit();
+    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    cp_async_wait<2>();
+    __syncthreads();
+    const float glast = gl[len - 1];
+    // P = Q K^T (first head), S = dO Vnew^T; Ds = scale M>= Gamma S (16-bit, both ways round),
+    // M = Ds . P (fp32).
+    float sa[4][4];
+    zero(sa);
+    if (live) {
+      if (gi == 0) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+      mm_xyt<BF, 4>(sa, dOs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+        const float d = (r < len && col <= r) ? scale * expf(gl[r] - gl[col]) * sa[j][e] : 0.0f;
+        Mf[r * kLdM + col] = d * pa[j][e];
+        const uint16_t hb = f2h<BF>(d);
+        Ds[r * kLdS + col] = hb;
+        DsT[col * kLdS + r] = hb;
+      }
+    // A = dO h^T: the gate term rowsum(Q . A), then dq += scale e^g A.
+    {
+      float aq[8][4];
+      zero(aq);
+      mm_xyt<BF, 8>(aq, dOs, kLdT, Hs, kLdT, wm, wn, kD, lane);
+      const float e0 = r0 < len ? scale * expf(gl[r0]) : 0.0f, e1 = r1 < len ? scale * expf(gl[r1]) : 0.0f;
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        const uint32_t q0 = ld32(Qs + r0 * kLdT + col), q1 = ld32(Qs + r1 * kLdT + col);
+        s0 += h2f<BF>(static_cast<uint16_t>(q0)) * aq[j][0] + h2f<BF>(static_cast<uint16_t>(q0 >> 16)) * aq[j][1];
+        s1 += h2f<BF>(static_cast<uint16_t>(q1)) * aq[j][2] + h2f<BF>(static_cast<uint16_t>(q1 >> 16)) * aq[j][3];
+        dqa[j][0] += e0 * aq[j][0];
+        dqa[j][1] += e0 * aq[j][1];
+        dqa[j][2] += e1 * aq[j][2];
+        dqa[j][3] += e1 * aq[j][3];
+      }
+      s0 = quad_sum(s0);
+      s1 = quad_sum(s1);
+      if (tq == 0) {
+        rq[half * kMaxBT + r0] = s0;
+        rq[half * kMaxBT + r1] = s1;
+      }
+    }
+    __syncthreads();  // Ds, Ds^T, M
+    mm_xs<BF, 8>(dqa, Ds, kLdS, Ks, kLdT, wm, wn, 0, wm + 16, lane);  // dq += Ds K (Ds lower triangular)
+    cp_async_wait<1>();
+    __syncthreads();  // dh
+    // dKi = diag(e^{g_last - g}) Vnew dH^T: the gate term rowsum(dKi . K); dk += dKi + Ds^T Q.
+    {
+      float ak[8][4];
+      zero(ak);
+      mm_xyt<BF, 8>(ak, Vs, kLdT, dHs, kLdT, wm, wn, kD, lane);
+      const float f0 = r0 < len ? expf(glast - gl[r0]) : 0.0f, f1 = r1 < len ? expf(glast - gl[r1]) : 0.0f;
+      float u0 = 0.0f, u1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        const uint32_t k0 = ld32(Ks + r0 * kLdT + col), k1 = ld32(Ks + r1 * kLdT + col);
+        const float a0 = f0 * ak[j][0], a1 = f0 * ak[j][1], a2 = f1 * ak[j][2], a3 = f1 * ak[j][3];
+        u0 += h2f<BF>(static_cast<uint16_t>(k0)) * a0 + h2f<BF>(static_cast<uint16_t>(k0 >> 16)) * a1;
+        u1 += h2f<BF>(static_cast<uint16_t>(k1)) * a2 + h2f<BF>(static_cast<uint16_t>(k1 >> 16)) * a3;
+        dka[j][0] += a0;
+        dka[j][1] += a1;
+        dka[j][2] += a2;
+        dka[j][3] += a3;
+      }
+      u0 = quad_sum(u0);
+      u1 = quad_sum(u1);
+      if (tq == 0) {
+        rk[half * kMaxBT + r0] = u0;
+        rk[half * kMaxBT + r1] = u1;
+      }
+    }
+    mm_xs<BF, 8>(dka, DsT, kLdS, Qs, kLdT, wm, wn, wm, kMaxBT, lane);  // rows j take i >= j only
+    if (dg.p) {  // <h, dh>
+      float s = 0.0f;
+      for (int e = tid; e < kD * kD / 2; e += kThreads) {
+        const int r = e >> 6, col = (e & 63) << 1;
+        const uint32_t x = ld32(Hs + r * kLdT + col), y = ld32(dHs + r * kLdT + col);
+        s += h2f<BF>(static_cast<uint16_t>(x)) * h2f<BF>(static_cast<uint16_t>(y)) +
+             h2f<BF>(static_cast<uint16_t>(x >> 16)) * h2f<BF>(static_cast<uint16_t>(y >> 16));
+      }
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) s += shfl_xor(s, m);
+      if (lane == 0) red[warp] = s;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // dv2; rq, rk, red
+    if (dw.p) {  // dW = -dv2 h^T
+      float aw[8][4];
+      zero(aw);
+      mm_xyt<BF, 8>(aw, Ws, kLdT, Hs, kLdT, wm, wn, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        if (r0 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r0, hv) + col, -aw[j][0], -aw[j][1]);
+        if (r1 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r1, hv) + col, -aw[j][2], -aw[j][3]);
+      }
+    }
+    if (dg.p && tid < len) {
+      // dg_i = rowsum(M)_i - colsum(M)_i + scale e^{g_i} rowsum(Q . dO h^T)_i - rowsum(dKi . K)_i,
+      // and for the last row e^{g_last} <h, dh> + sum_i rowsum(dKi . K)_i.
+      const int i = tid;
+      float v = 0.0f;
+      for (int j = 0; j <= i; ++j) v += Mf[i * kLdM + j];
+      for (int m = i; m < len; ++m) v -= Mf[m * kLdM + i];
+      v += scale * expf(gl[i]) * (rq[i] + rq[kMaxBT + i]);
+      v -= rk[i] + rk[kMaxBT + i];
+      if (i == len - 1) {
+        float s = 0.0f, u = 0.0f;
+        for (int w = 0; w < kThreads / 32; ++w) s += red[w];
+        for (int m = 0; m < len; ++m) u += rk[m] + rk[kMaxBT + m];
+        v += expf(glast) * s + u;
+      }
+      dg.st_(c.b, c.t0 + i, hv, 0, v);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) {
+      st2(dq.p, dq.code, dq.off(c.b, c.t0 + r0, hk) + col, dqa[j][0], dqa[j][1]);
+      st2(dk.p, dk.code, dk.off(c.b, c.t0 + r0, hk) + col, dka[j][0], dka[j][1]);
+    }
+    if (r1 < len) {
+      st2(dq.p, dq.code, dq.off(c.b, c.t0 + r1, hk) + col, dqa[j][2], dqa[j][3]);
+      st2(dk.p, dk.code, dk.off(c.b, c.t0 + r1, hk) + col, dka[j][2], dka[j][3]);
+    }
+  }
+}
+
+// True when chunk_bwd_dqkwg can take dqkwg_mma_kernel (see there); FUSEDOPS_GDN_DQKWG_MMA=0 keeps
+// dqkwg_kernel for every input (for measurement).
+bool dqkwg_mma_ok(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
+  const char* e = std::getenv("FUSEDOPS_GDN_DQKWG_MMA");
+  if (e && e[0] == '0') return false;
+  const DType dt = a.q.dtype();
+  if (a.chunk_size != kMaxBT || a.q.size(3) != mma16::kD || a.v.size(3) != mma16::kD) return false;
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  std::vector<const TensorView*> in = {&a.q, &a.k, &a.v, &a.dout};
+  if (a.w.defined()) in.push_back(&a.dv);
+  for (const TensorView* t : in)
+    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || t->stride(3) != 1 ||
+        t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8)
+      return false;
+  for (const TensorView* t : {&a.h, &a.dh})
+    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || !t->is_contiguous()) return false;
+  std::vector<const TensorView*> out = {&a.dq, &a.dk};
+  if (a.w.defined()) out.push_back(&a.dw);
+  for (const TensorView* t : out)
+    if (reinterpret_cast<uintptr_t>(t->data()) % 8 || t->stride(3) != 1 || t->stride(0) % 2 || t->stride(1) % 2 ||
+        t->stride(2) % 2)
+      return false;
+  int optin = 0;
+  FUSEDOPS_CUDA_CHECK("chunk_bwd_dqkwg",
+                      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
+  return static_cast<size_t>(optin) >= mma16::kSmem;
+}
+
 void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   const char* op = "chunk_bwd_dqkwg";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -482,6 +797,16 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || H == 0) return;
   const int G = static_cast<int>(HV / H);
+  if (dqkwg_mma_ok(ctx, a)) {
+    auto kernel = a.q.dtype() == DType::kBFloat16 ? dqkwg_mma_kernel<true> : dqkwg_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, mma16::kSmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, mma16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
+        tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
+        a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(HV), G, static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   const size_t smem = dqkwg_smem(G);
   auto kernel = dqkwg_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);

@@ -242,6 +242,9 @@ CASES = [
     ("varlen [0,20,20,75] BT16", 1, 75, 2, 2, 20, 36, 16, [0, 20, 20, 75], {}),
     ("l2norm+gate+sigmoid(neg) BT32", 1, 45, 2, 4, 16, 16, 32, None,
      {"l2": True, "gate": True, "sig": True, "neg": True}),
+    # K = V = 128 at chunk 64: the CUDA backend's 16-bit tensor-core kernels.
+    ("B2 T100 K128 V128 BT64", 2, 100, 2, 2, 128, 128, 64, None, {}),
+    ("varlen [0,70,150] GVA2 K128 V128 BT64", 1, 150, 1, 2, 128, 128, 64, [0, 70, 150], {}),
 ]
 
 
@@ -418,7 +421,7 @@ def test_empty_inputs(device):
 
 
 def test_repeated_backward_is_bitwise_identical(device):
-    d = make_inputs(2, 130, 2, 4, 32, 32, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
+    d = make_inputs(2, 130, 2, 4, 128, 128, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
     runs = [run_ours(d, 0.2, None, {"l2": True, "gate": True}, 64, device) for _ in range(2)]
     for n in runs[0][2]:
         a, b = runs[0][2][n], runs[1][2][n]

@@ -9,6 +9,7 @@ HERE=$ROOT/src/ops/gated_delta_rule/cpu_emulation
 B=$1; OUT=${EMU_OUT:-/tmp/gdn_cpu_emulation}
 mkdir -p $OUT/shadow/src/cuda $OUT/shadow/src/ops/gated_delta_rule
 cp $HERE/emu_core.h $OUT/shadow/
+cp $HERE/emu_mma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_mma_sm80.cuh
 printf '#pragma once\n#include "emu_core.h"\n' > $OUT/shadow/cuda_runtime_api.h
 printf '#pragma once\n#include "emu_core.h"\n#include "src/core/half.h"\nusing __nv_bfloat16 = fusedops::bf16_t;\ninline float __bfloat162float(__nv_bfloat16 v) { return fusedops::to_float(v); }\ninline __nv_bfloat16 __float2bfloat16_rn(float v) { return fusedops::float_to_bf16(v); }\n' > $OUT/shadow/cuda_bf16.h
 printf '#pragma once\n#include "emu_core.h"\n#include "src/core/half.h"\nusing __half = fusedops::fp16_t;\ninline float __half2float(__half v) { return fusedops::to_float(v); }\ninline __half __float2half_rn(float v) { return fusedops::float_to_fp16(v); }\n' > $OUT/shadow/cuda_fp16.h

@@ -24,6 +24,9 @@ inline std::barrier<>* g_emu_bar = nullptr;
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> bar;
   float a[32][4], b[32][2];
+  uint32_t u[32][8];
+  const void* ptr[32];
+  float f[32];
 };
 inline thread_local EmuWarp* g_emu_warp = nullptr;
 inline std::vector<unsigned char> g_emu_smem;
