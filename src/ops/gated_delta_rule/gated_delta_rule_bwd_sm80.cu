@@ -982,6 +982,257 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// prepare_wy_repr_bwd on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64, k, v,
+// A, dW and dU all bf16 or all fp16, 16-byte aligned rows, 145 KiB of shared memory per block;
+// everything else takes wy_bwd_kernel above (same math, same grid: CTA per (chunk, q/k head),
+// value heads in order). K V dW dU A arrive as 16-bit tiles by cp.async; A is masked to its lower
+// triangle and kept both ways round (A and A^T are then both A operands). Products on m16n8k16
+// mma with fp32 register accumulators, warp tiles as in dqkwg_mma_kernel:
+//   KK = K K^T (first head), X = dW K^T and Y = dU V^T -> dA = M> . (X diag(beta e^g) + Y diag(beta))
+//   T1 = A^T dA, DLG = -M> . (T1 A^T) . Gamma; E = DLG . KK (fp32, for dbeta and dg); Mm = diag(beta) DLG
+//   R = A^T dW: dk += diag(beta e^g) R;  dk += Mm K + Mm^T K;  P = A^T dU: dv = diag(beta) P.
+// dA, T1 and Mm are rounded to the input type as operands of the next product (as
+// flash-linear-attention does). dk accumulates over the group's value heads in registers; every
+// reduction runs in a fixed order.
+namespace mma16 {
+constexpr int kLdA = kMaxBT + 8;  // 16-bit [64][64] tiles
+constexpr size_t kSmemWy = 2 * (4 * static_cast<size_t>(kTok) + 6 * kMaxBT * kLdA) +
+                           4 * (static_cast<size_t>(kMaxBT) * kLdM + 7 * kMaxBT);
+
+// Two adjacent elements (element offset i even) of a tensor of dtype `code`, as float.
+__device__ __forceinline__ void ld2(const void* p, int code, int64_t i, float& a, float& b) {
+  if (code == kF32) {
+    const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
+    a = x.x, b = x.y;
+  } else {
+    a = ldf(p, code, i);
+    b = ldf(p, code, i + 1);
+  }
+}
+}  // namespace mma16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
+                                                                 Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int G,
+                                                                 int accumulate) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* dWs = Vs + kTok;
+  uint16_t* dUs = dWs + kTok;
+  uint16_t* As = dUs + kTok;
+  uint16_t* ATs = As + kMaxBT * kLdA;
+  uint16_t* dAs = ATs + kMaxBT * kLdA;
+  uint16_t* T1s = dAs + kMaxBT * kLdA;
+  uint16_t* Mms = T1s + kMaxBT * kLdA;
+  uint16_t* MmTs = Mms + kMaxBT * kLdA;
+  float* E = reinterpret_cast<float*>(MmTs + kMaxBT * kLdA);
+  float* bs = E + kMaxBT * kLdM;
+  float* es = bs + kMaxBT;
+  float* gl = es + kMaxBT;
+  float* rb = gl + kMaxBT;  // [2][64]: rowsum(R . K), per column half
+  float* rp = rb + 2 * kMaxBT;  // [2][64]: rowsum(P . V)
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  const bool live = wn2 <= wm + 15;
+  auto load_rows = [&](uint16_t* dst, int ld, const Tok& t, int head, int chunks) {  // chunks of 8 per row
+    const uint16_t* base = static_cast<const uint16_t*>(t.p);
+    for (int e = tid; e < kMaxBT * chunks; e += kThreads) {
+      const int r = e / chunks, col = (e - r * chunks) << 3;
+      const bool ok = r < len;
+      cp_async16(dst + r * ld + col, base + t.off(c.b, c.t0 + (ok ? r : 0), head) + col, ok);
+    }
+  };
+  float dka[8][4], kk[4][4];
+  zero(dka);
+  zero(kk);
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
+    if (gi == 0) load_rows(Ks, kLdT, k, hk, kD / 8);
+    load_rows(Vs, kLdT, v, hv, kD / 8);
+    load_rows(dWs, kLdT, dW, hv, kD / 8);
+    load_rows(dUs, kLdT, dU, hv, kD / 8);
+    load_rows(As, kLdA, A, hv, kMaxBT / 8);
+    cp_async_commit();
+    if (tid < kMaxBT) {
+      const bool in = tid < len;
+      const float gv = (in && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      bs[tid] = in ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      gl[tid] = gv;
+      es[tid] = g.p ? expf(gv) : 1.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    // A: its lower triangle (diagonal included), and A^T.
+    for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+      const int i = e >> 6, j = e & 63;
+      const uint16_t x = j <= i ? As[i * kLdA + j] : uint16_t{0};
+      As[i * kLdA + j] = x;
+      ATs[j * kLdA + i] = x;
+    }
+    // KK (first head); dA = M> . (dW K^T diag(beta e^g) + dU V^T diag(beta)).
+    {
+      float x1[4][4], x2[4][4];
+      zero(x1);
+      zero(x2);
+      if (live) {
+        if (gi == 0) mm_xyt<BF, 4>(kk, Ks, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+        mm_xyt<BF, 4>(x1, dWs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+        mm_xyt<BF, 4>(x2, dUs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+          const float d = (r < len && col < r) ? bs[col] * (es[col] * x1[j][e] + x2[j][e]) : 0.0f;
+          dAs[r * kLdA + col] = f2h<BF>(d);
+        }
+    }
+    __syncthreads();  // A, A^T, dA
+    // T1 = A^T dA (rows m take i >= m only).
+    {
+      float t1[4][4];
+      zero(t1);
+      mm_xs<BF, 4>(t1, ATs, kLdA, dAs, kLdA, wm, wn2, wm, kMaxBT, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+          T1s[r * kLdA + col] = f2h<BF>(t1[j][e]);
+        }
+    }
+    __syncthreads();  // T1
+    // DLG = -M> . (T1 A^T) . Gamma (A[n][p] = 0 for p > n: columns up to wn2 + 31 need p < wn2 + 32).
+    {
+      float dl[4][4];
+      zero(dl);
+      if (live) mm_xyt<BF, 4>(dl, T1s, kLdA, As, kLdA, wm, wn2, wn2 + 32, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+          const float d = (r < len && col < r) ? -dl[j][e] * expf(gl[r] - gl[col]) : 0.0f;
+          E[r * kLdM + col] = d * kk[j][e];
+          const uint16_t m = f2h<BF>(bs[r] * d);
+          Mms[r * kLdA + col] = m;
+          MmTs[col * kLdA + r] = m;
+        }
+    }
+    __syncthreads();  // E, Mm, Mm^T
+    // R = A^T dW: dk += diag(beta e^g) R, the gate/beta term rowsum(R . K).
+    {
+      float ra[8][4];
+      zero(ra);
+      mm_xs<BF, 8>(ra, ATs, kLdA, dWs, kLdT, wm, wn, wm, kMaxBT, lane);
+      const float f0 = bs[r0] * es[r0], f1 = bs[r1] * es[r1];
+      float u0 = 0.0f, u1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        const uint32_t k0 = ld32(Ks + r0 * kLdT + col), k1 = ld32(Ks + r1 * kLdT + col);
+        u0 += h2f<BF>(static_cast<uint16_t>(k0)) * ra[j][0] + h2f<BF>(static_cast<uint16_t>(k0 >> 16)) * ra[j][1];
+        u1 += h2f<BF>(static_cast<uint16_t>(k1)) * ra[j][2] + h2f<BF>(static_cast<uint16_t>(k1 >> 16)) * ra[j][3];
+        dka[j][0] += f0 * ra[j][0];
+        dka[j][1] += f0 * ra[j][1];
+        dka[j][2] += f1 * ra[j][2];
+        dka[j][3] += f1 * ra[j][3];
+      }
+      u0 = quad_sum(u0);
+      u1 = quad_sum(u1);
+      if (tq == 0) {
+        rb[half * kMaxBT + r0] = u0;
+        rb[half * kMaxBT + r1] = u1;
+      }
+    }
+    // dk += Mm K (Mm[m][n] = 0 for n >= m) + Mm^T K (Mm^T[m][n] = 0 for n <= m).
+    mm_xs<BF, 8>(dka, Mms, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
+    mm_xs<BF, 8>(dka, MmTs, kLdA, Ks, kLdT, wm, wn, wm, kMaxBT, lane);
+    // P = A^T dU: dv = diag(beta) P, the beta term rowsum(P . V).
+    {
+      float pa[8][4];
+      zero(pa);
+      mm_xs<BF, 8>(pa, ATs, kLdA, dUs, kLdT, wm, wn, wm, kMaxBT, lane);
+      const float b0 = bs[r0], b1 = bs[r1];
+      float u0 = 0.0f, u1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        const uint32_t v0 = ld32(Vs + r0 * kLdT + col), v1 = ld32(Vs + r1 * kLdT + col);
+        u0 += h2f<BF>(static_cast<uint16_t>(v0)) * pa[j][0] + h2f<BF>(static_cast<uint16_t>(v0 >> 16)) * pa[j][1];
+        u1 += h2f<BF>(static_cast<uint16_t>(v1)) * pa[j][2] + h2f<BF>(static_cast<uint16_t>(v1 >> 16)) * pa[j][3];
+        if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, b0 * pa[j][0], b0 * pa[j][1]);
+        if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, b1 * pa[j][2], b1 * pa[j][3]);
+      }
+      u0 = quad_sum(u0);
+      u1 = quad_sum(u1);
+      if (tq == 0) {
+        rp[half * kMaxBT + r0] = u0;
+        rp[half * kMaxBT + r1] = u1;
+      }
+    }
+    __syncthreads();  // rb, rp
+    if (tid < len) {
+      // dbeta_i = sum_{j<i} E_ij + e^{g_i} R_i.k_i + P_i.v_i;
+      // dg_i += beta_i sum_{j<i} E_ij - sum_{m>i} beta_m E_mi + beta_i e^{g_i} R_i.k_i.
+      const int i = tid;
+      float sb = 0.0f, sc = 0.0f;
+      for (int j = 0; j < i; ++j) sb += E[i * kLdM + j];
+      for (int m = i + 1; m < len; ++m) sc += bs[m] * E[m * kLdM + i];
+      const float rk = rb[i] + rb[kMaxBT + i];
+      dbeta.st_(c.b, c.t0 + i, hv, 0, sb + es[i] * rk + (rp[i] + rp[kMaxBT + i]));
+      if (dg.p) {
+        const float old = accumulate ? dg.ld(c.b, c.t0 + i, hv, 0) : 0.0f;
+        dg.st_(c.b, c.t0 + i, hv, 0, old + (bs[i] * sb - sc + bs[i] * es[i] * rk));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = hr ? r1 : r0;
+      if (r >= len) continue;
+      const int64_t o = dk.off(c.b, c.t0 + r, hk) + col;
+      float a = 0.0f, b = 0.0f;
+      if (accumulate) ld2(dk.p, dk.code, o, a, b);
+      st2(dk.p, dk.code, o, a + dka[j][2 * hr], b + dka[j][2 * hr + 1]);
+    }
+  }
+}
+
+// True when prepare_wy_repr_bwd can take wy_bwd_mma_kernel (see there); FUSEDOPS_GDN_WY_MMA=0
+// keeps wy_bwd_kernel for every input (for measurement).
+bool wy_mma_ok(const Context& ctx, const PrepareWyReprBwdArgs& a) {
+  const char* e = std::getenv("FUSEDOPS_GDN_WY_MMA");
+  if (e && e[0] == '0') return false;
+  const DType dt = a.k.dtype();
+  if (a.A.size(3) != kMaxBT || a.k.size(3) != mma16::kD || a.v.size(3) != mma16::kD) return false;
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  for (const TensorView* t : {&a.k, &a.v, &a.A, &a.dw, &a.du})
+    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || t->stride(3) != 1 ||
+        t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8)
+      return false;
+  for (const TensorView* t : {&a.dk, &a.dv})
+    if (reinterpret_cast<uintptr_t>(t->data()) % 8 || t->stride(3) != 1 || t->stride(0) % 2 || t->stride(1) % 2 ||
+        t->stride(2) % 2)
+      return false;
+  int optin = 0;
+  FUSEDOPS_CUDA_CHECK("prepare_wy_repr_bwd",
+                      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
+  return static_cast<size_t>(optin) >= mma16::kSmemWy;
+}
+
 void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   const char* op = "prepare_wy_repr_bwd";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -990,6 +1241,16 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, TensorView(), a.k.dtype());
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || H == 0) return;
+  if (wy_mma_ok(ctx, a)) {
+    auto kernel = a.k.dtype() == DType::kBFloat16 ? wy_bwd_mma_kernel<true> : wy_bwd_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, mma16::kSmemWy);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, mma16::kSmemWy, stream_of(ctx)>>>(
+        tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
+        tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
+        static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0);
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   const size_t smem = wy_smem(static_cast<int>(K));
   auto kernel = wy_bwd_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
