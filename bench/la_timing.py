@@ -83,12 +83,13 @@ def gdn_subops(B, T, H, K, V, dtype, reps):
     scale = K ** -0.5
     gc = la.chunk_local_cumsum(g, 64)
     A = la.chunk_scaled_dot_kkt_fwd(k, g=gc, beta=beta, chunk_size=64)
-    Ai = la.solve_tril(A)
+    Ai = la.solve_tril(A, output_dtype=k.dtype)  # the top level keeps A in k's dtype
     w, u = la.recompute_w_u_fwd(k, v, beta, Ai, gc)
     h, vn, _ = la.chunk_gated_delta_rule_fwd_h(k, w, u, g=gc, chunk_size=64)
     do = torch.randn_like(v)
     dv = la.chunk_bwd_dv_local(q, k, do, g=gc, scale=scale)
     dh, _, dv2 = la.chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, g=gc, scale=scale)
+    dw_, du_ = torch.randn_like(w), torch.randn_like(u)
     steps = {
         "chunk_local_cumsum": lambda: la.chunk_local_cumsum(g, 64),
         "chunk_scaled_dot_kkt_fwd": lambda: la.chunk_scaled_dot_kkt_fwd(k, g=gc, beta=beta, chunk_size=64),
@@ -100,8 +101,7 @@ def gdn_subops(B, T, H, K, V, dtype, reps):
         "chunk_gated_delta_rule_bwd_dhu": lambda: la.chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, g=gc,
                                                                                     scale=scale),
         "chunk_bwd_dqkwg": lambda: la.chunk_bwd_dqkwg(q, k, vn, do, h, dh, w=w, g=gc, dv=dv2, scale=scale),
-        "prepare_wy_repr_bwd": lambda: la.prepare_wy_repr_bwd(k, v, beta, Ai, torch.randn_like(w),
-                                                              torch.randn_like(u), g=gc),
+        "prepare_wy_repr_bwd": lambda: la.prepare_wy_repr_bwd(k, v, beta, Ai, dw_, du_, g=gc),
     }
     out = {}
     for name, f in steps.items():

@@ -11,8 +11,8 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
 
 namespace fusedops::gdn::sm80 {
 namespace {
@@ -59,6 +59,67 @@ __global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO
   }
 }
 
+// chunk_bwd_dv_local on 16-bit tensor cores (K = V = 128, chunk 64, q, k, dout all bf16 or all
+// fp16, 16-byte aligned rows; FUSEDOPS_GDN_DVL_MMA=0 turns it off): P = scale M>= . Gamma . Q K^T
+// in registers, stored transposed and rounded to the input type, then dv = P^T dO on m16n8k16
+// (row block j0 of P^T takes i >= j0). 60 KiB: three CTAs per SM.
+constexpr size_t kDvlMmaSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + kMaxBT * mma16::kLdS) + 4 * kMaxBT;
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 3) dv_local_mma_kernel(Tok q, Tok k, Tok dO, Tok g, Tok dv, Layout L, int G,
+                                                                   float scale) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kTok;
+  uint16_t* dOs = Ks + kTok;
+  uint16_t* PT = dOs + kTok;
+  float* gl = reinterpret_cast<float*>(PT + kMaxBT * kLdS);
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  load_rows(Qs, kLdT, q, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(dOs, kLdT, dO, c.b, c.t0, hv, len, kD / 8);
+  cp_async_commit();
+  if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+  cp_async_wait<0>();
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  {
+    float pa[4][4];
+    zero(pa);
+    if (wn2 <= wm + 15) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+        PT[col * kLdS + r] = f2h<BF>((r < len && col <= r) ? scale * pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
+      }
+  }
+  __syncthreads();
+  float acc[8][4];
+  zero(acc);
+  mm_xs<BF, 8>(acc, PT, kLdS, dOs, kLdT, wm, wn, wm, kMaxBT, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+    if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+  }
+}
+
+bool dv_local_mma_ok(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
+  using namespace mma16;
+  const DType dt = a.q.dtype();
+  if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.dout.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, kDvlMmaSmem, "FUSEDOPS_GDN_DVL_MMA", "chunk_bwd_dv_local")) return false;
+  return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok16_ok(a.dout, dt) && out2_ok(a.dv);
+}
+
 void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
   const char* op = "chunk_bwd_dv_local";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -67,6 +128,15 @@ void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
+  if (dv_local_mma_ok(ctx, a)) {
+    auto kernel = a.q.dtype() == DType::kBFloat16 ? dv_local_mma_kernel<true> : dv_local_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDvlMmaSmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kDvlMmaSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(HV / H),
+        static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   dv_local_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(K),
       static_cast<int>(V), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -490,76 +560,9 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
 // gradient. dq and dk accumulate over the group's value heads in registers, in head order. Every
 // reduction (quad shuffles, the two column halves, the row and column sums of M) runs in a fixed
 // order: results are deterministic.
-namespace mma16 {
-constexpr int kD = 128;              // K = V
-constexpr int kLdT = kD + 8;         // 16-bit row stride of [rows][128] tiles: 68 words, so a fragment's 8 rows hit distinct banks
-constexpr int kLdS = kMaxBT + 8;     // of the [64][64] Ds / Ds^T tiles (36 words)
-constexpr int kLdM = kMaxBT + 1;     // fp32 M
-constexpr int kTok = kMaxBT * kLdT;  // elements of a token tile
-constexpr int kSt = kD * kLdT;       // of a state tile
-constexpr size_t kSmem = 2 * (5 * static_cast<size_t>(kTok) + 2 * kSt + 2 * kMaxBT * kLdS) +
-                         4 * (static_cast<size_t>(kMaxBT) * kLdM + 5 * kMaxBT + kThreads / 32);
-
-template <int NJ>
-__device__ __forceinline__ void zero(float (&a)[NJ][4]) {
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) a[j][e] = 0.0f;
-}
-
-// acc[j] += X[m0..m0+15][0..kd) . Y[n0+8j..n0+8j+7][0..kd)^T: both stored with the reduction
-// dimension contiguous.
-template <bool BF, int NJ>
-__device__ __forceinline__ void mm_xyt(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* Y, int ldy,
-                                       int m0, int n0, int kd, int lane) {
-  const int gq = lane >> 2, tq = lane & 3;
-  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
-  const uint16_t* pb = Y + (n0 + gq) * ldy + 2 * tq;
-#pragma unroll 2
-  for (int k0 = 0; k0 < kd; k0 += 16) {
-    const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * ldx + k0), ld32(pa + k0 + 8), ld32(pa + 8 * ldx + k0 + 8)};
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const uint16_t* p = pb + 8 * j * ldy + k0;
-      mma16816<BF>(acc[j], a, ld32(p), ld32(p + 8));
-    }
-  }
-}
-
-// acc[j] += X[m0..m0+15][k0..k1) . S[k0..k1)[n0+8j..n0+8j+7]: X stored [m][k], S stored [k][n]
-// (its fragments read transposed by ldmatrix). k0, k1 multiples of 16, NJ even.
-template <bool BF, int NJ>
-__device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* S, int lds,
-                                      int m0, int n0, int k0, int k1, int lane) {
-  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
-  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
-  const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
-  for (int kk = k0; kk < k1; kk += 16) {
-    const uint32_t a[4] = {ld32(pa + kk), ld32(pa + 8 * ldx + kk), ld32(pa + kk + 8), ld32(pa + 8 * ldx + kk + 8)};
-#pragma unroll
-    for (int j = 0; j < NJ; j += 2) {
-      uint32_t r[4];
-      ldsm_x4_t(r, ps + kk * lds + 8 * j);
-      mma16816<BF>(acc[j], a, r[0], r[1]);
-      mma16816<BF>(acc[j + 1], a, r[2], r[3]);
-    }
-  }
-}
-
-// Two adjacent outputs (element offset i even) in the output's dtype.
-__device__ __forceinline__ void st2(void* p, int code, int64_t i, float a, float b) {
-  if (code == kF32) *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = float2{a, b};
-  else if (code == kBF16) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b);
-  else *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
-}
-
-// Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
-__device__ __forceinline__ float quad_sum(float v) {
-  v += shfl_xor(v, 1);
-  return v + shfl_xor(v, 2);
-}
-}  // namespace mma16
+constexpr size_t kDqkwgSmem =
+    2 * (5 * static_cast<size_t>(mma16::kTok) + 2 * mma16::kSt + 2 * kMaxBT * mma16::kLdS) +
+    4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 5 * kMaxBT + kThreads / 32);
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
@@ -589,21 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
   const bool live = wn2 <= wm + 15;  // this warp's 64x64 tile reaches the diagonal
-  auto load_tok = [&](uint16_t* dst, const Tok& t, int head) {
-    const uint16_t* base = static_cast<const uint16_t*>(t.p);
-    for (int e = tid; e < kMaxBT * (kD / 8); e += kThreads) {
-      const int r = e >> 4, col = (e & 15) << 3;
-      const bool ok = r < len;
-      cp_async16(dst + r * kLdT + col, base + t.off(c.b, c.t0 + (ok ? r : 0), head) + col, ok);
-    }
-  };
-  auto load_state = [&](uint16_t* dst, const Mat& m, int64_t sidx) {
-    const uint16_t* base = static_cast<const uint16_t*>(m.p) + sidx * (kD * kD);
-    for (int e = tid; e < kD * (kD / 8); e += kThreads) {
-      const int r = e >> 4, col = (e & 15) << 3;
-      cp_async16(dst + r * kLdT + col, base + r * kD + col, true);
-    }
-  };
+  auto load_tok = [&](uint16_t* dst, const Tok& t, int head) { load_rows(dst, kLdT, t, c.b, c.t0, head, len, kD / 8); };
   float dqa[8][4], dka[8][4], pa[4][4];
   zero(dqa);
   zero(dka);
@@ -618,9 +607,9 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
     }
     load_tok(dOs, dO, hv);
     load_tok(Vs, vn, hv);
-    load_state(Hs, h, sidx);
+    load_state16(Hs, h, sidx);
     cp_async_commit();
-    load_state(dHs, dh, sidx);
+    load_state16(dHs, dh, sidx);
     cp_async_commit();
     if (dw.p) load_tok(Ws, dv2, hv);
     cp_async_commit();
@@ -763,29 +752,14 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
 // True when chunk_bwd_dqkwg can take dqkwg_mma_kernel (see there); FUSEDOPS_GDN_DQKWG_MMA=0 keeps
 // dqkwg_kernel for every input (for measurement).
 bool dqkwg_mma_ok(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
-  const char* e = std::getenv("FUSEDOPS_GDN_DQKWG_MMA");
-  if (e && e[0] == '0') return false;
+  using namespace mma16;
   const DType dt = a.q.dtype();
-  if (a.chunk_size != kMaxBT || a.q.size(3) != mma16::kD || a.v.size(3) != mma16::kD) return false;
-  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
-  std::vector<const TensorView*> in = {&a.q, &a.k, &a.v, &a.dout};
-  if (a.w.defined()) in.push_back(&a.dv);
-  for (const TensorView* t : in)
-    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || t->stride(3) != 1 ||
-        t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8)
-      return false;
-  for (const TensorView* t : {&a.h, &a.dh})
-    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || !t->is_contiguous()) return false;
-  std::vector<const TensorView*> out = {&a.dq, &a.dk};
-  if (a.w.defined()) out.push_back(&a.dw);
-  for (const TensorView* t : out)
-    if (reinterpret_cast<uintptr_t>(t->data()) % 8 || t->stride(3) != 1 || t->stride(0) % 2 || t->stride(1) % 2 ||
-        t->stride(2) % 2)
-      return false;
-  int optin = 0;
-  FUSEDOPS_CUDA_CHECK("chunk_bwd_dqkwg",
-                      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
-  return static_cast<size_t>(optin) >= mma16::kSmem;
+  if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, kDqkwgSmem, "FUSEDOPS_GDN_DQKWG_MMA", "chunk_bwd_dqkwg")) return false;
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.dout})
+    if (!tok16_ok(*t, dt)) return false;
+  if (!state16_ok(a.h, dt) || !state16_ok(a.dh, dt) || !out2_ok(a.dq) || !out2_ok(a.dk)) return false;
+  return !a.w.defined() || (tok16_ok(a.dv, dt) && out2_ok(a.dw));
 }
 
 void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
@@ -799,8 +773,8 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   const int G = static_cast<int>(HV / H);
   if (dqkwg_mma_ok(ctx, a)) {
     auto kernel = a.q.dtype() == DType::kBFloat16 ? dqkwg_mma_kernel<true> : dqkwg_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, mma16::kSmem);
-    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, mma16::kSmem, stream_of(ctx)>>>(
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDqkwgSmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kDqkwgSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
         tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
         a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(HV), G, static_cast<float>(a.scale));
@@ -995,22 +969,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
 // dA, T1 and Mm are rounded to the input type as operands of the next product (as
 // flash-linear-attention does). dk accumulates over the group's value heads in registers; every
 // reduction runs in a fixed order.
-namespace mma16 {
-constexpr int kLdA = kMaxBT + 8;  // 16-bit [64][64] tiles
-constexpr size_t kSmemWy = 2 * (4 * static_cast<size_t>(kTok) + 6 * kMaxBT * kLdA) +
-                           4 * (static_cast<size_t>(kMaxBT) * kLdM + 7 * kMaxBT);
-
-// Two adjacent elements (element offset i even) of a tensor of dtype `code`, as float.
-__device__ __forceinline__ void ld2(const void* p, int code, int64_t i, float& a, float& b) {
-  if (code == kF32) {
-    const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
-    a = x.x, b = x.y;
-  } else {
-    a = ldf(p, code, i);
-    b = ldf(p, code, i + 1);
-  }
-}
-}  // namespace mma16
+constexpr size_t kWySmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + 6 * kMaxBT * mma16::kLdA) +
+                          4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 7 * kMaxBT);
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
@@ -1041,13 +1001,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
   const bool live = wn2 <= wm + 15;
-  auto load_rows = [&](uint16_t* dst, int ld, const Tok& t, int head, int chunks) {  // chunks of 8 per row
-    const uint16_t* base = static_cast<const uint16_t*>(t.p);
-    for (int e = tid; e < kMaxBT * chunks; e += kThreads) {
-      const int r = e / chunks, col = (e - r * chunks) << 3;
-      const bool ok = r < len;
-      cp_async16(dst + r * ld + col, base + t.off(c.b, c.t0 + (ok ? r : 0), head) + col, ok);
-    }
+  auto load = [&](uint16_t* dst, int ld, const Tok& t, int head, int chunks) {
+    load_rows(dst, ld, t, c.b, c.t0, head, len, chunks);
   };
   float dka[8][4], kk[4][4];
   zero(dka);
@@ -1055,11 +1010,11 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
-    if (gi == 0) load_rows(Ks, kLdT, k, hk, kD / 8);
-    load_rows(Vs, kLdT, v, hv, kD / 8);
-    load_rows(dWs, kLdT, dW, hv, kD / 8);
-    load_rows(dUs, kLdT, dU, hv, kD / 8);
-    load_rows(As, kLdA, A, hv, kMaxBT / 8);
+    if (gi == 0) load(Ks, kLdT, k, hk, kD / 8);
+    load(Vs, kLdT, v, hv, kD / 8);
+    load(dWs, kLdT, dW, hv, kD / 8);
+    load(dUs, kLdT, dU, hv, kD / 8);
+    load(As, kLdA, A, hv, kMaxBT / 8);
     cp_async_commit();
     if (tid < kMaxBT) {
       const bool in = tid < len;
@@ -1214,23 +1169,13 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
 // True when prepare_wy_repr_bwd can take wy_bwd_mma_kernel (see there); FUSEDOPS_GDN_WY_MMA=0
 // keeps wy_bwd_kernel for every input (for measurement).
 bool wy_mma_ok(const Context& ctx, const PrepareWyReprBwdArgs& a) {
-  const char* e = std::getenv("FUSEDOPS_GDN_WY_MMA");
-  if (e && e[0] == '0') return false;
+  using namespace mma16;
   const DType dt = a.k.dtype();
-  if (a.A.size(3) != kMaxBT || a.k.size(3) != mma16::kD || a.v.size(3) != mma16::kD) return false;
-  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  if (a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, kWySmem, "FUSEDOPS_GDN_WY_MMA", "prepare_wy_repr_bwd")) return false;
   for (const TensorView* t : {&a.k, &a.v, &a.A, &a.dw, &a.du})
-    if (t->dtype() != dt || reinterpret_cast<uintptr_t>(t->data()) % 16 || t->stride(3) != 1 ||
-        t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8)
-      return false;
-  for (const TensorView* t : {&a.dk, &a.dv})
-    if (reinterpret_cast<uintptr_t>(t->data()) % 8 || t->stride(3) != 1 || t->stride(0) % 2 || t->stride(1) % 2 ||
-        t->stride(2) % 2)
-      return false;
-  int optin = 0;
-  FUSEDOPS_CUDA_CHECK("prepare_wy_repr_bwd",
-                      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
-  return static_cast<size_t>(optin) >= mma16::kSmemWy;
+    if (!tok16_ok(*t, dt)) return false;
+  return out2_ok(a.dk) && out2_ok(a.dv);
 }
 
 void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
@@ -1243,8 +1188,8 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   if (NT == 0 || H == 0) return;
   if (wy_mma_ok(ctx, a)) {
     auto kernel = a.k.dtype() == DType::kBFloat16 ? wy_bwd_mma_kernel<true> : wy_bwd_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, mma16::kSmemWy);
-    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, mma16::kSmemWy, stream_of(ctx)>>>(
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
         tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
         static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0);

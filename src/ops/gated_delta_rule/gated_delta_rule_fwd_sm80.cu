@@ -11,6 +11,7 @@
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
 
 namespace fusedops::gdn::sm80 {
 namespace {
@@ -178,6 +179,72 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, To
   }
 }
 
+// recompute_w_u_fwd on 16-bit tensor cores (K = V = 128, k, v, A all bf16 or all fp16, 16-byte
+// aligned rows; FUSEDOPS_GDN_WU_MMA=0 turns it off): K, V, A arrive by cp.async; the diagonal
+// scales go into two 16-bit copies of A's lower triangle, A diag(beta) and A diag(beta e^g)
+// (flash-linear-attention rounds the scaled K and V instead), and U, W are m16n8k16 products with
+// fp32 register accumulators (warp tiling of gdn_tc_sm80.cuh; A's row block m0 takes k < m0 + 16).
+constexpr size_t kWuSmem = 2 * (2 * static_cast<size_t>(mma16::kTok) + 3 * kMaxBT * mma16::kLdA) + 4 * 2 * kMaxBT;
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok w, Tok u,
+                                                             Layout L, int G) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* As = Vs + kTok;
+  uint16_t* Au = As + kMaxBT * kLdA;
+  uint16_t* Aw = Au + kMaxBT * kLdA;
+  float* cb = reinterpret_cast<float*>(Aw + kMaxBT * kLdA);
+  float* ce = cb + kMaxBT;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_rows(As, kLdA, A, c.b, c.t0, hv, len, kMaxBT / 8);
+  cp_async_commit();
+  if (tid < kMaxBT) {
+    const float b = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    cb[tid] = b;
+    ce[tid] = (tid < len && g.p) ? b * expf(g.ld(c.b, c.t0 + tid, hv, 0)) : b;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    const float a = j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f;
+    Au[i * kLdA + j] = f2h<BF>(a * cb[j]);
+    Aw[i * kLdA + j] = f2h<BF>(a * ce[j]);
+  }
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  auto product = [&](const uint16_t* Am, const uint16_t* S, const Tok& o) {  // o = Am S
+    float acc[8][4];
+    mma16::zero(acc);
+    mm_xs<BF, 8>(acc, Am, kLdA, S, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = wn + 8 * j + 2 * tq;
+      if (r0 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+      if (r1 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    }
+  };
+  product(Au, Vs, u);
+  product(Aw, Ks, w);
+}
+
+bool wu_mma_ok(const Context& ctx, const RecomputeWUFwdArgs& a) {
+  using namespace mma16;
+  const DType dt = a.k.dtype();
+  if (a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, kWuSmem, "FUSEDOPS_GDN_WU_MMA", "recompute_w_u")) return false;
+  return tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && tok16_ok(a.A, dt) && out2_ok(a.w) && out2_ok(a.u);
+}
+
 void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
   const char* op = "recompute_w_u";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -186,6 +253,15 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
   const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.k.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || HV == 0) return;
+  if (wu_mma_ok(ctx, a)) {
+    auto kernel = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWuSmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kWuSmem, stream_of(ctx)>>>(
+        tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
+        static_cast<int>(HV / H));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV / H));
@@ -356,6 +432,179 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
   if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
 }
 
+// chunk_gated_delta_rule_fwd_h on 16-bit tensor cores (K = V = 128, chunk 64, k, w, u and the h
+// snapshots all bf16 or all fp16, 16-byte aligned rows; FUSEDOPS_GDN_FWDH_MMA=0 turns it off).
+// CTA of 4 warps per (sequence, value head, 32-column V tile); the fp32 state tile X [128][32]
+// lives in registers (warp w: rows 32w..32w+31 as two m16 tiles, all 32 columns). Per chunk:
+//   X -> the h snapshot and a 16-bit copy Xs; Vn = U - W Xs (warp w: token rows 16w..16w+15);
+//   v_new = Vn; Vg = diag(e^{g_last - g}) Vn (16-bit); X *= e^{g_last} (row y by e^{gk_last,y} for
+//   a per-channel gate; fwd_h_mma_ok does not send that case here yet);
+//   X += K^T Vg (K^T's fragments read from K by ldmatrix.trans).
+// The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
+// runs; three barriers per chunk. 94 KiB: two CTAs per SM.
+namespace fwdh {
+constexpr int kThreadsH = 128;
+constexpr int kLdX = kVT + 8;  // 16-bit [rows][32] tiles: 20 words, conflict-free fragment reads
+constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
+constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
+                         4 * (2 * kMaxBT + mma16::kD);
+}  // namespace fwdh
+
+template <bool BF>
+__global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0,
+                                                                        Mat h, Tok vn, Mat ht, Layout L, int HV,
+                                                                        int G) {
+  using namespace mma16;
+  using fwdh::kLdX;
+  extern __shared__ float smem[];
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                       // [2] x (K, W, U)
+  uint16_t* Xs = buf + 2 * fwdh::kBuf;                                      // [128][kLdX]
+  uint16_t* Vg = Xs + kD * kLdX;                                            // [64][kLdX]
+  float* gls = reinterpret_cast<float*>(Vg + kMaxBT * kLdX);                 // [2][64]
+  float* gkl = gls + 2 * kMaxBT;                                            // [128]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int mi = lane >> 3, rr = lane & 7;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto tiles = [&](int b) { return buf + b * fwdh::kBuf; };
+  auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % 2
+    uint16_t* Kb = tiles(static_cast<int>(ci & 1));
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
+    const uint16_t* ub = static_cast<const uint16_t*>(u.p);
+    uint16_t* Ub = Kb + 2 * kTok;
+    for (int e = tid; e < kMaxBT * (kVT / 8); e += blockDim.x) {
+      const int r = e >> 2, col = (e & 3) << 3;
+      const bool ok = r < len;
+      cp_async16(Ub + r * kLdX + col, ub + u.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
+    }
+    cp_async_commit();
+  };
+  // X from h0 (or 0): x[mt][j][e] = X(32 warp + 16 mt + gq + 8 (e / 2), 8 j + 2 tq + e % 2).
+  float x[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
+        x[mt][j][e] = h0.p ? ldf(h0.p, h0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
+      }
+  if (nch > 0) issue(0);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();  // the previous chunk is done with Xs, Vg, gkl and the other buffer
+    if (ci + 1 < nch) issue(ci + 1);
+    float* gl = gls + cur * kMaxBT;
+    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    if (gk.p) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);  // kThreadsH == kD
+    // X -> h snapshot and Xs.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int y = 32 * warp + 16 * mt + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const float a = x[mt][j][2 * hr], b = x[mt][j][2 * hr + 1];
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
+          *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
+          if (h.p) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(h.p) + idx * KV + static_cast<int64_t>(y) * kD + x0 + xc) = pk;
+        }
+    if (ci + 1 < nch) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncthreads();  // this chunk's tiles, Xs, gl, gkl
+    const uint16_t* Ks = tiles(cur);
+    const uint16_t* Ws = Ks + kTok;
+    const uint16_t* Us = Ks + 2 * kTok;
+    const float glast = gl[len - 1];
+    {  // Vn = U - W Xs for token rows 16 warp ..
+      float a[4][4];
+      zero(a);
+      mm_xs<BF, 4>(a, Ws, kLdT, Xs, kLdX, 16 * warp, 0, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * warp + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const uint32_t uu = ld32(Us + r * kLdX + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
+          if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
+          const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(f * v0)) | (static_cast<uint32_t>(f2h<BF>(f * v1)) << 16);
+          *reinterpret_cast<uint32_t*>(Vg + r * kLdX + xc) = pk;
+        }
+    }
+    // Decay the state.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int y = 32 * warp + 16 * mt + gq + 8 * hr;
+        const float d = g.p ? expf(glast) : (gk.p ? expf(gkl[y]) : 1.0f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          x[mt][j][2 * hr] *= d;
+          x[mt][j][2 * hr + 1] *= d;
+        }
+      }
+    __syncthreads();  // Vg
+    // X += K^T Vg: A(m = y, k = token) = K[token][y] by ldmatrix.trans, B = Vg[token][x].
+#pragma unroll
+    for (int kk = 0; kk < kMaxBT; kk += 16) {
+      uint32_t bf[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        uint32_t r4[4];
+        ldsm_x4_t(r4, Vg + (kk + rr + 8 * (mi & 1)) * kLdX + 8 * j + 8 * (mi >> 1));
+        bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t a[4];
+        ldsm_x4_t(a, Ks + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * warp + 16 * mt + 8 * (mi & 1));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
+      }
+    }
+  }
+  if (ht.p)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
+          stf(ht.p, ht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, x[mt][j][e]);
+        }
+}
+
+bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  using namespace mma16;
+  const DType dt = a.k.dtype();
+  // The per-channel gate (KDA's call) has no K = V = 128 16-bit test case yet: it keeps fwd_h_pf.
+  if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, fwdh::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule_fwd_h")) return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !a.h.defined() || !state16_ok(a.h, dt))
+    return false;
+  if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
+  for (const TensorView* t : {&a.h0, &a.ht})
+    if (t->defined() && !t->is_contiguous()) return false;
+  return true;
+}
+
 void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const char* op = "chunk_gated_delta_rule_fwd_h";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -364,6 +613,16 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
+  if (fwd_h_mma_ok(ctx, a)) {
+    auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_h_mma_kernel<true> : fwd_h_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, fwdh::kSmem);
+    const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / kVT));
+    kernel<<<grid, fwdh::kThreadsH, fwdh::kSmem, stream_of(ctx)>>>(
+        tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), mat_of(a.h0), mat_of(a.h),
+        tok_of(a.v_new), mat_of(a.ht), L, static_cast<int>(HV), static_cast<int>(HV / Hk));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
                   quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.u);
   const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
@@ -438,6 +697,80 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v,
   }
 }
 
+// chunk_fwd_o on 16-bit tensor cores (K = V = 128, chunk 64, q, k, v, h all bf16 or all fp16,
+// 16-byte aligned rows; FUSEDOPS_GDN_FWDO_MMA=0 turns it off): Q K Vnew h by cp.async, P = M>= .
+// Gamma . Q K^T rounded to the input type, O = diag(e^g) Q h + P Vnew on m16n8k16 with fp32
+// register accumulators, times scale (warp tiling of gdn_tc_sm80.cuh). 94 KiB: two CTAs per SM.
+constexpr size_t kFwdOMmaSmem =
+    2 * (3 * static_cast<size_t>(mma16::kTok) + mma16::kSt + kMaxBT * mma16::kLdS) + 4 * kMaxBT;
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok q, Tok k, Tok v, Mat h, Tok g, Tok o, Layout L,
+                                                                int HV, int G, float scale) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kTok;
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* Hs = Vs + kTok;
+  uint16_t* Ps = Hs + kSt;
+  float* gl = reinterpret_cast<float*>(Ps + kMaxBT * kLdS);
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  load_rows(Qs, kLdT, q, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_state16(Hs, h, chunk * HV + hv);
+  cp_async_commit();
+  if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+  cp_async_wait<0>();
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  {
+    float pa[4][4];
+    mma16::zero(pa);
+    if (wn2 <= wm + 15) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+        Ps[r * kLdS + col] = f2h<BF>((r < len && col <= r) ? pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
+      }
+  }
+  float acc[8][4];
+  mma16::zero(acc);
+  mm_xs<BF, 8>(acc, Qs, kLdT, Hs, kLdT, wm, wn, 0, kD, lane);
+  const float e0 = expf(gl[r0]), e1 = expf(gl[r1]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    acc[j][0] *= e0;
+    acc[j][1] *= e0;
+    acc[j][2] *= e1;
+    acc[j][3] *= e1;
+  }
+  __syncthreads();  // P
+  mm_xs<BF, 8>(acc, Ps, kLdS, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, scale * acc[j][0], scale * acc[j][1]);
+    if (r1 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, scale * acc[j][2], scale * acc[j][3]);
+  }
+}
+
+bool fwd_o_mma_ok(const Context& ctx, const ChunkFwdOArgs& a) {
+  using namespace mma16;
+  const DType dt = a.q.dtype();
+  if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, kFwdOMmaSmem, "FUSEDOPS_GDN_FWDO_MMA", "chunk_fwd_o")) return false;
+  return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && state16_ok(a.h, dt) && out2_ok(a.o);
+}
+
 void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
   const char* op = "chunk_fwd_o";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -446,6 +779,15 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || HV == 0) return;
+  if (fwd_o_mma_ok(ctx, a)) {
+    auto kernel = a.q.dtype() == DType::kBFloat16 ? fwd_o_mma_kernel<true> : fwd_o_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFwdOMmaSmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFwdOMmaSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.v), mat_of(a.h), tok_of(a.g), tok_of(a.o), L, static_cast<int>(HV),
+        static_cast<int>(HV / H), static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   auto kernel = fwd_o_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFwdOSmem);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFwdOSmem, stream_of(ctx)>>>(

@@ -1,0 +1,143 @@
+// The tile layer of the 16-bit tensor-core chunk kernels (cuda_sm80; their shape: K = V = 128,
+// chunk 64, 256 threads): shared-memory tile geometry, cp.async tile loads, the warp products on
+// m16n8k16 (gdn_mma_sm80.cuh) with fp32 register accumulators, paired output access, and the host
+// test of whether a tensor suits these kernels.
+//
+// Warp tiling used by every such kernel: warp w owns rows 16 (w % 4) .. +15 of every output, columns
+// 64 (w / 4) .. +63 of the 64x128 outputs (acc[8][4]) and 32 (w / 4) .. +31 of the 64x64 ones
+// (acc[4][4]); with g = lane / 4, t = lane % 4, acc[j][e] is row 16 (w % 4) + g + 8 (e / 2), column
+// base + 8 j + 2 t + e % 2.
+#pragma once
+
+#include <cstdint>
+
+#include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+
+namespace fusedops::gdn::sm80::mma16 {
+
+constexpr int kD = 128;              // K = V
+constexpr int kLdT = kD + 8;         // 16-bit row stride of [rows][128] tiles: 68 words, so a fragment's 8 rows hit distinct banks
+constexpr int kLdS = kMaxBT + 8;     // of [64][64] 16-bit tiles (36 words)
+constexpr int kLdA = kLdS;
+constexpr int kLdM = kMaxBT + 1;     // of [64][64] fp32 tiles
+constexpr int kTok = kMaxBT * kLdT;  // elements of a token tile
+constexpr int kSt = kD * kLdT;       // of a state tile
+
+template <int NJ>
+__device__ __forceinline__ void zero(float (&a)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[j][e] = 0.0f;
+}
+
+// acc[j] += X[m0..m0+15][0..kd) . Y[n0+8j..n0+8j+7][0..kd)^T: both stored with the reduction
+// dimension contiguous.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xyt(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* Y, int ldy,
+                                       int m0, int n0, int kd, int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
+  const uint16_t* pb = Y + (n0 + gq) * ldy + 2 * tq;
+#pragma unroll 2
+  for (int k0 = 0; k0 < kd; k0 += 16) {
+    const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * ldx + k0), ld32(pa + k0 + 8), ld32(pa + 8 * ldx + k0 + 8)};
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const uint16_t* p = pb + 8 * j * ldy + k0;
+      mma16816<BF>(acc[j], a, ld32(p), ld32(p + 8));
+    }
+  }
+}
+
+// acc[j] += X[m0..m0+15][k0..k1) . S[k0..k1)[n0+8j..n0+8j+7]: X stored [m][k], S stored [k][n]
+// (its fragments read transposed by ldmatrix). k0, k1 multiples of 16, NJ even.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* S, int lds,
+                                      int m0, int n0, int k0, int k1, int lane) {
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
+  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
+  const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
+  for (int kk = k0; kk < k1; kk += 16) {
+    const uint32_t a[4] = {ld32(pa + kk), ld32(pa + 8 * ldx + kk), ld32(pa + kk + 8), ld32(pa + 8 * ldx + kk + 8)};
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t r[4];
+      ldsm_x4_t(r, ps + kk * lds + 8 * j);
+      mma16816<BF>(acc[j], a, r[0], r[1]);
+      mma16816<BF>(acc[j + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), `chunks` 8-element chunks per row
+// from column 0, into dst (row stride ld) by cp.async; rows >= len read as zeros. All threads take
+// part; the caller commits and waits.
+__device__ __forceinline__ void load_rows(uint16_t* dst, int ld, const Tok& t, int64_t b, int64_t t0, int64_t head,
+                                          int len, int chunks) {
+  const uint16_t* base = static_cast<const uint16_t*>(t.p);
+  for (int e = threadIdx.x; e < kMaxBT * chunks; e += blockDim.x) {
+    const int r = e / chunks, col = (e - r * chunks) << 3;
+    const bool ok = r < len;
+    cp_async16(dst + r * ld + col, base + t.off(b, t0 + (ok ? r : 0), head) + col, ok);
+  }
+}
+
+// The [128][128] 16-bit state `sidx` of m into dst (row stride kLdT) by cp.async.
+__device__ __forceinline__ void load_state16(uint16_t* dst, const Mat& m, int64_t sidx) {
+  const uint16_t* base = static_cast<const uint16_t*>(m.p) + sidx * (kD * kD);
+  for (int e = threadIdx.x; e < kD * (kD / 8); e += blockDim.x) {
+    const int r = e >> 4, col = (e & 15) << 3;
+    cp_async16(dst + r * kLdT + col, base + r * kD + col, true);
+  }
+}
+
+// Two adjacent outputs (element offset i even) in the output's dtype; and two inputs as float.
+__device__ __forceinline__ void st2(void* p, int code, int64_t i, float a, float b) {
+  if (code == kF32) *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = float2{a, b};
+  else if (code == kBF16) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b);
+  else *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void ld2(const void* p, int code, int64_t i, float& a, float& b) {
+  if (code == kF32) {
+    const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
+    a = x.x, b = x.y;
+  } else {
+    a = ldf(p, code, i);
+    b = ldf(p, code, i + 1);
+  }
+}
+
+// Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+
+// Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte
+// aligned, unit last stride, the other strides multiples of 8 elements.
+inline bool tok16_ok(const TensorView& t, DType dt) {
+  return t.dtype() == dt && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.stride(3) == 1 &&
+         t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+}
+// A [.., K, V] state these kernels can stage.
+inline bool state16_ok(const TensorView& t, DType dt) {
+  return t.dtype() == dt && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.is_contiguous();
+}
+// An output [B,T,H,D] (any dtype) written two elements at a time.
+inline bool out2_ok(const TensorView& t) {
+  return reinterpret_cast<uintptr_t>(t.data()) % 8 == 0 && t.stride(3) == 1 && t.stride(0) % 2 == 0 &&
+         t.stride(1) % 2 == 0 && t.stride(2) % 2 == 0;
+}
+// bf16 or fp16 and the device's per-block shared memory reaches `smem`; `env` = "0" turns it off.
+inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* env, const char* op) {
+  const char* e = std::getenv(env);
+  if (e && e[0] == '0') return false;
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  int optin = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
+  return static_cast<size_t>(optin) >= smem;
+}
+
+}  // namespace fusedops::gdn::sm80::mma16
