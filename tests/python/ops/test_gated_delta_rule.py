@@ -420,8 +420,9 @@ def test_empty_inputs(device):
     torch.testing.assert_close(g["h0"].cpu(), d["dht"])
 
 
-def test_repeated_backward_is_bitwise_identical(device):
-    d = make_inputs(2, 130, 2, 4, 128, 128, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
+@pytest.mark.parametrize("K", [32, 128], ids=["K32", "K128"])  # K=128: the CUDA 16-bit mma kernels
+def test_repeated_backward_is_bitwise_identical(device, K):
+    d = make_inputs(2, 130, 2, 4, K, K, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
     runs = [run_ours(d, 0.2, None, {"l2": True, "gate": True}, 64, device) for _ in range(2)]
     for n in runs[0][2]:
         a, b = runs[0][2][n], runs[1][2][n]
