@@ -321,6 +321,197 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) dhu_pf_kernel(Tok q, Tok k
   if (dh0.p) store_state(X, kLdV, dh0, sidx, K, V, x0, vt);
 }
 
+// chunk_gated_delta_rule_bwd_dhu on 16-bit tensor cores (K = V = 128, chunk 64, q, k, w, dout,
+// dv and the dh snapshots all bf16 or all fp16, 16-byte aligned rows, no per-channel gate;
+// FUSEDOPS_GDN_DHU_MMA=0 turns it off). CTA of 4 warps per (sequence, value head, 32-column V
+// tile), the fp32 state-gradient tile X [128][32] in registers (warp w: rows 32w..32w+31), the
+// chunks in reverse. Per chunk:
+//   X -> the dh snapshot and a 16-bit copy Xs;
+//   dv2 = dv + diag(e^{g_last - g}) K Xs (warp w: token rows 16w..), kept negated as 16-bit D2n;
+//   X = e^{g_last} X + Q^T (diag(scale e^g) dO) + W^T D2n (Q^T, W^T read by ldmatrix.trans).
+// Loads in two cp.async groups per chunk in one set of buffers: K and dv (needed first), then Q,
+// W and dO (needed after dv2), each issued as soon as the previous chunk has finished with its
+// buffers, so that they arrive under the other group's products. 84 KiB: two CTAs per SM.
+namespace dhu16 {
+constexpr int kThreadsH = 128;
+constexpr int kLdX = kVT + 8;
+constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX +
+                              static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
+                         4 * (2 * kMaxBT);
+}  // namespace dhu16
+
+template <bool BF>
+__global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g,
+                                                                       Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L,
+                                                                       int HV, int G, float scale) {
+  using namespace mma16;
+  using dhu16::kLdX;
+  extern __shared__ float smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Qs = Ks + kTok;
+  uint16_t* Ws = Qs + kTok;
+  uint16_t* Ds = Ws + kTok;      // dv tile [64][kLdX]
+  uint16_t* Os = Ds + kMaxBT * kLdX;  // dO tile, scaled in place to diag(scale e^g) dO
+  uint16_t* Xs = Os + kMaxBT * kLdX;  // [128][kLdX]
+  uint16_t* D2n = Xs + kD * kLdX;     // -dv2 [64][kLdX]
+  float* gl = reinterpret_cast<float*>(D2n + kMaxBT * kLdX);
+  float* eq = gl + kMaxBT;
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int mi = lane >> 3, rr = lane & 7;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto cols32 = [&](uint16_t* dst, const Tok& t, int64_t t0, int len) {  // columns x0..x0+31 of head hv
+    const uint16_t* base = static_cast<const uint16_t*>(t.p);
+    for (int e = tid; e < kMaxBT * (kVT / 8); e += blockDim.x) {
+      const int r = e >> 2, col = (e & 3) << 3;
+      const bool ok = r < len;
+      cp_async16(dst + r * kLdX + col, base + t.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
+    }
+  };
+  auto issue_a = [&](int64_t ci) {  // K, dv of chunk ci
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    load_rows(Ks, kLdT, k, s.b, t0, hk, len, kD / 8);
+    cols32(Ds, dvl, t0, len);
+    cp_async_commit();
+  };
+  auto issue_b = [&](int64_t ci) {  // Q, W, dO of chunk ci
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    load_rows(Qs, kLdT, q, s.b, t0, hk, len, kD / 8);
+    load_rows(Ws, kLdT, w, s.b, t0, hv, len, kD / 8);
+    cols32(Os, dO, t0, len);
+    cp_async_commit();
+  };
+  float x[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
+        x[mt][j][e] = dht.p ? ldf(dht.p, dht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
+      }
+  if (nch > 0) {
+    issue_a(nch - 1);
+    issue_b(nch - 1);
+  }
+  // Products with A read transposed from a token-major [64][128] tile T: acc += T^T B, B [64][32].
+  auto tprod = [&](const uint16_t* T, const uint16_t* Bm) {
+#pragma unroll
+    for (int kk = 0; kk < kMaxBT; kk += 16) {
+      uint32_t bf[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        uint32_t r4[4];
+        ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * kLdX + 8 * j + 8 * (mi >> 1));
+        bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t a[4];
+        ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * warp + 16 * mt + 8 * (mi & 1));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
+      }
+    }
+  };
+  for (int64_t ci = nch - 1; ci >= 0; --ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    // X -> dh snapshot and Xs (the previous chunk's readers of Xs passed two barriers since).
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int y = 32 * warp + 16 * mt + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr])) |
+                              (static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr + 1])) << 16);
+          *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
+          *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(dh.p) + idx * KV + static_cast<int64_t>(y) * kD + x0 + xc) = pk;
+        }
+    if (tid < kMaxBT) {
+      const float gv = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+      gl[tid] = gv;
+      eq[tid] = g.p ? scale * expf(gv) : scale;
+    }
+    cp_async_wait<1>();  // K, dv of this chunk (Q, W, dO may still be in flight)
+    __syncthreads();
+    const float glast = gl[len - 1];
+    {  // dv2 = dv + diag(e^{g_last - g}) K Xs
+      float a[4][4];
+      zero(a);
+      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * warp, 0, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * warp + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
+          const uint32_t dd = ld32(Ds + r * kLdX + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
+          if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
+          *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
+        }
+    }
+    __syncthreads();  // K, dv free; D2n
+    if (ci > 0) issue_a(ci - 1);
+    if (ci > 0) cp_async_wait<1>();  // Q, W, dO of this chunk
+    else cp_async_wait<0>();
+    __syncthreads();
+    for (int e = tid; e < kMaxBT * kVT; e += blockDim.x) {  // dO rows times scale e^g
+      const int r = e >> 5, xc = e & 31;
+      Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
+    }
+    const float d = g.p ? expf(glast) : 1.0f;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[mt][j][e] *= d;
+    __syncthreads();  // scaled dO
+    tprod(Qs, Os);
+    tprod(Ws, D2n);
+    __syncthreads();  // Q, W, dO free
+    if (ci > 0) issue_b(ci - 1);
+  }
+  if (dh0.p)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
+          stf(dh0.p, dh0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, x[mt][j][e]);
+        }
+}
+
+bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  using namespace mma16;
+  const DType dt = a.k.dtype();
+  if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.dout.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, dhu16::kSmem, "FUSEDOPS_GDN_DHU_MMA", "chunk_gated_delta_rule_bwd_dhu")) return false;
+  for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
+    if (!tok16_ok(*t, dt)) return false;
+  if (!a.dh.defined() || !state16_ok(a.dh, dt) || !out2_ok(a.dv2)) return false;
+  for (const TensorView* t : {&a.dht, &a.dh0})
+    if (t->defined() && !t->is_contiguous()) return false;
+  return true;
+}
+
 void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const char* op = "chunk_gated_delta_rule_bwd_dhu";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -329,6 +520,17 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
+  if (dhu_mma_ok(ctx, a)) {
+    auto kernel = a.k.dtype() == DType::kBFloat16 ? dhu_mma_kernel<true> : dhu_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, dhu16::kSmem);
+    const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / kVT));
+    kernel<<<grid, dhu16::kThreadsH, dhu16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), mat_of(a.dht),
+        mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
+        static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
                   quad_tok(a.q) && quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.dout) && quad_tok(a.dv);
   const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
