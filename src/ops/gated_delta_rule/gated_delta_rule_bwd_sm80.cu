@@ -86,20 +86,9 @@ __global__ void __launch_bounds__(kThreads, 3) dv_local_mma_kernel(Tok q, Tok k,
   cp_async_wait<0>();
   __syncthreads();
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2);
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
-  {
-    float pa[4][4];
-    zero(pa);
-    if (wn2 <= wm + 15) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
-        PT[col * kLdS + r] = f2h<BF>((r < len && col <= r) ? scale * pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
-      }
-  }
+  causal_qk<BF>(Qs, Ks, gl, len, lane, [&](int r, int col, float p) { PT[col * kLdS + r] = f2h<BF>(scale * p); });
   __syncthreads();
   float acc[8][4];
   zero(acc);
@@ -389,15 +378,9 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
     cp_async_commit();
   };
   float x[2][4][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
-        x[mt][j][e] = dht.p ? ldf(dht.p, dht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
-      }
+  for_state_frag(x, [&](float& v, int y, int xc) {
+    v = dht.p ? ldf(dht.p, dht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
+  });
   if (nch > 0) {
     issue_a(nch - 1);
     issue_b(nch - 1);
@@ -488,15 +471,9 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
     if (ci > 0) issue_b(ci - 1);
   }
   if (dh0.p)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
-          stf(dh0.p, dh0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, x[mt][j][e]);
-        }
+    for_state_frag(x, [&](float& v, int y, int xc) {
+      stf(dh0.p, dh0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, v);
+    });
 }
 
 bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
@@ -844,20 +821,15 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
       zero(aq);
       mm_xyt<BF, 8>(aq, dOs, kLdT, Hs, kLdT, wm, wn, kD, lane);
       const float e0 = r0 < len ? scale * expf(gl[r0]) : 0.0f, e1 = r1 < len ? scale * expf(gl[r1]) : 0.0f;
-      float s0 = 0.0f, s1 = 0.0f;
+      float s0, s1;
+      row_dot<BF>(Qs, aq, r0, wn, tq, s0, s1);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
-        const uint32_t q0 = ld32(Qs + r0 * kLdT + col), q1 = ld32(Qs + r1 * kLdT + col);
-        s0 += h2f<BF>(static_cast<uint16_t>(q0)) * aq[j][0] + h2f<BF>(static_cast<uint16_t>(q0 >> 16)) * aq[j][1];
-        s1 += h2f<BF>(static_cast<uint16_t>(q1)) * aq[j][2] + h2f<BF>(static_cast<uint16_t>(q1 >> 16)) * aq[j][3];
         dqa[j][0] += e0 * aq[j][0];
         dqa[j][1] += e0 * aq[j][1];
         dqa[j][2] += e1 * aq[j][2];
         dqa[j][3] += e1 * aq[j][3];
       }
-      s0 = quad_sum(s0);
-      s1 = quad_sum(s1);
       if (tq == 0) {
         rq[half * kMaxBT + r0] = s0;
         rq[half * kMaxBT + r1] = s1;
@@ -873,21 +845,19 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
       zero(ak);
       mm_xyt<BF, 8>(ak, Vs, kLdT, dHs, kLdT, wm, wn, kD, lane);
       const float f0 = r0 < len ? expf(glast - gl[r0]) : 0.0f, f1 = r1 < len ? expf(glast - gl[r1]) : 0.0f;
-      float u0 = 0.0f, u1 = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
-        const uint32_t k0 = ld32(Ks + r0 * kLdT + col), k1 = ld32(Ks + r1 * kLdT + col);
-        const float a0 = f0 * ak[j][0], a1 = f0 * ak[j][1], a2 = f1 * ak[j][2], a3 = f1 * ak[j][3];
-        u0 += h2f<BF>(static_cast<uint16_t>(k0)) * a0 + h2f<BF>(static_cast<uint16_t>(k0 >> 16)) * a1;
-        u1 += h2f<BF>(static_cast<uint16_t>(k1)) * a2 + h2f<BF>(static_cast<uint16_t>(k1 >> 16)) * a3;
-        dka[j][0] += a0;
-        dka[j][1] += a1;
-        dka[j][2] += a2;
-        dka[j][3] += a3;
+        ak[j][0] *= f0;
+        ak[j][1] *= f0;
+        ak[j][2] *= f1;
+        ak[j][3] *= f1;
+        dka[j][0] += ak[j][0];
+        dka[j][1] += ak[j][1];
+        dka[j][2] += ak[j][2];
+        dka[j][3] += ak[j][3];
       }
-      u0 = quad_sum(u0);
-      u1 = quad_sum(u1);
+      float u0, u1;
+      row_dot<BF>(Ks, ak, r0, wn, tq, u0, u1);
       if (tq == 0) {
         rk[half * kMaxBT + r0] = u0;
         rk[half * kMaxBT + r1] = u1;
@@ -1292,20 +1262,15 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
       zero(ra);
       mm_xs<BF, 8>(ra, ATs, kLdA, dWs, kLdT, wm, wn, wm, kMaxBT, lane);
       const float f0 = bs[r0] * es[r0], f1 = bs[r1] * es[r1];
-      float u0 = 0.0f, u1 = 0.0f;
+      float u0, u1;
+      row_dot<BF>(Ks, ra, r0, wn, tq, u0, u1);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
-        const uint32_t k0 = ld32(Ks + r0 * kLdT + col), k1 = ld32(Ks + r1 * kLdT + col);
-        u0 += h2f<BF>(static_cast<uint16_t>(k0)) * ra[j][0] + h2f<BF>(static_cast<uint16_t>(k0 >> 16)) * ra[j][1];
-        u1 += h2f<BF>(static_cast<uint16_t>(k1)) * ra[j][2] + h2f<BF>(static_cast<uint16_t>(k1 >> 16)) * ra[j][3];
         dka[j][0] += f0 * ra[j][0];
         dka[j][1] += f0 * ra[j][1];
         dka[j][2] += f1 * ra[j][2];
         dka[j][3] += f1 * ra[j][3];
       }
-      u0 = quad_sum(u0);
-      u1 = quad_sum(u1);
       if (tq == 0) {
         rb[half * kMaxBT + r0] = u0;
         rb[half * kMaxBT + r1] = u1;
@@ -1320,18 +1285,14 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
       zero(pa);
       mm_xs<BF, 8>(pa, ATs, kLdA, dUs, kLdT, wm, wn, wm, kMaxBT, lane);
       const float b0 = bs[r0], b1 = bs[r1];
-      float u0 = 0.0f, u1 = 0.0f;
+      float u0, u1;
+      row_dot<BF>(Vs, pa, r0, wn, tq, u0, u1);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = wn + 8 * j + 2 * tq;
-        const uint32_t v0 = ld32(Vs + r0 * kLdT + col), v1 = ld32(Vs + r1 * kLdT + col);
-        u0 += h2f<BF>(static_cast<uint16_t>(v0)) * pa[j][0] + h2f<BF>(static_cast<uint16_t>(v0 >> 16)) * pa[j][1];
-        u1 += h2f<BF>(static_cast<uint16_t>(v1)) * pa[j][2] + h2f<BF>(static_cast<uint16_t>(v1 >> 16)) * pa[j][3];
         if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, b0 * pa[j][0], b0 * pa[j][1]);
         if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, b1 * pa[j][2], b1 * pa[j][3]);
       }
-      u0 = quad_sum(u0);
-      u1 = quad_sum(u1);
       if (tq == 0) {
         rp[half * kMaxBT + r0] = u0;
         rp[half * kMaxBT + r1] = u1;

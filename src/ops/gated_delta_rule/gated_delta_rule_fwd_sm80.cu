@@ -488,15 +488,9 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
   };
   // X from h0 (or 0): x[mt][j][e] = X(32 warp + 16 mt + gq + 8 (e / 2), 8 j + 2 tq + e % 2).
   float x[2][4][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
-        x[mt][j][e] = h0.p ? ldf(h0.p, h0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
-      }
+  for_state_frag(x, [&](float& v, int y, int xc) {
+    v = h0.p ? ldf(h0.p, h0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
+  });
   if (nch > 0) issue(0);
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int cur = static_cast<int>(ci & 1);
@@ -580,15 +574,9 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
     }
   }
   if (ht.p)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int y = 32 * warp + 16 * mt + gq + 8 * (e >> 1), xc = 8 * j + 2 * tq + (e & 1);
-          stf(ht.p, ht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, x[mt][j][e]);
-        }
+    for_state_frag(x, [&](float& v, int y, int xc) {
+      stf(ht.p, ht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, v);
+    });
 }
 
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
@@ -728,20 +716,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok q, Tok k, To
   cp_async_wait<0>();
   __syncthreads();
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2);
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
-  {
-    float pa[4][4];
-    mma16::zero(pa);
-    if (wn2 <= wm + 15) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
-        Ps[r * kLdS + col] = f2h<BF>((r < len && col <= r) ? pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
-      }
-  }
+  causal_qk<BF>(Qs, Ks, gl, len, lane, [&](int r, int col, float p) { Ps[r * kLdS + col] = f2h<BF>(p); });
   float acc[8][4];
   mma16::zero(acc);
   mm_xs<BF, 8>(acc, Qs, kLdT, Hs, kLdT, wm, wn, 0, kD, lane);

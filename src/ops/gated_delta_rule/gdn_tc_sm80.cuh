@@ -71,6 +71,63 @@ __device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, in
   }
 }
 
+// Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+
+// The warp's entries of the 64x64 tile Gamma . M>= . Q K^T (rows 16 (w % 4).., columns 32 (w / 4)..;
+// Gamma_ij = e^{gl_i - gl_j}): f(r, col, value) once per entry, value 0 outside j <= i < len. A tile
+// wholly above the diagonal skips its product.
+template <bool BF, class F>
+__device__ __forceinline__ void causal_qk(const uint16_t* Qs, const uint16_t* Ks, const float* gl, int len, int lane,
+                                          F&& f) {
+  const int warp = threadIdx.x >> 5, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn2 = 32 * (warp >> 2), r0 = wm + (lane >> 2);
+  float pa[4][4];
+  zero(pa);
+  if (wn2 <= wm + 15) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + 8 * (e >> 1), col = wn2 + 8 * j + 2 * tq + (e & 1);
+      f(r, col, (r < len && col <= r) ? pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
+    }
+}
+
+// Row sums of T . a over the warp's 64 columns of a 64x128 accumulator a (rows r0 and r0 + 8,
+// columns wn..wn+63; T a 16-bit [64][kLdT] tile), reduced over the quad: every lane gets both.
+template <bool BF>
+__device__ __forceinline__ void row_dot(const uint16_t* T, const float (&a)[8][4], int r0, int wn, int tq, float& s0,
+                                        float& s1) {
+  s0 = 0.0f;
+  s1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    const uint32_t x0 = ld32(T + r0 * kLdT + col), x1 = ld32(T + (r0 + 8) * kLdT + col);
+    s0 += h2f<BF>(static_cast<uint16_t>(x0)) * a[j][0] + h2f<BF>(static_cast<uint16_t>(x0 >> 16)) * a[j][1];
+    s1 += h2f<BF>(static_cast<uint16_t>(x1)) * a[j][2] + h2f<BF>(static_cast<uint16_t>(x1 >> 16)) * a[j][3];
+  }
+  s0 = quad_sum(s0);
+  s1 = quad_sum(s1);
+}
+
+// The state kernels' register tile x[2][4][4] (4 warps; warp w holds rows 32 w .. 32 w + 31 of the
+// [128][32] tile): f(x[mt][j][e], y, xc) for each entry, y its row and xc its column.
+template <class F>
+__device__ __forceinline__ void for_state_frag(float (&x)[2][4][4], F&& f) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(x[mt][j][e], 32 * warp + 16 * mt + gq + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
+}
+
 // Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), `chunks` 8-element chunks per row
 // from column 0, into dst (row stride ld) by cp.async; rows >= len read as zeros. All threads take
 // part; the caller commits and waits.
@@ -109,11 +166,6 @@ __device__ __forceinline__ void ld2(const void* p, int code, int64_t i, float& a
   }
 }
 
-// Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
-__device__ __forceinline__ float quad_sum(float v) {
-  v += shfl_xor(v, 1);
-  return v + shfl_xor(v, 2);
-}
 
 // Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte
 // aligned, unit last stride, the other strides multiples of 8 elements.
