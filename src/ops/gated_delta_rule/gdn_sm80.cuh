@@ -604,6 +604,18 @@ __device__ __forceinline__ void mm(int tc, int M, int N, int Kd, const float* A,
   }
 }
 
+// The device's opt-in shared memory per block, queried once per device.
+inline size_t smem_optin(const char* op, int device) {
+  static std::mutex mu;
+  static std::map<int, size_t> optin;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = optin.find(device);
+  if (it != optin.end()) return it->second;
+  int v = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return optin[device] = static_cast<size_t>(v);
+}
+
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device), after checking the
 // device's opt-in maximum. Every non-zero request goes through here: the default limit is
 // 48 KiB minus the kernel's static shared memory.
@@ -614,9 +626,8 @@ inline void allow_smem(const char* op, const void* kernel, int device, size_t by
   std::lock_guard<std::mutex> lock(mu);
   size_t& have = allowed[{kernel, device}];
   if (have >= bytes) return;
-  int optin = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  FUSEDOPS_REQUIRE(static_cast<size_t>(optin) >= bytes, kValue, op, "needs ", bytes,
+  const size_t optin = smem_optin(op, device);
+  FUSEDOPS_REQUIRE(optin >= bytes, kValue, op, "needs ", bytes,
                    " bytes of shared memory per block for these head sizes; the device allows ",
                    optin);
   FUSEDOPS_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -10,6 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
@@ -182,14 +186,22 @@ inline bool out2_ok(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(t.data()) % 8 == 0 && t.stride(3) == 1 && t.stride(0) % 2 == 0 &&
          t.stride(1) % 2 == 0 && t.stride(2) % 2 == 0;
 }
-// bf16 or fp16 and the device's per-block shared memory reaches `smem`; `env` = "0" turns it off.
+// bf16 or fp16, the device's per-block shared memory reaches `smem`, and the switch `env` (read
+// once) is not "0".
 inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* env, const char* op) {
-  const char* e = std::getenv(env);
-  if (e && e[0] == '0') return false;
+  static std::mutex mu;
+  static std::map<std::string, bool> off;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = off.find(env);
+    if (it == off.end()) {
+      const char* e = std::getenv(env);
+      it = off.emplace(env, e != nullptr && e[0] == '0').first;
+    }
+    if (it->second) return false;
+  }
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
-  int optin = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device.index));
-  return static_cast<size_t>(optin) >= smem;
+  return smem_optin(op, ctx.device.index) >= smem;
 }
 
 }  // namespace fusedops::gdn::sm80::mma16
