@@ -107,25 +107,66 @@ void kkt(const Context& ctx, const ChunkScaledDotKktArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// solve_tril: CTA of 64 threads per (chunk, head); forward substitution in fp32, one row at a
-// time, thread j owning column j: X_ij = delta_ij - sum_{m=j..i-1} L_im X_mj.
+// solve_tril: CTA of 256 threads per (chunk, head); X = (I + L)^{-1} in fp32 by 16x16 blocks.
 
-__global__ void __launch_bounds__(kMaxBT) solve_kernel(Tok A, Tok Ai, Layout L) {
+constexpr int kLdT16 = 17;  // row stride of the [64][16] block stage of solve_blocked
+
+// X = (I + L)^{-1} for the strictly lower triangular L (fp32 [64][ld] in shared memory, zero
+// outside j < i < 16 nb), into X (same stride): X's nb diagonal 16x16 blocks by forward
+// substitution (warp b, lane c < 16 holding column c of block b in registers), then the blocks
+// below the diagonal by their distance s = 1 .. nb-1 from it,
+//   X_ij = -X_ii T_ij,  T_ij = sum_{m=j}^{i-1} L_im X_mj   (16x16 blocks, j = i - s),
+// every T_ij of one distance first (staged in Tb, [64][kLdT16]), then every X_ij; thread
+// (r, c) = (tid / 16, tid % 16) owns entry (r, c) of each block. Blocks above the diagonal are
+// not written. Needs 256 threads; ends with a barrier.
+__device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X, float* Tb, int nb) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < nb && lane < 16) {
+    const float* l = Ls + 16 * warp * (ld + 1);
+    float* x = X + 16 * warp * (ld + 1) + lane;
+    float col[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float s = i == lane ? 1.0f : 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) s -= l[i * ld + m] * col[m];
+      col[i] = s;
+      x[i * ld] = s;
+    }
+  }
+  __syncthreads();
+  const int r = threadIdx.x >> 4, c = threadIdx.x & 15;
+  for (int s = 1; s < nb; ++s) {
+    for (int i = s; i < nb; ++i) {
+      const int j = i - s;
+      const float* l = Ls + (16 * i + r) * ld;
+      const float* x = X + 16 * j + c;
+      float t = 0.0f;
+      for (int m = 16 * j; m < 16 * i; ++m) t = fmaf(l[m], x[m * ld], t);
+      Tb[(16 * i + r) * kLdT16 + c] = t;
+    }
+    __syncthreads();
+    for (int i = s; i < nb; ++i) {
+      const float* xi = X + (16 * i + r) * ld + 16 * i;
+      const float* t = Tb + 16 * i * kLdT16 + c;
+      float v = 0.0f;
+      for (int m = 0; m <= r; ++m) v = fmaf(xi[m], t[m * kLdT16], v);
+      X[(16 * i + r) * ld + 16 * (i - s) + c] = -v;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) solve_kernel(Tok A, Tok Ai, Layout L) {
   __shared__ float Ls[kMaxBT * kLd];
   __shared__ float X[kMaxBT * kLd];
+  __shared__ float Tb[kMaxBT * kLdT16];
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int h = blockIdx.y, len = c.len, BT = L.BT;
   if (len == 0) return;
   load_tri(Ls, A, c.b, c.t0, h, len, BT, true);
   __syncthreads();
-  const int j = threadIdx.x;
-  for (int i = 0; i < len; ++i) {
-    float s = j == i ? 1.0f : 0.0f;
-    if (j < i)
-      for (int m = j; m < i; ++m) s -= Ls[i * kLd + m] * X[m * kLd + j];
-    X[i * kLd + j] = j <= i ? s : 0.0f;
-    __syncthreads();
-  }
+  solve_blocked(Ls, kLd, X, Tb, BT / 16);
   for (int e = threadIdx.x; e < len * BT; e += blockDim.x) {
     const int i = e / BT, jj = e - i * BT;
     Ai.st_(c.b, c.t0 + i, h, jj, jj <= i ? X[i * kLd + jj] : 0.0f);
@@ -139,7 +180,7 @@ void solve(const Context& ctx, const SolveTrilArgs& a) {
   const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.A.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
-  solve_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kMaxBT, 0, stream_of(ctx)>>>(
+  solve_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.A), tok_of(a.Ai), L);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
@@ -186,6 +227,41 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, To
 // fp32 register accumulators (warp tiling of gdn_tc_sm80.cuh; A's row block m0 takes k < m0 + 16).
 constexpr size_t kWuSmem = 2 * (2 * static_cast<size_t>(mma16::kTok) + 3 * kMaxBT * mma16::kLdA) + 4 * 2 * kMaxBT;
 
+// The W, U products of one chunk on m16n8k16 (256 threads, after a barrier that made a's source,
+// cb, ce, Ks and Vs visible): the two scaled 16-bit copies Au = A diag(beta), Aw = A diag(beta e^g)
+// of a(i, j) (A's entry as float: 0 above the diagonal and in rows past the chunk), then U = Au V,
+// W = Aw K with fp32 register accumulators (A's row block m0 takes k < m0 + 16).
+template <bool BF, class GetA>
+__device__ __forceinline__ void wu_products(GetA&& a, uint16_t* Au, uint16_t* Aw, const float* cb, const float* ce,
+                                            const uint16_t* Ks, const uint16_t* Vs, const Tok& w, const Tok& u,
+                                            const ChunkPos& c, int hv) {
+  using namespace mma16;
+  const int tid = threadIdx.x;
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    const float x = a(i, j);
+    Au[i * kLdA + j] = f2h<BF>(x * cb[j]);
+    Aw[i * kLdA + j] = f2h<BF>(x * ce[j]);
+  }
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  auto product = [&](const uint16_t* Am, const uint16_t* S, const Tok& o) {  // o = Am S
+    float acc[8][4];
+    mma16::zero(acc);
+    mm_xs<BF, 8>(acc, Am, kLdA, S, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = wn + 8 * j + 2 * tq;
+      if (r0 < c.len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+      if (r1 < c.len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    }
+  };
+  product(Au, Vs, u);
+  product(Aw, Ks, w);
+}
+
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok w, Tok u,
                                                              Layout L, int G) {
@@ -212,29 +288,8 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok b
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
-    const int i = e >> 6, j = e & 63;
-    const float a = j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f;
-    Au[i * kLdA + j] = f2h<BF>(a * cb[j]);
-    Aw[i * kLdA + j] = f2h<BF>(a * ce[j]);
-  }
-  __syncthreads();
-  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
-  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
-  auto product = [&](const uint16_t* Am, const uint16_t* S, const Tok& o) {  // o = Am S
-    float acc[8][4];
-    mma16::zero(acc);
-    mm_xs<BF, 8>(acc, Am, kLdA, S, kLdT, wm, wn, 0, wm + 16, lane);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = wn + 8 * j + 2 * tq;
-      if (r0 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-      if (r1 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-    }
-  };
-  product(Au, Vs, u);
-  product(Aw, Ks, w);
+  wu_products<BF>([&](int i, int j) { return j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f; }, Au, Aw, cb, ce, Ks, Vs,
+                  w, u, c, hv);
 }
 
 bool wu_mma_ok(const Context& ctx, const RecomputeWUFwdArgs& a) {
@@ -266,6 +321,114 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV / H));
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The top level's steps F2-F4 in one kernel (K = V = 128, chunk 64, 16-bit k and v; wu_mma_kernel's
+// conditions, FUSEDOPS_GDN_PREP_FUSED=0 turns it off): CTA per (chunk, value head). K and V arrive
+// by cp.async; the Gram matrix K K^T on m16n8k16 gives L = diag(beta) (Gamma . K K^T) below the
+// diagonal in fp32 shared memory; solve_blocked inverts I + L; A = (I + L)^{-1} goes out in k's
+// dtype (saved for the backward) and, rounded to it as the unfused path reads it, feeds the W, U
+// products. Only k, v, beta, g are read and A, W, U written: the fp32 L and its inverse never
+// leave the chip. The Gram matrix is recomputed per value head of a group (a 64x64x128 product).
+namespace prep {
+constexpr int kLdL = kLd;  // fp32 [64][69] tiles
+// Ks, Vs (16-bit tokens) | L (fp32), Tb (fp32 [64][17]) -- reused for Au, Aw -- | X (fp32) | cb, ce, gs
+constexpr size_t kOffL = 2 * 2 * static_cast<size_t>(mma16::kTok);
+constexpr size_t kOffX = kOffL + 4 * static_cast<size_t>(kMaxBT) * (kLdL + kLdT16);
+constexpr size_t kSmem = kOffX + 4 * static_cast<size_t>(kMaxBT) * kLdL + 4 * 3 * kMaxBT;
+static_assert(4 * kMaxBT * (kLdL + kLdT16) >= 2 * 2 * kMaxBT * mma16::kLdA, "Au, Aw must fit over L and Tb");
+}  // namespace prep
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v, Tok beta, Tok g, Tok A, Tok w,
+                                                                   Tok u, Layout L, int G) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  char* base = reinterpret_cast<char*>(smem);
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(base);
+  uint16_t* Vs = Ks + kTok;
+  float* Ls = reinterpret_cast<float*>(base + prep::kOffL);
+  float* Tb = Ls + kMaxBT * prep::kLdL;
+  uint16_t* Au = reinterpret_cast<uint16_t*>(Ls);
+  uint16_t* Aw = Au + kMaxBT * kLdA;
+  float* X = reinterpret_cast<float*>(base + prep::kOffX);
+  float* cb = X + kMaxBT * prep::kLdL;
+  float* ce = cb + kMaxBT;
+  float* gs = ce + kMaxBT;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  cp_async_commit();
+  if (tid < kMaxBT) {
+    const float b = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    const float gl = (tid < len && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    cb[tid] = b;
+    gs[tid] = gl;
+    ce[tid] = (tid < len && g.p) ? b * expf(gl) : b;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  {  // L (chunk_scaled_dot_kkt's value): warp tile rows wm.., columns wn2..; tiles above the diagonal skip the product
+    const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+    const int wm = 16 * (warp & 3), wn2 = 32 * (warp >> 2), r0 = wm + (lane >> 2);
+    float acc[4][4];
+    zero(acc);
+    if (wn2 <= wm + 15) mm_xyt<BF, 4>(acc, Ks, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 8 * (e >> 1), col = wn2 + 8 * j + 2 * tq + (e & 1);
+        float x = 0.0f;
+        if (col < r && r < len) {
+          x = cb[r] * acc[j][e];
+          if (g.p) x *= expf(gs[r] - gs[col]);
+        }
+        Ls[r * prep::kLdL + col] = x;
+      }
+  }
+  __syncthreads();
+  solve_blocked(Ls, prep::kLdL, X, Tb, kMaxBT / 16);
+  // A out (rows < len, zeros above the diagonal), two entries per thread step.
+  for (int e = tid; e < kMaxBT * kMaxBT / 2; e += kThreads) {
+    const int i = e >> 5, j = (e & 31) << 1;
+    if (i < len)
+      st2(A.p, A.code, A.off(c.b, c.t0 + i, hv) + j, j <= i ? X[i * prep::kLdL + j] : 0.0f,
+          j + 1 <= i ? X[i * prep::kLdL + j + 1] : 0.0f);
+  }
+  wu_products<BF>(
+      [&](int i, int j) { return (i < len && j <= i) ? h2f<BF>(f2h<BF>(X[i * prep::kLdL + j])) : 0.0f; }, Au, Aw,
+      cb, ce, Ks, Vs, w, u, c, hv);
+}
+
+// Whether prep_fwd_mma_kernel takes these arguments (wu.A the output).
+bool prep_fused_ok(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size) {
+  using namespace mma16;
+  const DType dt = a.k.dtype();
+  if (chunk_size != kMaxBT || a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, prep::kSmem, "FUSEDOPS_GDN_PREP_FUSED", "chunk_gated_delta_rule")) return false;
+  return tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && a.A.dtype() == dt && out2_ok(a.A) && out2_ok(a.w) &&
+         out2_ok(a.u);
+}
+
+bool prep_fused(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size) {
+  if (!prep_fused_ok(ctx, a, chunk_size)) return false;
+  const char* op = "chunk_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), H = a.k.size(2), HV = a.v.size(2);
+  const Layout L = layout_of(B, T, chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.k.dtype());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || HV == 0) return true;
+  auto kernel = a.k.dtype() == DType::kBFloat16 ? prep_fwd_mma_kernel<true> : prep_fwd_mma_kernel<false>;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, prep::kSmem);
+  kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, prep::kSmem, stream_of(ctx)>>>(
+      tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.g), tok_of(a.A), tok_of(a.w), tok_of(a.u), L,
+      static_cast<int>(HV / H));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -913,7 +1076,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a);
+  compose_fwd(c, a, prep_fused);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -236,7 +236,7 @@ int64_t chunk_gated_delta_rule_bwd_workspace_size(const ChunkGatedDeltaRuleBwdAr
 
 namespace gdn {
 
-void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
+void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedPrepareFwd fused_prepare) {
   const TopDims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel);
@@ -258,9 +258,12 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   const TensorView& cu = a.cu_seqlens;
   const TensorView& ci = a.chunk_indices;
   chunk_local_cumsum(ctx, {g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0});
-  chunk_scaled_dot_kkt_fwd(ctx, {k, beta, a.g_cumsum, ws.kkt, cu, ci, a.chunk_size});
-  solve_tril(ctx, {ws.kkt, a.A, cu, ci});
-  recompute_w_u_fwd(ctx, {k, a.v, beta, a.A, a.g_cumsum, ws.w, ws.u, cu, ci});
+  const RecomputeWUFwdArgs wu{k, a.v, beta, a.A, a.g_cumsum, ws.w, ws.u, cu, ci};
+  if (!fused_prepare || !fused_prepare(ctx, wu, a.chunk_size)) {
+    chunk_scaled_dot_kkt_fwd(ctx, {k, beta, a.g_cumsum, ws.kkt, cu, ci, a.chunk_size});
+    solve_tril(ctx, {ws.kkt, a.A, cu, ci});
+    recompute_w_u_fwd(ctx, wu);
+  }
   chunk_gated_delta_rule_fwd_h(ctx, {k, ws.w, ws.u, a.g_cumsum, TensorView(), a.initial_state, ws.h,
                                      ws.v_new, a.final_state, cu, a.chunk_offsets, a.chunk_size});
   chunk_fwd_o(ctx, {q, k, ws.v_new, ws.h, a.g_cumsum, a.o, cu, ci, a.scale, a.chunk_size});

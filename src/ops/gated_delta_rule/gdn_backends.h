@@ -11,9 +11,16 @@ namespace fusedops::gdn {
 void register_ref_bwd(Registry& r);
 void register_cpu_bwd(Registry& r);
 
+// A backend's fused form of the forward steps F2-F4 (chunk_scaled_dot_kkt, solve_tril,
+// recompute_w_u): given recompute_w_u's arguments with A as the output (solve_tril's, in its
+// dtype) and the chunk size, it writes A, w and u and returns true, or returns false without
+// writing anything when it does not take these arguments.
+using FusedPrepareFwd = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& args, int64_t chunk_size);
+
 // The top level composed of the sub-operator entry points (section 1.4 / 1.5); every sub-operator
-// call is dispatched with ctx (whose backend, when set, forces the sub-operators' backend).
-void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args);
+// call is dispatched with ctx (whose backend, when set, forces the sub-operators' backend). A
+// backend's fused_prepare, when given and taking the arguments, replaces steps F2-F4.
+void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, FusedPrepareFwd fused_prepare = nullptr);
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args);
 
 }  // namespace fusedops::gdn
