@@ -312,29 +312,37 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) dhu_pf_kernel(Tok q, Tok k
 
 // chunk_gated_delta_rule_bwd_dhu on 16-bit tensor cores (K = V = 128, chunk 64, q, k, w, dout,
 // dv and the dh snapshots all bf16 or all fp16, 16-byte aligned rows, no per-channel gate;
-// FUSEDOPS_GDN_DHU_MMA=0 turns it off). CTA of 4 warps per (sequence, value head, 32-column V
-// tile), the fp32 state-gradient tile X [128][32] in registers (warp w: rows 32w..32w+31), the
-// chunks in reverse. Per chunk:
+// FUSEDOPS_GDN_DHU_MMA=0 turns it off). CTA of NG groups of 4 warps per (sequence, value head,
+// 32 NG-column V tile), the fp32 state-gradient tile X [128][32 NG] in registers (warp w: rows
+// 32 (w % 4).., columns 32 (w / 4)..; fwd_h_mma_kernel's tiling and its choice of NG), the chunks
+// in reverse. Per chunk:
 //   X -> the dh snapshot and a 16-bit copy Xs;
-//   dv2 = dv + diag(e^{g_last - g}) K Xs (warp w: token rows 16w..), kept negated as 16-bit D2n;
+//   dv2 = dv + diag(e^{g_last - g}) K Xs (warp w: token rows 16 (w % 4)..), kept negated as 16-bit D2n;
 //   X = e^{g_last} X + Q^T (diag(scale e^g) dO) + W^T D2n (Q^T, W^T read by ldmatrix.trans).
 // Loads in two cp.async groups per chunk in one set of buffers: K and dv (needed first), then Q,
 // W and dO (needed after dv2), each issued as soon as the previous chunk has finished with its
-// buffers, so that they arrive under the other group's products. 84 KiB: two CTAs per SM.
+// buffers, so that they arrive under the other group's products. Two CTAs per SM (NG = 1: 77 KiB,
+// NG = 2: 97 KiB).
 namespace dhu16 {
-constexpr int kThreadsH = 128;
-constexpr int kLdX = kVT + 8;
-constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX +
-                              static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
-                         4 * (2 * kMaxBT);
+template <int NG>
+struct Geo {
+  static constexpr int kThreads = 128 * NG;
+  static constexpr int kCols = 32 * NG;
+  static constexpr int kLdX = kCols + 8;
+  static constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX +
+                                       static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
+                                  4 * (2 * kMaxBT);
+};
 }  // namespace dhu16
 
-template <bool BF>
-__global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g,
-                                                                       Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L,
-                                                                       int HV, int G, float scale) {
+template <bool BF, int NG>
+__global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl,
+                                                                               Tok g, Mat dht, Mat dh, Mat dh0,
+                                                                               Tok dv2, Layout L, int HV, int G,
+                                                                               float scale) {
   using namespace mma16;
-  using dhu16::kLdX;
+  using Geo = dhu16::Geo<NG>;
+  constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
   extern __shared__ float smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Qs = Ks + kTok;
@@ -347,17 +355,19 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
   float* eq = gl + kMaxBT;
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int x0 = blockIdx.y * kVT;
+  const int x0 = blockIdx.y * kCols;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int mi = lane >> 3, rr = lane & 7;
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
-  auto cols32 = [&](uint16_t* dst, const Tok& t, int64_t t0, int len) {  // columns x0..x0+31 of head hv
+  auto cols32 = [&](uint16_t* dst, const Tok& t, int64_t t0, int len) {  // columns x0..x0+kCols-1 of head hv
     const uint16_t* base = static_cast<const uint16_t*>(t.p);
-    for (int e = tid; e < kMaxBT * (kVT / 8); e += blockDim.x) {
-      const int r = e >> 2, col = (e & 3) << 3;
+    constexpr int kq = kCols / 8;
+    for (int e = tid; e < kMaxBT * kq; e += blockDim.x) {
+      const int r = e / kq, col = (e - r * kq) << 3;
       const bool ok = r < len;
       cp_async16(dst + r * kLdX + col, base + t.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
     }
@@ -393,13 +403,13 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
 #pragma unroll
       for (int j = 0; j < 4; j += 2) {
         uint32_t r4[4];
-        ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * kLdX + 8 * j + 8 * (mi >> 1));
+        ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * kLdX + wc + 8 * j + 8 * (mi >> 1));
         bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t a[4];
-        ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * warp + 16 * mt + 8 * (mi & 1));
+        ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
 #pragma unroll
         for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
       }
@@ -416,7 +426,7 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int y = 32 * warp + 16 * mt + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
           const uint32_t pk = static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr])) |
                               (static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr + 1])) << 16);
           *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
@@ -433,12 +443,12 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
     {  // dv2 = dv + diag(e^{g_last - g}) K Xs
       float a[4][4];
       zero(a);
-      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * warp, 0, 0, kD, lane);
+      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * warp + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
           const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
           const uint32_t dd = ld32(Ds + r * kLdX + xc);
           const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
@@ -453,8 +463,8 @@ __global__ void __launch_bounds__(dhu16::kThreadsH, 2) dhu_mma_kernel(Tok q, Tok
     if (ci > 0) cp_async_wait<1>();  // Q, W, dO of this chunk
     else cp_async_wait<0>();
     __syncthreads();
-    for (int e = tid; e < kMaxBT * kVT; e += blockDim.x) {  // dO rows times scale e^g
-      const int r = e >> 5, xc = e & 31;
+    for (int e = tid; e < kMaxBT * kCols; e += blockDim.x) {  // dO rows times scale e^g
+      const int r = e / kCols, xc = e % kCols;
       Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
     }
     const float d = g.p ? expf(glast) : 1.0f;
@@ -480,7 +490,8 @@ bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.dout.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, dhu16::kSmem, "FUSEDOPS_GDN_DHU_MMA", "chunk_gated_delta_rule_bwd_dhu")) return false;
+  if (!tc16_device_ok(ctx, dt, dhu16::Geo<2>::kSmem, "FUSEDOPS_GDN_DHU_MMA", "chunk_gated_delta_rule_bwd_dhu"))
+    return false;
   for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
     if (!tok16_ok(*t, dt)) return false;
   if (!a.dh.defined() || !state16_ok(a.dh, dt) || !out2_ok(a.dv2)) return false;
@@ -498,13 +509,21 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   if (dhu_mma_ok(ctx, a)) {
-    auto kernel = a.k.dtype() == DType::kBFloat16 ? dhu_mma_kernel<true> : dhu_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, dhu16::kSmem);
-    const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / kVT));
-    kernel<<<grid, dhu16::kThreadsH, dhu16::kSmem, stream_of(ctx)>>>(
-        tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), mat_of(a.dht),
-        mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
-        static_cast<float>(a.scale));
+    const bool bf = a.k.dtype() == DType::kBFloat16;
+    auto launch = [&](auto kernel, unsigned threads, size_t smem, int cols) {
+      allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+      const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
+      kernel<<<grid, threads, smem, stream_of(ctx)>>>(
+          tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), mat_of(a.dht),
+          mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
+          static_cast<float>(a.scale));
+    };
+    using G1 = dhu16::Geo<1>;
+    using G2 = dhu16::Geo<2>;
+    if (mma16::wide_state_tiles(ctx, N * HV))
+      launch(bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else
+      launch(bf ? dhu_mma_kernel<true, 1> : dhu_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }

@@ -111,14 +111,47 @@ void kkt(const Context& ctx, const ChunkScaledDotKktArgs& a) {
 
 constexpr int kLdT16 = 17;  // row stride of the [64][16] block stage of solve_blocked
 
+// c (a 16x8 m16n8k8 accumulator) += a b in about fp32 precision: three tf32 products of the
+// operands' high and low tf32 parts (hi lo + lo hi + hi hi; lo lo is below fp32's rounding).
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
+  uint32_t ah[4], al[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    ah[e] = to_tf32(a[e]);
+    al[e] = to_tf32(a[e] - __uint_as_float(ah[e]));
+  }
+  const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+  const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
+  mma_tf32(c, al, bh0, bh1);
+  mma_tf32(c, ah, bl0, bl1);
+  mma_tf32(c, ah, bh0, bh1);
+}
+
+// One warp: c[nt] = A[0..16)[0..kd) . B[0..kd)[8 nt..8 nt+8) (a 16x16 block; fp32 operands in
+// shared memory, row strides lda, ldb; kd a multiple of 8) by mma_3xtf32.
+__device__ __forceinline__ void warp_mm16(float (&c)[2][4], const float* A, int lda, const float* B, int ldb, int kd,
+                                          int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+  for (int k0 = 0; k0 < kd; k0 += 8) {
+    const float a[4] = {A[g * lda + k0 + t], A[(g + 8) * lda + k0 + t], A[g * lda + k0 + t + 4],
+                        A[(g + 8) * lda + k0 + t + 4]};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      mma_3xtf32(c[nt], a, B[(k0 + t) * ldb + 8 * nt + g], B[(k0 + t + 4) * ldb + 8 * nt + g]);
+  }
+}
+
 // X = (I + L)^{-1} for the strictly lower triangular L (fp32 [64][ld] in shared memory, zero
 // outside j < i < 16 nb), into X (same stride): X's nb diagonal 16x16 blocks by forward
-// substitution (warp b, lane c < 16 holding column c of block b in registers), then the blocks
-// below the diagonal by their distance s = 1 .. nb-1 from it,
-//   X_ij = -X_ii T_ij,  T_ij = sum_{m=j}^{i-1} L_im X_mj   (16x16 blocks, j = i - s),
-// every T_ij of one distance first (staged in Tb, [64][kLdT16]), then every X_ij; thread
-// (r, c) = (tid / 16, tid % 16) owns entry (r, c) of each block. Blocks above the diagonal are
-// not written. Needs 256 threads; ends with a barrier.
+// substitution in fp32 (warp b, lane c < 16 holding column c of block b in registers), then the
+// blocks below the diagonal by their distance s = 1 .. nb-1 from it, one warp per block:
+//   T_ij = sum_{m=j}^{i-1} L_im X_mj (staged in Tb, [64][kLdT16]),  X_ij = -X_ii T_ij,
+// both products on tensor cores in about fp32 precision (mma_3xtf32). Blocks above the diagonal
+// are not written. Needs 256 threads; ends with a barrier.
 __device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X, float* Tb, int nb) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp < nb && lane < 16) {
@@ -135,23 +168,24 @@ __device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X,
     }
   }
   __syncthreads();
-  const int r = threadIdx.x >> 4, c = threadIdx.x & 15;
+  const int g = lane >> 2, t = lane & 3;
   for (int s = 1; s < nb; ++s) {
-    for (int i = s; i < nb; ++i) {
-      const int j = i - s;
-      const float* l = Ls + (16 * i + r) * ld;
-      const float* x = X + 16 * j + c;
-      float t = 0.0f;
-      for (int m = 16 * j; m < 16 * i; ++m) t = fmaf(l[m], x[m * ld], t);
-      Tb[(16 * i + r) * kLdT16 + c] = t;
-    }
-    __syncthreads();
-    for (int i = s; i < nb; ++i) {
-      const float* xi = X + (16 * i + r) * ld + 16 * i;
-      const float* t = Tb + 16 * i * kLdT16 + c;
-      float v = 0.0f;
-      for (int m = 0; m <= r; ++m) v = fmaf(xi[m], t[m * kLdT16], v);
-      X[(16 * i + r) * ld + 16 * (i - s) + c] = -v;
+    if (warp < nb - s) {
+      const int i = s + warp, j = warp;
+      float c[2][4];
+      warp_mm16(c, Ls + 16 * i * ld + 16 * j, ld, X + 16 * j * ld + 16 * j, ld, 16 * s, lane);
+      float* tb = Tb + 16 * i * kLdT16;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tb[(g + 8 * (e >> 1)) * kLdT16 + 8 * nt + 2 * t + (e & 1)] = c[nt][e];
+      __syncwarp();
+      warp_mm16(c, X + 16 * i * ld + 16 * i, ld, tb, kLdT16, 16, lane);
+      float* xo = X + 16 * i * ld + 16 * j;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xo[(g + 8 * (e >> 1)) * ld + 8 * nt + 2 * t + (e & 1)] = -c[nt][e];
     }
     __syncthreads();
   }
@@ -597,42 +631,50 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 
 // chunk_gated_delta_rule_fwd_h on 16-bit tensor cores (K = V = 128, chunk 64, k, w, u and the h
 // snapshots all bf16 or all fp16, 16-byte aligned rows; FUSEDOPS_GDN_FWDH_MMA=0 turns it off).
-// CTA of 4 warps per (sequence, value head, 32-column V tile); the fp32 state tile X [128][32]
-// lives in registers (warp w: rows 32w..32w+31 as two m16 tiles, all 32 columns). Per chunk:
-//   X -> the h snapshot and a 16-bit copy Xs; Vn = U - W Xs (warp w: token rows 16w..16w+15);
-//   v_new = Vn; Vg = diag(e^{g_last - g}) Vn (16-bit); X *= e^{g_last} (a per-channel gate, KDA's
-//   call, keeps fwd_h_pf_kernel: no K = V = 128 16-bit test covers it yet);
-//   X += K^T Vg (K^T's fragments read from K by ldmatrix.trans).
+// CTA of NG groups of 4 warps per (sequence, value head, 32 NG-column V tile); the fp32 state tile
+// X [128][32 NG] lives in registers (warp w: rows 32 (w % 4).. as two m16 tiles, columns
+// 32 (w / 4)..). Per chunk:
+//   X -> the h snapshot and a 16-bit copy Xs; Vn = U - W Xs (warp w: token rows 16 (w % 4)..);
+//   v_new = Vn; Vg = diag(e^{g_last - g}) Vn (16-bit, over U in place: each entry is read and
+//   rewritten by the same thread); X *= e^{g_last} (a per-channel gate, KDA's call, keeps
+//   fwd_h_pf_kernel: no K = V = 128 16-bit test covers it yet); X += K^T Vg (K^T's fragments read
+//   from K by ldmatrix.trans).
 // The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
-// runs; three barriers per chunk. 94 KiB: two CTAs per SM.
+// runs; three barriers per chunk. Both forms take two CTAs per SM (NG = 1: 88 KiB, NG = 2:
+// 105 KiB); NG = 2 shares each K, W tile between two V tiles and halves the CTAs, which fills the
+// GPU in one wave where NG = 1 needs two (fwd_h picks NG = 2 when it still gives every SM a CTA).
 namespace fwdh {
-constexpr int kThreadsH = 128;
-constexpr int kLdX = kVT + 8;  // 16-bit [rows][32] tiles: 20 words, conflict-free fragment reads
-constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
-constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
-                         4 * (2 * kMaxBT);
+template <int NG>
+struct Geo {
+  static constexpr int kThreads = 128 * NG;
+  static constexpr int kCols = 32 * NG;        // V columns per CTA
+  static constexpr int kLdX = kCols + 8;       // 16-bit [rows][kCols] tiles: conflict-free fragment reads
+  static constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
+  static constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT);
+};
 }  // namespace fwdh
 
-template <bool BF>
-__global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Mat h0,
-                                                                        Mat h, Tok vn, Mat ht, Layout L, int HV,
-                                                                        int G) {
+template <bool BF, int NG>
+__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Mat h0,
+                                                                                Mat h, Tok vn, Mat ht, Layout L,
+                                                                                int HV, int G) {
   using namespace mma16;
-  using fwdh::kLdX;
+  using Geo = fwdh::Geo<NG>;
+  constexpr int kLdX = Geo::kLdX;
   extern __shared__ float smem[];
-  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                       // [2] x (K, W, U)
-  uint16_t* Xs = buf + 2 * fwdh::kBuf;                                      // [128][kLdX]
-  uint16_t* Vg = Xs + kD * kLdX;                                            // [64][kLdX]
-  float* gls = reinterpret_cast<float*>(Vg + kMaxBT * kLdX);                 // [2][64]
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [2] x (K, W, U)
+  uint16_t* Xs = buf + 2 * Geo::kBuf;                                     // [128][kLdX]
+  float* gls = reinterpret_cast<float*>(Xs + kD * kLdX);                   // [2][64]
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int x0 = blockIdx.y * kVT;
+  const int x0 = blockIdx.y * Geo::kCols;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int mi = lane >> 3, rr = lane & 7;
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
-  auto tiles = [&](int b) { return buf + b * fwdh::kBuf; };
+  auto tiles = [&](int b) { return buf + b * Geo::kBuf; };
   auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % 2
     uint16_t* Kb = tiles(static_cast<int>(ci & 1));
     const int64_t t0 = s.t0 + ci * L.BT;
@@ -641,14 +683,15 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
     load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
     const uint16_t* ub = static_cast<const uint16_t*>(u.p);
     uint16_t* Ub = Kb + 2 * kTok;
-    for (int e = tid; e < kMaxBT * (kVT / 8); e += blockDim.x) {
-      const int r = e >> 2, col = (e & 3) << 3;
+    constexpr int kq = Geo::kCols / 8;  // 16-byte pieces per U row
+    for (int e = tid; e < kMaxBT * kq; e += blockDim.x) {
+      const int r = e / kq, col = (e - r * kq) << 3;
       const bool ok = r < len;
       cp_async16(Ub + r * kLdX + col, ub + u.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
     }
     cp_async_commit();
   };
-  // X from h0 (or 0): x[mt][j][e] = X(32 warp + 16 mt + gq + 8 (e / 2), 8 j + 2 tq + e % 2).
+  // X from h0 (or 0): x[mt][j][e] = X(32 wr + 16 mt + gq + 8 (e / 2), wc + 8 j + 2 tq + e % 2).
   float x[2][4][4];
   for_state_frag(x, [&](float& v, int y, int xc) {
     v = h0.p ? ldf(h0.p, h0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
@@ -659,7 +702,7 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
-    __syncthreads();  // the previous chunk is done with Xs, Vg and the other buffer
+    __syncthreads();  // the previous chunk is done with Xs and the other buffer
     if (ci + 1 < nch) issue(ci + 1);
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
@@ -670,7 +713,7 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int y = 32 * warp + 16 * mt + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
           const float a = x[mt][j][2 * hr], b = x[mt][j][2 * hr + 1];
           const uint32_t pk = static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
           *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
@@ -681,24 +724,24 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
     __syncthreads();  // this chunk's tiles, Xs, gl
     const uint16_t* Ks = tiles(cur);
     const uint16_t* Ws = Ks + kTok;
-    const uint16_t* Us = Ks + 2 * kTok;
+    uint16_t* Us = tiles(cur) + 2 * kTok;  // U, then Vg in place
     const float glast = gl[len - 1];
-    {  // Vn = U - W Xs for token rows 16 warp ..
+    {  // Vn = U - W Xs for token rows 16 wr.., columns wc..
       float a[4][4];
       zero(a);
-      mm_xs<BF, 4>(a, Ws, kLdT, Xs, kLdX, 16 * warp, 0, 0, kD, lane);
+      mm_xs<BF, 4>(a, Ws, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * warp + gq + 8 * hr, xc = 8 * j + 2 * tq;
+          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
           const uint32_t uu = ld32(Us + r * kLdX + xc);
           const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
           if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
           const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
           const uint32_t pk = static_cast<uint32_t>(f2h<BF>(f * v0)) | (static_cast<uint32_t>(f2h<BF>(f * v1)) << 16);
-          *reinterpret_cast<uint32_t*>(Vg + r * kLdX + xc) = pk;
+          *reinterpret_cast<uint32_t*>(Us + r * kLdX + xc) = pk;
         }
     }
     // Decay the state.
@@ -711,13 +754,13 @@ __global__ void __launch_bounds__(fwdh::kThreadsH, 2) fwd_h_mma_kernel(Tok k, To
 #pragma unroll
       for (int j = 0; j < 4; j += 2) {
         uint32_t r4[4];
-        ldsm_x4_t(r4, Vg + (kk + rr + 8 * (mi & 1)) * kLdX + 8 * j + 8 * (mi >> 1));
+        ldsm_x4_t(r4, Us + (kk + rr + 8 * (mi & 1)) * kLdX + wc + 8 * j + 8 * (mi >> 1));
         bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t a[4];
-        ldsm_x4_t(a, Ks + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * warp + 16 * mt + 8 * (mi & 1));
+        ldsm_x4_t(a, Ks + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
 #pragma unroll
         for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
       }
@@ -734,7 +777,8 @@ bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const DType dt = a.k.dtype();
   // The per-channel gate (KDA's call) has no K = V = 128 16-bit test case yet: it keeps fwd_h_pf.
   if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, fwdh::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule_fwd_h")) return false;
+  if (!tc16_device_ok(ctx, dt, fwdh::Geo<2>::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule_fwd_h"))
+    return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !a.h.defined() || !state16_ok(a.h, dt))
     return false;
   if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
@@ -752,12 +796,20 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   if (fwd_h_mma_ok(ctx, a)) {
-    auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_h_mma_kernel<true> : fwd_h_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, fwdh::kSmem);
-    const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / kVT));
-    kernel<<<grid, fwdh::kThreadsH, fwdh::kSmem, stream_of(ctx)>>>(
-        tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), mat_of(a.h0), mat_of(a.h),
-        tok_of(a.v_new), mat_of(a.ht), L, static_cast<int>(HV), static_cast<int>(HV / Hk));
+    const bool bf = a.k.dtype() == DType::kBFloat16;
+    auto launch = [&](auto kernel, unsigned threads, size_t smem, int cols) {
+      allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+      const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
+      kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
+                                                      mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
+                                                      static_cast<int>(HV), static_cast<int>(HV / Hk));
+    };
+    using G1 = fwdh::Geo<1>;
+    using G2 = fwdh::Geo<2>;
+    if (mma16::wide_state_tiles(ctx, N * HV))
+      launch(bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else
+      launch(bf ? fwd_h_mma_kernel<true, 1> : fwd_h_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }

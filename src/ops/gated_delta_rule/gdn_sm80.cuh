@@ -616,6 +616,18 @@ inline size_t smem_optin(const char* op, int device) {
   return optin[device] = static_cast<size_t>(v);
 }
 
+// The device's multiprocessor count, queried once per device.
+inline int64_t sm_count(const char* op, int device) {
+  static std::mutex mu;
+  static std::map<int, int64_t> count;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = count.find(device);
+  if (it != count.end()) return it->second;
+  int v = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+  return count[device] = v;
+}
+
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device), after checking the
 // device's opt-in maximum. Every non-zero request goes through here: the default limit is
 // 48 KiB minus the kernel's static shared memory.

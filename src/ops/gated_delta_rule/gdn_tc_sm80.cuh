@@ -119,17 +119,19 @@ __device__ __forceinline__ void row_dot(const uint16_t* T, const float (&a)[8][4
   s1 = quad_sum(s1);
 }
 
-// The state kernels' register tile x[2][4][4] (4 warps; warp w holds rows 32 w .. 32 w + 31 of the
-// [128][32] tile): f(x[mt][j][e], y, xc) for each entry, y its row and xc its column.
+// The state kernels' register tile x[2][4][4] (groups of 4 warps; warp w holds rows 32 (w % 4) ..
+// +31, columns 32 (w / 4) .. +31 of the [128][32 groups] tile): f(x[mt][j][e], y, xc) for each
+// entry, y its row and xc its column.
 template <class F>
 __device__ __forceinline__ void for_state_frag(float (&x)[2][4][4], F&& f) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  const int y0 = 32 * (warp & 3), c0 = 32 * (warp >> 2);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(x[mt][j][e], 32 * warp + 16 * mt + gq + 8 * (e >> 1), 8 * j + 2 * tq + (e & 1));
+      for (int e = 0; e < 4; ++e) f(x[mt][j][e], y0 + 16 * mt + gq + 8 * (e >> 1), c0 + 8 * j + 2 * tq + (e & 1));
 }
 
 // Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), `chunks` 8-element chunks per row
@@ -202,6 +204,18 @@ inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char
   }
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   return smem_optin(op, ctx.device.index) >= smem;
+}
+
+// Whether the state kernels take 64-column V tiles (two warp groups per CTA, each K/W tile shared
+// by both): when `states` (sequences x value heads) x 2 CTAs still reach every SM.
+// FUSEDOPS_GDN_WIDE_STATE=1 or 0 forces the choice (the tests run both forms this way).
+inline bool wide_state_tiles(const Context& ctx, int64_t states) {
+  static const int force = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_WIDE_STATE");
+    return e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
+  }();
+  if (force >= 0) return force == 1;
+  return states * (kD / 64) >= sm_count("chunk_gated_delta_rule", ctx.device.index);
 }
 
 }  // namespace fusedops::gdn::sm80::mma16

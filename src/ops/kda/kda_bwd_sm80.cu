@@ -223,10 +223,10 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
   const int64_t HV = a.v.size(2), V = a.v.size(3);
   Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
-  // dq, dk, dbeta, dg and dAkk leave here as fp32 partial sums (the top level's workspaces), held
-  // to fp32 arithmetic; tf32 operands would cost them ~10 bits, so the tensor cores run only when
-  // the caller asks for 16-bit outputs.
-  L.tc = L.tc && a.dq.dtype() != DType::kFloat32;
+  // dq, dk, dbeta, dg and dAkk leave here as fp32 partial sums (the top level's workspaces); the
+  // products run on tf32 tensor cores whenever the inputs are 16-bit (layout_of's choice, as in
+  // every other chunk kernel): those results carry 16-bit inputs' precision whatever the output
+  // dtype, and FFMA cost the KDA backward about 10 ms at issue 7's shape.
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);

@@ -741,12 +741,14 @@ TEST(KdaSubops, BwdWyDqkgFusedAndBwdIntra) {
                                           th.view(), tdh.view(), dO.view(), tdvn.view(), dq.view(), dk.view(), dv.view(),
                                           db.view(), dg.view(), dAkk.view(), ix.cuv(), ix.civ(), scale, L.BT});
     const WyOut r64 = o_wy(in, vn, Akk, h, dh, dvn, L, scale, kExact), rb = o_wy(in, vn, Akk, h, dh, dvn, L, scale, acc);
-    expect_close("wy dq", dq, rb.dq, r64.dq, adt);
-    expect_close("wy dk", dk, rb.dk, r64.dk, adt);
+    // fp32 partial sums of 16-bit inputs: held to the inputs' precision (the precision policy's
+    // coarser of the input and output dtypes; the CUDA kernel's products are tf32 for 16-bit inputs).
+    expect_close("wy dq", dq, rb.dq, r64.dq, dt);
+    expect_close("wy dk", dk, rb.dk, r64.dk, dt);
     expect_close("wy dv", dv, stored(rb.dv, dt), r64.dv, dt);
-    expect_close("wy dbeta", db, rb.dbeta, r64.dbeta, adt);
-    expect_close("wy dg", dg, rb.dg, r64.dg, adt);
-    expect_close("wy dAkk", dAkk, rb.dAkk, r64.dAkk, adt);
+    expect_close("wy dbeta", db, rb.dbeta, r64.dbeta, dt);
+    expect_close("wy dg", dg, rb.dg, r64.dg, dt);
+    expect_close("wy dAkk", dAkk, rb.dAkk, r64.dAkk, dt);
     // bwd_intra on the oracle's partials, with dAqk from random dO / v_new.
     const Vec dAqk = stored(o_dAv(Akk, vn, in.dO, L, 0.5, kExact).first, adt);
     const Vec dAk = stored(r64.dAkk, adt);

@@ -4,6 +4,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -31,6 +32,7 @@ struct EmuWarp {
 inline thread_local EmuWarp* g_emu_warp = nullptr;
 inline std::vector<unsigned char> g_emu_smem;
 inline void __syncthreads() { g_emu_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_emu_warp->bar->arrive_and_wait(); }
 #define __global__
 #define __device__
 #define __host__
@@ -42,14 +44,20 @@ inline auto min(T a, U b) { return a < b ? a : b; }
 typedef void* cudaStream_t;
 typedef int cudaError_t;
 enum { cudaSuccess = 0 };
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #ifndef EMU_OPTIN
 #define EMU_OPTIN (227 * 1024)
 #endif
 inline size_t g_emu_optin = EMU_OPTIN;
 inline size_t g_emu_allowed = 48 * 1024;
-inline int cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = (int)g_emu_optin; return 0; }
+// The multiprocessor count is EMU_SMS from the environment (default 1), so that a test run can
+// pick the launch shapes the kernels choose by occupancy.
+inline int cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  const char* sms = std::getenv("EMU_SMS");
+  *v = a == cudaDevAttrMultiProcessorCount ? (sms ? std::atoi(sms) : 1) : (int)g_emu_optin;
+  return 0;
+}
 inline int cudaFuncSetAttribute(const void*, cudaFuncAttribute, int bytes) { g_emu_allowed = std::max<size_t>(g_emu_allowed, bytes); return 0; }
 inline int cudaGetLastError() { return 0; }
 inline const char* cudaGetErrorName(int) { return "emu"; }
@@ -101,6 +109,8 @@ inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {fusedops::to_float(
 inline float2 __half22float2(__half2 v) { return {fusedops::to_float(v.x), fusedops::to_float(v.y)}; }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {fusedops::float_to_bf16(a), fusedops::float_to_bf16(b)}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {fusedops::float_to_fp16(a), fusedops::float_to_fp16(b)}; }
+
+inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 // cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero (inf / NaN unchanged).
 inline uint32_t emu_cvt_rna_tf32(float x) {

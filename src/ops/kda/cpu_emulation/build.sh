@@ -24,13 +24,15 @@ namespace fusedops::cuda { class DeviceGuard { public: DeviceGuard(const char*, 
 EOH
 G=$ROOT/src/ops/gated_delta_rule
 K=$ROOT/src/ops/kda
-python3 $HERE/prep.py $OUT/shadow $G/gdn_sm80.cuh $G/gated_delta_rule_fwd_sm80.cu $G/gated_delta_rule_bwd_sm80.cu \
+mkdir -p $OUT/shadow/src/ops/gated_delta_rule
+cp $G/cpu_emulation/emu_mma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_mma_sm80.cuh  # the GDN 16-bit kernels' PTX layer
+python3 $HERE/prep.py $OUT/shadow $G/gdn_sm80.cuh $G/gdn_tc_sm80.cuh $G/gated_delta_rule_fwd_sm80.cu $G/gated_delta_rule_bwd_sm80.cu \
   $K/kda_sm80.cuh $K/kda_sm80.cu $K/kda_bwd_sm80.cu
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
 OBJS=""
 for f in gated_delta_rule/gated_delta_rule_fwd_sm80 gated_delta_rule/gated_delta_rule_bwd_sm80 kda/kda_sm80 kda/kda_bwd_sm80; do
   o=$OUT/$(basename $f).o
-  if [ ! -f $o ] || [ $OUT/shadow/src/ops/$f.cpp -nt $o ] || [ $OUT/shadow/src/ops/kda/kda_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_sm80.cuh -nt $o ]; then
+  if [ ! -f $o ] || [ $OUT/shadow/src/ops/$f.cpp -nt $o ] || [ $OUT/shadow/src/ops/kda/kda_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_tc_sm80.cuh -nt $o ]; then
     $CXX -c $OUT/shadow/src/ops/$f.cpp -o $o
   fi
   OBJS="$OBJS $o"
