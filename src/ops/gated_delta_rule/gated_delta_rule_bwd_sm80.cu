@@ -3,7 +3,6 @@
 // one CTA of 256 threads per (chunk, head) with fp32 shared-memory tiles and mm products; the
 // reverse state recurrence per (sequence, value head, 32-column V tile). Everything reduced across
 // value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -1161,26 +1160,21 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
 // dA, T1 and Mm are rounded to the input type as operands of the next product (as
 // flash-linear-attention does). dk accumulates over the group's value heads in registers; every
 // reduction runs in a fixed order.
-// The CTAs are persistent (one per SM; CTA b takes the (chunk, q/k head) items b, b + grid, ...,
-// each over its value heads in order) and, with NB = 2 input buffers (217 KiB: sm_90), the next
-// step's K V dW dU A, beta and g load while this step computes; NB = 1 (140 KiB, sm_80's 163 KiB)
-// loads each step's inputs after the previous step.
-namespace wy16 {
-constexpr size_t kIn = 4 * static_cast<size_t>(mma16::kTok) + kMaxBT * mma16::kLdA;  // K V dW dU A (elements)
-template <int NB>
-constexpr size_t smem() {
-  return 2 * (NB * kIn + 5 * kMaxBT * mma16::kLdA) + 4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 7 * kMaxBT);
-}
-}  // namespace wy16
+constexpr size_t kWySmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + 6 * kMaxBT * mma16::kLdA) +
+                          4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 7 * kMaxBT);
 
-template <bool BF, int NB>
+template <bool BF>
 __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
-                                                                 Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int H,
-                                                                 int G, int64_t items, int accumulate) {
+                                                                 Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int G,
+                                                                 int accumulate) {
   using namespace mma16;
   extern __shared__ float smem[];
-  uint16_t* in0 = reinterpret_cast<uint16_t*>(smem);  // [NB] x (K, V, dW, dU, A)
-  uint16_t* ATs = in0 + NB * wy16::kIn;
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* dWs = Vs + kTok;
+  uint16_t* dUs = dWs + kTok;
+  uint16_t* As = dUs + kTok;
+  uint16_t* ATs = As + kMaxBT * kLdA;
   uint16_t* dAs = ATs + kMaxBT * kLdA;
   uint16_t* T1s = dAs + kMaxBT * kLdA;
   uint16_t* Mms = T1s + kMaxBT * kLdA;
@@ -1191,75 +1185,37 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
   float* gl = es + kMaxBT;
   float* rb = gl + kMaxBT;  // [2][64]: rowsum(R . K), per column half
   float* rp = rb + 2 * kMaxBT;  // [2][64]: rowsum(P . V)
-  const int tid = threadIdx.x;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
   const bool live = wn2 <= wm + 15;
-  // Steps: (item, value head of its group), items blockIdx.x, blockIdx.x + gridDim.x, ...
-  const int64_t mine = items > blockIdx.x ? (items - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int64_t steps = mine * G;
-  struct Step {
-    ChunkPos c;
-    int hk, hv, gi;
-  };
-  auto step_of = [&](int64_t st) {
-    const int64_t item = blockIdx.x + (st / G) * static_cast<int64_t>(gridDim.x);
-    Step sp;
-    sp.c = chunk_pos(L, item / H);
-    sp.hk = static_cast<int>(item % H);
-    sp.gi = static_cast<int>(st % G);
-    sp.hv = sp.hk * G + sp.gi;
-    return sp;
-  };
-  // Inputs of step st into buffer st % NB (one cp.async group), and its beta / g into registers.
-  float nb = 0.0f, ng = 0.0f;
-  auto issue = [&](int64_t st) {
-    const Step sp = step_of(st);
-    const ChunkPos& c = sp.c;
-    uint16_t* Kb = in0 + (NB == 2 ? (st & 1) : 0) * wy16::kIn;
-    load_rows(Kb, kLdT, k, c.b, c.t0, sp.hk, c.len, kD / 8);
-    load_rows(Kb + kTok, kLdT, v, c.b, c.t0, sp.hv, c.len, kD / 8);
-    load_rows(Kb + 2 * kTok, kLdT, dW, c.b, c.t0, sp.hv, c.len, kD / 8);
-    load_rows(Kb + 3 * kTok, kLdT, dU, c.b, c.t0, sp.hv, c.len, kD / 8);
-    load_rows(Kb + 4 * kTok, kLdA, A, c.b, c.t0, sp.hv, c.len, kMaxBT / 8);
-    cp_async_commit();
-    if (tid < kMaxBT) {
-      const bool in = tid < c.len;
-      nb = in ? beta.ld(c.b, c.t0 + tid, sp.hv, 0) : 0.0f;
-      ng = (in && g.p) ? g.ld(c.b, c.t0 + tid, sp.hv, 0) : 0.0f;
-    }
+  auto load = [&](uint16_t* dst, int ld, const Tok& t, int head, int chunks) {
+    load_rows(dst, ld, t, c.b, c.t0, head, len, chunks);
   };
   float dka[8][4], kk[4][4];
-  if (NB == 2 && steps > 0) issue(0);
-  for (int64_t st = 0; st < steps; ++st) {
-    const Step sp = step_of(st);
-    const ChunkPos& c = sp.c;
-    const int hk = sp.hk, hv = sp.hv, gi = sp.gi, len = c.len;
-    uint16_t* Ks = in0 + (NB == 2 ? (st & 1) : 0) * wy16::kIn;
-    uint16_t* Vs = Ks + kTok;
-    uint16_t* dWs = Vs + kTok;
-    uint16_t* dUs = dWs + kTok;
-    uint16_t* As = dUs + kTok;
-    if (st > 0) __syncthreads();  // the previous step is done with every buffer but its inputs' successor
-    if (NB == 1) issue(st);
+  zero(dka);
+  zero(kk);
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
+    if (gi == 0) load(Ks, kLdT, k, hk, kD / 8);
+    load(Vs, kLdT, v, hv, kD / 8);
+    load(dWs, kLdT, dW, hv, kD / 8);
+    load(dUs, kLdT, dU, hv, kD / 8);
+    load(As, kLdA, A, hv, kMaxBT / 8);
+    cp_async_commit();
     if (tid < kMaxBT) {
-      bs[tid] = nb;
-      gl[tid] = ng;
-      es[tid] = g.p ? expf(ng) : 1.0f;
+      const bool in = tid < len;
+      const float gv = (in && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      bs[tid] = in ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+      gl[tid] = gv;
+      es[tid] = g.p ? expf(gv) : 1.0f;
     }
-    if (NB == 2 && st + 1 < steps) {
-      issue(st + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_wait<0>();
     __syncthreads();
-    if (gi == 0) {
-      zero(dka);
-      zero(kk);
-    }
-    if (len == 0) continue;  // block-uniform; an empty step writes nothing
     // A: its lower triangle (diagonal included), and A^T.
     for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
       const int i = e >> 6, j = e & 63;
@@ -1376,20 +1332,18 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
         dg.st_(c.b, c.t0 + i, hv, 0, old + (bs[i] * sb - sc + bs[i] * es[i] * rk));
       }
     }
-    if (gi == G - 1) {
+  }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = hr ? r1 : r0;
-          if (r >= len) continue;
-          const int64_t o = dk.off(c.b, c.t0 + r, hk) + col;
-          float a = 0.0f, b = 0.0f;
-          if (accumulate) ld2(dk.p, dk.code, o, a, b);
-          st2(dk.p, dk.code, o, a + dka[j][2 * hr], b + dka[j][2 * hr + 1]);
-        }
-      }
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = hr ? r1 : r0;
+      if (r >= len) continue;
+      const int64_t o = dk.off(c.b, c.t0 + r, hk) + col;
+      float a = 0.0f, b = 0.0f;
+      if (accumulate) ld2(dk.p, dk.code, o, a, b);
+      st2(dk.p, dk.code, o, a + dka[j][2 * hr], b + dka[j][2 * hr + 1]);
     }
   }
 }
@@ -1400,7 +1354,7 @@ bool wy_mma_ok(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, wy16::smem<1>(), "FUSEDOPS_GDN_WY_MMA", "prepare_wy_repr_bwd")) return false;
+  if (!tc16_device_ok(ctx, dt, kWySmem, "FUSEDOPS_GDN_WY_MMA", "prepare_wy_repr_bwd")) return false;
   for (const TensorView* t : {&a.k, &a.v, &a.A, &a.dw, &a.du})
     if (!tok16_ok(*t, dt)) return false;
   return out2_ok(a.dk) && out2_ok(a.dv);
@@ -1415,23 +1369,12 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   const int64_t NT = chunk_count(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || H == 0) return;
   if (wy_mma_ok(ctx, a)) {
-    const bool bf = a.k.dtype() == DType::kBFloat16;
-    // Two input buffers where the device's shared memory allows (FUSEDOPS_GDN_WY_BUFFERS=1 forces one).
-    static const bool one = [] {
-      const char* e = std::getenv("FUSEDOPS_GDN_WY_BUFFERS");
-      return e != nullptr && e[0] == '1';
-    }();
-    const bool two = !one && smem_optin(op, ctx.device.index) >= wy16::smem<2>();
-    auto kernel = two ? (bf ? wy_bwd_mma_kernel<true, 2> : wy_bwd_mma_kernel<false, 2>)
-                      : (bf ? wy_bwd_mma_kernel<true, 1> : wy_bwd_mma_kernel<false, 1>);
-    const size_t smem = two ? wy16::smem<2>() : wy16::smem<1>();
-    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
-    const int64_t items = NT * H;
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, sm_count(op, ctx.device.index)));
-    kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(
+    auto kernel = a.k.dtype() == DType::kBFloat16 ? wy_bwd_mma_kernel<true> : wy_bwd_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
+    kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
-        tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(H),
-        static_cast<int>(HV / H), items, a.accumulate_dk_dg ? 1 : 0);
+        tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
+        static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
