@@ -1,2 +1,0 @@
-timeout 150 python3 bench/la_timing.py --json $OUT/la_timing.json > $L/la.log 2>&1; note "la_timing rc=$?"; cat $L/la.log | cut -c1-900 >> $S
-timeout 100 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 10 $TESTS --gtest_filter='GatedDeltaRuleSubops.FwdHFwdO*' > $L/racecheck.log 2>&1; note "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' $L/racecheck.log | tail -1)"
