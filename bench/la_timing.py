@@ -126,10 +126,14 @@ def main(argv=None):
     def gdn(q, k, v, g, b):
         return fusedops.chunk_gated_delta_rule(q, k, v, g, b, K ** -0.5)[0]
 
+    def gdn_keep(q, k, v, g, b):
+        return fusedops.chunk_gated_delta_rule(q, k, v, g, b, K ** -0.5, keep_intermediates=True)[0]
+
     def kda(q, k, v, g, b):
         return fusedops.chunk_kda(q, k, v, g, b, K ** -0.5)[0]
 
     for name, fn, HV, is_kda in (("chunk_gated_delta_rule", gdn, H, False),
+                                 ("chunk_gated_delta_rule keep_intermediates", gdn_keep, H, False),
                                  ("chunk_gated_delta_rule HV=32", gdn, 2 * H, False),
                                  ("chunk_kda", kda, H, True)):
         inputs = _inputs(B, T, H, HV, K, K, dt, is_kda)

@@ -135,12 +135,13 @@ void bind_gated_delta_rule(nb::module_& m) {
   m.def("chunk_gated_delta_rule_fwd",
         [](const Context& ctx, const std::vector<OptArray>& t, double scale, int64_t chunk_size,
            bool l2, bool gate, bool sig, bool neg) {
-          FUSEDOPS_REQUIRE(t.size() == 21, kValue, "chunk_gated_delta_rule", "expected 21 tensors");
+          FUSEDOPS_REQUIRE(t.size() == 25, kValue, "chunk_gated_delta_rule", "expected 25 tensors");
           ChunkGatedDeltaRuleFwdArgs a;
           TensorView* fields[] = {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log,
                                   &a.dt_bias, &a.cu_seqlens, &a.chunk_indices, &a.chunk_offsets,
                                   &a.o, &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd,
-                                  &a.k_rstd, &a.g_cumsum, &a.A, &a.beta_sigmoid, &a.workspace};
+                                  &a.k_rstd, &a.g_cumsum, &a.A, &a.beta_sigmoid, &a.workspace,
+                                  &a.w, &a.u, &a.h, &a.v_new};
           for (size_t i = 0; i < t.size(); ++i) *fields[i] = view(t[i]);
           a.scale = scale;
           a.chunk_size = chunk_size;
@@ -155,7 +156,7 @@ void bind_gated_delta_rule(nb::module_& m) {
         nb::arg("use_beta_sigmoid_in_kernel"), nb::arg("allow_neg_eigval"), release_gil());
   m.def("chunk_gated_delta_rule_fwd_workspace_size",
         [](const Array& q, const Array& vv, const OptArray& cu, const OptArray& ci,
-           int64_t chunk_size, bool gate) {
+           int64_t chunk_size, bool gate, const OptArray& w) {
           ChunkGatedDeltaRuleFwdArgs a;
           a.q = view(q);
           a.v = view(vv);
@@ -163,21 +164,22 @@ void bind_gated_delta_rule(nb::module_& m) {
           a.chunk_indices = view(ci);
           a.chunk_size = chunk_size;
           a.use_gate_in_kernel = gate;
+          a.w = view(w);  // given: the caller keeps w, u, h, v_new
           return chunk_gated_delta_rule_fwd_workspace_size(a);
         },
         nb::arg("q"), nb::arg("v"), nb::arg("cu_seqlens").none(), nb::arg("chunk_indices").none(),
-        nb::arg("chunk_size"), nb::arg("use_gate_in_kernel"));
+        nb::arg("chunk_size"), nb::arg("use_gate_in_kernel"), nb::arg("w").none() = nb::none());
   m.def("chunk_gated_delta_rule_bwd",
         [](const Context& ctx, const std::vector<OptArray>& t, double scale, int64_t chunk_size,
            bool l2, bool gate, bool sig, bool neg) {
-          FUSEDOPS_REQUIRE(t.size() == 29, kValue, "chunk_gated_delta_rule", "expected 29 tensors");
+          FUSEDOPS_REQUIRE(t.size() == 33, kValue, "chunk_gated_delta_rule", "expected 33 tensors");
           ChunkGatedDeltaRuleBwdArgs a;
           TensorView* fields[] = {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log,
                                   &a.dt_bias, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
                                   &a.g_cumsum, &a.A, &a.beta_sigmoid, &a.cu_seqlens,
                                   &a.chunk_indices, &a.chunk_offsets, &a.dout, &a.dht, &a.dq,
                                   &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias,
-                                  &a.workspace};
+                                  &a.workspace, &a.w, &a.u, &a.h, &a.v_new};
           for (size_t i = 0; i < t.size(); ++i) *fields[i] = view(t[i]);
           a.scale = scale;
           a.chunk_size = chunk_size;
@@ -192,7 +194,7 @@ void bind_gated_delta_rule(nb::module_& m) {
         nb::arg("use_beta_sigmoid_in_kernel"), nb::arg("allow_neg_eigval"), release_gil());
   m.def("chunk_gated_delta_rule_bwd_workspace_size",
         [](const Array& q, const Array& vv, const Array& dout, const OptArray& cu,
-           const OptArray& ci, int64_t chunk_size, bool l2, bool gate, bool sig) {
+           const OptArray& ci, int64_t chunk_size, bool l2, bool gate, bool sig, const OptArray& w) {
           ChunkGatedDeltaRuleBwdArgs a;
           a.q = view(q);
           a.v = view(vv);
@@ -203,12 +205,13 @@ void bind_gated_delta_rule(nb::module_& m) {
           a.use_qk_l2norm_in_kernel = l2;
           a.use_gate_in_kernel = gate;
           a.use_beta_sigmoid_in_kernel = sig;
+          a.w = view(w);  // given: the forward kept w, u, h, v_new
           return chunk_gated_delta_rule_bwd_workspace_size(a);
         },
         nb::arg("q"), nb::arg("v"), nb::arg("dout"), nb::arg("cu_seqlens").none(),
         nb::arg("chunk_indices").none(), nb::arg("chunk_size"),
         nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
-        nb::arg("use_beta_sigmoid_in_kernel"));
+        nb::arg("use_beta_sigmoid_in_kernel"), nb::arg("w").none() = nb::none());
 
   m.def("fused_recurrent_gated_delta_rule_fwd",
         [](const Context& ctx, const Array& q, const Array& k, const Array& vv, const OptArray& g,

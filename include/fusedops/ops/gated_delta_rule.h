@@ -257,9 +257,14 @@ struct ChunkGatedDeltaRuleFwdArgs {
   TensorView o, final_state;
   TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, A, beta_sigmoid;
   TensorView workspace;
+  // Optional, all four or none: W [B,T,HV,K] (q's dtype), U and Vnew [B,T,HV,V] (v's dtype) and
+  // the h snapshots [B (1 with cu_seqlens),NT,HV,K,V] (q's dtype), contiguous, kept here instead
+  // of in the workspace, so that a backward given them skips its recomputation (step B1).
+  TensorView w, u, h, v_new;
 };
 
-// Backward (section 1.5): recomputes W, U (from the saved A), h and Vnew, then
+// Backward (section 1.5): recomputes W, U (from the saved A), h and Vnew (unless the forward kept
+// them: the w, u, h, v_new fields), then
 //   chunk_bwd_dv_local -> chunk_gated_delta_rule_bwd_dhu -> chunk_bwd_dqkwg ->
 //   prepare_wy_repr_bwd (accumulating into dk and dg) -> chunk_local_cumsum (reverse)
 //   [gdn_gate_bwd] [beta_sigmoid_bwd] [l2norm_bwd].
@@ -282,6 +287,9 @@ struct ChunkGatedDeltaRuleBwdArgs {
   TensorView dout, dht;
   TensorView dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias;
   TensorView workspace;
+  // Optional, all four or none: the forward's kept W, U, h, Vnew (see the forward's fields); given,
+  // step B1 (recompute_w_u_fwd and chunk_gated_delta_rule_fwd_h) is skipped.
+  TensorView w, u, h, v_new;
 };
 
 int64_t chunk_gated_delta_rule_fwd_workspace_size(const ChunkGatedDeltaRuleFwdArgs& args);

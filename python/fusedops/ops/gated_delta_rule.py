@@ -148,7 +148,8 @@ def _fwd_shapes(q, k, v, g, cu_seqlens, chunk_size):
     return B, T, H, K, HV, V, N
 
 
-_T9 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+_T13 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+             Tensor]
 _T8 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 _T6 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 _T3 = tuple[Tensor, Tensor, Tensor]
@@ -158,10 +159,11 @@ def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, sc
                initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
                use_gate: bool, A_log: Optional[Tensor], dt_bias: Optional[Tensor],
                use_sigmoid: bool, allow_neg: bool, cu_seqlens: Optional[Tensor],
-               cu_seqlens_cpu: Optional[Tensor], chunk_size: int) -> _T9:
+               cu_seqlens_cpu: Optional[Tensor], chunk_size: int, keep: bool) -> _T13:
     B, T, H, K, HV, V, N = _fwd_shapes(q, k, v, g, cu_seqlens, chunk_size)
     dev, acc = q.device, _acc_dtype(q)
     ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    kept = _kept(q, v, B, T, HV, K, V, ci, chunk_size, cu_seqlens is not None) if keep else [_empty(q) for _ in range(4)]
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev) if output_final_state else _empty(q)
     if use_qk_l2norm:
@@ -173,23 +175,23 @@ def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, sc
     gc = torch.empty(B, T, HV, dtype=acc, device=dev)
     A = torch.empty(B, T, HV, chunk_size, dtype=k.dtype, device=dev)
     bs = torch.empty(B, T, HV, dtype=acc, device=dev) if use_sigmoid else _empty(q)
-    ws = _workspace(_C.chunk_gated_delta_rule_fwd_workspace_size(q, v, cu_seqlens, ci, chunk_size, use_gate),
-                    dev)
+    ws = _workspace(_C.chunk_gated_delta_rule_fwd_workspace_size(q, v, cu_seqlens, ci, chunk_size, use_gate,
+                                                                  kept[0] if keep else None), dev)
     g = rows_view(g) if use_gate else _last_unit(g)
     beta = rows_view(beta) if use_sigmoid else _last_unit(beta)
     opt = lambda t: t if t.numel() or t.dim() > 1 else None  # noqa: E731
     tensors = [_last_unit(q), _last_unit(k), _last_unit(v), g, beta, _last_unit(initial_state),
                A_log if use_gate else None, dt_bias if use_gate else None, cu_seqlens, ci, co,
                o, ht if output_final_state else None, opt(qn), opt(kn), opt(rq), opt(rk), gc, A,
-               bs if use_sigmoid else None, ws]
+               bs if use_sigmoid else None, ws, *(kept if keep else [None] * 4)]
     _C.chunk_gated_delta_rule_fwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm,
                                   use_gate, use_sigmoid, allow_neg)
-    return o, ht, qn, kn, rq, rk, gc, A, bs
+    return (o, ht, qn, kn, rq, rk, gc, A, bs, *kept)
 
 
 def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
                     use_gate, A_log, dt_bias, use_sigmoid, allow_neg, cu_seqlens, cu_seqlens_cpu,
-                    chunk_size):
+                    chunk_size, keep):
     B, T, H, K, HV, V, N = _fwd_shapes(q, k, v, g, cu_seqlens, chunk_size)
     acc = _acc_dtype(q)
     o = q.new_empty(B, T, HV, V)
@@ -202,7 +204,23 @@ def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, 
     gc = q.new_empty(B, T, HV, dtype=acc)
     A = k.new_empty(B, T, HV, chunk_size)
     bs = q.new_empty(B, T, HV, dtype=acc) if use_sigmoid else q.new_empty(0)
-    return o, ht, qn, kn, rq, rk, gc, A, bs
+    if keep:
+        # h's chunk count is data-dependent with cu_seqlens (the fake cannot see the values).
+        NT = (T + chunk_size - 1) // chunk_size if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+        kept = [q.new_empty(B, T, HV, K), v.new_empty(B, T, HV, V),
+                q.new_empty(B if cu_seqlens is None else 1, NT, HV, K, V), v.new_empty(B, T, HV, V)]
+    else:
+        kept = [q.new_empty(0) for _ in range(4)]
+    return (o, ht, qn, kn, rq, rk, gc, A, bs, *kept)
+
+
+def _kept(q, v, B, T, HV, K, V, ci, chunk_size, varlen) -> list:
+    """W, U, the h snapshots and Vnew, allocated for the forward to keep for the backward."""
+    NT = ci.shape[0] if varlen else (T + chunk_size - 1) // chunk_size
+    dev = q.device
+    return [torch.empty(B, T, HV, K, dtype=q.dtype, device=dev), torch.empty(B, T, HV, V, dtype=v.dtype, device=dev),
+            torch.empty(1 if varlen else B, NT, HV, K, V, dtype=q.dtype, device=dev),
+            torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)]
 
 
 def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
@@ -211,7 +229,8 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                A: Tensor, beta_sigmoid: Tensor, cu_seqlens: Optional[Tensor],
                cu_seqlens_cpu: Optional[Tensor], dout: Tensor, dht: Optional[Tensor], scale: float,
                chunk_size: int, use_qk_l2norm: bool, use_gate: bool, use_sigmoid: bool,
-               allow_neg: bool) -> _T8:
+               allow_neg: bool, w: Optional[Tensor], u: Optional[Tensor], h: Optional[Tensor],
+               v_new: Optional[Tensor]) -> _T8:
     dev = q.device
     ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
     dout = _last_unit(dout)
@@ -226,7 +245,7 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     ddb = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=dev) \
         if use_gate and dt_bias is not None else _empty(q)
     ws = _workspace(_C.chunk_gated_delta_rule_bwd_workspace_size(
-        q, v, dout, cu_seqlens, ci, chunk_size, use_qk_l2norm, use_gate, use_sigmoid), dev)
+        q, v, dout, cu_seqlens, ci, chunk_size, use_qk_l2norm, use_gate, use_sigmoid, w), dev)
     if use_qk_l2norm:
         q, k = rows_view(q), rows_view(k)
     g = rows_view(g) if use_gate else _last_unit(g)
@@ -237,7 +256,7 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                opt(k_normed), opt(q_rstd), opt(k_rstd), g_cumsum, A,
                beta_sigmoid if use_sigmoid else None, cu_seqlens, ci, co, dout, _last_unit(dht),
                dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None,
-               dA if use_gate else None, opt(ddb) if use_gate else None, ws]
+               dA if use_gate else None, opt(ddb) if use_gate else None, ws, w, u, h, v_new]
     _C.chunk_gated_delta_rule_bwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm,
                                   use_gate, use_sigmoid, allow_neg)
     return dq, dk, dv, dg, dbeta, dh0, dA, ddb
@@ -245,7 +264,7 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 def _chunk_bwd_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, q_normed, k_normed, q_rstd,
                     k_rstd, g_cumsum, A, beta_sigmoid, cu_seqlens, cu_seqlens_cpu, dout, dht, scale,
-                    chunk_size, use_qk_l2norm, use_gate, use_sigmoid, allow_neg):
+                    chunk_size, use_qk_l2norm, use_gate, use_sigmoid, allow_neg, w, u, h, v_new):
     e = q.new_empty(0)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -260,26 +279,28 @@ _chunk_bwd = PlainOp("chunk_gated_delta_rule_bwd", _chunk_bwd_impl, _chunk_bwd_f
 
 
 def _chunk_setup(ctx, inputs, output):
-    (q, k, v, g, beta, scale, h0, ofs, l2, gate, A_log, dt_bias, sig, neg, cu, cu_cpu, bt) = inputs
-    o, ht, qn, kn, rq, rk, gc, A, bs = output
-    ctx.flags = (scale, bt, l2, gate, sig, neg)
-    ctx.save_for_backward(q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu)
-    ctx.mark_non_differentiable(qn, kn, rq, rk, gc, A, bs)
+    (q, k, v, g, beta, scale, h0, ofs, l2, gate, A_log, dt_bias, sig, neg, cu, cu_cpu, bt, keep) = inputs
+    o, ht, qn, kn, rq, rk, gc, A, bs, w, u, h, vn = output
+    ctx.flags = (scale, bt, l2, gate, sig, neg, keep)
+    ctx.save_for_backward(q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu, w, u, h,
+                          vn)
+    ctx.mark_non_differentiable(qn, kn, rq, rk, gc, A, bs, w, u, h, vn)
 
 
 def _chunk_backward(ctx, do, dht, *_unused):
-    q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu = ctx.saved_tensors
-    scale, bt, l2, gate, sig, neg = ctx.flags
+    q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu, w, u, h, vn = ctx.saved_tensors
+    scale, bt, l2, gate, sig, neg, keep = ctx.flags
+    kept = (w, u, h, vn) if keep else (None,) * 4
     if do is None:
         do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     if dht is not None and dht.numel() == 0:
         dht = None
     dq, dk, dv, dg, dbeta, dh0, dA, ddb = _chunk_bwd(
         q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu, do, dht,
-        scale, bt, l2, gate, sig, neg)
+        scale, bt, l2, gate, sig, neg, *kept)
     return (dq, dk, dv, dg, dbeta, None, dh0 if h0 is not None else None, None, None, None,
             dA if gate else None, ddb if gate and dt_bias is not None else None, None, None,
-            None, None, None)
+            None, None, None, None)
 
 
 _chunk_fwd = DifferentiableOp("chunk_gated_delta_rule_fwd", _chunk_fwd_impl, _chunk_fwd_fake,
@@ -307,6 +328,7 @@ def chunk_gated_delta_rule(
     allow_neg_eigval: bool = False,
     state_v_first: bool = False,
     transpose_state_layout: Optional[bool] = None,
+    keep_intermediates: Optional[bool] = None,
     **kwargs,
 ):
     """Chunked gated delta rule (flash-linear-attention's ``chunk_gated_delta_rule``).
@@ -322,7 +344,10 @@ def chunk_gated_delta_rule(
     sequences along T (B == 1). ``use_qk_l2norm_in_kernel`` normalises q and k (eps 1e-6).
     Returns ``(o [B,T,HV,V] in q's dtype, final_state [N,HV,K,V] fp32 or None)``; differentiable
     in q, k, v, g, beta, initial_state, A_log and dt_bias. ``state_v_first`` stores states as
-    ``[V,K]``.
+    ``[V,K]``. ``keep_intermediates``: when a gradient will be taken, keep W, U, the chunk states
+    and Vnew from the forward instead of recomputing them in the backward (faster backward; saved
+    memory grows by ~(3 + K*V/(chunk_size*K)) x the size of v, e.g. 5x at K=V=128, chunk 64).
+    Default (None): on the CPU, not on CUDA (as flash-linear-attention, which recomputes).
     """
     if "head_first" in kwargs:
         raise DeprecationWarning(
@@ -353,6 +378,11 @@ def chunk_gated_delta_rule(
                          f"(sequences are packed along T), got B={q.shape[0]}")
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if keep_intermediates is None:
+        keep_intermediates = q.device.type == "cpu"
+    grads = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    keep = bool(keep_intermediates) and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in grads)
     h0 = initial_state
     if h0 is not None and state_v_first:
         h0 = h0.transpose(-1, -2).contiguous()
@@ -360,7 +390,7 @@ def chunk_gated_delta_rule(
                      bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                      A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,
                      bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), cu_seqlens,
-                     cu_seqlens_cpu, int(chunk_size))
+                     cu_seqlens_cpu, int(chunk_size), keep)
     o, ht = out[0], out[1]
     if not output_final_state:
         return o, None

@@ -118,7 +118,18 @@ TopDims check_common(const gdn::Check& c, const Args& a, bool backward) {
   saved(a.g_cumsum, "g_cumsum", {B, T, HV});
   saved(a.A, "A", {B, T, HV, a.chunk_size});
   if (a.use_beta_sigmoid_in_kernel) saved(a.beta_sigmoid, "beta_sigmoid", {B, T, HV});
-  return dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
+  const TopDims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
+  const int kept = a.w.defined() + a.u.defined() + a.h.defined() + a.v_new.defined();
+  c.value(kept == 0 || kept == 4, "w, u, h and v_new are given together or not at all");
+  if (kept == 4) {
+    c.output(a.w, "w", {B, T, HV, K});
+    c.output(a.u, "u", {B, T, HV, V});
+    c.output(a.h, "h", {d.varlen ? 1 : B, d.NT, HV, K, V});
+    c.output(a.v_new, "v_new", {B, T, HV, V});
+    c.base().same_dtype(a.w, "w", a.q, "q").same_dtype(a.h, "h", a.q, "q");
+    c.base().same_dtype(a.u, "u", a.v, "v").same_dtype(a.v_new, "v_new", a.v, "v");
+  }
+  return d;
 }
 
 void check_workspace(const gdn::Check& c, const TensorView& ws, int64_t need) {
@@ -130,16 +141,17 @@ void check_workspace(const gdn::Check& c, const TensorView& ws, int64_t need) {
                                   std::to_string(ws.numel()));
 }
 
-// Fwd workspace: [g_act fp32] kkt fp32, w, u, h, v_new.
+// Fwd workspace: [g_act fp32] kkt fp32, w, u, h, v_new (these four unless the caller keeps them).
 struct FwdWork {
   TensorView g_act, kkt, w, u, h, v_new;
 };
 
-FwdWork carve_fwd(Carver& cv, const TopDims& d, bool gate) {
+FwdWork carve_fwd(Carver& cv, const TopDims& d, bool gate, bool kept) {
   FwdWork w;
   const int64_t Bh = d.varlen ? 1 : d.B;
   if (gate) w.g_act = cv.take(d.acc, {d.B, d.T, d.HV});
   w.kkt = cv.take(d.acc, {d.B, d.T, d.HV, d.BT});
+  if (kept) return w;  // w, u, h, v_new are the caller's
   w.w = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
   w.u = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
   w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
@@ -147,19 +159,21 @@ FwdWork carve_fwd(Carver& cv, const TopDims& d, bool gate) {
   return w;
 }
 
-// Bwd workspace: w, u, h, v_new, dv_local, dh, dv2, dw, dg (partial, fp32), [dbeta fp32],
+// Bwd workspace: w, u, h, v_new (unless the forward kept them), dv_local, dh, dv2, dw, dg (partial, fp32), [dbeta fp32],
 // [dg_act fp32], [dq_normed, dk_normed].
 struct BwdWork {
   TensorView w, u, h, v_new, dvl, dh, dv2, dw, dg_part, dbeta, dg_act, dqn, dkn;
 };
 
-BwdWork carve_bwd(Carver& cv, const TopDims& d, bool gate, bool sigmoid, bool l2) {
+BwdWork carve_bwd(Carver& cv, const TopDims& d, bool gate, bool sigmoid, bool l2, bool kept) {
   BwdWork w;
   const int64_t Bh = d.varlen ? 1 : d.B;
-  w.w = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
-  w.u = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
-  w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
-  w.v_new = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
+  if (!kept) {  // else the forward's, given by the caller
+    w.w = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
+    w.u = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
+    w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
+    w.v_new = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
+  }
   w.dvl = cv.take(d.ddt, {d.B, d.T, d.HV, d.V});
   w.dh = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
   w.dv2 = cv.take(d.ddt, {d.B, d.T, d.HV, d.V});
@@ -221,7 +235,8 @@ int64_t chunk_gated_delta_rule_fwd_workspace_size(const ChunkGatedDeltaRuleFwdAr
   if (!a.q.defined() || !a.v.defined() || a.q.ndim() != 4 || a.v.ndim() != 4) return 0;
   if (a.cu_seqlens.defined() && (!a.chunk_indices.defined() || a.chunk_indices.ndim() != 2)) return 0;
   Carver cv(nullptr, a.q.device());
-  carve_fwd(cv, dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size), a.use_gate_in_kernel);
+  carve_fwd(cv, dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size), a.use_gate_in_kernel,
+            a.w.defined());
   return cv.used();
 }
 
@@ -229,8 +244,8 @@ int64_t chunk_gated_delta_rule_bwd_workspace_size(const ChunkGatedDeltaRuleBwdAr
   if (!a.q.defined() || !a.v.defined() || a.q.ndim() != 4 || a.v.ndim() != 4) return 0;
   if (a.cu_seqlens.defined() && (!a.chunk_indices.defined() || a.chunk_indices.ndim() != 2)) return 0;
   Carver cv(nullptr, a.q.device());
-  carve_bwd(cv, bwd_dims(a), a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel,
-            a.use_qk_l2norm_in_kernel);
+  carve_bwd(cv, bwd_dims(a), a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel, a.use_qk_l2norm_in_kernel,
+            a.w.defined());
   return cv.used();
 }
 
@@ -239,7 +254,7 @@ namespace gdn {
 void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedPrepareFwd fused_prepare) {
   const TopDims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
-  const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel);
+  const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel, a.w.defined());
   TensorView q = a.q, k = a.k, beta = a.beta, g = a.g;
   if (a.use_qk_l2norm_in_kernel) {
     l2norm_fwd(ctx, {a.q, a.q_normed, a.q_rstd, kL2NormEps});
@@ -257,23 +272,28 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedP
   }
   const TensorView& cu = a.cu_seqlens;
   const TensorView& ci = a.chunk_indices;
+  const bool keep = a.w.defined();  // the caller keeps W, U, h, Vnew for the backward
+  const TensorView& w = keep ? a.w : ws.w;
+  const TensorView& u = keep ? a.u : ws.u;
+  const TensorView& h = keep ? a.h : ws.h;
+  const TensorView& vn = keep ? a.v_new : ws.v_new;
   chunk_local_cumsum(ctx, {g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0});
-  const RecomputeWUFwdArgs wu{k, a.v, beta, a.A, a.g_cumsum, ws.w, ws.u, cu, ci};
+  const RecomputeWUFwdArgs wu{k, a.v, beta, a.A, a.g_cumsum, w, u, cu, ci};
   if (!fused_prepare || !fused_prepare(ctx, wu, a.chunk_size)) {
     chunk_scaled_dot_kkt_fwd(ctx, {k, beta, a.g_cumsum, ws.kkt, cu, ci, a.chunk_size});
     solve_tril(ctx, {ws.kkt, a.A, cu, ci});
     recompute_w_u_fwd(ctx, wu);
   }
-  chunk_gated_delta_rule_fwd_h(ctx, {k, ws.w, ws.u, a.g_cumsum, TensorView(), a.initial_state, ws.h,
-                                     ws.v_new, a.final_state, cu, a.chunk_offsets, a.chunk_size});
-  chunk_fwd_o(ctx, {q, k, ws.v_new, ws.h, a.g_cumsum, a.o, cu, ci, a.scale, a.chunk_size});
+  chunk_gated_delta_rule_fwd_h(ctx, {k, w, u, a.g_cumsum, TensorView(), a.initial_state, h, vn, a.final_state, cu,
+                                     a.chunk_offsets, a.chunk_size});
+  chunk_fwd_o(ctx, {q, k, vn, h, a.g_cumsum, a.o, cu, ci, a.scale, a.chunk_size});
 }
 
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   const TopDims d = bwd_dims(a);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
-  const BwdWork ws = carve_bwd(cv, d, a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel,
-                               a.use_qk_l2norm_in_kernel);
+  const BwdWork ws = carve_bwd(cv, d, a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel, a.use_qk_l2norm_in_kernel,
+                               a.w.defined());
   const TensorView q = a.use_qk_l2norm_in_kernel ? a.q_normed : a.q;
   const TensorView k = a.use_qk_l2norm_in_kernel ? a.k_normed : a.k;
   const TensorView beta = a.use_beta_sigmoid_in_kernel ? a.beta_sigmoid : a.beta;
@@ -281,19 +301,24 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   const TensorView& cu = a.cu_seqlens;
   const TensorView& ci = a.chunk_indices;
   const int64_t BT = a.chunk_size;
-  // B1: W, U from the saved A; h and Vnew by the state recurrence.
-  recompute_w_u_fwd(ctx, {k, a.v, beta, a.A, gc, ws.w, ws.u, cu, ci});
-  chunk_gated_delta_rule_fwd_h(ctx, {k, ws.w, ws.u, gc, TensorView(), a.initial_state, ws.h,
-                                     ws.v_new, TensorView(), cu, a.chunk_offsets, BT});
+  // B1: W, U from the saved A; h and Vnew by the state recurrence (unless the forward kept them).
+  const bool kept = a.w.defined();
+  const TensorView& w = kept ? a.w : ws.w;
+  const TensorView& h = kept ? a.h : ws.h;
+  const TensorView& vn = kept ? a.v_new : ws.v_new;
+  if (!kept) {
+    recompute_w_u_fwd(ctx, {k, a.v, beta, a.A, gc, ws.w, ws.u, cu, ci});
+    chunk_gated_delta_rule_fwd_h(ctx, {k, ws.w, ws.u, gc, TensorView(), a.initial_state, ws.h, ws.v_new,
+                                       TensorView(), cu, a.chunk_offsets, BT});
+  }
   // B2, B3.
   chunk_bwd_dv_local(ctx, {q, k, a.dout, gc, ws.dvl, cu, ci, a.scale, BT});
-  chunk_gated_delta_rule_bwd_dhu(ctx, {q, k, ws.w, a.dout, ws.dvl, gc, TensorView(), a.dht, ws.dh,
-                                       a.dh0, ws.dv2, cu, a.chunk_offsets, a.scale, BT});
+  chunk_gated_delta_rule_bwd_dhu(ctx, {q, k, w, a.dout, ws.dvl, gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,
+                                       a.chunk_offsets, a.scale, BT});
   // B4, B5 (dk and dg accumulate).
   const TensorView dq = a.use_qk_l2norm_in_kernel ? ws.dqn : a.dq;
   const TensorView dk = a.use_qk_l2norm_in_kernel ? ws.dkn : a.dk;
-  chunk_bwd_dqkwg(ctx, {q, k, ws.v_new, a.dout, ws.h, ws.dh, ws.w, ws.dv2, gc, dq, dk, ws.dw,
-                        ws.dg_part, cu, ci, a.scale, BT});
+  chunk_bwd_dqkwg(ctx, {q, k, vn, a.dout, h, ws.dh, w, ws.dv2, gc, dq, dk, ws.dw, ws.dg_part, cu, ci, a.scale, BT});
   const TensorView dbeta = a.use_beta_sigmoid_in_kernel ? ws.dbeta : a.dbeta;
   prepare_wy_repr_bwd(ctx, {k, a.v, beta, a.A, gc, ws.dw, ws.dv2, dk, a.dv, dbeta, ws.dg_part, cu,
                             ci, true});

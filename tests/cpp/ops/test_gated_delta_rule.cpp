@@ -1557,6 +1557,20 @@ TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {
     h->a.chunk_size = 48;
     expect_error([&] { chunk_gated_delta_rule_fwd(ctx, h->a); }, ErrorKind::kValue, "chunk_size must be 16, 32 or 64, got 48");
   }
+  {  // the kept intermediates: all four or none, each of its exact shape
+    auto h = args(s);
+    TestTensor w(DType::kFloat32, {2, 8, 4, 8}), u(DType::kFloat32, {2, 8, 4, 8});
+    TestTensor hs(DType::kFloat32, {2, 1, 4, 8, 8}), vn(DType::kFloat32, {2, 8, 4, 8}), hbad(DType::kFloat32, {2, 2, 4, 8, 8});
+    h->a.w = w.view();
+    expect_error([&] { chunk_gated_delta_rule_fwd(ctx, h->a); }, ErrorKind::kValue,
+                 "w, u, h and v_new are given together or not at all");
+    h->a.u = u.view();
+    h->a.v_new = vn.view();
+    h->a.h = hbad.view();
+    expect_error([&] { chunk_gated_delta_rule_fwd(ctx, h->a); }, ErrorKind::kValue, "h must have shape [2,1,4,8,8], got [2,2,4,8,8]");
+    h->a.h = hs.view();
+    chunk_gated_delta_rule_fwd(ctx, h->a);  // the right shapes run
+  }
   {
     auto h = args(s);
     TestTensor h0(DType::kFloat32, {3, 4, 8, 8});

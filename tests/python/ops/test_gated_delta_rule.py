@@ -10,6 +10,7 @@ RMS-ratio metric (section 13) is recorded with every comparison (``--precision-r
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -429,6 +430,23 @@ def test_repeated_backward_is_bitwise_identical(device, K):
         assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
 
 
+@pytest.mark.parametrize("K,dtype,cu", [(32, torch.float32, None), (32, torch.float32, [0, 50, 50, 130]),
+                                        (128, torch.bfloat16, [0, 70, 130])], ids=["K32", "K32-varlen", "K128-bf16"])
+def test_kept_intermediates_give_the_recomputing_backward_bitwise(device, K, dtype, cu):
+    # keep_intermediates: the backward reads the forward's W, U, h, Vnew instead of recomputing them
+    # with the same kernels, so every output and gradient is bitwise the same.
+    opts = {"l2": True, "gate": True, "sig": True}
+    d = make_inputs(1 if cu else 2, 130, 2, 4, K, K, dtype, seed=18, cu=cu, opts=opts)
+    runs = [run_ours(d, 0.2, cu, opts, 64, device, dtype=dtype,
+                     fn=functools.partial(fusedops.chunk_gated_delta_rule, keep_intermediates=keep))
+            for keep in (False, True)]
+    for a, b in ((runs[0][0], runs[1][0]), (runs[0][1], runs[1][1])):
+        assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype]))
+    for n in runs[0][2]:
+        a, b = runs[0][2][n], runs[1][2][n]
+        assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
+
+
 def test_reference_module_matches_the_oracle():
     d = make_inputs(1, 40, 1, 2, 8, 8, torch.float32, seed=18)
     x = leaves(d, DIFF)
@@ -696,9 +714,10 @@ def test_fused_gdn_gate_matches_float64(device):
 def test_opcheck_top_level_ops(device):
     d = {n: t.to(device) if t is not None else None
          for n, t in make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=30).items()}
-    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"], d["dt_bias"],
-            True, True, None, None, 16)
-    torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
+    for keep in (False, True):
+        args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"],
+                d["dt_bias"], True, True, None, None, 16, keep)
+        torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
     torch.library.opcheck(torch.ops.fusedops.fused_recurrent_gated_delta_rule_fwd.default,
                           (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, None))
     torch.library.opcheck(torch.ops.fusedops.gdn_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"]))
