@@ -311,14 +311,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) dhu_pf_kernel(Tok q, Tok k
 }
 
 // chunk_gated_delta_rule_bwd_dhu on 16-bit tensor cores (K = V = 128, chunk 64, q, k, w, dout,
-// dv and the dh snapshots all bf16 or all fp16, 16-byte aligned rows, no per-channel gate;
+// dv and the dh snapshots all bf16 or all fp16, 16-byte aligned rows;
 // FUSEDOPS_GDN_DHU_MMA=0 turns it off). CTA of NG groups of 4 warps per (sequence, value head,
 // 32 NG-column V tile), the fp32 state-gradient tile X [128][32 NG] in registers (warp w: rows
 // 32 (w % 4).., columns 32 (w / 4)..; fwd_h_mma_kernel's tiling and its choice of NG), the chunks
 // in reverse. Per chunk:
 //   X -> the dh snapshot and a 16-bit copy Xs;
 //   dv2 = dv + diag(e^{g_last - g}) K Xs (warp w: token rows 16 (w % 4)..), kept negated as 16-bit D2n;
-//   X = e^{g_last} X + Q^T (diag(scale e^g) dO) + W^T D2n (Q^T, W^T read by ldmatrix.trans).
+//   X = e^{g_last} X + Q^T (diag(scale e^g) dO) + W^T D2n (Q^T, W^T read by ldmatrix.trans); with
+//   KDA's per-channel gate gk (and no g) the decay is diag(e^{gk_last}) and the Q, K rows arrive
+//   already scaled.
 // Loads in two cp.async groups per chunk in one set of buffers: K and dv (needed first), then Q,
 // W and dO (needed after dv2), each issued as soon as the previous chunk has finished with its
 // buffers, so that they arrive under the other group's products. Two CTAs per SM (NG = 1: 77 KiB,
@@ -331,15 +333,15 @@ struct Geo {
   static constexpr int kLdX = kCols + 8;
   static constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX +
                                        static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) +
-                                  4 * (2 * kMaxBT);
+                                  4 * (2 * kMaxBT + mma16::kD);
 };
 }  // namespace dhu16
 
 template <bool BF, int NG>
 __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl,
-                                                                               Tok g, Mat dht, Mat dh, Mat dh0,
-                                                                               Tok dv2, Layout L, int HV, int G,
-                                                                               float scale) {
+                                                                               Tok g, Tok gk, Mat dht, Mat dh,
+                                                                               Mat dh0, Tok dv2, Layout L, int HV,
+                                                                               int G, float scale) {
   using namespace mma16;
   using Geo = dhu16::Geo<NG>;
   constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
@@ -353,6 +355,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
   uint16_t* D2n = Xs + kD * kLdX;     // -dv2 [64][kLdX]
   float* gl = reinterpret_cast<float*>(D2n + kMaxBT * kLdX);
   float* eq = gl + kMaxBT;
+  float* gkl = eq + kMaxBT;  // [128]: gk of the chunk's last row
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int x0 = blockIdx.y * kCols;
@@ -437,6 +440,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
       gl[tid] = gv;
       eq[tid] = g.p ? scale * expf(gv) : scale;
     }
+    if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
     cp_async_wait<1>();  // K, dv of this chunk (Q, W, dO may still be in flight)
     __syncthreads();
     const float glast = gl[len - 1];
@@ -467,13 +471,12 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
       const int r = e / kCols, xc = e % kCols;
       Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
     }
-    const float d = g.p ? expf(glast) : 1.0f;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[mt][j][e] *= d;
+    if (g.p) {
+      const float d = expf(glast);
+      for_state_frag(x, [&](float& v, int, int) { v *= d; });
+    } else if (gk.p) {
+      for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
+    }
     __syncthreads();  // scaled dO
     tprod(Qs, Os);
     tprod(Ws, D2n);
@@ -489,7 +492,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
 bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
-  if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.dout.size(3) != kD) return false;
+  if (a.chunk_size != kMaxBT || a.k.size(3) != kD || a.dout.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, dhu16::Geo<2>::kSmem, "FUSEDOPS_GDN_DHU_MMA", "chunk_gated_delta_rule_bwd_dhu"))
     return false;
   for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
@@ -514,9 +517,9 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
       allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(
-          tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), mat_of(a.dht),
-          mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
-          static_cast<float>(a.scale));
+          tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), tok_of(a.gk),
+          mat_of(a.dht), mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV),
+          static_cast<int>(HV / Hk), static_cast<float>(a.scale));
     };
     using G1 = dhu16::Geo<1>;
     using G2 = dhu16::Geo<2>;

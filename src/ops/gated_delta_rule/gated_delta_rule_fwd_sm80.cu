@@ -636,9 +636,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 // 32 (w / 4)..). Per chunk:
 //   X -> the h snapshot and a 16-bit copy Xs; Vn = U - W Xs (warp w: token rows 16 (w % 4)..);
 //   v_new = Vn; Vg = diag(e^{g_last - g}) Vn (16-bit, over U in place: each entry is read and
-//   rewritten by the same thread); X *= e^{g_last} (a per-channel gate, KDA's call, keeps
-//   fwd_h_pf_kernel: no K = V = 128 16-bit test covers it yet); X += K^T Vg (K^T's fragments read
-//   from K by ldmatrix.trans).
+//   rewritten by the same thread); X *= e^{g_last}, or with KDA's per-channel gate gk (and no g)
+//   X = diag(e^{gk_last}) X with Vg = Vn (its K arrives already scaled); X += K^T Vg (K^T's
+//   fragments read from K by ldmatrix.trans).
 // The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
 // runs; three barriers per chunk. Both forms take two CTAs per SM (NG = 1: 88 KiB, NG = 2:
 // 105 KiB); NG = 2 shares each K, W tile between two V tiles and halves the CTAs, which fills the
@@ -650,14 +650,14 @@ struct Geo {
   static constexpr int kCols = 32 * NG;        // V columns per CTA
   static constexpr int kLdX = kCols + 8;       // 16-bit [rows][kCols] tiles: conflict-free fragment reads
   static constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
-  static constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT);
+  static constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
 };
 }  // namespace fwdh
 
 template <bool BF, int NG>
-__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Mat h0,
-                                                                                Mat h, Tok vn, Mat ht, Layout L,
-                                                                                int HV, int G) {
+__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk,
+                                                                                Mat h0, Mat h, Tok vn, Mat ht,
+                                                                                Layout L, int HV, int G) {
   using namespace mma16;
   using Geo = fwdh::Geo<NG>;
   constexpr int kLdX = Geo::kLdX;
@@ -665,6 +665,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [2] x (K, W, U)
   uint16_t* Xs = buf + 2 * Geo::kBuf;                                     // [128][kLdX]
   float* gls = reinterpret_cast<float*>(Xs + kD * kLdX);                   // [2][64]
+  float* gkl = gls + 2 * kMaxBT;                                           // [128]: gk of the chunk's last row
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int x0 = blockIdx.y * Geo::kCols;
@@ -706,6 +707,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     if (ci + 1 < nch) issue(ci + 1);
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
     // X -> h snapshot and Xs.
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -746,6 +748,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     }
     // Decay the state.
     if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= expf(glast); });
+    else if (gk.p) for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
     __syncthreads();  // Vg
     // X += K^T Vg: A(m = y, k = token) = K[token][y] by ldmatrix.trans, B = Vg[token][x].
 #pragma unroll
@@ -775,8 +778,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
-  // The per-channel gate (KDA's call) has no K = V = 128 16-bit test case yet: it keeps fwd_h_pf.
-  if (a.gk.defined() || a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
+  if (a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, fwdh::Geo<2>::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule_fwd_h"))
     return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !a.h.defined() || !state16_ok(a.h, dt))
@@ -801,7 +803,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
       allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
-                                                      mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
+                                                      tok_of(a.gk), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
                                                       static_cast<int>(HV), static_cast<int>(HV / Hk));
     };
     using G1 = fwdh::Geo<1>;
