@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
   const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
-  const int mi = lane >> 3, rr = lane & 7;
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
   auto cols32 = [&](uint16_t* dst, const Tok& t, int64_t t0, int len) {  // columns x0..x0+kCols-1 of head hv
@@ -391,33 +390,11 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     cp_async_commit();
   };
   float x[2][4][4];
-  for_state_frag(x, [&](float& v, int y, int xc) {
-    v = dht.p ? ldf(dht.p, dht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
-  });
+  load_state_frag(x, dht, sidx, x0);
   if (nch > 0) {
     issue_a(nch - 1);
     issue_b(nch - 1);
   }
-  // Products with A read transposed from a token-major [64][128] tile T: acc += T^T B, B [64][32].
-  auto tprod = [&](const uint16_t* T, const uint16_t* Bm) {
-#pragma unroll
-    for (int kk = 0; kk < kMaxBT; kk += 16) {
-      uint32_t bf[4][2];
-#pragma unroll
-      for (int j = 0; j < 4; j += 2) {
-        uint32_t r4[4];
-        ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * kLdX + wc + 8 * j + 8 * (mi >> 1));
-        bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        uint32_t a[4];
-        ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
-      }
-    }
-  };
   for (int64_t ci = nch - 1; ci >= 0; --ci) {
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = chunk_len(ci);
@@ -478,15 +455,12 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
       for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
     }
     __syncthreads();  // scaled dO
-    tprod(Qs, Os);
-    tprod(Ws, D2n);
+    state_tprod<BF>(x, Qs, Os, kLdX, lane);  // X += Q^T (diag(scale e^g) dO)
+    state_tprod<BF>(x, Ws, D2n, kLdX, lane);  // X += W^T D2n
     __syncthreads();  // Q, W, dO free
     if (ci > 0) issue_b(ci - 1);
   }
-  if (dh0.p)
-    for_state_frag(x, [&](float& v, int y, int xc) {
-      stf(dh0.p, dh0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, v);
-    });
+  if (dh0.p) store_state_frag(x, dh0, sidx, x0);
 }
 
 bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {

@@ -405,25 +405,9 @@ __global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v,
   }
   cp_async_wait<0>();
   __syncthreads();
-  {  // L (chunk_scaled_dot_kkt's value): warp tile rows wm.., columns wn2..; tiles above the diagonal skip the product
-    const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-    const int wm = 16 * (warp & 3), wn2 = 32 * (warp >> 2), r0 = wm + (lane >> 2);
-    float acc[4][4];
-    zero(acc);
-    if (wn2 <= wm + 15) mm_xyt<BF, 4>(acc, Ks, kLdT, Ks, kLdT, wm, wn2, kD, lane);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + 8 * (e >> 1), col = wn2 + 8 * j + 2 * tq + (e & 1);
-        float x = 0.0f;
-        if (col < r && r < len) {
-          x = cb[r] * acc[j][e];
-          if (g.p) x *= expf(gs[r] - gs[col]);
-        }
-        Ls[r * prep::kLdL + col] = x;
-      }
-  }
+  // L (chunk_scaled_dot_kkt's value): beta_i e^{g_i - g_j} k_i.k_j below the diagonal (gs = 0 without g).
+  causal_qk<BF>(Ks, Ks, gs, len, tid & 31,
+                [&](int r, int col, float x) { Ls[r * prep::kLdL + col] = col < r ? cb[r] * x : 0.0f; });
   __syncthreads();
   solve_blocked(Ls, prep::kLdL, X, Tb, kMaxBT / 16);
   // A out (rows < len, zeros above the diagonal), two entries per thread step.
@@ -673,7 +657,6 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
-  const int mi = lane >> 3, rr = lane & 7;
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto tiles = [&](int b) { return buf + b * Geo::kBuf; };
   auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % 2
@@ -694,9 +677,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   };
   // X from h0 (or 0): x[mt][j][e] = X(32 wr + 16 mt + gq + 8 (e / 2), wc + 8 j + 2 tq + e % 2).
   float x[2][4][4];
-  for_state_frag(x, [&](float& v, int y, int xc) {
-    v = h0.p ? ldf(h0.p, h0.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
-  });
+  load_state_frag(x, h0, sidx, x0);
   if (nch > 0) issue(0);
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int cur = static_cast<int>(ci & 1);
@@ -751,28 +732,9 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     else if (gk.p) for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
     __syncthreads();  // Vg
     // X += K^T Vg: A(m = y, k = token) = K[token][y] by ldmatrix.trans, B = Vg[token][x].
-#pragma unroll
-    for (int kk = 0; kk < kMaxBT; kk += 16) {
-      uint32_t bf[4][2];
-#pragma unroll
-      for (int j = 0; j < 4; j += 2) {
-        uint32_t r4[4];
-        ldsm_x4_t(r4, Us + (kk + rr + 8 * (mi & 1)) * kLdX + wc + 8 * j + 8 * (mi >> 1));
-        bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        uint32_t a[4];
-        ldsm_x4_t(a, Ks + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
-      }
-    }
+    state_tprod<BF>(x, Ks, Us, kLdX, lane);
   }
-  if (ht.p)
-    for_state_frag(x, [&](float& v, int y, int xc) {
-      stf(ht.p, ht.code, sidx * KV + static_cast<int64_t>(y) * kD + x0 + xc, v);
-    });
+  if (ht.p) store_state_frag(x, ht, sidx, x0);
 }
 
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {

@@ -604,28 +604,24 @@ __device__ __forceinline__ void mm(int tc, int M, int N, int Kd, const float* A,
   }
 }
 
-// The device's opt-in shared memory per block, queried once per device.
-inline size_t smem_optin(const char* op, int device) {
+// A device attribute, queried once per (attribute, device).
+inline int device_attr(const char* op, int device, cudaDeviceAttr attr) {
   static std::mutex mu;
-  static std::map<int, size_t> optin;
+  static std::map<std::pair<int, int>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = optin.find(device);
-  if (it != optin.end()) return it->second;
+  auto it = cache.find({static_cast<int>(attr), device});
+  if (it != cache.end()) return it->second;
   int v = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return optin[device] = static_cast<size_t>(v);
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&v, attr, device));
+  return cache[{static_cast<int>(attr), device}] = v;
 }
 
-// The device's multiprocessor count, queried once per device.
+// The device's opt-in shared memory per block and its multiprocessor count.
+inline size_t smem_optin(const char* op, int device) {
+  return static_cast<size_t>(device_attr(op, device, cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
 inline int64_t sm_count(const char* op, int device) {
-  static std::mutex mu;
-  static std::map<int, int64_t> count;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = count.find(device);
-  if (it != count.end()) return it->second;
-  int v = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
-  return count[device] = v;
+  return device_attr(op, device, cudaDevAttrMultiProcessorCount);
 }
 
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device), after checking the

@@ -134,6 +134,45 @@ __device__ __forceinline__ void for_state_frag(float (&x)[2][4][4], F&& f) {
       for (int e = 0; e < 4; ++e) f(x[mt][j][e], y0 + 16 * mt + gq + 8 * (e >> 1), c0 + 8 * j + 2 * tq + (e & 1));
 }
 
+// The register tile from state sidx of a [.., K, V] tensor m (columns x0..; zeros when m is
+// absent), and back.
+__device__ __forceinline__ void load_state_frag(float (&x)[2][4][4], const Mat& m, int64_t sidx, int x0) {
+  for_state_frag(x, [&](float& v, int y, int xc) {
+    v = m.p ? ldf(m.p, m.code, sidx * (kD * kD) + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
+  });
+}
+__device__ __forceinline__ void store_state_frag(float (&x)[2][4][4], const Mat& m, int64_t sidx, int x0) {
+  for_state_frag(x, [&](float& v, int y, int xc) {
+    stf(m.p, m.code, sidx * (kD * kD) + static_cast<int64_t>(y) * kD + x0 + xc, v);
+  });
+}
+
+// The state kernels' update x += T^T B over one chunk: T a token-major [64][kLdT] 16-bit tile (its
+// A fragments read transposed by ldmatrix), B a [64][ldb] 16-bit tile; warp w's register tile
+// (rows 32 (w % 4).., columns 32 (w / 4).., for_state_frag's layout).
+template <bool BF>
+__device__ __forceinline__ void state_tprod(float (&x)[2][4][4], const uint16_t* T, const uint16_t* Bm, int ldb,
+                                            int lane) {
+  const int warp = threadIdx.x >> 5, wr = warp & 3, wc = 32 * (warp >> 2), mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < kMaxBT; kk += 16) {
+    uint32_t bf[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+      uint32_t r4[4];
+      ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * ldb + wc + 8 * j + 8 * (mi >> 1));
+      bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      uint32_t a[4];
+      ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
+    }
+  }
+}
+
 // Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), `chunks` 8-element chunks per row
 // from column 0, into dst (row stride ld) by cp.async; rows >= len read as zeros. All threads take
 // part; the caller commits and waits.
