@@ -718,6 +718,13 @@ def test_opcheck_top_level_ops(device):
         args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"],
                 d["dt_bias"], True, True, None, None, 16, keep)
         torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
+    # Varlen with kept intermediates: the fake gives h a data-dependent chunk count.
+    dv = {n: t.to(device) if t is not None else None
+          for n, t in make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=32, cu=[0, 7, 20]).items()}
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
+    args = (dv["q"], dv["k"], dv["v"], dv["g"], dv["beta"], 0.3, dv["h0"], True, False, False, None, None,
+            False, False, cu, None, 16, True)
+    torch.library.opcheck(torch.ops.fusedops.chunk_gated_delta_rule_fwd.default, args)
     torch.library.opcheck(torch.ops.fusedops.fused_recurrent_gated_delta_rule_fwd.default,
                           (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, None))
     torch.library.opcheck(torch.ops.fusedops.gdn_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"]))
