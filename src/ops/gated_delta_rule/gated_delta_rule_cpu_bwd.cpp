@@ -49,7 +49,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
   const Tok dk(a.dk), dv(a.dv), dbeta(a.dbeta), dg(a.dg);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     std::vector<double> dGd, dBd;
     for (int64_t task = b; task < e; ++task) {
@@ -171,7 +171,7 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   const int64_t N = static_cast<int64_t>(seqs.size());
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
@@ -259,7 +259,7 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const int64_t H = q.H, HV = dO.H, G = HV / H, K = q.D, V = dO.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
@@ -302,7 +302,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
   const int64_t H = q.H, HV = vn.H, G = HV / H, K = q.D, V = vn.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];

@@ -98,7 +98,7 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const Tok k(a.k), beta(a.beta), g(a.g), A(a.A);
   const int64_t H = k.H, HV = beta.H, G = HV / H, K = k.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
@@ -163,7 +163,7 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
   const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), w(a.w), u(a.u);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
@@ -215,7 +215,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   const int64_t N = static_cast<int64_t>(seqs.size());
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
@@ -298,7 +298,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];

@@ -87,12 +87,13 @@ inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int64_t pstr
 }
 
 #ifdef __AVX__
-// dst[0..7][0..7] = src[0..7][0..7]^T with AVX shuffles.
-inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r0 = _mm256_loadu_ps(src + 0 * lds), r1 = _mm256_loadu_ps(src + 1 * lds);
-  __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
-  __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
-  __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+// out[j][r] = row r's element j (r, j < 8): the 8x8 block of eight rows, transposed with AVX
+// shuffles.
+inline void transpose8_regs(const float* const* row, __m256 out[8]) {
+  const __m256 r0 = _mm256_loadu_ps(row[0]), r1 = _mm256_loadu_ps(row[1]);
+  const __m256 r2 = _mm256_loadu_ps(row[2]), r3 = _mm256_loadu_ps(row[3]);
+  const __m256 r4 = _mm256_loadu_ps(row[4]), r5 = _mm256_loadu_ps(row[5]);
+  const __m256 r6 = _mm256_loadu_ps(row[6]), r7 = _mm256_loadu_ps(row[7]);
   const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
   const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
   const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -101,14 +102,23 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
   const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
   const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
   const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+  out[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  out[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  out[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  out[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// dst[0..7][0..7] = src[0..7][0..7]^T.
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  const float* row[8];
+  for (int r = 0; r < 8; ++r) row[r] = src + r * lds;
+  __m256 t[8];
+  transpose8_regs(row, t);
+  for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * ldd, t[j]);
 }
 #endif
 
@@ -135,7 +145,7 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
                  Tri tri = Tri::kNone, bool c_lower = false, const float* cin = nullptr,
                  int64_t ldcin = 0, bool b_trans = false) {
   if (M <= 0 || N <= 0) return;
-  alignas(32) float pack[kMR * 256];
+  alignas(32) float pack[kMR * 256 + 8];
   std::vector<float> big;
   const int64_t npan = (N + kNR - 1) / kNR, nfull = N / kNR;
   // Panel stride: one spare row, so that the panels do not all start in the same cache set.
@@ -178,7 +188,7 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
     // transposed operand too: read in place, its rows would collide in L1 like B's).
     float* ap = pack;
     if (kn > 256) {
-      big.resize(kMR * kn);
+      big.resize(kMR * kn + 8);
       ap = big.data();
     }
     const int64_t ak = mr;
@@ -186,6 +196,23 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
     if (ars == 1 && mr == kMR) {
       for (int64_t k = 0; k < kn; ++k)
         for (int r = 0; r < kMR; ++r) ap[k * kMR + r] = a[r + k * acs];
+#ifdef __AVX__
+    } else if (acs == 1 && mr == kMR) {
+      // Row-major A: 8x8 transposes of its six rows (the last one repeated to fill eight). Each
+      // column's 8-float store spills two floats into the next column, which overwrites them
+      // (the buffer has two floats of slack after the last).
+      const float* row[8];
+      for (int r = 0; r < 8; ++r) row[r] = a + std::min(r, kMR - 1) * ars;
+      int64_t k = 0;
+      for (; k + 8 <= kn; k += 8) {
+        __m256 t[8];
+        transpose8_regs(row, t);
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(ap + (k + j) * kMR, t[j]);
+        for (int r = 0; r < 8; ++r) row[r] += 8;
+      }
+      for (; k < kn; ++k)
+        for (int r = 0; r < kMR; ++r) ap[k * kMR + r] = a[r * ars + k];
+#endif
     } else {
       for (int64_t k = 0; k < kn; ++k)
         for (int r = 0; r < mr; ++r) ap[k * mr + r] = a[r * ars + k * acs];
