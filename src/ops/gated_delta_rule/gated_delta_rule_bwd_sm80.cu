@@ -1126,22 +1126,25 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_kernel(Tok k, Tok v, Tok b
 
 // ---------------------------------------------------------------------------------------------
 // prepare_wy_repr_bwd on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64, k, v,
-// A, dW and dU all bf16 or all fp16, 16-byte aligned rows, 145 KiB of shared memory per block;
-// everything else takes wy_bwd_kernel above (same math, same grid: CTA per (chunk, q/k head),
-// value heads in order). K V dW dU A arrive as 16-bit tiles by cp.async; A is masked to its lower
-// triangle and kept both ways round (A and A^T are then both A operands). Products on m16n8k16
-// mma with fp32 register accumulators, warp tiles as in dqkwg_mma_kernel:
-//   KK = K K^T (first head), X = dW K^T and Y = dU V^T -> dA = M> . (X diag(beta e^g) + Y diag(beta))
-//   T1 = A^T dA, DLG = -M> . (T1 A^T) . Gamma; E = DLG . KK (fp32, for dbeta and dg); Mm = diag(beta) DLG
+// A, dW and dU all bf16 or all fp16, 16-byte aligned rows, 107 KiB of shared memory and at most
+// 128 registers per thread, so that two blocks share an SM (one block's barrier-separated phases
+// overlap the other's); everything else takes wy_bwd_kernel above (same math, same grid: CTA per
+// (chunk, q/k head), value heads in order). K V dW dU A arrive as 16-bit tiles by cp.async; A is
+// masked to its lower triangle. Products on m16n8k16 mma with fp32 register accumulators, warp
+// tiles as in dqkwg_mma_kernel; the transposed operands (A^T, Mm^T) are read from A and Mm by
+// ldmatrix.trans (mm_xts):
+//   X = dW K^T and Y = dU V^T -> dA = M> . (X diag(beta e^g) + Y diag(beta))
+//   T1 = A^T dA, DLG = -M> . (T1 A^T) . Gamma; E = DLG . (K K^T) (fp32, for dbeta and dg: only
+//   its row sums and its beta-weighted column sums, reduced from registers); Mm = diag(beta) DLG
 //   R = A^T dW: dk += diag(beta e^g) R;  dk += Mm K + Mm^T K;  P = A^T dU: dv = diag(beta) P.
 // dA, T1 and Mm are rounded to the input type as operands of the next product (as
 // flash-linear-attention does). dk accumulates over the group's value heads in registers; every
 // reduction runs in a fixed order.
-constexpr size_t kWySmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + 6 * kMaxBT * mma16::kLdA) +
-                          4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 7 * kMaxBT);
+constexpr size_t kWySmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + 4 * kMaxBT * mma16::kLdA) +
+                          4 * (13 * static_cast<size_t>(kMaxBT));
 
 template <bool BF>
-__global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
+__global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
                                                                  Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int G,
                                                                  int accumulate) {
   using namespace mma16;
@@ -1151,17 +1154,16 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
   uint16_t* dWs = Vs + kTok;
   uint16_t* dUs = dWs + kTok;
   uint16_t* As = dUs + kTok;
-  uint16_t* ATs = As + kMaxBT * kLdA;
-  uint16_t* dAs = ATs + kMaxBT * kLdA;
+  uint16_t* dAs = As + kMaxBT * kLdA;
   uint16_t* T1s = dAs + kMaxBT * kLdA;
   uint16_t* Mms = T1s + kMaxBT * kLdA;
-  uint16_t* MmTs = Mms + kMaxBT * kLdA;
-  float* E = reinterpret_cast<float*>(MmTs + kMaxBT * kLdA);
-  float* bs = E + kMaxBT * kLdM;
+  float* bs = reinterpret_cast<float*>(Mms + kMaxBT * kLdA);
   float* es = bs + kMaxBT;
   float* gl = es + kMaxBT;
-  float* rb = gl + kMaxBT;  // [2][64]: rowsum(R . K), per column half
+  float* rb = gl + kMaxBT;      // [2][64]: rowsum(R . K), per column half
   float* rp = rb + 2 * kMaxBT;  // [2][64]: rowsum(P . V)
+  float* er = rp + 2 * kMaxBT;  // [2][64]: row sums of E, per column half
+  float* ec = er + 2 * kMaxBT;  // [4][64]: sum_m beta_m E[m][col], per quarter of the rows
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
   if (len == 0) return;
@@ -1172,9 +1174,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
   auto load = [&](uint16_t* dst, int ld, const Tok& t, int head, int chunks) {
     load_rows(dst, ld, t, c.b, c.t0, head, len, chunks);
   };
-  float dka[8][4], kk[4][4];
+  float dka[8][4];
   zero(dka);
-  zero(kk);
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
@@ -1193,20 +1194,17 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
     }
     cp_async_wait<0>();
     __syncthreads();
-    // A: its lower triangle (diagonal included), and A^T.
+    // A: its lower triangle (diagonal included).
     for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
       const int i = e >> 6, j = e & 63;
-      const uint16_t x = j <= i ? As[i * kLdA + j] : uint16_t{0};
-      As[i * kLdA + j] = x;
-      ATs[j * kLdA + i] = x;
+      if (j > i) As[i * kLdA + j] = uint16_t{0};
     }
-    // KK (first head); dA = M> . (dW K^T diag(beta e^g) + dU V^T diag(beta)).
+    // dA = M> . (dW K^T diag(beta e^g) + dU V^T diag(beta)).
     {
       float x1[4][4], x2[4][4];
       zero(x1);
       zero(x2);
       if (live) {
-        if (gi == 0) mm_xyt<BF, 4>(kk, Ks, kLdT, Ks, kLdT, wm, wn2, kD, lane);
         mm_xyt<BF, 4>(x1, dWs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
         mm_xyt<BF, 4>(x2, dUs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
       }
@@ -1219,12 +1217,12 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
           dAs[r * kLdA + col] = f2h<BF>(d);
         }
     }
-    __syncthreads();  // A, A^T, dA
+    __syncthreads();  // A, dA
     // T1 = A^T dA (rows m take i >= m only).
     {
       float t1[4][4];
       zero(t1);
-      mm_xs<BF, 4>(t1, ATs, kLdA, dAs, kLdA, wm, wn2, wm, kMaxBT, lane);
+      mm_xts<BF, 4>(t1, As, kLdA, dAs, kLdA, wm, wn2, wm, kMaxBT, lane);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -1234,29 +1232,53 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
         }
     }
     __syncthreads();  // T1
-    // DLG = -M> . (T1 A^T) . Gamma (A[n][p] = 0 for p > n: columns up to wn2 + 31 need p < wn2 + 32).
+    // DLG = -M> . (T1 A^T) . Gamma (A[n][p] = 0 for p > n: columns up to wn2 + 31 need p < wn2 + 32);
+    // E = DLG . (K K^T), reduced to its row sums and beta-weighted column sums.
     {
-      float dl[4][4];
+      float dl[4][4], kk[4][4];
       zero(dl);
-      if (live) mm_xyt<BF, 4>(dl, T1s, kLdA, As, kLdA, wm, wn2, wn2 + 32, lane);
+      zero(kk);
+      if (live) {
+        mm_xyt<BF, 4>(dl, T1s, kLdA, As, kLdA, wm, wn2, wn2 + 32, lane);
+        mm_xyt<BF, 4>(kk, Ks, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+      }
+      float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j) {
+        float cs[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
           const float d = (r < len && col < r) ? -dl[j][e] * expf(gl[r] - gl[col]) : 0.0f;
-          E[r * kLdM + col] = d * kk[j][e];
-          const uint16_t m = f2h<BF>(bs[r] * d);
-          Mms[r * kLdA + col] = m;
-          MmTs[col * kLdA + r] = m;
+          const float ev = d * kk[j][e];
+          if (e < 2) s0 += ev;
+          else s1 += ev;
+          cs[e & 1] += bs[r] * ev;
+          Mms[r * kLdA + col] = f2h<BF>(bs[r] * d);
         }
+        // Column sums over the warp's 16 rows: the 8 lanes sharing tq.
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float v2 = cs[x];
+          v2 += shfl_xor(v2, 4);
+          v2 += shfl_xor(v2, 8);
+          v2 += shfl_xor(v2, 16);
+          if (lane < 4) ec[(warp & 3) * kMaxBT + wn2 + 8 * j + 2 * tq + x] = v2;
+        }
+      }
+      s0 = quad_sum(s0);
+      s1 = quad_sum(s1);
+      if (tq == 0) {
+        er[half * kMaxBT + r0] = s0;
+        er[half * kMaxBT + r1] = s1;
+      }
     }
-    __syncthreads();  // E, Mm, Mm^T
+    __syncthreads();  // Mm, er, ec
     // R = A^T dW: dk += diag(beta e^g) R, the gate/beta term rowsum(R . K).
     {
       float ra[8][4];
       zero(ra);
-      mm_xs<BF, 8>(ra, ATs, kLdA, dWs, kLdT, wm, wn, wm, kMaxBT, lane);
+      mm_xts<BF, 8>(ra, As, kLdA, dWs, kLdT, wm, wn, wm, kMaxBT, lane);
       const float f0 = bs[r0] * es[r0], f1 = bs[r1] * es[r1];
       float u0, u1;
       row_dot<BF>(Ks, ra, r0, wn, tq, u0, u1);
@@ -1272,14 +1294,14 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
         rb[half * kMaxBT + r1] = u1;
       }
     }
-    // dk += Mm K (Mm[m][n] = 0 for n >= m) + Mm^T K (Mm^T[m][n] = 0 for n <= m).
+    // dk += Mm K (Mm[m][n] = 0 for n >= m) + Mm^T K (Mm^T[m][n] = Mm[n][m] = 0 for n <= m).
     mm_xs<BF, 8>(dka, Mms, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
-    mm_xs<BF, 8>(dka, MmTs, kLdA, Ks, kLdT, wm, wn, wm, kMaxBT, lane);
+    mm_xts<BF, 8>(dka, Mms, kLdA, Ks, kLdT, wm, wn, wm, kMaxBT, lane);
     // P = A^T dU: dv = diag(beta) P, the beta term rowsum(P . V).
     {
       float pa[8][4];
       zero(pa);
-      mm_xs<BF, 8>(pa, ATs, kLdA, dUs, kLdT, wm, wn, wm, kMaxBT, lane);
+      mm_xts<BF, 8>(pa, As, kLdA, dUs, kLdT, wm, wn, wm, kMaxBT, lane);
       const float b0 = bs[r0], b1 = bs[r1];
       float u0, u1;
       row_dot<BF>(Vs, pa, r0, wn, tq, u0, u1);
@@ -1299,9 +1321,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_bwd_mma_kernel(Tok k, Tok v, T
       // dbeta_i = sum_{j<i} E_ij + e^{g_i} R_i.k_i + P_i.v_i;
       // dg_i += beta_i sum_{j<i} E_ij - sum_{m>i} beta_m E_mi + beta_i e^{g_i} R_i.k_i.
       const int i = tid;
-      float sb = 0.0f, sc = 0.0f;
-      for (int j = 0; j < i; ++j) sb += E[i * kLdM + j];
-      for (int m = i + 1; m < len; ++m) sc += bs[m] * E[m * kLdM + i];
+      const float sb = er[i] + er[kMaxBT + i];
+      const float sc = (ec[i] + ec[kMaxBT + i]) + (ec[2 * kMaxBT + i] + ec[3 * kMaxBT + i]);
       const float rk = rb[i] + rb[kMaxBT + i];
       dbeta.st_(c.b, c.t0 + i, hv, 0, sb + es[i] * rk + (rp[i] + rp[kMaxBT + i]));
       if (dg.p) {

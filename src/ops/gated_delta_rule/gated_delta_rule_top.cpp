@@ -2,6 +2,7 @@
 // fused_recurrent_gated_delta_rule's checks and entry points. The composition is backend-neutral:
 // every step is an entry point dispatched through the registry, so a device backend only has to
 // register the sub-operator kernels (and the top level pointing at compose_fwd / compose_bwd).
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -30,6 +31,8 @@ class Carver {
     return t;
   }
   int64_t used() const { return used_; }
+  // Moves the cursor (to a mark from used()): the takes after it reuse the bytes from there on.
+  void seek(int64_t at) { used_ = at; }
 
  private:
   char* base_;
@@ -142,6 +145,8 @@ void check_workspace(const gdn::Check& c, const TensorView& ws, int64_t need) {
 }
 
 // Fwd workspace: [g_act fp32] kkt fp32, w, u, h, v_new (these four unless the caller keeps them).
+// h shares kkt's bytes: kkt is dead once solve_tril has read it, before the state recurrence
+// writes h (a backend's fused prepare step does not use kkt at all).
 struct FwdWork {
   TensorView g_act, kkt, w, u, h, v_new;
 };
@@ -150,11 +155,15 @@ FwdWork carve_fwd(Carver& cv, const TopDims& d, bool gate, bool kept) {
   FwdWork w;
   const int64_t Bh = d.varlen ? 1 : d.B;
   if (gate) w.g_act = cv.take(d.acc, {d.B, d.T, d.HV});
+  const int64_t shared = cv.used();
   w.kkt = cv.take(d.acc, {d.B, d.T, d.HV, d.BT});
   if (kept) return w;  // w, u, h, v_new are the caller's
+  const int64_t after_kkt = cv.used();
+  cv.seek(shared);
+  w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
+  cv.seek(std::max(after_kkt, cv.used()));
   w.w = cv.take(d.qdt, {d.B, d.T, d.HV, d.K});
   w.u = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
-  w.h = cv.take(d.qdt, {Bh, d.NT, d.HV, d.K, d.V});
   w.v_new = cv.take(d.vdt, {d.B, d.T, d.HV, d.V});
   return w;
 }

@@ -75,6 +75,28 @@ __device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, in
   }
 }
 
+// acc[j] += X^T[m0..m0+15][k0..k1) . S[k0..k1)[n0+8j..n0+8j+7]: X stored [k][m] and S stored [k][n],
+// both read transposed by ldmatrix (so a product with a transposed operand needs no transposed
+// copy). k0, k1 multiples of 16, m0 and n0 multiples of 8, NJ even.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xts(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* S, int lds,
+                                       int m0, int n0, int k0, int k1, int lane) {
+  const int mi = lane >> 3, rr = lane & 7;
+  const uint16_t* px = X + (rr + 8 * (mi >> 1)) * ldx + m0 + 8 * (mi & 1);
+  const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
+  for (int kk = k0; kk < k1; kk += 16) {
+    uint32_t a[4];
+    ldsm_x4_t(a, px + kk * ldx);
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t r[4];
+      ldsm_x4_t(r, ps + kk * lds + 8 * j);
+      mma16816<BF>(acc[j], a, r[0], r[1]);
+      mma16816<BF>(acc[j + 1], a, r[2], r[3]);
+    }
+  }
+}
+
 // Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_sum(float v) {
   v += shfl_xor(v, 1);
