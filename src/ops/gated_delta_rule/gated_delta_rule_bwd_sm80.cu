@@ -722,43 +722,41 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_kernel(Tok q, Tok k, Tok vn
 
 // ---------------------------------------------------------------------------------------------
 // chunk_bwd_dqkwg on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64, bf16 or
-// fp16 operands (h and dh too), 16-byte aligned rows, and a device with 189 KiB of shared memory
-// per block (sm_90); everything else takes dqkwg_kernel above. Same math and CTA grid (chunk, q/k
-// head) as dqkwg_kernel. All operands of a value head are staged once in shared memory as 16-bit
-// by cp.async (three groups: Q K dO Vnew h | dh | dv2, so that dh and dv2 arrive under the first
-// products), and every product is an m16n8k16 mma with fp32 accumulators in registers:
+// fp16 operands (h and dh too), 16-byte aligned rows; everything else takes dqkwg_kernel above.
+// Same math and CTA grid (chunk, q/k head) as dqkwg_kernel. 113 KiB of shared memory and at most
+// 128 registers per thread, so that two blocks share an SM (one block's loads and barrier-separated
+// phases overlap the other's products). Per value head, the operands are staged as 16-bit tiles
+// (Q, K, dO, Vnew and h by cp.async; dv2 later into dO's buffer, dh later into h's, each once the
+// buffer's last reader is done) and every product is an m16n8k16 mma with fp32 accumulators:
 //   warp w owns rows 16 (w % 4) .. +15 of every output, columns 64 (w / 4) .. +63 of the 64x128
 //   ones (dq, dk, dw and the dO h^T, Vnew dH^T products) and 32 (w / 4) .. +31 of the 64x64 ones
 //   (P = Q K^T and dO Vnew^T; a tile wholly above the diagonal is skipped).
 // Ds = scale M>= Gamma dO Vnew^T is rounded to the 16-bit type for the Ds K and Ds^T Q products
-// (Ds is kept both ways round so that both read as A operands); M = Ds . P stays fp32 for the gate
-// gradient. dq and dk accumulate over the group's value heads in registers, in head order. Every
-// reduction (quad shuffles, the two column halves, the row and column sums of M) runs in a fixed
-// order: results are deterministic.
-constexpr size_t kDqkwgSmem =
-    2 * (5 * static_cast<size_t>(mma16::kTok) + 2 * mma16::kSt + 2 * kMaxBT * mma16::kLdS) +
-    4 * (static_cast<size_t>(kMaxBT) * mma16::kLdM + 5 * kMaxBT + kThreads / 32);
+// (Ds^T read by ldmatrix.trans); M = Ds . P stays in fp32 registers, reduced to its row and column
+// sums for the gate gradient, as are the other per-row terms (rowsum(Q . dO h^T), rowsum(dKi . K))
+// and <h, dh> (taken while dh replaces h in shared memory). dq and dk accumulate over the group's
+// value heads in registers, in head order. Every reduction (quad and column shuffles, the two
+// column halves, the four row quarters, the warps) runs in a fixed order: results are deterministic.
+constexpr size_t kDqkwgSmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + mma16::kSt + kMaxBT * mma16::kLdS) +
+                              4 * (7 * static_cast<size_t>(kMaxBT) + 2 * (kThreads / 32));
 
 template <bool BF>
-__global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
+__global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
                                                                 Tok g, Tok dq, Tok dk, Tok dw, Tok dg, Layout L,
                                                                 int HV, int G, float scale) {
   using namespace mma16;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Ks = Qs + kTok;
-  uint16_t* dOs = Ks + kTok;
+  uint16_t* dOs = Ks + kTok;  // dO, then dv2
   uint16_t* Vs = dOs + kTok;
-  uint16_t* Ws = Vs + kTok;
-  uint16_t* Hs = Ws + kTok;
-  uint16_t* dHs = Hs + kSt;
-  uint16_t* Ds = dHs + kSt;
-  uint16_t* DsT = Ds + kMaxBT * kLdS;
-  float* Mf = reinterpret_cast<float*>(DsT + kMaxBT * kLdS);
-  float* rq = Mf + kMaxBT * kLdM;  // [2][64]: rowsum(Q . dO h^T), per column half
-  float* rk = rq + 2 * kMaxBT;     // [2][64]: rowsum(dKi . K)
-  float* gl = rk + 2 * kMaxBT;     // [64]
-  float* red = gl + kMaxBT;        // [8]: <h, dh> per warp
+  uint16_t* Hs = Vs + kTok;   // h, then dh
+  uint16_t* Ds = Hs + kSt;
+  float* gl = reinterpret_cast<float*>(Ds + kMaxBT * kLdS);  // [64]
+  float* rs = gl + kMaxBT;         // [2][64]: per column half, the per-row terms of dg
+  float* cs = rs + 2 * kMaxBT;     // [4][64]: per row quarter, the column sums of M
+  float* red = cs + 4 * kMaxBT;    // [8]: <h, dh> per warp
+  float* redk = red + kThreads / 32;  // [8]: sum of rowsum(dKi . K) per warp
   const int64_t chunk = blockIdx.x;
   const ChunkPos c = chunk_pos(L, chunk);
   const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
@@ -768,10 +766,9 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
   const int r0 = wm + (lane >> 2), r1 = r0 + 8;
   const bool live = wn2 <= wm + 15;  // this warp's 64x64 tile reaches the diagonal
   auto load_tok = [&](uint16_t* dst, const Tok& t, int head) { load_rows(dst, kLdT, t, c.b, c.t0, head, len, kD / 8); };
-  float dqa[8][4], dka[8][4], pa[4][4];
+  float dqa[8][4], dka[8][4];
   zero(dqa);
   zero(dka);
-  zero(pa);
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     const int64_t sidx = chunk * HV + hv;
@@ -784,34 +781,47 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
     load_tok(Vs, vn, hv);
     load_state16(Hs, h, sidx);
     cp_async_commit();
-    load_state16(dHs, dh, sidx);
-    cp_async_commit();
-    if (dw.p) load_tok(Ws, dv2, hv);
-    cp_async_commit();
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
-    cp_async_wait<2>();
+    cp_async_wait<0>();
     __syncthreads();
     const float glast = gl[len - 1];
-    // P = Q K^T (first head), S = dO Vnew^T; Ds = scale M>= Gamma S (16-bit, both ways round),
-    // M = Ds . P (fp32).
-    float sa[4][4];
-    zero(sa);
-    if (live) {
-      if (gi == 0) mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
-      mm_xyt<BF, 4>(sa, dOs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
-        const float d = (r < len && col <= r) ? scale * expf(gl[r] - gl[col]) * sa[j][e] : 0.0f;
-        Mf[r * kLdM + col] = d * pa[j][e];
-        const uint16_t hb = f2h<BF>(d);
-        Ds[r * kLdS + col] = hb;
-        DsT[col * kLdS + r] = hb;
+    // The per-row terms of dg for rows r0, r1 over this warp's columns: M's row sums per lane
+    // (t0, t1), the terms that row_dot has already reduced over the quad (x0, x1).
+    float t0 = 0.0f, t1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
+    // P = Q K^T, S = dO Vnew^T; Ds = scale M>= Gamma S (16-bit), M = Ds . P (fp32): its row sums
+    // (into t0, t1) and column sums over the warp's 16 rows (into cs).
+    {
+      float pa[4][4], sa[4][4];
+      zero(pa);
+      zero(sa);
+      if (live) {
+        mm_xyt<BF, 4>(pa, Qs, kLdT, Ks, kLdT, wm, wn2, kD, lane);
+        mm_xyt<BF, 4>(sa, dOs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
       }
-    // A = dO h^T: the gate term rowsum(Q . A), then dq += scale e^g A.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float cc[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
+          const float d = (r < len && col <= r) ? scale * expf(gl[r] - gl[col]) * sa[j][e] : 0.0f;
+          const float m = d * pa[j][e];
+          if (e < 2) t0 += m;
+          else t1 += m;
+          cc[e & 1] += m;
+          Ds[r * kLdS + col] = f2h<BF>(d);
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float v2 = cc[x];
+          v2 += shfl_xor(v2, 4);
+          v2 += shfl_xor(v2, 8);
+          v2 += shfl_xor(v2, 16);
+          if (lane < 4) cs[(warp & 3) * kMaxBT + wn2 + 8 * j + 2 * tq + x] = v2;
+        }
+      }
+    }
+    // A = dO h^T: the gate term scale e^g rowsum(Q . A), then dq += scale e^g A.
     {
       float aq[8][4];
       zero(aq);
@@ -819,6 +829,8 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
       const float e0 = r0 < len ? scale * expf(gl[r0]) : 0.0f, e1 = r1 < len ? scale * expf(gl[r1]) : 0.0f;
       float s0, s1;
       row_dot<BF>(Qs, aq, r0, wn, tq, s0, s1);
+      x0 += e0 * s0;
+      x1 += e1 * s1;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         dqa[j][0] += e0 * aq[j][0];
@@ -826,20 +838,57 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
         dqa[j][2] += e1 * aq[j][2];
         dqa[j][3] += e1 * aq[j][3];
       }
-      if (tq == 0) {
-        rq[half * kMaxBT + r0] = s0;
-        rq[half * kMaxBT + r1] = s1;
+    }
+    __syncthreads();  // Ds; every read of dO done
+    if (dw.p) load_tok(dOs, dv2, hv);
+    cp_async_commit();
+    mm_xs<BF, 8>(dqa, Ds, kLdS, Ks, kLdT, wm, wn, 0, wm + 16, lane);    // dq += Ds K (Ds lower triangular)
+    mm_xts<BF, 8>(dka, Ds, kLdS, Qs, kLdT, wm, wn, wm, kMaxBT, lane);   // dk += Ds^T Q (rows j take i >= j)
+    cp_async_wait<0>();
+    __syncthreads();  // dv2
+    if (dw.p) {  // dW = -dv2 h^T
+      float aw[8][4];
+      zero(aw);
+      mm_xyt<BF, 8>(aw, dOs, kLdT, Hs, kLdT, wm, wn, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        if (r0 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r0, hv) + col, -aw[j][0], -aw[j][1]);
+        if (r1 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r1, hv) + col, -aw[j][2], -aw[j][3]);
       }
     }
-    __syncthreads();  // Ds, Ds^T, M
-    mm_xs<BF, 8>(dqa, Ds, kLdS, Ks, kLdT, wm, wn, 0, wm + 16, lane);  // dq += Ds K (Ds lower triangular)
-    cp_async_wait<1>();
+    __syncthreads();  // every read of h done
+    // dh replaces h in shared memory; each 16-byte piece is read and written by one thread, which
+    // takes <h, dh> on the way.
+    {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dh.p) + sidx * (kD * kD));
+      constexpr int kPer = kD * (kD / 8) / kThreads;
+      uint4 y[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) y[i] = src[tid + i * kThreads];
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = tid + i * kThreads, r = e >> 4, col = (e & 15) << 3;
+        uint4* dst = reinterpret_cast<uint4*>(Hs + r * kLdT + col);
+        const uint4 x = *dst;
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y[i].x, y[i].y, y[i].z, y[i].w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          s += h2f<BF>(static_cast<uint16_t>(xs[u])) * h2f<BF>(static_cast<uint16_t>(ys[u])) +
+               h2f<BF>(static_cast<uint16_t>(xs[u] >> 16)) * h2f<BF>(static_cast<uint16_t>(ys[u] >> 16));
+        *dst = y[i];
+      }
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) s += shfl_xor(s, m);
+      if (lane == 0) red[warp] = s;
+    }
     __syncthreads();  // dh
-    // dKi = diag(e^{g_last - g}) Vnew dH^T: the gate term rowsum(dKi . K); dk += dKi + Ds^T Q.
+    // dKi = diag(e^{g_last - g}) Vnew dH^T: the gate term rowsum(dKi . K); dk += dKi.
     {
       float ak[8][4];
       zero(ak);
-      mm_xyt<BF, 8>(ak, Vs, kLdT, dHs, kLdT, wm, wn, kD, lane);
+      mm_xyt<BF, 8>(ak, Vs, kLdT, Hs, kLdT, wm, wn, kD, lane);
       const float f0 = r0 < len ? expf(glast - gl[r0]) : 0.0f, f1 = r1 < len ? expf(glast - gl[r1]) : 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -854,50 +903,32 @@ __global__ void __launch_bounds__(kThreads, 1) dqkwg_mma_kernel(Tok q, Tok k, To
       }
       float u0, u1;
       row_dot<BF>(Ks, ak, r0, wn, tq, u0, u1);
-      if (tq == 0) {
-        rk[half * kMaxBT + r0] = u0;
-        rk[half * kMaxBT + r1] = u1;
-      }
-    }
-    mm_xs<BF, 8>(dka, DsT, kLdS, Qs, kLdT, wm, wn, wm, kMaxBT, lane);  // rows j take i >= j only
-    if (dg.p) {  // <h, dh>
-      float s = 0.0f;
-      for (int e = tid; e < kD * kD / 2; e += kThreads) {
-        const int r = e >> 6, col = (e & 63) << 1;
-        const uint32_t x = ld32(Hs + r * kLdT + col), y = ld32(dHs + r * kLdT + col);
-        s += h2f<BF>(static_cast<uint16_t>(x)) * h2f<BF>(static_cast<uint16_t>(y)) +
-             h2f<BF>(static_cast<uint16_t>(x >> 16)) * h2f<BF>(static_cast<uint16_t>(y >> 16));
-      }
+      x0 -= u0;
+      x1 -= u1;
+      // The sum of rowsum(dKi . K) over the warp's rows (u0, u1 are quad-reduced: one lane each).
+      float uk = tq == 0 ? u0 + u1 : 0.0f;
 #pragma unroll
-      for (int m = 16; m > 0; m >>= 1) s += shfl_xor(s, m);
-      if (lane == 0) red[warp] = s;
+      for (int m = 16; m > 0; m >>= 1) uk += shfl_xor(uk, m);
+      if (lane == 0) redk[warp] = uk;
     }
-    cp_async_wait<0>();
-    __syncthreads();  // dv2; rq, rk, red
-    if (dw.p) {  // dW = -dv2 h^T
-      float aw[8][4];
-      zero(aw);
-      mm_xyt<BF, 8>(aw, Ws, kLdT, Hs, kLdT, wm, wn, kD, lane);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
-        if (r0 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r0, hv) + col, -aw[j][0], -aw[j][1]);
-        if (r1 < len) st2(dw.p, dw.code, dw.off(c.b, c.t0 + r1, hv) + col, -aw[j][2], -aw[j][3]);
-      }
+    t0 = quad_sum(t0);
+    t1 = quad_sum(t1);
+    if (tq == 0) {
+      rs[half * kMaxBT + r0] = t0 + x0;
+      rs[half * kMaxBT + r1] = t1 + x1;
     }
+    __syncthreads();  // rs, cs, red, redk
     if (dg.p && tid < len) {
       // dg_i = rowsum(M)_i - colsum(M)_i + scale e^{g_i} rowsum(Q . dO h^T)_i - rowsum(dKi . K)_i,
       // and for the last row e^{g_last} <h, dh> + sum_i rowsum(dKi . K)_i.
       const int i = tid;
-      float v = 0.0f;
-      for (int j = 0; j <= i; ++j) v += Mf[i * kLdM + j];
-      for (int m = i; m < len; ++m) v -= Mf[m * kLdM + i];
-      v += scale * expf(gl[i]) * (rq[i] + rq[kMaxBT + i]);
-      v -= rk[i] + rk[kMaxBT + i];
+      float v = (rs[i] + rs[kMaxBT + i]) - ((cs[i] + cs[kMaxBT + i]) + (cs[2 * kMaxBT + i] + cs[3 * kMaxBT + i]));
       if (i == len - 1) {
         float s = 0.0f, u = 0.0f;
-        for (int w = 0; w < kThreads / 32; ++w) s += red[w];
-        for (int m = 0; m < len; ++m) u += rk[m] + rk[kMaxBT + m];
+        for (int w = 0; w < kThreads / 32; ++w) {
+          s += red[w];
+          u += redk[w];
+        }
         v += expf(glast) * s + u;
       }
       dg.st_(c.b, c.t0 + i, hv, 0, v);

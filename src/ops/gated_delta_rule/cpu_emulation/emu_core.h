@@ -99,6 +99,7 @@ void emu_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, A...
 
 // Vector types and the 16-bit pair conversions of cuda_bf16.h / cuda_fp16.h the kernels use.
 struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
