@@ -10,6 +10,7 @@
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
 #include "src/ops/kda/kda_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
@@ -217,6 +218,331 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// K3 on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64; q, k, v, v_new, dout,
+// dvn, Akk, h and dh all bf16 or all fp16, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_WY_MMA=0
+// keeps wy_kernel above for every input). Same grid and math as wy_kernel, one CTA of 8 warps per
+// (chunk, q/k head), value heads in order, 208 KiB of shared memory. Per value head the operands
+// arrive as 16-bit tiles by cp.async (Vnew later into dO's buffer, dH into S's, each once its
+// buffer's last reader is done; rowsum(S . dH) taken while dH replaces S) and gk as an fp32 tile;
+// every product is an m16n8k16 mma with fp32 register accumulators, warp tiles as in GDN's
+// dqkwg_mma_kernel (rows 16 (w % 4).., columns 64 (w / 4).. of 64x128 outputs, 32 (w / 4).. of
+// 64x64 ones; Akk^T and the state products' transposes read by ldmatrix.trans):
+//   dA = dVn V^T + dW Ke^T (registers);  P = Akk^T dVn: dv = beta P, dbeta = rowsum(P . V) + rowsum(R . Ke)
+//   dW = -dVn S^T (rounded to 16-bit as an operand);  dQ = scale e^gk (dO S^T);  R = Akk^T dW
+//   dKi = e^{gk_last - gk} (Vnew dH^T);  dk += dKi + beta e^gk R;  dq += dQ
+//   dg = Q dQ - K dKi + beta Ke R (+ the last row's e^{gk_last} rowsum(S . dH) + colsum(K dKi))
+//   dA = M> . dA diag(beta) -> X = dA Akk^T -> dAkk = -M> . (Akk^T X)  (dA and X rounded to 16-bit)
+// with Ke = K e^gk (fp32 in the element-wise terms, 16-bit as the dA operand). dq and dk
+// accumulate over the group in registers; every reduction runs in a fixed order.
+namespace wy16 {
+using namespace gdn::sm80::mma16;
+constexpr int kLdG = kD + 4;  // fp32 [64][132] gate tile
+constexpr size_t kSmem = 2 * (7 * static_cast<size_t>(kTok) + kSt + 2 * kMaxBT * kLdA) +
+                         4 * (static_cast<size_t>(kMaxBT) * kLdG + 3 * kMaxBT + 2 * kD + 4 * kD);
+}  // namespace wy16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v, Tok vn, Tok gk, Tok beta, Tok Akk,
+                                                             Mat h, Mat dh, Tok dout, Tok dvn, Tok dq, Tok dk, Tok dv,
+                                                             Tok dbeta, Tok dg, Tok dAkk, Layout L, int HV, int G,
+                                                             float scale) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  using wy16::kLdG;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kTok;
+  uint16_t* dVs = Ks + kTok;
+  uint16_t* Vs = dVs + kTok;
+  uint16_t* dOs = Vs + kTok;  // dO, then Vnew
+  uint16_t* Kes = dOs + kTok;
+  uint16_t* dWs = Kes + kTok;
+  uint16_t* Ss = dWs + kTok;  // S, then dH
+  uint16_t* As = Ss + kSt;
+  uint16_t* dAs = As + kMaxBT * kLdA;  // dA, then X
+  float* Gs = reinterpret_cast<float*>(dAs + kMaxBT * kLdA);  // [64][kLdG] gk
+  float* bs = Gs + kMaxBT * kLdG;  // [64] beta
+  float* rb = bs + kMaxBT;         // [2][64]: per column half, the row sums of dbeta
+  float* gkl = rb + 2 * kMaxBT;    // [128] gk of the chunk's last row
+  float* sdh = gkl + kD;           // [128] rowsum(S . dH)
+  float* kc = sdh + kD;            // [4][128]: per row quarter, colsum(K . dKi)
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2), half = warp >> 2;
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  const bool live = wn2 <= wm + 15;  // this warp's 64x64 tile reaches the diagonal
+  auto load_tok = [&](uint16_t* dst, const Tok& t, int head) { load_rows(dst, kLdT, t, c.b, c.t0, head, len, kD / 8); };
+  auto row_of = [&](int e) { return e < 2 ? r0 : r1; };
+  float dqa[8][4], dka[8][4];
+  zero(dqa);
+  zero(dka);
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = hk * G + gi;
+    const int64_t sidx = chunk * HV + hv;
+    if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
+    if (gi == 0) {
+      load_tok(Qs, q, hk);
+      load_tok(Ks, k, hk);
+    }
+    load_tok(dVs, dvn, hv);
+    load_tok(Vs, v, hv);
+    load_tok(dOs, dout, hv);
+    load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
+    load_state16(Ss, h, sidx);
+    {
+      const float* gb = static_cast<const float*>(gk.p);
+      for (int e = tid; e < kMaxBT * (kD / 4); e += kThreads) {
+        const int r = e >> 5, col = (e & 31) << 2;
+        const bool ok = r < len;
+        cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + col, ok);
+      }
+    }
+    cp_async_commit();
+    if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    if (tid < kD) gkl[tid] = gk.ld(c.b, c.t0 + len - 1, hv, tid);
+    cp_async_wait<0>();
+    __syncthreads();
+    // Akk's lower triangle (diagonal included); Ke = K e^gk as 16-bit.
+    for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+      const int i = e >> 6, j = e & 63;
+      if (j > i) As[i * kLdA + j] = uint16_t{0};
+    }
+    for (int e = tid; e < kMaxBT * (kD / 2); e += kThreads) {
+      const int r = e >> 6, y = (e & 63) << 1;
+      const uint32_t kk = ld32(Ks + r * kLdT + y);
+      const float a = h2f<BF>(static_cast<uint16_t>(kk)) * expf(Gs[r * kLdG + y]);
+      const float b = h2f<BF>(static_cast<uint16_t>(kk >> 16)) * expf(Gs[r * kLdG + y + 1]);
+      *reinterpret_cast<uint32_t*>(Kes + r * kLdT + y) =
+          static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
+    }
+    __syncthreads();  // Akk, Ke
+    // dA = dVn V^T (the dW Ke^T term follows); P = Akk^T dVn: dv = beta P, rowsum(P . V).
+    float da[4][4];
+    zero(da);
+    if (live) mm_xyt<BF, 4>(da, dVs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
+    float x0 = 0.0f, x1 = 0.0f;  // row sums for dbeta already reduced over the quad
+    {
+      float pa[8][4];
+      zero(pa);
+      mm_xts<BF, 8>(pa, As, kLdA, dVs, kLdT, wm, wn, wm, kMaxBT, lane);
+      float u0, u1;
+      row_dot<BF>(Vs, pa, r0, wn, tq, u0, u1);
+      x0 += u0;
+      x1 += u1;
+      const float b0 = bs[r0], b1 = bs[r1];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = wn + 8 * j + 2 * tq;
+        if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, b0 * pa[j][0], b0 * pa[j][1]);
+        if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, b1 * pa[j][2], b1 * pa[j][3]);
+      }
+    }
+    // dW = -dVn S^T, 16-bit into dWs.
+    {
+      float aw[8][4];
+      zero(aw);
+      mm_xyt<BF, 8>(aw, dVs, kLdT, Ss, kLdT, wm, wn, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = wn + 8 * j + 2 * tq;
+          *reinterpret_cast<uint32_t*>(dWs + r * kLdT + col) =
+              static_cast<uint32_t>(f2h<BF>(-aw[j][2 * hr])) | (static_cast<uint32_t>(f2h<BF>(-aw[j][2 * hr + 1])) << 16);
+        }
+    }
+    // dQ = scale e^gk (dO S^T): dq += dQ, dg = Q . dQ.
+    float dga[8][4];
+    {
+      float aq[8][4];
+      zero(aq);
+      mm_xyt<BF, 8>(aq, dOs, kLdT, Ss, kLdT, wm, wn, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
+          const float d = r < len ? scale * expf(Gs[r * kLdG + col]) * aq[j][e] : 0.0f;
+          dqa[j][e] += d;
+          dga[j][e] = h2f<BF>(Qs[r * kLdT + col]) * d;
+        }
+    }
+    __syncthreads();  // dW; every read of dO and S done
+    // Vnew into dO's buffer (under the next products); dH replaces S, rowsum(S . dH) on the way
+    // (each 16-byte piece read and written by one thread; a row's 16 pieces by 16 adjacent lanes).
+    load_tok(dOs, vn, hv);
+    cp_async_commit();
+    {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dh.p) + sidx * (kD * kD));
+      constexpr int kPer = kD * (kD / 8) / kThreads;
+      uint4 yv[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) yv[i] = src[tid + i * kThreads];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = tid + i * kThreads, r = e >> 4, col = (e & 15) << 3;
+        uint4* dst = reinterpret_cast<uint4*>(Ss + r * kLdT + col);
+        const uint4 xv = *dst;
+        const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w}, ys[4] = {yv[i].x, yv[i].y, yv[i].z, yv[i].w};
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          sum += h2f<BF>(static_cast<uint16_t>(xs[u])) * h2f<BF>(static_cast<uint16_t>(ys[u])) +
+                 h2f<BF>(static_cast<uint16_t>(xs[u] >> 16)) * h2f<BF>(static_cast<uint16_t>(ys[u] >> 16));
+        *dst = yv[i];
+#pragma unroll
+        for (int m = 1; m < 16; m <<= 1) sum += shfl_xor(sum, m);
+        if ((lane & 15) == 0) sdh[r] = sum;
+      }
+    }
+    // dA += dW Ke^T; R = Akk^T dW: rowsum(R . Ke), dk += beta e^gk R, dg += beta Ke . R.
+    if (live) mm_xyt<BF, 4>(da, dWs, kLdT, Kes, kLdT, wm, wn2, kD, lane);
+    float t0 = 0.0f, t1 = 0.0f;  // per-lane row sums for dbeta
+    {
+      float ra[8][4];
+      zero(ra);
+      mm_xts<BF, 8>(ra, As, kLdA, dWs, kLdT, wm, wn, wm, kMaxBT, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
+          const float eg = r < len ? expf(Gs[r * kLdG + col]) : 0.0f;
+          const float ke = h2f<BF>(Ks[r * kLdT + col]) * eg, rv = ra[j][e], b = bs[r];
+          if (e < 2) t0 += rv * ke;
+          else t1 += rv * ke;
+          dka[j][e] += b * eg * rv;
+          dga[j][e] += b * ke * rv;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // Vnew, dH, sdh
+    // dKi = e^{gk_last - gk} (Vnew dH^T): dk += dKi, dg -= K . dKi, colsum(K . dKi).
+    {
+      float ak[8][4];
+      zero(ak);
+      mm_xyt<BF, 8>(ak, dOs, kLdT, Ss, kLdT, wm, wn, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float cc[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
+          const float d = r < len ? expf(gkl[col] - Gs[r * kLdG + col]) * ak[j][e] : 0.0f;
+          const float kd = h2f<BF>(Ks[r * kLdT + col]) * d;
+          dka[j][e] += d;
+          dga[j][e] -= kd;
+          cc[e & 1] += kd;
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float v2 = cc[x];
+          v2 += shfl_xor(v2, 4);
+          v2 += shfl_xor(v2, 8);
+          v2 += shfl_xor(v2, 16);
+          if (lane < 4) kc[(warp & 3) * kD + wn + 8 * j + 2 * tq + x] = v2;
+        }
+      }
+    }
+    t0 = quad_sum(t0);
+    t1 = quad_sum(t1);
+    if (tq == 0) {
+      rb[half * kMaxBT + r0] = t0 + x0;
+      rb[half * kMaxBT + r1] = t1 + x1;
+    }
+    // dA = M> . dA diag(beta), 16-bit.
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row_of(e), col = wn2 + 8 * j + 2 * tq + (e & 1);
+        dAs[r * kLdA + col] = f2h<BF>((r < len && col < r) ? da[j][e] * bs[col] : 0.0f);
+      }
+    __syncthreads();  // kc, rb, dA
+    // dg (the last row with its extra terms), dbeta.
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = hr ? r1 : r0, col = wn + 8 * j + 2 * tq;
+        if (r >= len) continue;
+        float a = dga[j][2 * hr], b = dga[j][2 * hr + 1];
+        if (r == len - 1) {
+          a += expf(gkl[col]) * sdh[col] + ((kc[col] + kc[kD + col]) + (kc[2 * kD + col] + kc[3 * kD + col]));
+          b += expf(gkl[col + 1]) * sdh[col + 1] +
+               ((kc[col + 1] + kc[kD + col + 1]) + (kc[2 * kD + col + 1] + kc[3 * kD + col + 1]));
+        }
+        st2(dg.p, dg.code, dg.off(c.b, c.t0 + r, hv) + col, a, b);
+      }
+    if (tid < len) dbeta.st_(c.b, c.t0 + tid, hv, 0, rb[tid] + rb[kMaxBT + tid]);
+    // X = dA Akk^T (16-bit, over dA once every warp has read it); dAkk = -M> . (Akk^T X).
+    {
+      float xa[4][4];
+      zero(xa);
+      mm_xyt<BF, 4>(xa, dAs, kLdA, As, kLdA, wm, wn2, kMaxBT, lane);
+      __syncthreads();  // every read of dA done
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_of(e), col = wn2 + 8 * j + 2 * tq + (e & 1);
+          dAs[r * kLdA + col] = f2h<BF>(xa[j][e]);
+        }
+    }
+    __syncthreads();  // X
+    {
+      float ya[4][4];
+      zero(ya);
+      mm_xts<BF, 4>(ya, As, kLdA, dAs, kLdA, wm, wn2, wm, kMaxBT, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = wn2 + 8 * j + 2 * tq;
+          if (r >= len) continue;
+          st2(dAkk.p, dAkk.code, dAkk.off(c.b, c.t0 + r, hv) + col, col < r ? -ya[j][2 * hr] : 0.0f,
+              col + 1 < r ? -ya[j][2 * hr + 1] : 0.0f);
+        }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) {
+      st2(dq.p, dq.code, dq.off(c.b, c.t0 + r0, hk) + col, dqa[j][0], dqa[j][1]);
+      st2(dk.p, dk.code, dk.off(c.b, c.t0 + r0, hk) + col, dka[j][0], dka[j][1]);
+    }
+    if (r1 < len) {
+      st2(dq.p, dq.code, dq.off(c.b, c.t0 + r1, hk) + col, dqa[j][2], dqa[j][3]);
+      st2(dk.p, dk.code, dk.off(c.b, c.t0 + r1, hk) + col, dka[j][2], dka[j][3]);
+    }
+  }
+}
+
+// An fp32 [B,T,H,D] input staged by 16-byte cp.async.
+bool tok32_ok(const TensorView& t) {
+  return t.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.stride(3) == 1 &&
+         t.stride(0) % 4 == 0 && t.stride(1) % 4 == 0 && t.stride(2) % 4 == 0;
+}
+
+// True when chunk_kda_bwd_wy_dqkg_fused can take wy_mma_kernel (see there).
+bool wy_mma_ok(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.q.dtype();
+  if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, wy16::kSmem, "FUSEDOPS_KDA_WY_MMA", "chunk_kda_bwd_wy_dqkg_fused")) return false;
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.v_new, &a.dout, &a.dvn, &a.Akk})
+    if (!tok16_ok(*t, dt)) return false;
+  if (!state16_ok(a.h, dt) || !state16_ok(a.dh, dt) || !tok32_ok(a.gk)) return false;
+  for (const TensorView* t : {&a.dq, &a.dk, &a.dv, &a.dg, &a.dAkk})
+    if (!out2_ok(*t)) return false;
+  return true;
+}
+
 void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   const char* op = "chunk_kda_bwd_wy_dqkg_fused";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -230,6 +556,17 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
+  if (wy_mma_ok(ctx, a)) {
+    auto k16 = a.q.dtype() == DType::kBFloat16 ? wy_mma_kernel<true> : wy_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wy16::kSmem);
+    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, wy16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.v_new), tok_of(a.gk), tok_of(a.beta), tok_of(a.Akk),
+        mat_of(a.h), mat_of(a.dh), tok_of(a.dout), tok_of(a.dvn), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv),
+        tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dAkk), L, static_cast<int>(HV), static_cast<int>(HV / H),
+        static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   auto kernel = wy_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
