@@ -240,6 +240,11 @@ inline bool tok16_ok(const TensorView& t, DType dt) {
   return t.dtype() == dt && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.stride(3) == 1 &&
          t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
 }
+// An fp32 token-major input [B,T,H,D] read 16 bytes at a time (cp.async or float4).
+inline bool tok32_ok(const TensorView& t) {
+  return t.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.stride(3) == 1 &&
+         t.stride(0) % 4 == 0 && t.stride(1) % 4 == 0 && t.stride(2) % 4 == 0;
+}
 // A [.., K, V] state these kernels can stage.
 inline bool state16_ok(const TensorView& t, DType dt) {
   return t.dtype() == dt && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.is_contiguous();

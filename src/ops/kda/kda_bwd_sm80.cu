@@ -523,12 +523,6 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
   }
 }
 
-// An fp32 [B,T,H,D] input staged by 16-byte cp.async.
-bool tok32_ok(const TensorView& t) {
-  return t.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 && t.stride(3) == 1 &&
-         t.stride(0) % 4 == 0 && t.stride(1) % 4 == 0 && t.stride(2) % 4 == 0;
-}
-
 // True when chunk_kda_bwd_wy_dqkg_fused can take wy_mma_kernel (see there).
 bool wy_mma_ok(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   using namespace gdn::sm80::mma16;

@@ -14,6 +14,7 @@
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
 #include "src/ops/kda/kda_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
@@ -192,6 +193,124 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
   }
 }
 
+// kda_recompute_w_u on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64; q, k, v,
+// Akk and the outputs bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_WU_MMA=0
+// keeps wu_kernel). CTA of 8 warps per (chunk, value head), 52 KiB of shared memory: Akk, K and V
+// arrive as 16-bit tiles by cp.async; an element-wise pass over four channels at a time writes
+// kg = K e^{gk_last - gk} and qg = Q e^gk (global to global for Q) and turns K's tile into
+// Tk = beta e^gk K in place (16-bit: the per-channel gate cannot fold into Akk); Akk's copy
+// A2 = Akk diag(beta) takes U's scale instead, so V is used as stored. W = Akk Tk and U = A2 V on
+// m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular).
+namespace wu16 {
+using namespace gdn::sm80::mma16;
+constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
+}  // namespace wu16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
+                                                             Tok u, Tok kg, Tok qg, Layout L, int G) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  extern __shared__ float smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* As = Vs + kTok;
+  uint16_t* A2 = As + kMaxBT * kLdA;
+  float* bs = reinterpret_cast<float*>(A2 + kMaxBT * kLdA);
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
+  cp_async_commit();
+  if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+  cp_async_wait<0>();
+  __syncthreads();
+  // A lower triangular (diagonal included) and A2 = A diag(beta).
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    const float a = j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f;
+    As[i * kLdA + j] = j <= i ? As[i * kLdA + j] : uint16_t{0};
+    A2[i * kLdA + j] = f2h<BF>(a * bs[j]);
+  }
+  // kg, qg and Tk, four channels per step.
+  {
+    const float* gb = static_cast<const float*>(gk.p);
+    const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + 4 * (tid & 31));
+    const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
+    for (int r = tid >> 5; r < len; r += kThreads / 32) {
+      const int col = 4 * (tid & 31);
+      const float4 g4 = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
+      const float ga[4] = {g4.x, g4.y, g4.z, g4.w};
+      const uint2 kv = *reinterpret_cast<const uint2*>(Ks + r * kLdT + col);
+      const uint32_t kw[2] = {kv.x, kv.y};
+      float kf[4], eg[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
+        eg[x] = expf(ga[x]);
+      }
+      const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
+      st2(kg.p, kg.code, ko, kf[0] * expf(gla[0] - ga[0]), kf[1] * expf(gla[1] - ga[1]));
+      st2(kg.p, kg.code, ko + 2, kf[2] * expf(gla[2] - ga[2]), kf[3] * expf(gla[3] - ga[3]));
+      if (qg.p) {
+        const uint2 qv = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(q.p) + q.off(c.b, c.t0 + r, hk) + col);
+        const uint32_t qw[2] = {qv.x, qv.y};
+        float qf[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
+        const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
+        st2(qg.p, qg.code, qo, qf[0], qf[1]);
+        st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
+      }
+      const float b = bs[r];
+      uint32_t tw[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        tw[x] = static_cast<uint32_t>(f2h<BF>(b * eg[2 * x] * kf[2 * x])) |
+                (static_cast<uint32_t>(f2h<BF>(b * eg[2 * x + 1] * kf[2 * x + 1])) << 16);
+      *reinterpret_cast<uint2*>(Ks + r * kLdT + col) = make_uint2(tw[0], tw[1]);
+    }
+  }
+  __syncthreads();  // A, A2, Tk
+  float acc[8][4];
+  zero(acc);
+  mm_xs<BF, 8>(acc, As, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+    if (r1 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+  }
+  zero(acc);
+  mm_xs<BF, 8>(acc, A2, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+    if (r1 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+  }
+}
+
+// True when kda_recompute_w_u can take wu_mma_kernel (see there).
+bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.k.dtype();
+  if (a.Akk.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, wu16::kSmem, "FUSEDOPS_KDA_WU_MMA", "kda_recompute_w_u")) return false;
+  for (const TensorView* t : {&a.k, &a.v, &a.Akk})
+    if (!tok16_ok(*t, dt)) return false;
+  if (a.q.defined() && !tok16_ok(a.q, dt)) return false;
+  if (!tok32_ok(a.gk)) return false;
+  for (const TensorView* t : {&a.w, &a.u, &a.kg})
+    if (!out2_ok(*t)) return false;
+  return !a.qg.defined() || out2_ok(a.qg);
+}
+
 void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   const char* op = "kda_recompute_w_u";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -201,6 +320,15 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  if (wu_mma_ok(ctx, a)) {
+    auto k16 = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wu16::kSmem);
+    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, wu16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
+        tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(HV / H));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
       tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(K), static_cast<int>(V),
@@ -249,6 +377,71 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v,
   }
 }
 
+// chunk_kda_fwd_o on 16-bit tensor cores (K = V = 128, chunk 64; qg, Aqk, v, h and o bf16 or
+// fp16 alike, 16-byte aligned rows; FUSEDOPS_KDA_FWDO_MMA=0 keeps fwd_o_kernel): CTA of 8 warps
+// per (chunk, value head), Qg, the snapshot S, Aqk and Vnew staged once by cp.async (77 KiB, two
+// CTAs per SM); O = scale (Qg S) + (M>= . Aqk) Vnew on m16n8k16 mma, warp w owning rows
+// 16 (w % 4).. and columns 64 (w / 4).. of O.
+namespace o16 {
+using namespace gdn::sm80::mma16;
+constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + kSt + kMaxBT * kLdA);
+}  // namespace o16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok qg, Tok Aqk, Tok v, Mat h, Tok o, Layout L, int HV,
+                                                                float scale) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Qs + kTok;
+  uint16_t* Ss = Vs + kTok;
+  uint16_t* Ps = Ss + kSt;
+  const int64_t chunk = blockIdx.x;
+  const ChunkPos c = chunk_pos(L, chunk);
+  const int hv = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  load_rows(Qs, kLdT, qg, c.b, c.t0, hv, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_rows(Ps, kLdA, Aqk, c.b, c.t0, hv, len, kMaxBT / 8);
+  load_state16(Ss, h, chunk * HV + hv);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    if (j > i) Ps[i * kLdA + j] = uint16_t{0};
+  }
+  float acc[8][4];
+  zero(acc);
+  mm_xs<BF, 8>(acc, Qs, kLdT, Ss, kLdT, wm, wn, 0, kD, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] *= scale;
+  __syncthreads();  // P masked
+  mm_xs<BF, 8>(acc, Ps, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+    if (r1 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+  }
+}
+
+bool fwd_o_mma_ok(const Context& ctx, const ChunkKdaFwdOArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.v.dtype();
+  if (a.Aqk.size(3) != kMaxBT || a.qg.size(3) != kD || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, o16::kSmem, "FUSEDOPS_KDA_FWDO_MMA", "chunk_kda_fwd_o")) return false;
+  for (const TensorView* t : {&a.qg, &a.Aqk, &a.v})
+    if (!tok16_ok(*t, dt)) return false;
+  return state16_ok(a.h, dt) && out2_ok(a.o);
+}
+
 void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   const char* op = "chunk_kda_fwd_o";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -258,6 +451,15 @@ void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  if (fwd_o_mma_ok(ctx, a)) {
+    auto k16 = a.v.dtype() == DType::kBFloat16 ? fwd_o_mma_kernel<true> : fwd_o_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, o16::kSmem);
+    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, o16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.qg), tok_of(a.Aqk), tok_of(a.v), mat_of(a.h), tok_of(a.o), L, static_cast<int>(HV),
+        static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   auto kernel = fwd_o_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
@@ -299,6 +501,77 @@ __global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok do
   }
 }
 
+// chunk_kda_bwd_dAv on 16-bit tensor cores (V = 128, chunk 64; Aqk,
+// v, dout and dv bf16 or fp16 alike, 16-byte aligned rows; FUSEDOPS_KDA_DAV_MMA=0 keeps
+// dav_kernel): CTA of 8 warps per (chunk, value head), Aqk, Vnew and dO staged once by cp.async
+// (44 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= . D, and
+// dv = (M>= . Aqk)^T dO with the transposed operand read by ldmatrix.trans.
+namespace dav16 {
+using namespace gdn::sm80::mma16;
+constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + kMaxBT * kLdA);
+}  // namespace dav16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 2) dav_mma_kernel(Tok Aqk, Tok v, Tok dout, Tok dA, Tok dv, Layout L,
+                                                              float scale) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  extern __shared__ float smem[];
+  uint16_t* dOs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = dOs + kTok;
+  uint16_t* Ps = Vs + kTok;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, len = c.len, tid = threadIdx.x;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2), wn2 = 32 * (warp >> 2);
+  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  load_rows(dOs, kLdT, dout, c.b, c.t0, hv, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_rows(Ps, kLdA, Aqk, c.b, c.t0, hv, len, kMaxBT / 8);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    if (j > i) Ps[i * kLdA + j] = uint16_t{0};
+  }
+  {
+    float da[4][4];
+    zero(da);
+    if (wn2 <= wm + 15) mm_xyt<BF, 4>(da, dOs, kLdT, Vs, kLdT, wm, wn2, kD, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = hr ? r1 : r0, col = wn2 + 8 * j + 2 * tq;
+        if (r >= len) continue;
+        st2(dA.p, dA.code, dA.off(c.b, c.t0 + r, hv) + col, col <= r ? scale * da[j][2 * hr] : 0.0f,
+            col + 1 <= r ? scale * da[j][2 * hr + 1] : 0.0f);
+      }
+  }
+  __syncthreads();  // P masked
+  float acc[8][4];
+  zero(acc);
+  mm_xts<BF, 8>(acc, Ps, kLdA, dOs, kLdT, wm, wn, wm, kMaxBT, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = wn + 8 * j + 2 * tq;
+    if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+    if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+  }
+}
+
+bool dav_mma_ok(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.v.dtype();
+  if (a.Aqk.size(3) != kMaxBT || a.v.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, dav16::kSmem, "FUSEDOPS_KDA_DAV_MMA", "chunk_kda_bwd_dAv")) return false;
+  for (const TensorView* t : {&a.Aqk, &a.v, &a.dout})
+    if (!tok16_ok(*t, dt)) return false;
+  return out2_ok(a.dAqk) && out2_ok(a.dv);
+}
+
 void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   const char* op = "chunk_kda_bwd_dAv";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -307,6 +580,14 @@ void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
+  if (dav_mma_ok(ctx, a)) {
+    auto k16 = a.v.dtype() == DType::kBFloat16 ? dav_mma_kernel<true> : dav_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, dav16::kSmem);
+    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, dav16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.Aqk), tok_of(a.v), tok_of(a.dout), tok_of(a.dAqk), tok_of(a.dv), L, static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   auto kernel = dav_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
