@@ -657,6 +657,90 @@ inline bool no_f64(std::initializer_list<const TensorView*> ts) {
   return true;
 }
 
+// The blocked triangular solve shared by solve_tril, the fused GDN prepare step and KDA's
+// chunk_kda_fwd_intra.
+constexpr int kLdT16 = 17;  // row stride of the [64][16] block stage of solve_blocked
+
+// c (a 16x8 m16n8k8 accumulator) += a b in about fp32 precision: three tf32 products of the
+// operands' high and low tf32 parts (hi lo + lo hi + hi hi; lo lo is below fp32's rounding).
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
+  uint32_t ah[4], al[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    ah[e] = to_tf32(a[e]);
+    al[e] = to_tf32(a[e] - __uint_as_float(ah[e]));
+  }
+  const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+  const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
+  mma_tf32(c, al, bh0, bh1);
+  mma_tf32(c, ah, bl0, bl1);
+  mma_tf32(c, ah, bh0, bh1);
+}
+
+// One warp: c[nt] = A[0..16)[0..kd) . B[0..kd)[8 nt..8 nt+8) (a 16x16 block; fp32 operands in
+// shared memory, row strides lda, ldb; kd a multiple of 8) by mma_3xtf32.
+__device__ __forceinline__ void warp_mm16(float (&c)[2][4], const float* A, int lda, const float* B, int ldb, int kd,
+                                          int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+  for (int k0 = 0; k0 < kd; k0 += 8) {
+    const float a[4] = {A[g * lda + k0 + t], A[(g + 8) * lda + k0 + t], A[g * lda + k0 + t + 4],
+                        A[(g + 8) * lda + k0 + t + 4]};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      mma_3xtf32(c[nt], a, B[(k0 + t) * ldb + 8 * nt + g], B[(k0 + t + 4) * ldb + 8 * nt + g]);
+  }
+}
+
+// X = (I + L)^{-1} for the strictly lower triangular L (fp32 [64][ld] in shared memory, zero
+// outside j < i < 16 nb), into X (same stride): X's nb diagonal 16x16 blocks by forward
+// substitution in fp32 (warp b, lane c < 16 holding column c of block b in registers), then the
+// blocks below the diagonal by their distance s = 1 .. nb-1 from it, one warp per block:
+//   T_ij = sum_{m=j}^{i-1} L_im X_mj (staged in Tb, [64][kLdT16]),  X_ij = -X_ii T_ij,
+// both products on tensor cores in about fp32 precision (mma_3xtf32). Blocks above the diagonal
+// are not written. Needs 256 threads; ends with a barrier.
+__device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X, float* Tb, int nb) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < nb && lane < 16) {
+    const float* l = Ls + 16 * warp * (ld + 1);
+    float* x = X + 16 * warp * (ld + 1) + lane;
+    float col[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float s = i == lane ? 1.0f : 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) s -= l[i * ld + m] * col[m];
+      col[i] = s;
+      x[i * ld] = s;
+    }
+  }
+  __syncthreads();
+  const int g = lane >> 2, t = lane & 3;
+  for (int s = 1; s < nb; ++s) {
+    if (warp < nb - s) {
+      const int i = s + warp, j = warp;
+      float c[2][4];
+      warp_mm16(c, Ls + 16 * i * ld + 16 * j, ld, X + 16 * j * ld + 16 * j, ld, 16 * s, lane);
+      float* tb = Tb + 16 * i * kLdT16;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tb[(g + 8 * (e >> 1)) * kLdT16 + 8 * nt + 2 * t + (e & 1)] = c[nt][e];
+      __syncwarp();
+      warp_mm16(c, X + 16 * i * ld + 16 * i, ld, tb, kLdT16, 16, lane);
+      float* xo = X + 16 * i * ld + 16 * j;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xo[(g + 8 * (e >> 1)) * ld + 8 * nt + 2 * t + (e & 1)] = -c[nt][e];
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace fusedops::gdn::sm80
 
 namespace fusedops::gdn {

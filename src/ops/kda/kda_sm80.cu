@@ -132,6 +132,143 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
   }
 }
 
+// chunk_kda_fwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q, k, Aqk and Akk
+// bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_INTRA_MMA=0 keeps intra_kernel).
+// CTA of 8 warps per (chunk, value head); Q, K (16-bit) and gk (fp32) staged once by cp.async.
+// The reference-row split of the per-channel decay, with r = 16 I the first row of i's 16-row
+// block I: for j < r <= i, E_ijc = e^{g_ic - g_rc} e^{g_rc - g_jc}, both factors <= 1 for
+// non-increasing cumulated gates. So the 12 off-diagonal 16x16 tiles of Aqk and of K K^T are
+// m16n8k16 products of (Q, K) rows scaled by e^{g - g_r} and K rows scaled by e^{g_r - g} (16-bit
+// operands), and only the 4 diagonal blocks take the element-wise sum with one exponential per
+// channel. Then L = diag(beta) (K K^T . E) strictly lower and Akk = (I + L)^{-1} by solve_blocked
+// (GDN's: 16x16 diagonal blocks by forward substitution, the rest on 3xTF32 mma). 160 KiB of
+// shared memory.
+namespace intra16 {
+using namespace gdn::sm80::mma16;
+constexpr int kLdG = kD + 4;   // fp32 [64][132] gate tile
+constexpr int kLdF = kMaxBT + 1;  // fp32 [64][65] score tiles
+constexpr int kKnRows = 96;    // K scaled to the references r = 16, 32, 48: 16 + 32 + 48 rows
+constexpr size_t kSmem = 2 * (static_cast<size_t>(2 * kTok) + static_cast<size_t>(2 * kMaxBT + kKnRows) * kLdT) +
+                         4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
+}  // namespace intra16
+
+template <bool BF>
+__global__ void __launch_bounds__(kThreads, 1) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
+                                                                Layout L, int G, float scale) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  using intra16::kLdF;
+  using intra16::kLdG;
+  extern __shared__ float smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kTok;
+  uint16_t* QKr = Ks + kTok;              // [128][kLdT]: Q, then K, rows scaled by e^{g - g_r}
+  uint16_t* Kn = QKr + 2 * kMaxBT * kLdT;  // [96][kLdT]: for I = 1..3, K rows j < 16 I scaled by e^{g_16I - g}
+  float* Gs = reinterpret_cast<float*>(Kn + intra16::kKnRows * kLdT);  // [64][kLdG]
+  float* Aq = Gs + kMaxBT * kLdG;  // [64][kLdF]
+  float* Ak = Aq + kMaxBT * kLdF;  // [64][kLdF], then L
+  float* bs = Ak + kMaxBT * kLdF;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x, BT = L.BT;
+  if (len == 0) return;
+  const int warp = tid >> 5, lane = tid & 31;
+  load_rows(Qs, kLdT, q, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  {
+    const float* gb = static_cast<const float*>(gk.p);
+    for (int e = tid; e < kMaxBT * (kD / 4); e += kThreads) {
+      const int r = e >> 5, col = (e & 31) << 2;
+      const bool ok = r < len;
+      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + col, ok);
+    }
+  }
+  cp_async_commit();
+  if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+  cp_async_wait<0>();
+  __syncthreads();
+  // The scaled operands, two channels per step (rows >= len stay zero: Q and K are zero there).
+  for (int e = tid; e < kMaxBT * (kD / 2); e += kThreads) {
+    const int i = e >> 6, y = (e & 63) << 1, r = i & ~15;
+    const float d0 = expf(Gs[i * kLdG + y] - Gs[r * kLdG + y]), d1 = expf(Gs[i * kLdG + y + 1] - Gs[r * kLdG + y + 1]);
+    const uint32_t qq = ld32(Qs + i * kLdT + y), kk = ld32(Ks + i * kLdT + y);
+    *reinterpret_cast<uint32_t*>(QKr + i * kLdT + y) =
+        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq)) * d0)) |
+        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq >> 16)) * d1)) << 16);
+    *reinterpret_cast<uint32_t*>(QKr + (kMaxBT + i) * kLdT + y) =
+        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
+        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+  }
+  for (int e = tid; e < intra16::kKnRows * (kD / 2); e += kThreads) {
+    const int row = e >> 6, y = (e & 63) << 1;
+    const int I = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (I == 1 ? 0 : I == 2 ? 16 : 48), r = 16 * I;
+    const float d0 = expf(Gs[r * kLdG + y] - Gs[j * kLdG + y]), d1 = expf(Gs[r * kLdG + y + 1] - Gs[j * kLdG + y + 1]);
+    const uint32_t kk = ld32(Ks + j * kLdT + y);
+    *reinterpret_cast<uint32_t*>(Kn + row * kLdT + y) =
+        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
+        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+  }
+  // The diagonal blocks, element-wise: entry (i, j), j <= i in one 16-row block, per thread.
+  for (int e = tid; e < 4 * 16 * 16; e += kThreads) {
+    const int blk = e >> 8, i = 16 * blk + ((e >> 4) & 15), j = 16 * blk + (e & 15);
+    float sq = 0.0f, sk = 0.0f;
+    if (j <= i) {
+      const float* gi = Gs + i * kLdG;
+      const float* gj = Gs + j * kLdG;
+      for (int y = 0; y < kD; y += 2) {
+        const uint32_t qi = ld32(Qs + i * kLdT + y), ki = ld32(Ks + i * kLdT + y), kj = ld32(Ks + j * kLdT + y);
+        const float w0 = h2f<BF>(static_cast<uint16_t>(kj)) * expf(gi[y] - gj[y]);
+        const float w1 = h2f<BF>(static_cast<uint16_t>(kj >> 16)) * expf(gi[y + 1] - gj[y + 1]);
+        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi)), w0, sq);
+        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi >> 16)), w1, sq);
+        sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki)), w0, sk);
+        sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki >> 16)), w1, sk);
+      }
+    }
+    Aq[i * kLdF + j] = sq;
+    Ak[i * kLdF + j] = sk;
+  }
+  __syncthreads();  // QKr, Kn
+  // The off-diagonal tiles (I, J), J < I: tile t = 0..11 is pair t / 2 of (1,0) (2,0) (2,1) (3,0)
+  // (3,1) (3,2), of Q (t even) or K (t odd); warp w takes t = w and w + 8.
+  for (int t = warp; t < 12; t += kThreads / 32) {
+    const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
+    const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdT;
+    float acc[2][4];
+    zero(acc);
+    mm_xyt<BF, 2>(acc, QKr, kLdT, KnI, kLdT, (t & 1) * kMaxBT + 16 * I, 16 * J, kD, lane);
+    float* out = (t & 1) ? Ak : Aq;
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        out[(16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1)] = acc[jj][e];
+  }
+  __syncthreads();  // Aq, Ak
+  // Aqk out; L = diag(beta) Ak, strictly lower, in place (zero elsewhere).
+  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
+    const int i = e >> 6, j = e & 63;
+    if (i < len && j < BT) Aqk.st_(c.b, c.t0 + i, hv, j, (j <= i && j < len) ? scale * Aq[i * kLdF + j] : 0.0f);
+    Ak[i * kLdF + j] = (i < len && j < i) ? bs[i] * Ak[i * kLdF + j] : 0.0f;
+  }
+  __syncthreads();
+  // X = (I + L)^{-1} into the dead Q / K tiles (fp32 [64][kLdF] and the [64][17] stage).
+  float* X = reinterpret_cast<float*>(Qs);
+  float* Tb = X + kMaxBT * kLdF;
+  solve_blocked(Ak, kLdF, X, Tb, kMaxBT / 16);
+  for (int e = tid; e < len * BT; e += kThreads) {
+    const int i = e / BT, j = e - i * BT;
+    Akk.st_(c.b, c.t0 + i, hv, j, j <= i ? X[i * kLdF + j] : 0.0f);
+  }
+}
+
+bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.q.dtype();
+  if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, intra16::kSmem, "FUSEDOPS_KDA_INTRA_MMA", "chunk_kda_fwd_intra")) return false;
+  return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok32_ok(a.gk);
+}
+
 void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const char* op = "chunk_kda_fwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -140,6 +277,15 @@ void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
+  if (intra_mma_ok(ctx, a)) {
+    auto k16 = a.q.dtype() == DType::kBFloat16 ? intra_mma_kernel<true> : intra_mma_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
+    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, intra16::kSmem, stream_of(ctx)>>>(
+        tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
+        static_cast<int>(HV / H), static_cast<float>(a.scale));
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
   intra_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
       static_cast<int>(K), static_cast<int>(HV / H), static_cast<float>(a.scale));
