@@ -49,7 +49,8 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, Fn&& fn) {
 }
 
 // Calls fn(b, e) on consecutive blocks of at most `block` indices of [begin, end), handed to the
-// OpenMP threads one at a time as each finishes its previous block. Only for loops whose
+// OpenMP threads one at a time as each finishes its previous block (with one thread, or without
+// OpenMP, one call on the whole range). Only for loops whose
 // per-index results do not depend on which thread runs an index (each index writes its own
 // outputs): the results are then the same for any schedule, while a thread slowed down by
 // other work on the machine no longer holds the others at the end of a static split.
@@ -57,7 +58,7 @@ template <class Fn>
 void parallel_for_dynamic(int64_t begin, int64_t end, int64_t block, Fn&& fn) {
   const int64_t n = end - begin;
   if (n <= 0) return;
-  // block is an upper bound: short ranges get smaller blocks, at least four per thread.
+  // block is an upper bound: short ranges get smaller blocks, about four per thread.
   const int64_t want = 4 * static_cast<int64_t>(max_threads());
   block = std::clamp<int64_t>((n + want - 1) / want, 1, std::max<int64_t>(block, 1));
   const int64_t nblocks = (n + block - 1) / block;

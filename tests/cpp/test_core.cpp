@@ -1,6 +1,10 @@
 // The core: TensorView, errors, argument checks, dtype conversions and the backend registry.
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <vector>
 
+#include "src/cpu/parallel.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
@@ -145,6 +149,34 @@ TEST(Cuda, BackendsAreRegisteredWhenBuiltWithCuda) {
   if (cuda_device_count() == 0) return;
   EXPECT_EQ(Registry::instance().preferred("l2norm", Direction::kForward, Device::cuda(0), DType::kBFloat16),
             "cuda_sm80");
+}
+
+// parallel_for_dynamic: every index of the range is handed out exactly once, with several threads
+// in blocks of at most `block` consecutive indices (one call on the whole range with one thread),
+// and an empty range calls nothing.
+TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
+  for (const int64_t n : {0, 1, 7, 64, 1000, 4099}) {
+    for (const int64_t block : {1, 8, 64}) {
+      std::vector<std::atomic<int>> seen(static_cast<size_t>(n) + 3);
+      std::atomic<int64_t> calls{0}, too_long{0};
+      fusedops::cpu::parallel_for_dynamic(3, 3 + n, block, [&](int64_t b, int64_t e) {
+        ++calls;
+        if ((fusedops::cpu::max_threads() > 1 && e - b > block) || e <= b) ++too_long;
+        for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)]++;
+      });
+      EXPECT_EQ(too_long.load(), 0) << "n " << n << " block " << block;
+      for (int64_t i = 0; i < n + 3; ++i)
+        EXPECT_EQ(seen[static_cast<size_t>(i)].load(), i >= 3 ? 1 : 0) << "index " << i << " n " << n;
+      if (n == 0) EXPECT_EQ(calls.load(), 0);
+      // With several threads, short ranges are split finer than `block` (blocks of
+      // ceil(n / (4 threads)) indices when that is smaller) so that every thread gets work.
+      const int64_t t = fusedops::cpu::max_threads();
+      if (t > 1 && n > 0) {
+        const int64_t b = std::min<int64_t>(block, (n + 4 * t - 1) / (4 * t));
+        EXPECT_EQ(calls.load(), (n + b - 1) / b) << "n " << n << " block " << block;
+      }
+    }
+  }
 }
 
 }  // namespace
