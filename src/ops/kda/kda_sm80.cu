@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
 // m16n8k16 products of (Q, K) rows scaled by e^{g - g_r} and K rows scaled by e^{g_r - g} (16-bit
 // operands), and only the 4 diagonal blocks take the element-wise sum with one exponential per
 // channel. Then L = diag(beta) (K K^T . E) strictly lower and Akk = (I + L)^{-1} by solve_blocked
-// (GDN's: 16x16 diagonal blocks by forward substitution, the rest on 3xTF32 mma). 160 KiB of
+// (GDN's: 16x16 diagonal blocks by forward substitution, the rest on 3xTF32 mma). 159 KiB of
 // shared memory.
 namespace intra16 {
 using namespace gdn::sm80::mma16;
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok do
 // chunk_kda_bwd_dAv on 16-bit tensor cores (V = 128, chunk 64; Aqk,
 // v, dout and dv bf16 or fp16 alike, 16-byte aligned rows; FUSEDOPS_KDA_DAV_MMA=0 keeps
 // dav_kernel): CTA of 8 warps per (chunk, value head), Aqk, Vnew and dO staged once by cp.async
-// (44 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= . D, and
+// (43 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= . D, and
 // dv = (M>= . Aqk)^T dO with the transposed operand read by ldmatrix.trans.
 namespace dav16 {
 using namespace gdn::sm80::mma16;
