@@ -436,10 +436,23 @@ def test_kept_intermediates_give_the_recomputing_backward_bitwise(device, K, dty
     # keep_intermediates: the backward reads the forward's W, U, h, Vnew instead of recomputing them
     # with the same kernels, so every output and gradient is bitwise the same.
     opts = {"l2": True, "gate": True, "sig": True}
-    d = make_inputs(1 if cu else 2, 130, 2, 4, K, K, dtype, seed=18, cu=cu, opts=opts)
-    runs = [run_ours(d, 0.2, cu, opts, 64, device, dtype=dtype,
-                     fn=functools.partial(fusedops.chunk_gated_delta_rule, keep_intermediates=keep))
-            for keep in (False, True)]
+    B, T, HV = (1 if cu else 2), 130, 4
+    d = make_inputs(B, T, 2, HV, K, K, dtype, seed=18, cu=cu, opts=opts)
+    runs, saved = [], []
+    for keep in (False, True):
+        counted = []
+
+        def pack(t, counted=counted):
+            counted.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            runs.append(run_ours(d, 0.2, cu, opts, 64, device, dtype=dtype,
+                                 fn=functools.partial(fusedops.chunk_gated_delta_rule, keep_intermediates=keep)))
+        saved.append(sum(counted))
+    # keep=True saves exactly W, U, Vnew [B,T,HV,K] and the h snapshots [B (1 varlen),NT,HV,K,V] more.
+    NT = sum(-(-(e - s) // 64) for s, e in zip(cu, cu[1:])) if cu else -(-T // 64)
+    assert saved[1] - saved[0] == 3 * B * T * HV * K + B * NT * HV * K * K
     for a, b in ((runs[0][0], runs[1][0]), (runs[0][1], runs[1][1])):
         assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype]))
     for n in runs[0][2]:
