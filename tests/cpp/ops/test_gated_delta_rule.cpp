@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "fusedops/ops/gated_delta_rule.h"
+#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
 
@@ -1635,6 +1636,75 @@ TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {
   }
   (void)d;
   (void)cpu;
+}
+
+// The CPU backend's chunk GEMM (gdn_cpu_kernels.h) against a double loop: both layouts of A
+// (row-major, packed by AVX transposes in six-row panels, and transposed), B plain and transposed,
+// the triangular skips, accumulation, a separate C input, c_lower, K across the AVX block of 8 and
+// past the 256-deep pack buffer, and C's old contents (NaN) never read when overwriting.
+TEST(GatedDeltaRuleCpuGemm, MatchesADoubleLoop) {
+  using gdn::cpu::Tri;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist;
+  int checked = 0;
+  for (const auto [M, N, K] : {std::tuple{1, 1, 1}, {6, 16, 8}, {7, 17, 9}, {13, 33, 30}, {64, 128, 128},
+                               {64, 64, 64}, {12, 40, 300}, {5, 3, 0}}) {
+    for (const bool a_trans : {false, true})
+      for (const bool b_trans : {false, true})
+        for (const Tri tri : {Tri::kNone, Tri::kLower, Tri::kUpper})
+          for (const int mode : {0, 1, 2}) {  // 0: overwrite, 1: accumulate, 2: C = Cin + A B
+            if (tri != Tri::kNone && M != K) continue;
+            SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) +
+                         (a_trans ? " A^T" : "") + (b_trans ? " B^T" : "") + " tri " +
+                         std::to_string(static_cast<int>(tri)) + " mode " + std::to_string(mode));
+            const int64_t lda = (a_trans ? M : K) + 3, ldb = (b_trans ? K : N) + 5, ldc = N + 2;
+            std::vector<float> A((a_trans ? K : M) * lda + 8), B((b_trans ? N : K) * ldb + 8), C(M * ldc);
+            std::vector<float> Cin(M * ldc);
+            auto a_at = [&](int64_t i, int64_t k) -> float& { return a_trans ? A[k * lda + i] : A[i * lda + k]; };
+            auto b_at = [&](int64_t k, int64_t j) -> float& { return b_trans ? B[j * ldb + k] : B[k * ldb + j]; };
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t k = 0; k < K; ++k)
+                a_at(i, k) = (tri == Tri::kLower && k > i) || (tri == Tri::kUpper && k < i) ? 0.0f : dist(gen);
+            for (int64_t k = 0; k < K; ++k)
+              for (int64_t j = 0; j < N; ++j) b_at(k, j) = dist(gen);
+            for (auto& x : Cin) x = dist(gen);
+            for (auto& x : C) x = mode == 1 ? 0.5f : std::nanf("");
+            if (mode == 1)
+              for (size_t e = 0; e < C.size(); ++e) C[e] = Cin[e];
+            const float alpha = -0.75f;
+            gdn::cpu::gemm(M, N, K, alpha, A.data(), a_trans ? 1 : lda, a_trans ? lda : 1, B.data(), ldb, mode == 1,
+                           C.data(), ldc, tri, false, mode == 2 ? Cin.data() : nullptr, mode == 2 ? ldc : 0, b_trans);
+            double worst = 0.0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double r = mode == 0 ? 0.0 : Cin[i * ldc + j], mag = std::abs(r);
+                for (int64_t k = 0; k < K; ++k) {
+                  r += static_cast<double>(alpha) * a_at(i, k) * b_at(k, j);
+                  mag += std::abs(static_cast<double>(alpha) * a_at(i, k) * b_at(k, j));
+                }
+                const double got = C[i * ldc + j];
+                ASSERT_TRUE(std::isfinite(got)) << "C(" << i << "," << j << ")";
+                worst = std::max(worst, std::abs(got - r) / (1.0 + mag));
+              }
+            EXPECT_LE(worst, 4e-7 * (1 + K));
+            ++checked;
+          }
+  }
+  // c_lower: only the blocks touching j <= i are computed; those entries must be right.
+  {
+    const int64_t M = 64, N = 64, K = 40;
+    std::vector<float> A(M * K), B(K * N), C(M * N, std::nanf(""));
+    for (auto& x : A) x = dist(gen);
+    for (auto& x : B) x = dist(gen);
+    gdn::cpu::gemm(M, N, K, 1.0f, A.data(), K, 1, B.data(), N, false, C.data(), N, Tri::kNone, true);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        double r = 0.0;
+        for (int64_t k = 0; k < K; ++k) r += static_cast<double>(A[i * K + k]) * B[k * N + j];
+        EXPECT_NEAR(C[i * N + j], r, 1e-4) << i << "," << j;
+      }
+  }
+  EXPECT_GT(checked, 100);
 }
 
 }  // namespace
