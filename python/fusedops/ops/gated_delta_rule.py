@@ -207,20 +207,23 @@ def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, 
     if keep:
         # h's chunk count is data-dependent with cu_seqlens (the fake cannot see the values).
         NT = (T + chunk_size - 1) // chunk_size if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
-        kept = [q.new_empty(B, T, HV, K), v.new_empty(B, T, HV, V),
-                q.new_empty(B if cu_seqlens is None else 1, NT, HV, K, V), v.new_empty(B, T, HV, V)]
+        kept = [(q if i in (0, 2) else v).new_empty(s)
+                for i, s in enumerate(_kept_shapes(B, T, HV, K, V, NT, cu_seqlens is not None))]
     else:
         kept = [q.new_empty(0) for _ in range(4)]
     return (o, ht, qn, kn, rq, rk, gc, A, bs, *kept)
 
 
+def _kept_shapes(B, T, HV, K, V, NT, varlen) -> list:
+    """The shapes of W (q's dtype), U (v's), the h snapshots (q's) and Vnew (v's)."""
+    return [(B, T, HV, K), (B, T, HV, V), (1 if varlen else B, NT, HV, K, V), (B, T, HV, V)]
+
+
 def _kept(q, v, B, T, HV, K, V, ci, chunk_size, varlen) -> list:
     """W, U, the h snapshots and Vnew, allocated for the forward to keep for the backward."""
     NT = ci.shape[0] if varlen else (T + chunk_size - 1) // chunk_size
-    dev = q.device
-    return [torch.empty(B, T, HV, K, dtype=q.dtype, device=dev), torch.empty(B, T, HV, V, dtype=v.dtype, device=dev),
-            torch.empty(1 if varlen else B, NT, HV, K, V, dtype=q.dtype, device=dev),
-            torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)]
+    return [torch.empty(s, dtype=(q if i in (0, 2) else v).dtype, device=q.device)
+            for i, s in enumerate(_kept_shapes(B, T, HV, K, V, NT, varlen))]
 
 
 def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
