@@ -75,6 +75,31 @@ __device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, in
   }
 }
 
+// mm_xs for two left operands X1, X2 (same stride) against one S: each S fragment is read once.
+template <bool BF, int NJ>
+__device__ __forceinline__ void mm_xs2(float (&acc1)[NJ][4], float (&acc2)[NJ][4], const uint16_t* X1,
+                                       const uint16_t* X2, int ldx, const uint16_t* S, int lds, int m0, int n0, int k0,
+                                       int k1, int lane) {
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
+  const int xo = (m0 + gq) * ldx + 2 * tq;
+  const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
+  for (int kk = k0; kk < k1; kk += 16) {
+    const uint16_t* p1 = X1 + xo + kk;
+    const uint16_t* p2 = X2 + xo + kk;
+    const uint32_t a1[4] = {ld32(p1), ld32(p1 + 8 * ldx), ld32(p1 + 8), ld32(p1 + 8 * ldx + 8)};
+    const uint32_t a2[4] = {ld32(p2), ld32(p2 + 8 * ldx), ld32(p2 + 8), ld32(p2 + 8 * ldx + 8)};
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t r[4];
+      ldsm_x4_t(r, ps + kk * lds + 8 * j);
+      mma16816<BF>(acc1[j], a1, r[0], r[1]);
+      mma16816<BF>(acc1[j + 1], a1, r[2], r[3]);
+      mma16816<BF>(acc2[j], a2, r[0], r[1]);
+      mma16816<BF>(acc2[j + 1], a2, r[2], r[3]);
+    }
+  }
+}
+
 // acc[j] += X^T[m0..m0+15][k0..k1) . S[k0..k1)[n0+8j..n0+8j+7]: X stored [k][m] and S stored [k][n],
 // both read transposed by ldmatrix (so a product with a transposed operand needs no transposed
 // copy). k0, k1 multiples of 16, m0 and n0 multiples of 8, NJ even.
