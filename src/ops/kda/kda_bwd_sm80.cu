@@ -671,9 +671,9 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
 }
 
 // chunk_kda_bwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q and k bf16 or
-// fp16 alike, gk fp32 (FUSEDOPS_KDA_BINTRA_MMA=0 keeps bintra_kernel). fwd_intra's reference-row
-// split, both ways. Lower sums (j < i) over the off-diagonal blocks J < I of i's 16-row block I,
-// with r = 16 I:
+// fp16 alike, gk, dAqk, dAkk and the partial sums dq, dk, dg fp32 (FUSEDOPS_KDA_BINTRA_MMA=0 keeps
+// bintra_kernel). fwd_intra's reference-row split, both ways. Lower sums (j < i) over the
+// off-diagonal blocks J < I of i's 16-row block I, with r = 16 I:
 //   dqi_ic = e^{g_ic - g_rc} sum_{j<r} dAqk_ij Kn_jc,  rr_ic the same with dAkk,  Kn_jc = k_jc e^{g_rc - g_jc};
 // upper sums (j > i) over the blocks J > I, with s = 16 (I + 1):
 //   cc_ic = e^{g_sc - g_ic} sum_{j>=s} (dAqk_ji Uq_jc + dAkk_ji Ub_jc),
@@ -681,74 +681,103 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
 // Every factor is <= 1 for non-increasing cumulated gates. The scaled operands and the
 // off-diagonal blocks of dA (rounded to the inputs' 16-bit type) are m16n8k16 operands with fp32
 // accumulation; the diagonal 16x16 blocks sum element-wise from fp32 dA, one exponential per
-// (i, j, channel). Warp w owns row block I = w % 4 and the 32-channel slices w / 4 and w / 4 + 2:
-// its accumulators meet the diagonal sums, the partial gradients and the outputs in registers.
-// dbeta's row sums go per slice through shared memory and are added in slice order. 171 KiB of
-// shared memory (one CTA per SM).
+// (i, j, channel). The channels go in two 64-wide halves (q, k, gk and the scaled operands of one
+// half on chip at a time: 103 KiB of shared memory, two CTAs per SM); in each, warp w owns row
+// block I = w % 4 and the 32 channels 32 (w / 4).. of the half, so its accumulators meet the
+// diagonal sums, the partial gradients and the outputs in registers. dbeta's row sums go per
+// 32-channel slice through shared memory and are added in slice order.
 namespace bintra16 {
 using namespace gdn::sm80::mma16;
-constexpr int kLdG = kD + 4;  // fp32 [64][132] gate tile
-constexpr int kLdF = 17;      // fp32 [64][17] diagonal blocks of dAqk, dAkk (column j % 16)
-constexpr int kSc = 96;       // rows of each scaled operand: 16 + 32 + 48
-constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + 3 * kSc * kLdT + 2 * kMaxBT * kLdA) +
+constexpr int kHalf = 64;            // channels per pass
+constexpr int kLdH = kHalf + 8;      // 16-bit row stride of the half tiles (36 words)
+constexpr int kLdG = kHalf + 4;      // fp32 [64][68] gate half
+constexpr int kLdF = 17;             // fp32 [64][17] diagonal blocks of dAqk, dAkk (column j % 16)
+constexpr int kSc = 96;              // rows of each scaled operand: 16 + 32 + 48
+constexpr int kLdD = kMaxBT + 4;     // fp32 [64][68] dA staging (in the scaled operands' space)
+constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kMaxBT) * kLdH + 3 * kSc * kLdH + 2 * kMaxBT * kLdA) +
                          4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + 5 * kMaxBT);
+static_assert(2 * kMaxBT * kLdD * 4 <= 3 * kSc * kLdH * 2, "dA staging fits the scaled operands' space");
 }  // namespace bintra16
 
 template <bool BF>
-__global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
+__global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
                                                                  Tok dq, Tok dk, Tok dbeta, Tok dg, Tok dqo, Tok dko,
                                                                  Tok dbo, Tok dgo, Layout L, int G) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
+  using bintra16::kHalf;
+  using bintra16::kLdD;
   using bintra16::kLdF;
   using bintra16::kLdG;
+  using bintra16::kLdH;
   using bintra16::kSc;
   extern __shared__ float smem[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* Ks = Qs + kTok;
-  uint16_t* Kn = Ks + kTok;         // [96][kLdT]: for I = 1..3, K's rows j < 16 I scaled by e^{g_16I - g_j}
-  uint16_t* Uq = Kn + kSc * kLdT;   // [96][kLdT]: for I = 0..2, Q's rows j >= 16 (I + 1) scaled by e^{g_j - g_16(I+1)}
-  uint16_t* Ub = Uq + kSc * kLdT;   // the same of beta K
-  uint16_t* DAq = Ub + kSc * kLdT;  // [64][kLdA]: dAqk's blocks below the diagonal blocks, zero elsewhere
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);  // [64][kLdH]: the half's q
+  uint16_t* Ks = Qs + kMaxBT * kLdH;
+  uint16_t* Kn = Ks + kMaxBT * kLdH;  // [96][kLdH]: for I = 1..3, K's rows j < 16 I scaled by e^{g_16I - g_j}
+  uint16_t* Uq = Kn + kSc * kLdH;     // [96][kLdH]: for I = 0..2, Q's rows j >= 16 (I + 1) scaled by e^{g_j - g_16(I+1)}
+  uint16_t* Ub = Uq + kSc * kLdH;     // the same of beta K
+  uint16_t* DAq = Ub + kSc * kLdH;    // [64][kLdA]: dAqk's blocks below the diagonal blocks, zero elsewhere
   uint16_t* DAk = DAq + kMaxBT * kLdA;
-  float* Gs = reinterpret_cast<float*>(DAk + kMaxBT * kLdA);  // [64][kLdG]
+  float* Gs = reinterpret_cast<float*>(DAk + kMaxBT * kLdA);  // [64][kLdG]: the half's gk
   float* Dq = Gs + kMaxBT * kLdG;  // [64][kLdF]: dAqk's diagonal blocks, entries j <= i
   float* Dk = Dq + kMaxBT * kLdF;  // dAkk's
   float* bs = Dk + kMaxBT * kLdF;  // [64] beta
   float* dbp = bs + kMaxBT;        // [4][64]: per 32-channel slice, sum_c rr_ic k_ic
+  float* Sq = reinterpret_cast<float*>(Kn);  // [64][kLdD] fp32 dAqk, then dAkk, staged before Kn is built
+  float* Sk = Sq + kMaxBT * kLdD;
   const ChunkPos c = chunk_pos(L, blockIdx.x);
   const int hk = blockIdx.y, len = c.len, tid = threadIdx.x;
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  const int I = warp & 3, m0 = 16 * I, s0 = m0 + 16;
+  const int I = warp & 3, m0 = 16 * I, s0 = m0 + 16, n0 = 32 * (warp >> 2);
   const bool lower = I >= 1 && m0 < len, upper = I <= 2 && s0 < len;
-  const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdT;
-  const int uo = (I == 0 ? 0 : I == 1 ? 48 : 80) * kLdT;
+  const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdH;
+  const int uo = (I == 0 ? 0 : I == 1 ? 48 : 80) * kLdH;
   const int jend = imin(m0 + 16, len);
+  // The half's q, k (16-bit) and gk (fp32) rows by cp.async; rows >= len are zeros.
+  auto load_half = [&](int hv, int y0) {
+    const uint16_t* qb = static_cast<const uint16_t*>(q.p);
+    const uint16_t* kb = static_cast<const uint16_t*>(k.p);
+    const float* gb = static_cast<const float*>(gk.p);
+    for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
+      const int r = e >> 3, col = (e & 7) << 3;
+      const bool ok = r < len;
+      const int64_t t = c.t0 + (ok ? r : 0);
+      cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
+      cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
+    }
+    for (int e = tid; e < kMaxBT * (kHalf / 4); e += kThreads) {
+      const int r = e >> 4, col = (e & 15) << 2;
+      const bool ok = r < len;
+      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
+    }
+  };
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     // dq and dk's partial sums: the fp32 inputs for the group's first value head, then the outputs.
     const bool first = gi == 0;
     if (gi > 0) __syncthreads();  // the previous value head is done with every buffer
-    if (gi == 0) {
-      load_rows(Qs, kLdT, q, c.b, c.t0, hk, len, kD / 8);
-      load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
-    }
     {
-      const float* gb = static_cast<const float*>(gk.p);
-      for (int e = tid; e < kMaxBT * (kD / 4); e += kThreads) {
-        const int r = e >> 5, col = (e & 31) << 2;
+      const float* aqb = static_cast<const float*>(dAqk.p);
+      const float* akb = static_cast<const float*>(dAkk.p);
+      for (int e = tid; e < kMaxBT * (kMaxBT / 4); e += kThreads) {
+        const int r = e >> 4, col = (e & 15) << 2;
         const bool ok = r < len;
-        cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + col, ok);
+        const int64_t t = c.t0 + (ok ? r : 0);
+        cp_async16(Sq + r * kLdD + col, aqb + dAqk.off(c.b, t, hv) + col, ok);
+        cp_async16(Sk + r * kLdD + col, akb + dAkk.off(c.b, t, hv) + col, ok);
       }
     }
+    load_half(hv, 0);
     cp_async_commit();
     if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    cp_async_wait<0>();
+    __syncthreads();
     for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
       const int i = e >> 6, j = e & 63;
-      const bool in = i < len && j <= i;
-      const float aq = in ? dAqk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
-      const float ak = in ? dAkk.ld(c.b, c.t0 + i, hv, j) : 0.0f;
+      const bool in = j <= i;  // rows >= len are zeros
+      const float aq = in ? Sq[i * kLdD + j] : 0.0f, ak = in ? Sk[i * kLdD + j] : 0.0f;
       const bool diag = (i >> 4) == (j >> 4);
       DAq[i * kLdA + j] = diag ? uint16_t{0} : f2h<BF>(aq);
       DAk[i * kLdA + j] = diag ? uint16_t{0} : f2h<BF>(ak);
@@ -757,52 +786,57 @@ __global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, T
         Dk[i * kLdF + (j & 15)] = ak;
       }
     }
-    cp_async_wait<0>();
-    __syncthreads();
-    // The scaled operands, two channels per step; rows past the sequence are zero (their gates
-    // are never read).
-    for (int e = tid; e < 3 * kSc * (kD / 2); e += kThreads) {
-      const int row = e >> 6, y = (e & 63) << 1, which = row / kSc, u = row - which * kSc;
-      int j, r;
-      bool ok;
-      float f = 1.0f;
-      const uint16_t* src;
-      if (which == 0) {
-        const int Ib = u < 16 ? 1 : u < 48 ? 2 : 3;
-        j = u - (Ib == 1 ? 0 : Ib == 2 ? 16 : 48);
-        r = 16 * Ib;
-        ok = r < len;
-        src = Ks;
-      } else {
-        const int Ib = u < 48 ? 0 : u < 80 ? 1 : 2;
-        r = 16 * (Ib + 1);
-        j = r + u - (Ib == 0 ? 0 : Ib == 1 ? 48 : 80);
-        ok = j < len;
-        src = which == 1 ? Qs : Ks;
-        if (which == 2 && ok) f = bs[j];
+    for (int half = 0; half < 2; ++half) {
+      const int y0 = kHalf * half;
+      if (half == 1) {
+        __syncthreads();  // half 0's readers are done
+        load_half(hv, y0);
+        cp_async_commit();
+        cp_async_wait<0>();
       }
-      uint32_t out = 0;
-      if (ok) {
-        const float* ga = Gs + (which == 0 ? r : j) * kLdG + y;
-        const float* gb = Gs + (which == 0 ? j : r) * kLdG + y;
-        const float d0 = f * expf(ga[0] - gb[0]), d1 = f * expf(ga[1] - gb[1]);
-        const uint32_t x = ld32(src + j * kLdT + y);
-        out = static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x)) * d0)) |
-              (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x >> 16)) * d1)) << 16);
+      __syncthreads();  // the half's tiles; DAq, DAk, Dq, Dk; the dA staging is dead
+      // The scaled operands, two channels per step; rows past the sequence are zero (their gates
+      // are never read).
+      for (int e = tid; e < 3 * kSc * (kHalf / 2); e += kThreads) {
+        const int row = e >> 5, y = (e & 31) << 1, which = row / kSc, u = row - which * kSc;
+        int j, r;
+        bool ok;
+        float f = 1.0f;
+        const uint16_t* src;
+        if (which == 0) {
+          const int Ib = u < 16 ? 1 : u < 48 ? 2 : 3;
+          j = u - (Ib == 1 ? 0 : Ib == 2 ? 16 : 48);
+          r = 16 * Ib;
+          ok = r < len;
+          src = Ks;
+        } else {
+          const int Ib = u < 48 ? 0 : u < 80 ? 1 : 2;
+          r = 16 * (Ib + 1);
+          j = r + u - (Ib == 0 ? 0 : Ib == 1 ? 48 : 80);
+          ok = j < len;
+          src = which == 1 ? Qs : Ks;
+          if (which == 2 && ok) f = bs[j];
+        }
+        uint32_t out = 0;
+        if (ok) {
+          const float* ga = Gs + (which == 0 ? r : j) * kLdG + y;
+          const float* gb = Gs + (which == 0 ? j : r) * kLdG + y;
+          const float d0 = f * expf(ga[0] - gb[0]), d1 = f * expf(ga[1] - gb[1]);
+          const uint32_t x = ld32(src + j * kLdH + y);
+          out = static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x)) * d0)) |
+                (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x >> 16)) * d1)) << 16);
+        }
+        *reinterpret_cast<uint32_t*>(Kn + row * kLdH + y) = out;
       }
-      *reinterpret_cast<uint32_t*>(Kn + row * kLdT + y) = out;
-    }
-    __syncthreads();  // Kn, Uq, Ub
-    for (int sl = 0; sl < 2; ++sl) {
-      const int slice = (warp >> 2) + 2 * sl, n0 = 32 * slice;
+      __syncthreads();  // Kn, Uq, Ub
       float aq[4][4], ar[4][4], ac[4][4];
       zero(aq);
       zero(ar);
       zero(ac);
-      if (lower) mm_xs2<BF, 4>(aq, ar, DAq, DAk, kLdA, KnI, kLdT, m0, n0, 0, m0, lane);
+      if (lower) mm_xs2<BF, 4>(aq, ar, DAq, DAk, kLdA, KnI, kLdH, m0, n0, 0, m0, lane);
       if (upper) {
-        mm_xts<BF, 4>(ac, DAq + s0 * kLdA, kLdA, Uq + uo, kLdT, m0, n0, 0, kMaxBT - s0, lane);
-        mm_xts<BF, 4>(ac, DAk + s0 * kLdA, kLdA, Ub + uo, kLdT, m0, n0, 0, kMaxBT - s0, lane);
+        mm_xts<BF, 4>(ac, DAq + s0 * kLdA, kLdA, Uq + uo, kLdH, m0, n0, 0, kMaxBT - s0, lane);
+        mm_xts<BF, 4>(ac, DAk + s0 * kLdA, kLdA, Ub + uo, kLdH, m0, n0, 0, kMaxBT - s0, lane);
       }
       float dbs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -826,15 +860,14 @@ __global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, T
         }
         // The diagonal block: j < i adds to dqi and rr, j > i to cc; the exponent is <= 0 either way.
         for (int j = m0; j < jend; ++j) {
-          const bool lo = j < i;
+          const bool lo = j < i, hi = j > i;
           const float cql = lo ? Dq[i * kLdF + (j & 15)] : 0.0f, ckl = lo ? Dk[i * kLdF + (j & 15)] : 0.0f;
-          const bool hi = j > i;
           const float cqu = hi ? Dq[j * kLdF + (i & 15)] : 0.0f, cku = hi ? bs[j] * Dk[j * kLdF + (i & 15)] : 0.0f;
           const float sg = lo ? 1.0f : -1.0f;
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const int col = n0 + 8 * jj + 2 * tq;
-            const uint32_t kk = ld32(Ks + j * kLdT + col), qq = ld32(Qs + j * kLdT + col);
+            const uint32_t kk = ld32(Ks + j * kLdH + col), qq = ld32(Qs + j * kLdH + col);
             const float2 gj = *reinterpret_cast<const float2*>(Gs + j * kLdG + col);
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
@@ -851,16 +884,16 @@ __global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, T
         if (i < len) {
           const float bi = bs[i], dd = Dq[i * kLdF + (i & 15)];
           const int64_t t = c.t0 + i;
-          const int64_t og = dg.off(c.b, t, hv), ogo = dgo.off(c.b, t, hv);
-          const int64_t oq = first ? dq.off(c.b, t, hk) : dqo.off(c.b, t, hk);
-          const int64_t ok_ = first ? dk.off(c.b, t, hk) : dko.off(c.b, t, hk);
+          const int64_t og = dg.off(c.b, t, hv) + y0, ogo = dgo.off(c.b, t, hv) + y0;
+          const int64_t oq = (first ? dq.off(c.b, t, hk) : dqo.off(c.b, t, hk)) + y0;
+          const int64_t ok_ = (first ? dk.off(c.b, t, hk) : dko.off(c.b, t, hk)) + y0;
+          const int64_t oqo = dqo.off(c.b, t, hk) + y0, oko = dko.off(c.b, t, hk) + y0;
           const float* pq = static_cast<const float*>(dq.p) + oq;
           const float* pk = static_cast<const float*>(dk.p) + ok_;
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const int col = n0 + 8 * jj + 2 * tq;
-            const uint32_t kk = ld32(Ks + i * kLdT + col), qq = ld32(Qs + i * kLdT + col);
-            float on[3][2];
+            const uint32_t kk = ld32(Ks + i * kLdH + col), qq = ld32(Qs + i * kLdH + col);
             const float2 g2 = *reinterpret_cast<const float2*>(static_cast<const float*>(dg.p) + og + col);
             float2 q2, k2;
             if (first) {
@@ -870,6 +903,7 @@ __global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, T
               ld2(dqo.p, dqo.code, oq + col, q2.x, q2.y);
               ld2(dko.p, dko.code, ok_ + col, k2.x, k2.y);
             }
+            float on[3][2];
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
               const float kv = h2f<BF>(static_cast<uint16_t>(b ? kk >> 16 : kk));
@@ -882,15 +916,15 @@ __global__ void __launch_bounds__(kThreads, 1) bintra_mma_kernel(Tok q, Tok k, T
               on[2][b] = (b ? k2.y : k2.x) + r + cc + dd * qv;
             }
             st2(dgo.p, dgo.code, ogo + col, on[0][0], on[0][1]);
-            st2(dqo.p, dqo.code, dqo.off(c.b, t, hk) + col, on[1][0], on[1][1]);
-            st2(dko.p, dko.code, dko.off(c.b, t, hk) + col, on[2][0], on[2][1]);
+            st2(dqo.p, dqo.code, oqo + col, on[1][0], on[1][1]);
+            st2(dko.p, dko.code, oko + col, on[2][0], on[2][1]);
           }
         }
       }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float s = quad_sum(dbs[hr]);
-        if (tq == 0) dbp[slice * kMaxBT + m0 + gq + 8 * hr] = s;
+        if (tq == 0) dbp[(2 * half + (warp >> 2)) * kMaxBT + m0 + gq + 8 * hr] = s;
       }
     }
     __syncthreads();  // dbp
@@ -907,7 +941,8 @@ bool bintra_mma_ok(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, bintra16::kSmem, "FUSEDOPS_KDA_BINTRA_MMA", "chunk_kda_bwd_intra")) return false;
-  if (!tok16_ok(a.q, dt) || !tok16_ok(a.k, dt) || !tok32_ok(a.gk)) return false;
+  if (!tok16_ok(a.q, dt) || !tok16_ok(a.k, dt) || !tok32_ok(a.gk) || !tok32_ok(a.dAqk) || !tok32_ok(a.dAkk))
+    return false;
   // The partial sums dq, dk, dg are read as fp32 pairs (the top level's workspaces).
   for (const TensorView* t : {&a.dq, &a.dk, &a.dg})
     if (t->dtype() != DType::kFloat32) return false;

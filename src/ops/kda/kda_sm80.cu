@@ -134,37 +134,44 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
 
 // chunk_kda_fwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q, k, Aqk and Akk
 // bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_INTRA_MMA=0 keeps intra_kernel).
-// CTA of 8 warps per (chunk, value head); Q, K (16-bit) and gk (fp32) staged once by cp.async.
-// The reference-row split of the per-channel decay, with r = 16 I the first row of i's 16-row
-// block I: for j < r <= i, E_ijc = e^{g_ic - g_rc} e^{g_rc - g_jc}, both factors <= 1 for
-// non-increasing cumulated gates. So the 12 off-diagonal 16x16 tiles of Aqk and of K K^T are
-// m16n8k16 products of (Q, K) rows scaled by e^{g - g_r} and K rows scaled by e^{g_r - g} (16-bit
-// operands), and only the 4 diagonal blocks take the element-wise sum with one exponential per
-// channel. Then L = diag(beta) (K K^T . E) strictly lower and Akk = (I + L)^{-1} by solve_blocked
-// (GDN's: 16x16 diagonal blocks by forward substitution, the rest on 3xTF32 mma). 159 KiB of
-// shared memory.
+// CTA of 8 warps per (chunk, value head). The reference-row split of the per-channel decay, with
+// r = 16 I the first row of i's 16-row block I: for j < r <= i, E_ijc = e^{g_ic - g_rc} e^{g_rc - g_jc},
+// both factors <= 1 for non-increasing cumulated gates. So the 12 off-diagonal 16x16 tiles of Aqk
+// and of K K^T are m16n8k16 products of (Q, K) rows scaled by e^{g - g_r} and K rows scaled by
+// e^{g_r - g} (16-bit operands), and only the 4 diagonal blocks take the element-wise sum with one
+// exponential per channel. The channels go in two 64-wide halves (q, k, gk and the scaled operands
+// of one half on chip at a time, the products' accumulators in registers across both: 99 KiB of
+// shared memory, two CTAs per SM). Then L = diag(beta) (K K^T . E) strictly lower and
+// Akk = (I + L)^{-1} by solve_blocked (GDN's: 16x16 diagonal blocks by forward substitution, the
+// rest on 3xTF32 mma).
 namespace intra16 {
 using namespace gdn::sm80::mma16;
-constexpr int kLdG = kD + 4;   // fp32 [64][132] gate tile
-constexpr int kLdF = kMaxBT + 1;  // fp32 [64][65] score tiles
-constexpr int kKnRows = 96;    // K scaled to the references r = 16, 32, 48: 16 + 32 + 48 rows
-constexpr size_t kSmem = 2 * (static_cast<size_t>(2 * kTok) + static_cast<size_t>(2 * kMaxBT + kKnRows) * kLdT) +
-                         4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
+constexpr int kHalf = 64;          // channels per pass
+constexpr int kLdH = kHalf + 8;    // 16-bit row stride of the half tiles
+constexpr int kLdG = kHalf + 4;    // fp32 [64][68] gate half
+constexpr int kLdF = kMaxBT + 1;   // fp32 [64][65] score tiles
+constexpr int kKnRows = 96;        // K scaled to the references r = 16, 32, 48: 16 + 32 + 48 rows
+constexpr size_t kBytes16 = 2 * static_cast<size_t>(2 * kMaxBT + 2 * kMaxBT + kKnRows) * kLdH;
+constexpr size_t kSmem = kBytes16 + 4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
+// solve_blocked's X [64][kLdF] and [64][17] stage reuse the 16-bit tiles.
+static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "solve's buffers fit");
 }  // namespace intra16
 
 template <bool BF>
-__global__ void __launch_bounds__(kThreads, 1) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
+__global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
                                                                 Layout L, int G, float scale) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
+  using intra16::kHalf;
   using intra16::kLdF;
   using intra16::kLdG;
+  using intra16::kLdH;
   extern __shared__ float smem[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* Ks = Qs + kTok;
-  uint16_t* QKr = Ks + kTok;              // [128][kLdT]: Q, then K, rows scaled by e^{g - g_r}
-  uint16_t* Kn = QKr + 2 * kMaxBT * kLdT;  // [96][kLdT]: for I = 1..3, K rows j < 16 I scaled by e^{g_16I - g}
-  float* Gs = reinterpret_cast<float*>(Kn + intra16::kKnRows * kLdT);  // [64][kLdG]
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);  // [64][kLdH]: the half's q
+  uint16_t* Ks = Qs + kMaxBT * kLdH;
+  uint16_t* QKr = Ks + kMaxBT * kLdH;       // [128][kLdH]: Q, then K, rows scaled by e^{g - g_r}
+  uint16_t* Kn = QKr + 2 * kMaxBT * kLdH;  // [96][kLdH]: for I = 1..3, K rows j < 16 I scaled by e^{g_16I - g}
+  float* Gs = reinterpret_cast<float*>(Kn + intra16::kKnRows * kLdH);  // [64][kLdG]
   float* Aq = Gs + kMaxBT * kLdG;  // [64][kLdF]
   float* Ak = Aq + kMaxBT * kLdF;  // [64][kLdF], then L
   float* bs = Ak + kMaxBT * kLdF;
@@ -172,76 +179,97 @@ __global__ void __launch_bounds__(kThreads, 1) intra_mma_kernel(Tok q, Tok k, To
   const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x, BT = L.BT;
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31;
-  load_rows(Qs, kLdT, q, c.b, c.t0, hk, len, kD / 8);
-  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
-  {
-    const float* gb = static_cast<const float*>(gk.p);
-    for (int e = tid; e < kMaxBT * (kD / 4); e += kThreads) {
-      const int r = e >> 5, col = (e & 31) << 2;
-      const bool ok = r < len;
-      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + col, ok);
-    }
-  }
-  cp_async_commit();
-  if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
-  cp_async_wait<0>();
-  __syncthreads();
-  // The scaled operands, two channels per step (rows >= len stay zero: Q and K are zero there).
-  for (int e = tid; e < kMaxBT * (kD / 2); e += kThreads) {
-    const int i = e >> 6, y = (e & 63) << 1, r = i & ~15;
-    const float d0 = expf(Gs[i * kLdG + y] - Gs[r * kLdG + y]), d1 = expf(Gs[i * kLdG + y + 1] - Gs[r * kLdG + y + 1]);
-    const uint32_t qq = ld32(Qs + i * kLdT + y), kk = ld32(Ks + i * kLdT + y);
-    *reinterpret_cast<uint32_t*>(QKr + i * kLdT + y) =
-        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq)) * d0)) |
-        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq >> 16)) * d1)) << 16);
-    *reinterpret_cast<uint32_t*>(QKr + (kMaxBT + i) * kLdT + y) =
-        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
-        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
-  }
-  for (int e = tid; e < intra16::kKnRows * (kD / 2); e += kThreads) {
-    const int row = e >> 6, y = (e & 63) << 1;
-    const int I = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (I == 1 ? 0 : I == 2 ? 16 : 48), r = 16 * I;
-    const float d0 = expf(Gs[r * kLdG + y] - Gs[j * kLdG + y]), d1 = expf(Gs[r * kLdG + y + 1] - Gs[j * kLdG + y + 1]);
-    const uint32_t kk = ld32(Ks + j * kLdT + y);
-    *reinterpret_cast<uint32_t*>(Kn + row * kLdT + y) =
-        static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
-        (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
-  }
-  // The diagonal blocks, element-wise: entry (i, j), j <= i in one 16-row block, per thread.
-  for (int e = tid; e < 4 * 16 * 16; e += kThreads) {
-    const int blk = e >> 8, i = 16 * blk + ((e >> 4) & 15), j = 16 * blk + (e & 15);
-    float sq = 0.0f, sk = 0.0f;
-    if (j <= i) {
-      const float* gi = Gs + i * kLdG;
-      const float* gj = Gs + j * kLdG;
-      for (int y = 0; y < kD; y += 2) {
-        const uint32_t qi = ld32(Qs + i * kLdT + y), ki = ld32(Ks + i * kLdT + y), kj = ld32(Ks + j * kLdT + y);
-        const float w0 = h2f<BF>(static_cast<uint16_t>(kj)) * expf(gi[y] - gj[y]);
-        const float w1 = h2f<BF>(static_cast<uint16_t>(kj >> 16)) * expf(gi[y + 1] - gj[y + 1]);
-        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi)), w0, sq);
-        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi >> 16)), w1, sq);
-        sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki)), w0, sk);
-        sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki >> 16)), w1, sk);
+  // Warp w's off-diagonal tiles t = w and w + 8 (< 12): pair t / 2 of (1,0) (2,0) (2,1) (3,0)
+  // (3,1) (3,2), of Q (t even) or K (t odd).
+  float acc[2][2][4];
+  for (int u = 0; u < 2; ++u) zero(acc[u]);
+  for (int half = 0; half < 2; ++half) {
+    const int y0 = kHalf * half;
+    if (half == 1) __syncthreads();  // half 0's readers are done
+    {
+      const uint16_t* qb = static_cast<const uint16_t*>(q.p);
+      const uint16_t* kb = static_cast<const uint16_t*>(k.p);
+      const float* gb = static_cast<const float*>(gk.p);
+      for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
+        const int r = e >> 3, col = (e & 7) << 3;
+        const bool ok = r < len;
+        const int64_t t = c.t0 + (ok ? r : 0);
+        cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
+        cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
+      }
+      for (int e = tid; e < kMaxBT * (kHalf / 4); e += kThreads) {
+        const int r = e >> 4, col = (e & 15) << 2;
+        const bool ok = r < len;
+        cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
       }
     }
-    Aq[i * kLdF + j] = sq;
-    Ak[i * kLdF + j] = sk;
+    cp_async_commit();
+    if (half == 0 && tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    cp_async_wait<0>();
+    __syncthreads();
+    // The scaled operands, two channels per step (rows >= len stay zero: Q and K are zero there).
+    for (int e = tid; e < kMaxBT * (kHalf / 2); e += kThreads) {
+      const int i = e >> 5, y = (e & 31) << 1, r = i & ~15;
+      const float d0 = expf(Gs[i * kLdG + y] - Gs[r * kLdG + y]), d1 = expf(Gs[i * kLdG + y + 1] - Gs[r * kLdG + y + 1]);
+      const uint32_t qq = ld32(Qs + i * kLdH + y), kk = ld32(Ks + i * kLdH + y);
+      *reinterpret_cast<uint32_t*>(QKr + i * kLdH + y) =
+          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq)) * d0)) |
+          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq >> 16)) * d1)) << 16);
+      *reinterpret_cast<uint32_t*>(QKr + (kMaxBT + i) * kLdH + y) =
+          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
+          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+    }
+    for (int e = tid; e < intra16::kKnRows * (kHalf / 2); e += kThreads) {
+      const int row = e >> 5, y = (e & 31) << 1;
+      const int I = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (I == 1 ? 0 : I == 2 ? 16 : 48), r = 16 * I;
+      const float d0 = expf(Gs[r * kLdG + y] - Gs[j * kLdG + y]), d1 = expf(Gs[r * kLdG + y + 1] - Gs[j * kLdG + y + 1]);
+      const uint32_t kk = ld32(Ks + j * kLdH + y);
+      *reinterpret_cast<uint32_t*>(Kn + row * kLdH + y) =
+          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
+          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+    }
+    // The diagonal blocks, element-wise: entry (i, j), j <= i in one 16-row block, per thread
+    // (the same entries in both halves: the second adds).
+    for (int e = tid; e < 4 * 16 * 16; e += kThreads) {
+      const int blk = e >> 8, i = 16 * blk + ((e >> 4) & 15), j = 16 * blk + (e & 15);
+      float sq = 0.0f, sk = 0.0f;
+      if (j <= i) {
+        const float* gi = Gs + i * kLdG;
+        const float* gj = Gs + j * kLdG;
+        for (int y = 0; y < kHalf; y += 2) {
+          const uint32_t qi = ld32(Qs + i * kLdH + y), ki = ld32(Ks + i * kLdH + y), kj = ld32(Ks + j * kLdH + y);
+          const float w0 = h2f<BF>(static_cast<uint16_t>(kj)) * expf(gi[y] - gj[y]);
+          const float w1 = h2f<BF>(static_cast<uint16_t>(kj >> 16)) * expf(gi[y + 1] - gj[y + 1]);
+          sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi)), w0, sq);
+          sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi >> 16)), w1, sq);
+          sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki)), w0, sk);
+          sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki >> 16)), w1, sk);
+        }
+      }
+      Aq[i * kLdF + j] = half ? Aq[i * kLdF + j] + sq : sq;
+      Ak[i * kLdF + j] = half ? Ak[i * kLdF + j] + sk : sk;
+    }
+    __syncthreads();  // QKr, Kn
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = warp + 8 * u;
+      if (t >= 12) break;
+      const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
+      const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdH;
+      mm_xyt<BF, 2>(acc[u], QKr, kLdH, KnI, kLdH, (t & 1) * kMaxBT + 16 * I, 16 * J, kHalf, lane);
+    }
   }
-  __syncthreads();  // QKr, Kn
-  // The off-diagonal tiles (I, J), J < I: tile t = 0..11 is pair t / 2 of (1,0) (2,0) (2,1) (3,0)
-  // (3,1) (3,2), of Q (t even) or K (t odd); warp w takes t = w and w + 8.
-  for (int t = warp; t < 12; t += kThreads / 32) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int t = warp + 8 * u;
+    if (t >= 12) break;
     const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
-    const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdT;
-    float acc[2][4];
-    zero(acc);
-    mm_xyt<BF, 2>(acc, QKr, kLdT, KnI, kLdT, (t & 1) * kMaxBT + 16 * I, 16 * J, kD, lane);
     float* out = (t & 1) ? Ak : Aq;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        out[(16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1)] = acc[jj][e];
+        out[(16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1)] = acc[u][jj][e];
   }
   __syncthreads();  // Aq, Ak
   // Aqk out; L = diag(beta) Ak, strictly lower, in place (zero elsewhere).
@@ -251,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) intra_mma_kernel(Tok q, Tok k, To
     Ak[i * kLdF + j] = (i < len && j < i) ? bs[i] * Ak[i * kLdF + j] : 0.0f;
   }
   __syncthreads();
-  // X = (I + L)^{-1} into the dead Q / K tiles (fp32 [64][kLdF] and the [64][17] stage).
+  // X = (I + L)^{-1} into the dead 16-bit tiles (fp32 [64][kLdF] and the [64][17] stage).
   float* X = reinterpret_cast<float*>(Qs);
   float* Tb = X + kMaxBT * kLdF;
   solve_blocked(Ak, kLdF, X, Tb, kMaxBT / 16);
