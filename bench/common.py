@@ -7,7 +7,9 @@ Timing (design.md section 7, .library/device/METHOD.md):
     kernel queued first keeps the GPU busy while the host enqueues every timed call, so the
     events time GPU work rather than launch gaps; the host's time per call is reported apart.
   * CPU: time.perf_counter around each call, a buffer larger than the last-level cache written
-    between calls, median of repetitions that together take at least `min_time_s`.
+    between calls, median of repetitions that together take at least `min_time_s`; the median
+    count of minor page faults per call is recorded beside the time (a call's first touches of
+    fresh memory are part of its cost, and the source of much of the run-to-run spread).
 """
 
 from __future__ import annotations
@@ -224,6 +226,9 @@ class Timing:
     p80_s: float
     reps: int
     host_s_per_call: float | None = None  # CUDA: host time to enqueue one call (Python, launches)
+    # CPU: the median count of the process's minor page faults during one call (first touches of
+    # freshly mapped memory, which this VM charges ~1.5-2 us each; see bench/NOTES.md).
+    minor_faults: int | None = None
 
 
 def _summarize(samples: list[float]) -> Timing:
@@ -328,19 +333,24 @@ class Timer:
 
     def _time_cpu(self, fn, prepare) -> Timing:
         samples: list[float] = []
+        faults: list[int] = []
         total = 0.0
         while len(samples) < self.max_reps and (len(samples) < self.reps or total < self.min_time_s):
             if len(samples) >= 3 and total >= self.slow_time_s:
                 break
             prepare()
             self.flush()
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             out = fn()
             t1 = time.perf_counter()
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             del out  # freeing the outputs is not part of the call
             samples.append(t1 - t0)
             total += t1 - t0
-        return _summarize(samples)
+        t = _summarize(samples)
+        t.minor_faults = sorted(faults)[len(faults) // 2]
+        return t
 
 
 def first_call(fn: Callable[[], Any], device: torch.device) -> float:

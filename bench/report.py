@@ -212,6 +212,8 @@ def run_case_checks_and_timing(common, case, inputs, records, timer, device, pro
                 rec["check"] = {"passed": ok and bool(outputs), "primary": primary, "outputs": outputs}
                 t = timer.time(lambda fn=fn: fn(inputs), prep)
                 rec["time"] = {"median_s": t.median_s, "p20_s": t.p20_s, "p80_s": t.p80_s, "reps": t.reps}
+                if t.minor_faults is not None:
+                    rec["time"]["minor_faults"] = t.minor_faults
                 if t.host_s_per_call is not None:
                     rec["time"]["host_s_per_call"] = t.host_s_per_call
             except Exception as e:
