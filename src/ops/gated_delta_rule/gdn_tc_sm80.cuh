@@ -258,6 +258,25 @@ __device__ __forceinline__ void ld2(const void* p, int code, int64_t i, float& a
   }
 }
 
+// The warp's accumulator rows r0 and r0 + 8 that lie below len (columns n0 + 8 j + 2 tq, tq =
+// lane % 4: the mma layout) into the token-major output t at (b, t0 + row, head).
+template <int NJ>
+__device__ __forceinline__ void store_rows2(const float (&acc)[NJ][4], const Tok& t, int64_t b, int64_t t0,
+                                            int64_t head, int r0, int n0, int tq, int len) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int col = n0 + 8 * j + 2 * tq;
+    if (r0 < len) st2(t.p, t.code, t.off(b, t0 + r0, head) + col, acc[j][0], acc[j][1]);
+    if (r0 + 8 < len) st2(t.p, t.code, t.off(b, t0 + r0 + 8, head) + col, acc[j][2], acc[j][3]);
+  }
+}
+
+// Two floats as one register of two 16-bit values (a in the low half).
+template <bool BF>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  return static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
+}
+
 
 // Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte
 // aligned, unit last stride, the other strides multiples of 8 elements.

@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
       const float a = h2f<BF>(static_cast<uint16_t>(kk)) * expf(Gs[r * kLdG + y]);
       const float b = h2f<BF>(static_cast<uint16_t>(kk >> 16)) * expf(Gs[r * kLdG + y + 1]);
       *reinterpret_cast<uint32_t*>(Kes + r * kLdT + y) =
-          static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
+          pack2<BF>(a, b);
     }
     __syncthreads();  // Akk, Ke
     // dA = dVn V^T (the dW Ke^T term follows); P = Akk^T dVn: dv = beta P, rowsum(P . V).
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
         for (int hr = 0; hr < 2; ++hr) {
           const int r = hr ? r1 : r0, col = wn + 8 * j + 2 * tq;
           *reinterpret_cast<uint32_t*>(dWs + r * kLdT + col) =
-              static_cast<uint32_t>(f2h<BF>(-aw[j][2 * hr])) | (static_cast<uint32_t>(f2h<BF>(-aw[j][2 * hr + 1])) << 16);
+              pack2<BF>(-aw[j][2 * hr], -aw[j][2 * hr + 1]);
         }
     }
     // dQ = scale e^gk (dO S^T): dq += dQ, dg = Q . dQ.

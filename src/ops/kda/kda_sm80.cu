@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok qg, Tok Aqk,
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
-  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  const int r0 = wm + (lane >> 2);
   load_rows(Qs, kLdT, qg, c.b, c.t0, hv, len, kD / 8);
   load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
   load_rows(Ps, kLdA, Aqk, c.b, c.t0, hv, len, kMaxBT / 8);
@@ -598,12 +598,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok qg, Tok Aqk,
     for (int e = 0; e < 4; ++e) acc[j][e] *= scale;
   __syncthreads();  // P masked
   mm_xs<BF, 8>(acc, Ps, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = wn + 8 * j + 2 * tq;
-    if (r0 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-    if (r1 < len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-  }
+  store_rows2(acc, o, c.b, c.t0, hv, r0, wn, tq, len);
 }
 
 bool fwd_o_mma_ok(const Context& ctx, const ChunkKdaFwdOArgs& a) {
@@ -728,12 +723,7 @@ __global__ void __launch_bounds__(kThreads, 2) dav_mma_kernel(Tok Aqk, Tok v, To
   float acc[8][4];
   zero(acc);
   mm_xts<BF, 8>(acc, Ps, kLdA, dOs, kLdT, wm, wn, wm, kMaxBT, lane);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = wn + 8 * j + 2 * tq;
-    if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-    if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-  }
+  store_rows2(acc, dv, c.b, c.t0, hv, r0, wn, tq, len);
 }
 
 bool dav_mma_ok(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
