@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     if (tid < kMaxBT) {
       const float gv = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
       gl[tid] = gv;
-      eq[tid] = g.p ? scale * expf(gv) : scale;
+      eq[tid] = g.p ? scale * exp_fast(gv) : scale;
     }
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
     cp_async_wait<1>();  // K, dv of this chunk (Q, W, dO may still be in flight)
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
           const uint32_t dd = ld32(Ds + r * kLdX + xc);
           const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
@@ -449,10 +449,10 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
       Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
     }
     if (g.p) {
-      const float d = expf(glast);
+      const float d = exp_fast(glast);
       for_state_frag(x, [&](float& v, int, int) { v *= d; });
     } else if (gk.p) {
-      for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
+      for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gkl[y]); });
     }
     __syncthreads();  // scaled dO
     state_tprod<BF>(x, Qs, Os, kLdX, lane);  // X += Q^T (diag(scale e^g) dO)
@@ -804,7 +804,7 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
-          const float d = (r < len && col <= r) ? scale * expf(gl[r] - gl[col]) * sa[j][e] : 0.0f;
+          const float d = (r < len && col <= r) ? scale * exp_fast(gl[r] - gl[col]) * sa[j][e] : 0.0f;
           const float m = d * pa[j][e];
           if (e < 2) t0 += m;
           else t1 += m;
@@ -826,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
       float aq[8][4];
       zero(aq);
       mm_xyt<BF, 8>(aq, dOs, kLdT, Hs, kLdT, wm, wn, kD, lane);
-      const float e0 = r0 < len ? scale * expf(gl[r0]) : 0.0f, e1 = r1 < len ? scale * expf(gl[r1]) : 0.0f;
+      const float e0 = r0 < len ? scale * exp_fast(gl[r0]) : 0.0f, e1 = r1 < len ? scale * exp_fast(gl[r1]) : 0.0f;
       float s0, s1;
       row_dot<BF>(Qs, aq, r0, wn, tq, s0, s1);
       x0 += e0 * s0;
@@ -889,7 +889,7 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
       float ak[8][4];
       zero(ak);
       mm_xyt<BF, 8>(ak, Vs, kLdT, Hs, kLdT, wm, wn, kD, lane);
-      const float f0 = r0 < len ? expf(glast - gl[r0]) : 0.0f, f1 = r1 < len ? expf(glast - gl[r1]) : 0.0f;
+      const float f0 = r0 < len ? exp_fast(glast - gl[r0]) : 0.0f, f1 = r1 < len ? exp_fast(glast - gl[r1]) : 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         ak[j][0] *= f0;
@@ -929,7 +929,7 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
           s += red[w];
           u += redk[w];
         }
-        v += expf(glast) * s + u;
+        v += exp_fast(glast) * s + u;
       }
       dg.st_(c.b, c.t0 + i, hv, 0, v);
     }
@@ -1221,7 +1221,7 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
       const float gv = (in && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
       bs[tid] = in ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
       gl[tid] = gv;
-      es[tid] = g.p ? expf(gv) : 1.0f;
+      es[tid] = g.p ? exp_fast(gv) : 1.0f;
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -1280,7 +1280,7 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e < 2 ? r0 : r1, col = wn2 + 8 * j + 2 * tq + (e & 1);
-          const float d = (r < len && col < r) ? -dl[j][e] * expf(gl[r] - gl[col]) : 0.0f;
+          const float d = (r < len && col < r) ? -dl[j][e] * exp_fast(gl[r] - gl[col]) : 0.0f;
           const float ev = d * kk[j][e];
           if (e < 2) s0 += ev;
           else s1 += ev;

@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok b
   if (tid < kMaxBT) {
     const float b = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
     cb[tid] = b;
-    ce[tid] = (tid < len && g.p) ? b * expf(g.ld(c.b, c.t0 + tid, hv, 0)) : b;
+    ce[tid] = (tid < len && g.p) ? b * exp_fast(g.ld(c.b, c.t0 + tid, hv, 0)) : b;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v,
     const float gl = (tid < len && g.p) ? g.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
     cb[tid] = b;
     gs[tid] = gl;
-    ce[tid] = (tid < len && g.p) ? b * expf(gl) : b;
+    ce[tid] = (tid < len && g.p) ? b * exp_fast(gl) : b;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -640,14 +640,14 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
           const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
           if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
-          const float f = (g.p && r < len) ? expf(glast - gl[r]) : 1.0f;
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
           const uint32_t pk = static_cast<uint32_t>(f2h<BF>(f * v0)) | (static_cast<uint32_t>(f2h<BF>(f * v1)) << 16);
           *reinterpret_cast<uint32_t*>(Us + r * kLdX + xc) = pk;
         }
     }
     // Decay the state.
-    if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= expf(glast); });
-    else if (gk.p) for_state_frag(x, [&](float& v, int y, int) { v *= expf(gkl[y]); });
+    if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
+    else if (gk.p) for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gkl[y]); });
     __syncthreads();  // Vg
     // X += K^T Vg: A(m = y, k = token) = K[token][y] by ldmatrix.trans, B = Vg[token][x].
     state_tprod<BF>(x, Ks, Us, kLdX, lane);
@@ -806,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok q, Tok k, To
   float acc[8][4];
   mma16::zero(acc);
   mm_xs<BF, 8>(acc, Qs, kLdT, Hs, kLdT, wm, wn, 0, kD, lane);
-  const float e0 = expf(gl[r0]), e1 = expf(gl[r1]);
+  const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     acc[j][0] *= e0;

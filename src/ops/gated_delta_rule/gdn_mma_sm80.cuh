@@ -2,8 +2,8 @@
 // later): the m16n8k16 bf16/fp16 mma with fp32 accumulation, its operand fragments read from
 // shared memory (plain 32-bit loads for operands stored with the reduction dimension contiguous,
 // ldmatrix.trans for those stored the other way), cp.async 16-byte copies into shared memory with
-// zero fill, and the lane shuffle. Every PTX use of these kernels sits in this header, so that the
-// CPU emulation (cpu_emulation/emu_mma.h) can stand in for it whole.
+// zero fill, the lane shuffle and the approximate exponential. Every PTX use of these kernels sits
+// in this header, so that the CPU emulation (cpu_emulation/emu_mma.h) can stand in for it whole.
 //
 // Fragment layout of mma.m16n8k16 (g = lane / 4, t = lane % 4; a register holds two 16-bit
 // elements, the lower-indexed one in its low half):
@@ -63,6 +63,18 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
+// 2^x and e^x for the gate factors: ex2.approx.ftz, two instructions (e^x: one multiply more)
+// against expf's eight. Relative error about 2^-22, plus |x| 2^-24 from rounding x log2(e),
+// against the 2^-8 / 2^-11 of the 16-bit operands the factors scale; results under 2^-126 flush
+// to zero and 2^-inf is 0. Gates staged as x log2(e) take exp2_fast of their differences.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp_fast(float x) { return exp2_fast(x * kLog2e); }
 
 // Two adjacent 16-bit elements (4-byte aligned) as one 32-bit register; a 16-bit value as float
 // and back (round to nearest even).

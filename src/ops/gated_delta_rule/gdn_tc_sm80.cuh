@@ -144,7 +144,7 @@ __device__ __forceinline__ void causal_qk(const uint16_t* Qs, const uint16_t* Ks
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = r0 + 8 * (e >> 1), col = wn2 + 8 * j + 2 * tq + (e & 1);
-      f(r, col, (r < len && col <= r) ? pa[j][e] * expf(gl[r] - gl[col]) : 0.0f);
+      f(r, col, (r < len && col <= r) ? pa[j][e] * exp_fast(gl[r] - gl[col]) : 0.0f);
     }
 }
 

@@ -314,8 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
     for (int e = tid; e < kMaxBT * (kD / 2); e += kThreads) {
       const int r = e >> 6, y = (e & 63) << 1;
       const uint32_t kk = ld32(Ks + r * kLdT + y);
-      const float a = h2f<BF>(static_cast<uint16_t>(kk)) * expf(Gs[r * kLdG + y]);
-      const float b = h2f<BF>(static_cast<uint16_t>(kk >> 16)) * expf(Gs[r * kLdG + y + 1]);
+      const float a = h2f<BF>(static_cast<uint16_t>(kk)) * exp_fast(Gs[r * kLdG + y]);
+      const float b = h2f<BF>(static_cast<uint16_t>(kk >> 16)) * exp_fast(Gs[r * kLdG + y + 1]);
       *reinterpret_cast<uint32_t*>(Kes + r * kLdT + y) =
           pack2<BF>(a, b);
     }
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
-          const float d = r < len ? scale * expf(Gs[r * kLdG + col]) * aq[j][e] : 0.0f;
+          const float d = r < len ? scale * exp_fast(Gs[r * kLdG + col]) * aq[j][e] : 0.0f;
           dqa[j][e] += d;
           dga[j][e] = h2f<BF>(Qs[r * kLdT + col]) * d;
         }
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
-          const float eg = r < len ? expf(Gs[r * kLdG + col]) : 0.0f;
+          const float eg = r < len ? exp_fast(Gs[r * kLdG + col]) : 0.0f;
           const float ke = h2f<BF>(Ks[r * kLdT + col]) * eg, rv = ra[j][e], b = bs[r];
           if (e < 2) t0 += rv * ke;
           else t1 += rv * ke;
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = row_of(e), col = wn + 8 * j + 2 * tq + (e & 1);
-          const float d = r < len ? expf(gkl[col] - Gs[r * kLdG + col]) * ak[j][e] : 0.0f;
+          const float d = r < len ? exp_fast(gkl[col] - Gs[r * kLdG + col]) * ak[j][e] : 0.0f;
           const float kd = h2f<BF>(Ks[r * kLdT + col]) * d;
           dka[j][e] += d;
           dga[j][e] -= kd;
@@ -472,8 +472,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
         if (r >= len) continue;
         float a = dga[j][2 * hr], b = dga[j][2 * hr + 1];
         if (r == len - 1) {
-          a += expf(gkl[col]) * sdh[col] + ((kc[col] + kc[kD + col]) + (kc[2 * kD + col] + kc[3 * kD + col]));
-          b += expf(gkl[col + 1]) * sdh[col + 1] +
+          a += exp_fast(gkl[col]) * sdh[col] + ((kc[col] + kc[kD + col]) + (kc[2 * kD + col] + kc[3 * kD + col]));
+          b += exp_fast(gkl[col + 1]) * sdh[col + 1] +
                ((kc[col + 1] + kc[kD + col + 1]) + (kc[2 * kD + col + 1] + kc[3 * kD + col + 1]));
         }
         st2(dg.p, dg.code, dg.off(c.b, c.t0 + r, hv) + col, a, b);
@@ -685,10 +685,11 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
 // half on chip at a time: 103 KiB of shared memory, two CTAs per SM); in each, warp w owns row
 // block I = w % 4 and the 32 channels 32 (w / 4).. of the half, so its accumulators meet the
 // diagonal sums, the partial gradients and the outputs in registers. dbeta's row sums go per
-// 32-channel slice through shared memory and are added in slice order.
+// 32-channel slice through shared memory and are added in slice order. The gates are staged as
+// g log2(e), every factor one ex2.approx of a difference (exp2_fast).
 namespace bintra16 {
 using namespace gdn::sm80::mma16;
-constexpr int kHalf = 64;            // channels per pass
+constexpr int kHalf = kIntraHalf;    // channels per pass
 constexpr int kLdH = kHalf + 8;      // 16-bit row stride of the half tiles (36 words)
 constexpr int kLdG = kHalf + 4;      // fp32 [64][68] gate half
 constexpr int kLdF = 17;             // fp32 [64][17] diagonal blocks of dAqk, dAkk (column j % 16)
@@ -735,24 +736,6 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
   const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdH;
   const int uo = (I == 0 ? 0 : I == 1 ? 48 : 80) * kLdH;
   const int jend = imin(m0 + 16, len);
-  // The half's q, k (16-bit) and gk (fp32) rows by cp.async; rows >= len are zeros.
-  auto load_half = [&](int hv, int y0) {
-    const uint16_t* qb = static_cast<const uint16_t*>(q.p);
-    const uint16_t* kb = static_cast<const uint16_t*>(k.p);
-    const float* gb = static_cast<const float*>(gk.p);
-    for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
-      const int r = e >> 3, col = (e & 7) << 3;
-      const bool ok = r < len;
-      const int64_t t = c.t0 + (ok ? r : 0);
-      cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
-      cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
-    }
-    for (int e = tid; e < kMaxBT * (kHalf / 4); e += kThreads) {
-      const int r = e >> 4, col = (e & 15) << 2;
-      const bool ok = r < len;
-      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
-    }
-  };
   for (int gi = 0; gi < G; ++gi) {
     const int hv = hk * G + gi;
     // dq and dk's partial sums: the fp32 inputs for the group's first value head, then the outputs.
@@ -769,10 +752,11 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
         cp_async16(Sk + r * kLdD + col, akb + dAkk.off(c.b, t, hv) + col, ok);
       }
     }
-    load_half(hv, 0);
+    load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, gk, c, hk, hv, 0, tid);
     cp_async_commit();
     if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
     cp_async_wait<0>();
+    gates_log2<kLdG>(Gs, tid);
     __syncthreads();
     for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
       const int i = e >> 6, j = e & 63;
@@ -790,15 +774,16 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
       const int y0 = kHalf * half;
       if (half == 1) {
         __syncthreads();  // half 0's readers are done
-        load_half(hv, y0);
+        load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
         cp_async_commit();
         cp_async_wait<0>();
+        gates_log2<kLdG>(Gs, tid);
       }
       __syncthreads();  // the half's tiles; DAq, DAk, Dq, Dk; the dA staging is dead
-      // The scaled operands, two channels per step; rows past the sequence are zero (their gates
+      // The scaled operands, eight channels per step; rows past the sequence are zero (their gates
       // are never read).
-      for (int e = tid; e < 3 * kSc * (kHalf / 2); e += kThreads) {
-        const int row = e >> 5, y = (e & 31) << 1, which = row / kSc, u = row - which * kSc;
+      for (int e = tid; e < 3 * kSc * (kHalf / 8); e += kThreads) {
+        const int row = e >> 3, y = (e & 7) << 3, which = row / kSc, u = row - which * kSc;
         int j, r;
         bool ok;
         float f = 1.0f;
@@ -817,16 +802,14 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
           src = which == 1 ? Qs : Ks;
           if (which == 2 && ok) f = bs[j];
         }
-        uint32_t out = 0;
+        uint16_t* dst = Kn + row * kLdH + y;
         if (ok) {
-          const float* ga = Gs + (which == 0 ? r : j) * kLdG + y;
-          const float* gb = Gs + (which == 0 ? j : r) * kLdG + y;
-          const float d0 = f * expf(ga[0] - gb[0]), d1 = f * expf(ga[1] - gb[1]);
-          const uint32_t x = ld32(src + j * kLdH + y);
-          out = static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x)) * d0)) |
-                (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(x >> 16)) * d1)) << 16);
+          float d[8];
+          exp2_diff8(d, Gs + (which == 0 ? r : j) * kLdG + y, Gs + (which == 0 ? j : r) * kLdG + y, f);
+          mul8_store<BF>(dst, src + j * kLdH + y, d);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = uint4{0u, 0u, 0u, 0u};
         }
-        *reinterpret_cast<uint32_t*>(Kn + row * kLdH + y) = out;
       }
       __syncthreads();  // Kn, Uq, Ub
       float aq[4][4], ar[4][4], ac[4][4];
@@ -851,11 +834,11 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
             const float g = Gs[i * kLdG + col + b];
             gi_[2 * jj + b] = g;
             if (lower) {
-              const float fl = expf(g - Gs[m0 * kLdG + col + b]);
+              const float fl = exp2_fast(g - Gs[m0 * kLdG + col + b]);
               aq[jj][2 * hr + b] *= fl;
               ar[jj][2 * hr + b] *= fl;
             }
-            if (upper) ac[jj][2 * hr + b] *= expf(Gs[s0 * kLdG + col + b] - g);
+            if (upper) ac[jj][2 * hr + b] *= exp2_fast(Gs[s0 * kLdG + col + b] - g);
           }
         }
         // The diagonal block: j < i adds to dqi and rr, j > i to cc; the exponent is <= 0 either way.
@@ -871,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
             const float2 gj = *reinterpret_cast<const float2*>(Gs + j * kLdG + col);
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
-              const float ex = expf(sg * (gi_[2 * jj + b] - (b ? gj.y : gj.x)));
+              const float ex = exp2_fast(sg * (gi_[2 * jj + b] - (b ? gj.y : gj.x)));
               const float kv = h2f<BF>(static_cast<uint16_t>(b ? kk >> 16 : kk));
               const float qv = h2f<BF>(static_cast<uint16_t>(b ? qq >> 16 : qq));
               aq[jj][2 * hr + b] = fmaf(cql * kv, ex, aq[jj][2 * hr + b]);

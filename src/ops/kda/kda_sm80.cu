@@ -143,14 +143,16 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
 // of one half on chip at a time, the products' accumulators in registers across both: 99 KiB of
 // shared memory, two CTAs per SM). Then L = diag(beta) (K K^T . E) strictly lower and
 // Akk = (I + L)^{-1} by solve_blocked (GDN's: 16x16 diagonal blocks by forward substitution, the
-// rest on 3xTF32 mma).
+// rest on 3xTF32 mma). The gates are staged as g log2(e), every factor one ex2.approx of a
+// difference (exp2_fast); the diagonal blocks' 544 entries j <= i go one per thread and pass.
 namespace intra16 {
 using namespace gdn::sm80::mma16;
-constexpr int kHalf = 64;          // channels per pass
+constexpr int kHalf = kIntraHalf;  // channels per pass
 constexpr int kLdH = kHalf + 8;    // 16-bit row stride of the half tiles
 constexpr int kLdG = kHalf + 4;    // fp32 [64][68] gate half
 constexpr int kLdF = kMaxBT + 1;   // fp32 [64][65] score tiles
 constexpr int kKnRows = 96;        // K scaled to the references r = 16, 32, 48: 16 + 32 + 48 rows
+constexpr int kTri = 136;          // entries j <= i of a 16x16 diagonal block
 constexpr size_t kBytes16 = 2 * static_cast<size_t>(2 * kMaxBT + 2 * kMaxBT + kKnRows) * kLdH;
 constexpr size_t kSmem = kBytes16 + 4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
 // solve_blocked's X [64][kLdF] and [64][17] stage reuse the 16-bit tiles.
@@ -166,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   using intra16::kLdF;
   using intra16::kLdG;
   using intra16::kLdH;
+  using intra16::kTri;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);  // [64][kLdH]: the half's q
   uint16_t* Ks = Qs + kMaxBT * kLdH;
@@ -186,65 +189,50 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   for (int half = 0; half < 2; ++half) {
     const int y0 = kHalf * half;
     if (half == 1) __syncthreads();  // half 0's readers are done
-    {
-      const uint16_t* qb = static_cast<const uint16_t*>(q.p);
-      const uint16_t* kb = static_cast<const uint16_t*>(k.p);
-      const float* gb = static_cast<const float*>(gk.p);
-      for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
-        const int r = e >> 3, col = (e & 7) << 3;
-        const bool ok = r < len;
-        const int64_t t = c.t0 + (ok ? r : 0);
-        cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
-        cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
-      }
-      for (int e = tid; e < kMaxBT * (kHalf / 4); e += kThreads) {
-        const int r = e >> 4, col = (e & 15) << 2;
-        const bool ok = r < len;
-        cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
-      }
-    }
+    load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
     cp_async_commit();
     if (half == 0 && tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
     cp_async_wait<0>();
+    gates_log2<kLdG>(Gs, tid);
     __syncthreads();
-    // The scaled operands, two channels per step (rows >= len stay zero: Q and K are zero there).
-    for (int e = tid; e < kMaxBT * (kHalf / 2); e += kThreads) {
-      const int i = e >> 5, y = (e & 31) << 1, r = i & ~15;
-      const float d0 = expf(Gs[i * kLdG + y] - Gs[r * kLdG + y]), d1 = expf(Gs[i * kLdG + y + 1] - Gs[r * kLdG + y + 1]);
-      const uint32_t qq = ld32(Qs + i * kLdH + y), kk = ld32(Ks + i * kLdH + y);
-      *reinterpret_cast<uint32_t*>(QKr + i * kLdH + y) =
-          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq)) * d0)) |
-          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(qq >> 16)) * d1)) << 16);
-      *reinterpret_cast<uint32_t*>(QKr + (kMaxBT + i) * kLdH + y) =
-          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
-          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+    // The scaled operands, eight channels per step (rows >= len stay zero: Q and K are zero there).
+    for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
+      const int i = e >> 3, y = (e & 7) << 3, r = i & ~15;
+      float d[8];
+      exp2_diff8(d, Gs + i * kLdG + y, Gs + r * kLdG + y, 1.0f);
+      mul8_store<BF>(QKr + i * kLdH + y, Qs + i * kLdH + y, d);
+      mul8_store<BF>(QKr + (kMaxBT + i) * kLdH + y, Ks + i * kLdH + y, d);
     }
-    for (int e = tid; e < intra16::kKnRows * (kHalf / 2); e += kThreads) {
-      const int row = e >> 5, y = (e & 31) << 1;
+    for (int e = tid; e < intra16::kKnRows * (kHalf / 8); e += kThreads) {
+      const int row = e >> 3, y = (e & 7) << 3;
       const int I = row < 16 ? 1 : row < 48 ? 2 : 3, j = row - (I == 1 ? 0 : I == 2 ? 16 : 48), r = 16 * I;
-      const float d0 = expf(Gs[r * kLdG + y] - Gs[j * kLdG + y]), d1 = expf(Gs[r * kLdG + y + 1] - Gs[j * kLdG + y + 1]);
-      const uint32_t kk = ld32(Ks + j * kLdH + y);
-      *reinterpret_cast<uint32_t*>(Kn + row * kLdH + y) =
-          static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk)) * d0)) |
-          (static_cast<uint32_t>(f2h<BF>(h2f<BF>(static_cast<uint16_t>(kk >> 16)) * d1)) << 16);
+      float d[8];
+      exp2_diff8(d, Gs + r * kLdG + y, Gs + j * kLdG + y, 1.0f);
+      mul8_store<BF>(Kn + row * kLdH + y, Ks + j * kLdH + y, d);
     }
-    // The diagonal blocks, element-wise: entry (i, j), j <= i in one 16-row block, per thread
-    // (the same entries in both halves: the second adds).
-    for (int e = tid; e < 4 * 16 * 16; e += kThreads) {
-      const int blk = e >> 8, i = 16 * blk + ((e >> 4) & 15), j = 16 * blk + (e & 15);
+    // The diagonal blocks, element-wise: the 136 entries j <= i of each 16-row block, entry
+    // p = 136 blk + i (i + 1) / 2 + j (i, j within the block) to thread p % 256 (the second half
+    // adds to the first's sums; entries j > i are never written, nor read unmasked).
+    for (int p = tid; p < 4 * kTri; p += kThreads) {
+      const int blk = p / kTri, u = p - kTri * blk;
+      int il = 0;
+      while ((il + 1) * (il + 2) / 2 <= u) ++il;
+      const int i = 16 * blk + il, j = 16 * blk + u - il * (il + 1) / 2;
+      const float* gi = Gs + i * kLdG;
+      const float* gj = Gs + j * kLdG;
+      const uint16_t* qi = Qs + i * kLdH;
+      const uint16_t* ki = Ks + i * kLdH;
+      const uint16_t* kj = Ks + j * kLdH;
       float sq = 0.0f, sk = 0.0f;
-      if (j <= i) {
-        const float* gi = Gs + i * kLdG;
-        const float* gj = Gs + j * kLdG;
-        for (int y = 0; y < kHalf; y += 2) {
-          const uint32_t qi = ld32(Qs + i * kLdH + y), ki = ld32(Ks + i * kLdH + y), kj = ld32(Ks + j * kLdH + y);
-          const float w0 = h2f<BF>(static_cast<uint16_t>(kj)) * expf(gi[y] - gj[y]);
-          const float w1 = h2f<BF>(static_cast<uint16_t>(kj >> 16)) * expf(gi[y + 1] - gj[y + 1]);
-          sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi)), w0, sq);
-          sq = fmaf(h2f<BF>(static_cast<uint16_t>(qi >> 16)), w1, sq);
-          sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki)), w0, sk);
-          sk = fmaf(h2f<BF>(static_cast<uint16_t>(ki >> 16)), w1, sk);
-        }
+#pragma unroll 4
+      for (int y = 0; y < kHalf; y += 2) {
+        const uint32_t qq = ld32(qi + y), kk = ld32(ki + y), kjj = ld32(kj + y);
+        const float w0 = h2f<BF>(static_cast<uint16_t>(kjj)) * exp2_fast(gi[y] - gj[y]);
+        const float w1 = h2f<BF>(static_cast<uint16_t>(kjj >> 16)) * exp2_fast(gi[y + 1] - gj[y + 1]);
+        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qq)), w0, sq);
+        sq = fmaf(h2f<BF>(static_cast<uint16_t>(qq >> 16)), w1, sq);
+        sk = fmaf(h2f<BF>(static_cast<uint16_t>(kk)), w0, sk);
+        sk = fmaf(h2f<BF>(static_cast<uint16_t>(kk >> 16)), w1, sk);
       }
       Aq[i * kLdF + j] = half ? Aq[i * kLdF + j] + sq : sq;
       Ak[i * kLdF + j] = half ? Ak[i * kLdF + j] + sk : sk;
@@ -426,11 +414,11 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok q, Tok k, Tok v
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
-        eg[x] = expf(ga[x]);
+        eg[x] = exp_fast(ga[x]);
       }
       const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
-      st2(kg.p, kg.code, ko, kf[0] * expf(gla[0] - ga[0]), kf[1] * expf(gla[1] - ga[1]));
-      st2(kg.p, kg.code, ko + 2, kf[2] * expf(gla[2] - ga[2]), kf[3] * expf(gla[3] - ga[3]));
+      st2(kg.p, kg.code, ko, kf[0] * exp_fast(gla[0] - ga[0]), kf[1] * exp_fast(gla[1] - ga[1]));
+      st2(kg.p, kg.code, ko + 2, kf[2] * exp_fast(gla[2] - ga[2]), kf[3] * exp_fast(gla[3] - ga[3]));
       if (qg.p) {
         const uint2 qv = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(q.p) + q.off(c.b, c.t0 + r, hk) + col);
         const uint32_t qw[2] = {qv.x, qv.y};

@@ -1,13 +1,81 @@
 // Private pieces of the KDA CUDA backend (cuda_sm80) shared by kda_sm80.cu (forward, registration)
-// and kda_bwd_sm80.cu (backward).
+// and kda_bwd_sm80.cu (backward). Device code: include from .cu files only.
 #pragma once
 
+#include <cstdint>
+
 #include "fusedops/core/registry.h"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
 
 namespace fusedops::kda::sm80 {
 
 constexpr int kRecRows = 32;            // state rows per thread of the recurrent kernels
 constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
+
+// The two intra kernels' 64-channel halves (chunk 64, 256 threads): q and k rows into [64][kLdH]
+// 16-bit tiles and gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >= len
+// zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces that
+// thread copied into g log2(e), for exp2_fast of their differences (a thread sees its own cp.async
+// results once waited for; the caller's barrier publishes them).
+constexpr int kIntraHalf = 64;
+template <int kLdH, int kLdG>
+__device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float* Gs, const gdn::sm80::Tok& q,
+                                              const gdn::sm80::Tok& k, const gdn::sm80::Tok& gk,
+                                              const gdn::sm80::ChunkPos& c, int hk, int hv, int y0, int tid) {
+  using gdn::sm80::cp_async16;
+  using gdn::sm80::kMaxBT;
+  using gdn::sm80::kThreads;
+  const uint16_t* qb = static_cast<const uint16_t*>(q.p);
+  const uint16_t* kb = static_cast<const uint16_t*>(k.p);
+  const float* gb = static_cast<const float*>(gk.p);
+  for (int e = tid; e < kMaxBT * (kIntraHalf / 8); e += kThreads) {
+    const int r = e >> 3, col = (e & 7) << 3;
+    const bool ok = r < c.len;
+    const int64_t t = c.t0 + (ok ? r : 0);
+    cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
+    cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
+  }
+  for (int e = tid; e < kMaxBT * (kIntraHalf / 4); e += kThreads) {
+    const int r = e >> 4, col = (e & 15) << 2;
+    const bool ok = r < c.len;
+    cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
+  }
+}
+template <int kLdG>
+__device__ __forceinline__ void gates_log2(float* Gs, int tid) {
+  for (int e = tid; e < gdn::sm80::kMaxBT * (kIntraHalf / 4); e += gdn::sm80::kThreads) {
+    float* p = Gs + (e >> 4) * kLdG + ((e & 15) << 2);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) p[u] *= gdn::sm80::kLog2e;
+  }
+}
+
+// The intra kernels' scaled operands, eight channels (16 bytes of a 16-bit row) at a time:
+// d[c] = f 2^(ga[c] - gb[c]) from two log2-domain gate rows (32-byte aligned), and
+// dst[c] = src[c] d[c] rounded to 16-bit (16-byte aligned rows).
+__device__ __forceinline__ void exp2_diff8(float (&d)[8], const float* ga, const float* gb, float f) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float4 a = *reinterpret_cast<const float4*>(ga + 4 * h), b = *reinterpret_cast<const float4*>(gb + 4 * h);
+    d[4 * h] = f * gdn::sm80::exp2_fast(a.x - b.x);
+    d[4 * h + 1] = f * gdn::sm80::exp2_fast(a.y - b.y);
+    d[4 * h + 2] = f * gdn::sm80::exp2_fast(a.z - b.z);
+    d[4 * h + 3] = f * gdn::sm80::exp2_fast(a.w - b.w);
+  }
+}
+template <bool BF>
+__device__ __forceinline__ void mul8_store(uint16_t* dst, const uint16_t* src, const float (&d)[8]) {
+  using gdn::sm80::h2f;
+  const uint4 x = *reinterpret_cast<const uint4*>(src);
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    o[u] = gdn::sm80::mma16::pack2<BF>(h2f<BF>(static_cast<uint16_t>(xs[u])) * d[2 * u],
+                                       h2f<BF>(static_cast<uint16_t>(xs[u] >> 16)) * d[2 * u + 1]);
+  *reinterpret_cast<uint4*>(dst) = uint4{o[0], o[1], o[2], o[3]};
+}
 
 // Registers the backward-direction kernels of kda_bwd_sm80.cu.
 void register_bwd(Registry& r);

@@ -2,6 +2,7 @@
 // build.sh. Warp collectives exchange operands through the warp's scratch (emu_core.h) between two
 // warp barriers; cp.async copies at once. Test aid only.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -83,5 +84,13 @@ inline float shfl_xor(float v, int mask) {
   w.bar->arrive_and_wait();
   return r;
 }
+
+// ex2.approx.ftz's stand-in: exp2f, results under 2^-126 flushed to zero.
+constexpr float kLog2e = 1.4426950408889634f;
+inline float exp2_fast(float x) {
+  const float y = std::exp2f(x);
+  return y < 0x1p-126f ? 0.0f : y;
+}
+inline float exp_fast(float x) { return exp2_fast(x * kLog2e); }
 
 }  // namespace fusedops::gdn::sm80
