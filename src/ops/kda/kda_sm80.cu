@@ -9,6 +9,7 @@
 // Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
 // fixed-order sums, no atomics.
 #include <cmath>
+#include <cstdlib>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   float* Ak = Aq + kMaxBT * kLdF;  // [64][kLdF], then L
   float* bs = Ak + kMaxBT * kLdF;
   const ChunkPos c = chunk_pos(L, blockIdx.x);
-  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x, BT = L.BT;
+  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31;
   // Warp w's off-diagonal tiles t = w and w + 8 (< 12): pair t / 2 of (1,0) (2,0) (2,1) (3,0)
@@ -260,20 +261,25 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
         out[(16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1)] = acc[u][jj][e];
   }
   __syncthreads();  // Aq, Ak
-  // Aqk out; L = diag(beta) Ak, strictly lower, in place (zero elsewhere).
-  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
-    const int i = e >> 6, j = e & 63;
-    if (i < len && j < BT) Aqk.st_(c.b, c.t0 + i, hv, j, (j <= i && j < len) ? scale * Aq[i * kLdF + j] : 0.0f);
-    Ak[i * kLdF + j] = (i < len && j < i) ? bs[i] * Ak[i * kLdF + j] : 0.0f;
+  // Aqk out, two columns per store; L = diag(beta) Ak, strictly lower, in place (zero elsewhere).
+  for (int e = tid; e < kMaxBT * kMaxBT / 2; e += kThreads) {
+    const int i = e >> 5, j = (e & 31) << 1;
+    float* ak = Ak + i * kLdF + j;
+    if (i < len)
+      st2(Aqk.p, Aqk.code, Aqk.off(c.b, c.t0 + i, hv) + j, (j <= i && j < len) ? scale * Aq[i * kLdF + j] : 0.0f,
+          (j < i && j + 1 < len) ? scale * Aq[i * kLdF + j + 1] : 0.0f);
+    ak[0] = (i < len && j < i) ? bs[i] * ak[0] : 0.0f;
+    ak[1] = (i < len && j + 1 < i) ? bs[i] * ak[1] : 0.0f;
   }
   __syncthreads();
   // X = (I + L)^{-1} into the dead 16-bit tiles (fp32 [64][kLdF] and the [64][17] stage).
   float* X = reinterpret_cast<float*>(Qs);
   float* Tb = X + kMaxBT * kLdF;
   solve_blocked(Ak, kLdF, X, Tb, kMaxBT / 16);
-  for (int e = tid; e < len * BT; e += kThreads) {
-    const int i = e / BT, j = e - i * BT;
-    Akk.st_(c.b, c.t0 + i, hv, j, j <= i ? X[i * kLdF + j] : 0.0f);
+  for (int e = tid; e < len * (kMaxBT / 2); e += kThreads) {
+    const int i = e >> 5, j = (e & 31) << 1;
+    st2(Akk.p, Akk.code, Akk.off(c.b, c.t0 + i, hv) + j, j <= i ? X[i * kLdF + j] : 0.0f,
+        j < i ? X[i * kLdF + j + 1] : 0.0f);
   }
 }
 
@@ -282,7 +288,7 @@ bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, intra16::kSmem, "FUSEDOPS_KDA_INTRA_MMA", "chunk_kda_fwd_intra")) return false;
-  return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok32_ok(a.gk);
+  return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok32_ok(a.gk) && out2_ok(a.Aqk) && out2_ok(a.Akk);
 }
 
 void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
@@ -362,14 +368,16 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
 // kg = K e^{gk_last - gk} and qg = Q e^gk (global to global for Q) and turns K's tile into
 // Tk = beta e^gk K in place (16-bit: the per-channel gate cannot fold into Akk); Akk's copy
 // A2 = Akk diag(beta) takes U's scale instead, so V is used as stored. W = Akk Tk and U = A2 V on
-// m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular).
+// m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular). The
+// element-wise pass's gk and q pieces (eight rows per thread) are loaded together under the tile
+// copies (FUSEDOPS_KDA_WU_PREFETCH=0: one row per step, as measured before).
 namespace wu16 {
 using namespace gdn::sm80::mma16;
 constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
 }  // namespace wu16
 
-template <bool BF>
-__global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
+template <bool BF, bool PF>
+__global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
                                                              Tok u, Tok kg, Tok qg, Layout L, int G) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
@@ -389,6 +397,27 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok q, Tok k, Tok v
   load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
   load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
   cp_async_commit();
+  // The element-wise pass's rows rw + 8 s and channels col..col+3: with PF their gk and q pieces
+  // are all loaded here, under the tile copies, instead of one row per step.
+  const float* gb = static_cast<const float*>(gk.p);
+  const uint16_t* qb = static_cast<const uint16_t*>(q.p);
+  const int col = 4 * lane, rw = warp;
+  constexpr int kSteps = kMaxBT / (kThreads / 32);
+  float4 gpf[PF ? kSteps : 1];
+  uint2 qpf[PF ? kSteps : 1];
+  if constexpr (PF) {
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      const int r = rw + 8 * st;
+      gpf[st] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      qpf[st] = make_uint2(0u, 0u);
+      if (r < len) {
+        gpf[st] = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
+        if (qg.p) qpf[st] = *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col);
+      }
+    }
+  }
+  const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + col);
   if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
   cp_async_wait<0>();
   __syncthreads();
@@ -400,42 +429,42 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok q, Tok k, Tok v
     A2[i * kLdA + j] = f2h<BF>(a * bs[j]);
   }
   // kg, qg and Tk, four channels per step.
-  {
-    const float* gb = static_cast<const float*>(gk.p);
-    const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + 4 * (tid & 31));
-    const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
-    for (int r = tid >> 5; r < len; r += kThreads / 32) {
-      const int col = 4 * (tid & 31);
+  const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
+  auto row = [&](int r, const float4& g4, const uint2& qv) {
+    const float ga[4] = {g4.x, g4.y, g4.z, g4.w};
+    const uint2 kv = *reinterpret_cast<const uint2*>(Ks + r * kLdT + col);
+    const uint32_t kw[2] = {kv.x, kv.y};
+    float kf[4], eg[4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
+      eg[x] = exp_fast(ga[x]);
+    }
+    const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
+    st2(kg.p, kg.code, ko, kf[0] * exp_fast(gla[0] - ga[0]), kf[1] * exp_fast(gla[1] - ga[1]));
+    st2(kg.p, kg.code, ko + 2, kf[2] * exp_fast(gla[2] - ga[2]), kf[3] * exp_fast(gla[3] - ga[3]));
+    if (qg.p) {
+      const uint32_t qw[2] = {qv.x, qv.y};
+      float qf[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
+      const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
+      st2(qg.p, qg.code, qo, qf[0], qf[1]);
+      st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
+    }
+    const float b = bs[r];
+    *reinterpret_cast<uint2*>(Ks + r * kLdT + col) =
+        make_uint2(pack2<BF>(b * eg[0] * kf[0], b * eg[1] * kf[1]), pack2<BF>(b * eg[2] * kf[2], b * eg[3] * kf[3]));
+  };
+  if constexpr (PF) {
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+      if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
+  } else {
+    for (int r = rw; r < len; r += kThreads / 32) {
       const float4 g4 = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
-      const float ga[4] = {g4.x, g4.y, g4.z, g4.w};
-      const uint2 kv = *reinterpret_cast<const uint2*>(Ks + r * kLdT + col);
-      const uint32_t kw[2] = {kv.x, kv.y};
-      float kf[4], eg[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
-        eg[x] = exp_fast(ga[x]);
-      }
-      const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
-      st2(kg.p, kg.code, ko, kf[0] * exp_fast(gla[0] - ga[0]), kf[1] * exp_fast(gla[1] - ga[1]));
-      st2(kg.p, kg.code, ko + 2, kf[2] * exp_fast(gla[2] - ga[2]), kf[3] * exp_fast(gla[3] - ga[3]));
-      if (qg.p) {
-        const uint2 qv = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(q.p) + q.off(c.b, c.t0 + r, hk) + col);
-        const uint32_t qw[2] = {qv.x, qv.y};
-        float qf[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
-        const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
-        st2(qg.p, qg.code, qo, qf[0], qf[1]);
-        st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
-      }
-      const float b = bs[r];
-      uint32_t tw[2];
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-        tw[x] = static_cast<uint32_t>(f2h<BF>(b * eg[2 * x] * kf[2 * x])) |
-                (static_cast<uint32_t>(f2h<BF>(b * eg[2 * x + 1] * kf[2 * x + 1])) << 16);
-      *reinterpret_cast<uint2*>(Ks + r * kLdT + col) = make_uint2(tw[0], tw[1]);
+      const uint2 qv = qg.p ? *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col) : make_uint2(0u, 0u);
+      row(r, g4, qv);
     }
   }
   __syncthreads();  // A, A2, Tk
@@ -483,7 +512,13 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
   if (wu_mma_ok(ctx, a)) {
-    auto k16 = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
+    static const bool pf = [] {
+      const char* e = std::getenv("FUSEDOPS_KDA_WU_PREFETCH");
+      return e == nullptr || e[0] != '0';
+    }();
+    const bool bf = a.k.dtype() == DType::kBFloat16;
+    auto k16 = pf ? (bf ? wu_mma_kernel<true, true> : wu_mma_kernel<false, true>)
+                  : (bf ? wu_mma_kernel<true, false> : wu_mma_kernel<false, false>);
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wu16::kSmem);
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, wu16::kSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
