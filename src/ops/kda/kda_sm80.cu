@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
 // shared memory, two CTAs per SM). Then L = diag(beta) (K K^T . E) strictly lower and
 // Akk = (I + L)^{-1} by solve_blocked (GDN's: 16x16 diagonal blocks by forward substitution, the
 // rest on 3xTF32 mma). The gates are staged as g log2(e), every factor one ex2.approx of a
-// difference (exp2_fast); the diagonal blocks' 544 entries j <= i go one per thread and pass.
+// difference (exp2_fast); the diagonal blocks' 544 entries j <= i spread evenly over the threads.
 namespace intra16 {
 using namespace gdn::sm80::mma16;
 constexpr int kHalf = kIntraHalf;  // channels per pass
@@ -212,9 +212,11 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
       mul8_store<BF>(Kn + row * kLdH + y, Ks + j * kLdH + y, d);
     }
     // The diagonal blocks, element-wise: the 136 entries j <= i of each 16-row block, entry
-    // p = 136 blk + i (i + 1) / 2 + j (i, j within the block) to thread p % 256 (the second half
-    // adds to the first's sums; entries j > i are never written, nor read unmasked).
-    for (int p = tid; p < 4 * kTri; p += kThreads) {
+    // p = 136 blk + i (i + 1) / 2 + j (i, j within the block). The first 512 go one per thread and
+    // pass over the half's 64 channels; the last 32 take eight lanes each, eight channels per lane,
+    // summed by a fixed shuffle tree, so every warp does the same 2 1/8 passes. The second half
+    // adds to the first's sums; entries j > i are never written, nor read unmasked.
+    auto diag = [&](int p, int ya, int yb, float& sq, float& sk) {
       const int blk = p / kTri, u = p - kTri * blk;
       int il = 0;
       while ((il + 1) * (il + 2) / 2 <= u) ++il;
@@ -224,9 +226,10 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
       const uint16_t* qi = Qs + i * kLdH;
       const uint16_t* ki = Ks + i * kLdH;
       const uint16_t* kj = Ks + j * kLdH;
-      float sq = 0.0f, sk = 0.0f;
+      sq = 0.0f;
+      sk = 0.0f;
 #pragma unroll 4
-      for (int y = 0; y < kHalf; y += 2) {
+      for (int y = ya; y < yb; y += 2) {
         const uint32_t qq = ld32(qi + y), kk = ld32(ki + y), kjj = ld32(kj + y);
         const float w0 = h2f<BF>(static_cast<uint16_t>(kjj)) * exp2_fast(gi[y] - gj[y]);
         const float w1 = h2f<BF>(static_cast<uint16_t>(kjj >> 16)) * exp2_fast(gi[y + 1] - gj[y + 1]);
@@ -235,8 +238,28 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
         sk = fmaf(h2f<BF>(static_cast<uint16_t>(kk)), w0, sk);
         sk = fmaf(h2f<BF>(static_cast<uint16_t>(kk >> 16)), w1, sk);
       }
-      Aq[i * kLdF + j] = half ? Aq[i * kLdF + j] + sq : sq;
-      Ak[i * kLdF + j] = half ? Ak[i * kLdF + j] + sk : sk;
+      return i * kLdF + j;
+    };
+    static_assert(4 * kTri == 2 * kThreads + kThreads / 8, "the diagonal entries fill 2 1/8 passes");
+    for (int p = tid; p < 2 * kThreads; p += kThreads) {
+      float sq, sk;
+      const int o = diag(p, 0, kHalf, sq, sk);
+      Aq[o] = half ? Aq[o] + sq : sq;
+      Ak[o] = half ? Ak[o] + sk : sk;
+    }
+    {
+      const int ya = (tid & 7) * (kHalf / 8);
+      float sq, sk;
+      const int o = diag(2 * kThreads + (tid >> 3), ya, ya + kHalf / 8, sq, sk);
+#pragma unroll
+      for (int m = 1; m < 8; m <<= 1) {
+        sq += shfl_xor(sq, m);
+        sk += shfl_xor(sk, m);
+      }
+      if ((tid & 7) == 0) {
+        Aq[o] = half ? Aq[o] + sq : sq;
+        Ak[o] = half ? Ak[o] + sk : sk;
+      }
     }
     __syncthreads();  // QKr, Kn
 #pragma unroll
