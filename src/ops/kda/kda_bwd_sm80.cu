@@ -371,17 +371,20 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
           dga[j][e] = h2f<BF>(Qs[r * kLdT + col]) * d;
         }
     }
+    // dH's pieces into registers before the barrier, so that their latency overlaps the wait.
+    constexpr int kPer = kD * (kD / 8) / kThreads;
+    uint4 yv[kPer];
+    {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dh.p) + sidx * (kD * kD));
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) yv[i] = src[tid + i * kThreads];
+    }
     __syncthreads();  // dW; every read of dO and S done
     // Vnew into dO's buffer (under the next products); dH replaces S, rowsum(S . dH) on the way
     // (each 16-byte piece read and written by one thread; a row's 16 pieces by 16 adjacent lanes).
     load_tok(dOs, vn, hv);
     cp_async_commit();
     {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dh.p) + sidx * (kD * kD));
-      constexpr int kPer = kD * (kD / 8) / kThreads;
-      uint4 yv[kPer];
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) yv[i] = src[tid + i * kThreads];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int e = tid + i * kThreads, r = e >> 4, col = (e & 15) << 3;
@@ -873,19 +876,25 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
           const int64_t oqo = dqo.off(c.b, t, hk) + y0, oko = dko.off(c.b, t, hk) + y0;
           const float* pq = static_cast<const float*>(dq.p) + oq;
           const float* pk = static_cast<const float*>(dk.p) + ok_;
+          // Every partial sum of the row first (one round trip, not four: the stores below may
+          // alias these loads, so the compiler would not hoist them), then the outputs.
+          float2 g2[4], q2[4], k2[4];
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const int col = n0 + 8 * jj + 2 * tq;
+            g2[jj] = *reinterpret_cast<const float2*>(static_cast<const float*>(dg.p) + og + col);
+            if (first) {
+              q2[jj] = *reinterpret_cast<const float2*>(pq + col);
+              k2[jj] = *reinterpret_cast<const float2*>(pk + col);
+            } else {
+              ld2(dqo.p, dqo.code, oq + col, q2[jj].x, q2[jj].y);
+              ld2(dko.p, dko.code, ok_ + col, k2[jj].x, k2[jj].y);
+            }
+          }
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const int col = n0 + 8 * jj + 2 * tq;
             const uint32_t kk = ld32(Ks + i * kLdH + col), qq = ld32(Qs + i * kLdH + col);
-            const float2 g2 = *reinterpret_cast<const float2*>(static_cast<const float*>(dg.p) + og + col);
-            float2 q2, k2;
-            if (first) {
-              q2 = *reinterpret_cast<const float2*>(pq + col);
-              k2 = *reinterpret_cast<const float2*>(pk + col);
-            } else {
-              ld2(dqo.p, dqo.code, oq + col, q2.x, q2.y);
-              ld2(dko.p, dko.code, ok_ + col, k2.x, k2.y);
-            }
             float on[3][2];
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
@@ -894,9 +903,9 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
               const float dqi = aq[jj][2 * hr + b], rr = ar[jj][2 * hr + b], cc = ac[jj][2 * hr + b];
               dbs[hr] = fmaf(rr, kv, dbs[hr]);
               const float r = bi * rr;
-              on[0][b] = (b ? g2.y : g2.x) + qv * dqi + (r - cc) * kv;
-              on[1][b] = (b ? q2.y : q2.x) + dqi + dd * kv;
-              on[2][b] = (b ? k2.y : k2.x) + r + cc + dd * qv;
+              on[0][b] = (b ? g2[jj].y : g2[jj].x) + qv * dqi + (r - cc) * kv;
+              on[1][b] = (b ? q2[jj].y : q2[jj].x) + dqi + dd * kv;
+              on[2][b] = (b ? k2[jj].y : k2[jj].x) + r + cc + dd * qv;
             }
             st2(dgo.p, dgo.code, ogo + col, on[0][0], on[0][1]);
             st2(dqo.p, dqo.code, oqo + col, on[1][0], on[1][1]);
