@@ -9,7 +9,6 @@
 // Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
 // fixed-order sums, no atomics.
 #include <cmath>
-#include <cstdlib>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
@@ -393,13 +392,13 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
 // A2 = Akk diag(beta) takes U's scale instead, so V is used as stored. W = Akk Tk and U = A2 V on
 // m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular). The
 // element-wise pass's gk and q pieces (eight rows per thread) are loaded together under the tile
-// copies (FUSEDOPS_KDA_WU_PREFETCH=0: one row per step, as measured before).
+// copies, not one row per step (0.44 -> 0.365 ms at issue 7's shape, stop 19).
 namespace wu16 {
 using namespace gdn::sm80::mma16;
 constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
 }  // namespace wu16
 
-template <bool BF, bool PF>
+template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
                                                              Tok u, Tok kg, Tok qg, Layout L, int G) {
   using namespace gdn::sm80;
@@ -420,24 +419,22 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
   load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
   load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
   cp_async_commit();
-  // The element-wise pass's rows rw + 8 s and channels col..col+3: with PF their gk and q pieces
-  // are all loaded here, under the tile copies, instead of one row per step.
+  // The element-wise pass's rows rw + 8 st and channels col..col+3: their gk and q pieces are all
+  // loaded here, under the tile copies.
   const float* gb = static_cast<const float*>(gk.p);
   const uint16_t* qb = static_cast<const uint16_t*>(q.p);
   const int col = 4 * lane, rw = warp;
   constexpr int kSteps = kMaxBT / (kThreads / 32);
-  float4 gpf[PF ? kSteps : 1];
-  uint2 qpf[PF ? kSteps : 1];
-  if constexpr (PF) {
+  float4 gpf[kSteps];
+  uint2 qpf[kSteps];
 #pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      const int r = rw + 8 * st;
-      gpf[st] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      qpf[st] = make_uint2(0u, 0u);
-      if (r < len) {
-        gpf[st] = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
-        if (qg.p) qpf[st] = *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col);
-      }
+  for (int st = 0; st < kSteps; ++st) {
+    const int r = rw + 8 * st;
+    gpf[st] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    qpf[st] = make_uint2(0u, 0u);
+    if (r < len) {
+      gpf[st] = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
+      if (qg.p) qpf[st] = *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col);
     }
   }
   const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + col);
@@ -479,17 +476,9 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
     *reinterpret_cast<uint2*>(Ks + r * kLdT + col) =
         make_uint2(pack2<BF>(b * eg[0] * kf[0], b * eg[1] * kf[1]), pack2<BF>(b * eg[2] * kf[2], b * eg[3] * kf[3]));
   };
-  if constexpr (PF) {
 #pragma unroll
-    for (int st = 0; st < kSteps; ++st)
-      if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
-  } else {
-    for (int r = rw; r < len; r += kThreads / 32) {
-      const float4 g4 = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
-      const uint2 qv = qg.p ? *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col) : make_uint2(0u, 0u);
-      row(r, g4, qv);
-    }
-  }
+  for (int st = 0; st < kSteps; ++st)
+    if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
   __syncthreads();  // A, A2, Tk
   float acc[8][4];
   zero(acc);
@@ -535,13 +524,7 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535, kValue, op, "too many value heads: ", HV);
   if (wu_mma_ok(ctx, a)) {
-    static const bool pf = [] {
-      const char* e = std::getenv("FUSEDOPS_KDA_WU_PREFETCH");
-      return e == nullptr || e[0] != '0';
-    }();
-    const bool bf = a.k.dtype() == DType::kBFloat16;
-    auto k16 = pf ? (bf ? wu_mma_kernel<true, true> : wu_mma_kernel<false, true>)
-                  : (bf ? wu_mma_kernel<true, false> : wu_mma_kernel<false, false>);
+    auto k16 = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wu16::kSmem);
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, wu16::kSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),

@@ -52,7 +52,7 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
 }
 
 // The intra kernels' scaled operands, eight channels (16 bytes of a 16-bit row) at a time:
-// d[c] = f 2^(ga[c] - gb[c]) from two log2-domain gate rows (32-byte aligned), and
+// d[c] = f 2^(ga[c] - gb[c]) from two log2-domain gate rows (16-byte aligned), and
 // dst[c] = src[c] d[c] rounded to 16-bit (16-byte aligned rows).
 __device__ __forceinline__ void exp2_diff8(float (&d)[8], const float* ga, const float* gb, float f) {
 #pragma unroll
