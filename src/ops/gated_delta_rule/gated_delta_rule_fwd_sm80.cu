@@ -859,6 +859,189 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The top level's state recurrence and output as one kernel (chunk_gated_delta_rule_fwd_h then
+// chunk_fwd_o, fused; 16-bit tensor cores, K = V = 128, chunk 64, the scalar gate g or none). One
+// CTA of 16 warps per (sequence, value head) holds the whole fp32 state X [128][128] in registers
+// (for_state_frag's layout: warp w rows 32 (w % 4).., columns 32 (w / 4)..). Per chunk:
+//   Xs = X in 16 bits (the h snapshot, when the caller keeps it);
+//   Vn = U - W Xs and O = diag(e^g) Q Xs, sharing Xs's fragments (warp w: token rows 16 (w % 4)..,
+//   columns 32 (w / 4)..); Vn stays in U's buffer (v_new when kept), Vg = diag(e^{g_last - g}) Vn
+//   beside it;
+//   P = M>= . Gamma . Q K^T (warp w: the 16x16 tile rows 16 (w % 4).., columns 16 (w / 4)..);
+//   X = e^{g_last} X + K^T Vg;  O += P Vn;  o = scale O.
+// Each value is rounded and accumulated as in fwd_h_mma_kernel followed by fwd_o_mma_kernel, so o
+// is theirs; what the fusion saves is h and v_new's round trip through memory (at K = V = 128 in
+// 16 bits, 2.5x the bytes of o per token and head). The next chunk's K, W, Q, U tiles load by
+// cp.async into the other of two buffers; three barriers per chunk. 196.5 KiB: one CTA per SM,
+// so the top level takes it when the (sequence, value head) pairs nearly fill the GPU
+// (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies).
+namespace fwdho {
+constexpr int kThreads = 512;
+constexpr size_t kBuf = 4 * static_cast<size_t>(mma16::kTok);  // K, W, Q, U
+constexpr size_t kSmem =
+    2 * (2 * kBuf + mma16::kSt + mma16::kTok + kMaxBT * static_cast<size_t>(mma16::kLdS)) + 4 * 2 * kMaxBT;
+}  // namespace fwdho
+
+template <bool BF>
+__global__ void __launch_bounds__(fwdho::kThreads, 1)
+    fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
+                      int G, float scale) {
+  using namespace mma16;
+  extern __shared__ float smem[];
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);              // [2] x (K, W, Q, U)
+  uint16_t* Xs = buf + 2 * fwdho::kBuf;                            // [128][kLdT]
+  uint16_t* Vg = Xs + kSt;                                         // [64][kLdT]
+  uint16_t* Ps = Vg + kTok;                                        // [64][kLdS]
+  float* gls = reinterpret_cast<float*>(Ps + kMaxBT * kLdS);       // [2][64]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 32 * (warp >> 2), wp = 16 * (warp >> 2);  // row block, first column, P's
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto issue = [&](int64_t ci) {  // K, W, Q, U of chunk ci into buffer ci % 2
+    uint16_t* Kb = buf + (ci & 1) * fwdho::kBuf;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
+    load_rows(Kb + 2 * kTok, kLdT, q, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + 3 * kTok, kLdT, u, s.b, t0, hv, len, kD / 8);
+    cp_async_commit();
+  };
+  float x[2][4][4];
+  load_state_frag(x, h0, sidx, 0);
+  if (nch > 0) issue(0);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();  // the previous chunk is done with Xs, Vg, Ps and the other buffer
+    if (ci + 1 < nch) issue(ci + 1);
+    float* gl = gls + cur * kMaxBT;
+    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    // X -> Xs (and the h snapshot).
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
+          const uint32_t pk = pack2<BF>(x[mt][j][2 * hr], x[mt][j][2 * hr + 1]);
+          *reinterpret_cast<uint32_t*>(Xs + y * kLdT + xc) = pk;
+          if (h.p) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(h.p) + idx * KV + static_cast<int64_t>(y) * kD + xc) = pk;
+        }
+    if (ci + 1 < nch) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncthreads();  // this chunk's tiles, Xs, gl
+    const uint16_t* Ks = buf + cur * fwdho::kBuf;
+    const uint16_t* Ws = Ks + kTok;
+    const uint16_t* Qs = Ks + 2 * kTok;
+    uint16_t* Us = buf + cur * fwdho::kBuf + 3 * kTok;  // U, then Vn in place
+    const float glast = gl[len - 1];
+    const int r0 = 16 * wr + gq, r1 = r0 + 8;
+    float oa[4][4];
+    {  // Vn = U - W Xs, O = diag(e^g) Q Xs.
+      float a[4][4];
+      zero(a);
+      zero(oa);
+      mm_xs2<BF, 4>(a, oa, Ws, Qs, kLdT, Xs, kLdT, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, xc = wc + 8 * j + 2 * tq;
+          const uint32_t uu = ld32(Us + r * kLdT + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
+          if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+          *reinterpret_cast<uint32_t*>(Us + r * kLdT + xc) = pack2<BF>(v0, v1);
+          *reinterpret_cast<uint32_t*>(Vg + r * kLdT + xc) = pack2<BF>(f * v0, f * v1);
+        }
+      const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        oa[j][0] *= e0;
+        oa[j][1] *= e0;
+        oa[j][2] *= e1;
+        oa[j][3] *= e1;
+      }
+    }
+    {  // P, rounded to the input type.
+      float pa[2][4];
+      zero(pa);
+      if (wp <= 16 * wr) mm_xyt<BF, 2>(pa, Qs, kLdT, Ks, kLdT, 16 * wr, wp, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = wp + 8 * j + 2 * tq;
+          const float p0 = (r < len && col <= r) ? pa[j][2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
+          const float p1 = (r < len && col + 1 <= r) ? pa[j][2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
+          *reinterpret_cast<uint32_t*>(Ps + r * kLdS + col) = pack2<BF>(p0, p1);
+        }
+    }
+    if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
+    __syncthreads();  // Vn, Vg, P
+    state_tprod<BF>(x, Ks, Vg, kLdT, lane);
+    mm_xs<BF, 4>(oa, Ps, kLdS, Us, kLdT, 16 * wr, wc, 0, 16 * wr + 16, lane);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = wc + 8 * j + 2 * tq;
+      if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * oa[j][0], scale * oa[j][1]);
+      if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * oa[j][2], scale * oa[j][3]);
+    }
+  }
+  if (ht.p) store_state_frag(x, ht, sidx, 0);
+}
+
+// Whether the fused kernel takes these arguments (h and v_new, when defined, are written too).
+bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  using namespace mma16;
+  static const int force = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_FUSED_HO");
+    return e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
+  }();
+  if (force == 0) return false;
+  const DType dt = a.k.dtype();
+  if (a.chunk_size != kMaxBT || b.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD || a.gk.defined())
+    return false;
+  if (!tc16_device_ok(ctx, dt, fwdho::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule"))
+    return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(b.q, dt) || !out2_ok(b.o))
+    return false;
+  if (a.h.defined() && !state16_ok(a.h, dt)) return false;
+  if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
+  for (const TensorView* t : {&a.h0, &a.ht})
+    if (t->defined() && !t->is_contiguous()) return false;
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  // One CTA per (sequence, value head) and per SM: fused when they fill at least 7/8 of the SMs
+  // (fewer leave fwd_h's V tiles and fwd_o's chunk parallelism ahead).
+  return force == 1 || N * a.u.size(2) * 8 >= sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+}
+
+bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  if (!state_out_fused_ok(ctx, a, b)) return false;
+  const char* op = "chunk_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return true;
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_mma_kernel<true> : fwd_ho_mma_kernel<false>;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, fwdho::kSmem);
+  kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, fwdho::kSmem, stream_of(ctx)>>>(
+      tok_of(b.q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new),
+      mat_of(a.ht), tok_of(b.o), L, static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(b.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
 // gdn_gate and beta_sigmoid (forward): elementwise over [rows, D] with a row stride.
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -1010,7 +1193,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a, prep_fused);
+  compose_fwd(c, a, prep_fused, state_out_fused);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -260,7 +260,8 @@ int64_t chunk_gated_delta_rule_bwd_workspace_size(const ChunkGatedDeltaRuleBwdAr
 
 namespace gdn {
 
-void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedPrepareFwd fused_prepare) {
+void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedPrepareFwd fused_prepare,
+                 FusedStateOutFwd fused_state_out) {
   const TopDims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel, a.w.defined());
@@ -293,9 +294,17 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedP
     solve_tril(ctx, {ws.kkt, a.A, cu, ci});
     recompute_w_u_fwd(ctx, wu);
   }
-  chunk_gated_delta_rule_fwd_h(ctx, {k, w, u, a.g_cumsum, TensorView(), a.initial_state, h, vn, a.final_state, cu,
-                                     a.chunk_offsets, a.chunk_size});
-  chunk_fwd_o(ctx, {q, k, vn, h, a.g_cumsum, a.o, cu, ci, a.scale, a.chunk_size});
+  const ChunkGatedDeltaRuleFwdHArgs ha{k, w, u, a.g_cumsum, TensorView(), a.initial_state, h, vn, a.final_state, cu,
+                                      a.chunk_offsets, a.chunk_size};
+  const ChunkFwdOArgs oa{q, k, vn, h, a.g_cumsum, a.o, cu, ci, a.scale, a.chunk_size};
+  if (fused_state_out) {
+    // h and Vnew are only written when the caller keeps them.
+    ChunkGatedDeltaRuleFwdHArgs fa = ha;
+    if (!keep) fa.h = fa.v_new = TensorView();
+    if (fused_state_out(ctx, fa, oa)) return;
+  }
+  chunk_gated_delta_rule_fwd_h(ctx, ha);
+  chunk_fwd_o(ctx, oa);
 }
 
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {

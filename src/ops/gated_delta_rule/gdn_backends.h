@@ -17,10 +17,19 @@ void register_cpu_bwd(Registry& r);
 // writing anything when it does not take these arguments.
 using FusedPrepareFwd = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& args, int64_t chunk_size);
 
+// A backend's fused form of the forward steps F5-F6 (chunk_gated_delta_rule_fwd_h, chunk_fwd_o):
+// given both steps' arguments, where fwd_h's h and v_new may be undefined (then they are not
+// written, and chunk_fwd_o's h and v are not read), it writes o (and ht, h, v_new when defined)
+// and returns true, or returns false without writing anything when it does not take them.
+using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& h_args,
+                                  const ChunkFwdOArgs& o_args);
+
 // The top level composed of the sub-operator entry points (section 1.4 / 1.5); every sub-operator
 // call is dispatched with ctx (whose backend, when set, forces the sub-operators' backend). A
-// backend's fused_prepare, when given and taking the arguments, replaces steps F2-F4.
-void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, FusedPrepareFwd fused_prepare = nullptr);
+// backend's fused_prepare / fused_state_out, when given and taking the arguments, replace steps
+// F2-F4 / F5-F6.
+void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, FusedPrepareFwd fused_prepare = nullptr,
+                 FusedStateOutFwd fused_state_out = nullptr);
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args);
 
 }  // namespace fusedops::gdn
