@@ -1512,6 +1512,64 @@ TEST(ChunkGatedDeltaRule, RepeatedBackwardIsBitwiseEqual) {
   }
 }
 
+// With W, U, h and Vnew kept, the top-level forward's o, final state, h and Vnew are bitwise those
+// of chunk_gated_delta_rule_fwd_h and chunk_fwd_o called on its W, U and A-derived inputs: a
+// backend's fused state-and-output kernel (CUDA's, at K = V = 128 in 16 bits) must round and
+// accumulate as the sub-operators do.
+TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
+  int checked = 0;
+  for (const auto& b : runnable_backends("chunk_gated_delta_rule", Direction::kForward))
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}}}) {
+        if (b.id == "ref" || !backend_takes("chunk_gated_delta_rule", Direction::kForward, b.id, dt)) continue;
+        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + (s.cu.empty() ? " fixed" : " varlen"));
+        const Device dev = b.device;
+        Opts o;
+        const Data d = make_data(s, o, 21, dt);
+        const TopIndex ix = make_top_index(s, 64, dev);
+        int64_t NT = s.B * ((s.T + 63) / 64);  // chunks in all
+        if (!s.cu.empty()) {
+          NT = 0;
+          for (size_t i = 0; i + 1 < s.cu.size(); ++i) NT += (s.cu[i + 1] - s.cu[i] + 63) / 64;
+        }
+        TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
+        TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
+        TestTensor g = tensor(DType::kFloat32, {s.B, s.T, s.HV}, d.g, dev);
+        TestTensor beta = tensor(DType::kFloat32, {s.B, s.T, s.HV}, d.beta, dev);
+        TestTensor h0 = tensor(DType::kFloat32, {s.N(), s.HV, s.K, s.V}, d.h0, dev);
+        TestTensor out = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev), ht = poisoned(DType::kFloat32, {s.N(), s.HV, s.K, s.V}, dev);
+        TestTensor gc = poisoned(DType::kFloat32, {s.B, s.T, s.HV}, dev), A = poisoned(dt, {s.B, s.T, s.HV, 64}, dev);
+        TestTensor w = poisoned(dt, {s.B, s.T, s.HV, s.K}, dev), u = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev);
+        TestTensor h = poisoned(dt, {s.cu.empty() ? s.B : 1, NT / (s.cu.empty() ? s.B : 1), s.HV, s.K, s.V}, dev);
+        TestTensor vn = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev);
+        ChunkGatedDeltaRuleFwdArgs fa;
+        fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();
+        fa.initial_state = h0.view();
+        if (!s.cu.empty()) {
+          fa.cu_seqlens = ix.cu.view(); fa.chunk_indices = ix.ci.view(); fa.chunk_offsets = ix.co.view();
+        }
+        fa.scale = 0.2; fa.chunk_size = 64;
+        fa.o = out.view(); fa.final_state = ht.view(); fa.g_cumsum = gc.view(); fa.A = A.view();
+        fa.w = w.view(); fa.u = u.view(); fa.h = h.view(); fa.v_new = vn.view();
+        TestTensor wsf(DType::kUInt8, {chunk_gated_delta_rule_fwd_workspace_size(fa)}, dev);
+        fa.workspace = wsf.view();
+        chunk_gated_delta_rule_fwd(b.ctx(), fa);
+        TestTensor o2 = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev), ht2 = poisoned(DType::kFloat32, {s.N(), s.HV, s.K, s.V}, dev);
+        TestTensor h2 = poisoned(dt, {s.cu.empty() ? s.B : 1, NT / (s.cu.empty() ? s.B : 1), s.HV, s.K, s.V}, dev);
+        TestTensor vn2 = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev);
+        chunk_gated_delta_rule_fwd_h(b.ctx(), {fa.k, fa.w, fa.u, fa.g_cumsum, TensorView(), fa.initial_state, h2.view(),
+                                               vn2.view(), ht2.view(), fa.cu_seqlens, fa.chunk_offsets, 64});
+        chunk_fwd_o(b.ctx(), {fa.q, fa.k, vn2.view(), h2.view(), fa.g_cumsum, o2.view(), fa.cu_seqlens, fa.chunk_indices,
+                              fa.scale, 64});
+        EXPECT_EQ(out.bytes(), o2.bytes());
+        EXPECT_EQ(ht.bytes(), ht2.bytes());
+        EXPECT_EQ(h.bytes(), h2.bytes());
+        EXPECT_EQ(vn.bytes(), vn2.bytes());
+        ++checked;
+      }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {
   const Context ctx = Context::cpu();
   const Shape s{2, 8, 2, 4, 8, 8, {}};
