@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int x0 = blockIdx.y * kCols;
   const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int64_t sidx = n * HV + hv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
@@ -399,19 +399,8 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = chunk_len(ci);
     const int64_t idx = (s.coff + ci) * HV + hv;
-    // X -> dh snapshot and Xs (the previous chunk's readers of Xs passed two barriers since).
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr])) |
-                              (static_cast<uint32_t>(f2h<BF>(x[mt][j][2 * hr + 1])) << 16);
-          *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
-          *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(dh.p) + idx * KV + static_cast<int64_t>(y) * kD + x0 + xc) = pk;
-        }
+    // X -> Xs and the dh snapshot (the previous chunk's readers of Xs passed two barriers since).
+    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0);
     if (tid < kMaxBT) {
       const float gv = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
       gl[tid] = gv;

@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int x0 = blockIdx.y * Geo::kCols;
   const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int64_t sidx = n * HV + hv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
@@ -607,19 +607,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
-    // X -> h snapshot and Xs.
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const float a = x[mt][j][2 * hr], b = x[mt][j][2 * hr + 1];
-          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
-          *reinterpret_cast<uint32_t*>(Xs + y * kLdX + xc) = pk;
-          if (h.p) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(h.p) + idx * KV + static_cast<int64_t>(y) * kD + x0 + xc) = pk;
-        }
+    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0);  // X -> Xs and the h snapshot
     if (ci + 1 < nch) cp_async_wait<1>();
     else cp_async_wait<0>();
     __syncthreads();  // this chunk's tiles, Xs, gl
@@ -896,7 +884,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv, KV = static_cast<int64_t>(kD) * kD;
+  const int64_t sidx = n * HV + hv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2), wp = 16 * (warp >> 2);  // row block, first column, P's
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
@@ -922,18 +910,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     if (ci + 1 < nch) issue(ci + 1);
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
-    // X -> Xs (and the h snapshot).
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int y = 32 * wr + 16 * mt + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const uint32_t pk = pack2<BF>(x[mt][j][2 * hr], x[mt][j][2 * hr + 1]);
-          *reinterpret_cast<uint32_t*>(Xs + y * kLdT + xc) = pk;
-          if (h.p) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(h.p) + idx * KV + static_cast<int64_t>(y) * kD + xc) = pk;
-        }
+    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
     if (ci + 1 < nch) cp_async_wait<1>();
     else cp_async_wait<0>();
     __syncthreads();  // this chunk's tiles, Xs, gl

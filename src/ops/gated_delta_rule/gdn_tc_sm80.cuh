@@ -278,6 +278,28 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 
+// The state kernels' register tile (for_state_frag's layout) rounded to 16 bits into Xs (row stride
+// ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
+// tensor at columns x0 + the tile's.
+template <bool BF>
+__device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_t* Xs, int ldx, void* snap,
+                                              int64_t sidx, int x0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  const int y0 = 32 * (warp & 3), c0 = 32 * (warp >> 2);
+  uint16_t* base = snap ? static_cast<uint16_t*>(snap) + sidx * (kD * kD) + x0 : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int y = y0 + 16 * mt + gq + 8 * hr, xc = c0 + 8 * j + 2 * tq;
+        const uint32_t pk = pack2<BF>(x[mt][j][2 * hr], x[mt][j][2 * hr + 1]);
+        *reinterpret_cast<uint32_t*>(Xs + y * ldx + xc) = pk;
+        if (base) *reinterpret_cast<uint32_t*>(base + y * kD + xc) = pk;
+      }
+}
+
 // Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte
 // aligned, unit last stride, the other strides multiples of 8 elements.
 inline bool tok16_ok(const TensorView& t, DType dt) {
