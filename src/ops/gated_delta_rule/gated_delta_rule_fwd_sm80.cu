@@ -794,14 +794,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok q, Tok k, To
   float acc[8][4];
   mma16::zero(acc);
   mm_xs<BF, 8>(acc, Qs, kLdT, Hs, kLdT, wm, wn, 0, kD, lane);
-  const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    acc[j][0] *= e0;
-    acc[j][1] *= e0;
-    acc[j][2] *= e1;
-    acc[j][3] *= e1;
-  }
+  scale_rows(acc, exp_fast(gl[r0]), exp_fast(gl[r1]));
   __syncthreads();  // P
   mm_xs<BF, 8>(acc, Ps, kLdS, Vs, kLdT, wm, wn, 0, wm + 16, lane);
 #pragma unroll
@@ -939,14 +932,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
           *reinterpret_cast<uint32_t*>(Us + r * kLdT + xc) = pack2<BF>(v0, v1);
           *reinterpret_cast<uint32_t*>(Vg + r * kLdT + xc) = pack2<BF>(f * v0, f * v1);
         }
-      const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        oa[j][0] *= e0;
-        oa[j][1] *= e0;
-        oa[j][2] *= e1;
-        oa[j][3] *= e1;
-      }
+      scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
     }
     {  // P, rounded to the input type.
       float pa[2][4];

@@ -122,6 +122,19 @@ __device__ __forceinline__ void mm_xts(float (&acc)[NJ][4], const uint16_t* X, i
   }
 }
 
+// The accumulator's row r0 (elements 0, 1 of each tile) times s0 and row r0 + 8 (elements 2, 3)
+// times s1 (the mma layout's two rows per lane).
+template <int NJ>
+__device__ __forceinline__ void scale_rows(float (&acc)[NJ][4], float s0, float s1) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    acc[j][0] *= s0;
+    acc[j][1] *= s0;
+    acc[j][2] *= s1;
+    acc[j][3] *= s1;
+  }
+}
+
 // Sum over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_sum(float v) {
   v += shfl_xor(v, 1);
