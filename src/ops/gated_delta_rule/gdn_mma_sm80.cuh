@@ -1,6 +1,6 @@
 // Warp-level building blocks of the 16-bit tensor-core chunk kernels (cuda_sm80, run on sm_80 and
 // later): the m16n8k16 bf16/fp16 mma with fp32 accumulation, its operand fragments read from
-// shared memory (plain 32-bit loads for operands stored with the reduction dimension contiguous,
+// shared memory (ldmatrix for operands stored with the reduction dimension contiguous,
 // ldmatrix.trans for those stored the other way), cp.async 16-byte copies into shared memory with
 // zero fill, the lane shuffle and the approximate exponential. Every PTX use of these kernels sits
 // in this header, so that the CPU emulation (cpu_emulation/emu_mma.h) can stand in for it whole.
@@ -35,6 +35,19 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// Four 8x8 16-bit matrices: lane l gives the address of row l % 8 of matrix l / 8 (16-byte
+// aligned) and receives r[i] = (M_i(g, 2t), M_i(g, 2t+1)). For X stored [m][k], the matrices at
+// (rows m0, k0), (m0+8, k0), (m0, k0+8), (m0+8, k0+8) are the A fragment of that 16x16 tile; for Y
+// stored [n][k], those at (n0, k0), (n0, k0+8), (n0+8, k0), (n0+8, k0+8) are the B fragments of
+// the n-tiles n0 and n0+8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row_addr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
 }
 
 // Four transposed 8x8 16-bit matrices: lane l gives the address of row l % 8 of matrix l / 8

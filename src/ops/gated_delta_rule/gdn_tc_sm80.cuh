@@ -36,21 +36,30 @@ __device__ __forceinline__ void zero(float (&a)[NJ][4]) {
     for (int e = 0; e < 4; ++e) a[j][e] = 0.0f;
 }
 
+// This lane's row address for ldsm_x4 of the A fragments of rows m0..m0+15 of X stored [m][k]
+// (add the tile's first reduction column).
+__device__ __forceinline__ const uint16_t* a_frag_row(const uint16_t* X, int ldx, int m0, int lane) {
+  return X + (m0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ldx + 8 * (lane >> 4);
+}
+
 // acc[j] += X[m0..m0+15][0..kd) . Y[n0+8j..n0+8j+7][0..kd)^T: both stored with the reduction
 // dimension contiguous.
 template <bool BF, int NJ>
 __device__ __forceinline__ void mm_xyt(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* Y, int ldy,
                                        int m0, int n0, int kd, int lane) {
-  const int gq = lane >> 2, tq = lane & 3;
-  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
-  const uint16_t* pb = Y + (n0 + gq) * ldy + 2 * tq;
+  static_assert(NJ % 2 == 0, "n-tiles in pairs");
+  const uint16_t* pa = a_frag_row(X, ldx, m0, lane);
+  const uint16_t* pb = Y + (n0 + (lane & 7) + 8 * (lane >> 4)) * ldy + 8 * ((lane >> 3) & 1);
 #pragma unroll 2
   for (int k0 = 0; k0 < kd; k0 += 16) {
-    const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * ldx + k0), ld32(pa + k0 + 8), ld32(pa + 8 * ldx + k0 + 8)};
+    uint32_t a[4];
+    ldsm_x4(a, pa + k0);
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const uint16_t* p = pb + 8 * j * ldy + k0;
-      mma16816<BF>(acc[j], a, ld32(p), ld32(p + 8));
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t b[4];
+      ldsm_x4(b, pb + 8 * j * ldy + k0);
+      mma16816<BF>(acc[j], a, b[0], b[1]);
+      mma16816<BF>(acc[j + 1], a, b[2], b[3]);
     }
   }
 }
@@ -60,11 +69,12 @@ __device__ __forceinline__ void mm_xyt(float (&acc)[NJ][4], const uint16_t* X, i
 template <bool BF, int NJ>
 __device__ __forceinline__ void mm_xs(float (&acc)[NJ][4], const uint16_t* X, int ldx, const uint16_t* S, int lds,
                                       int m0, int n0, int k0, int k1, int lane) {
-  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
-  const uint16_t* pa = X + (m0 + gq) * ldx + 2 * tq;
+  const int mi = lane >> 3, rr = lane & 7;
+  const uint16_t* pa = a_frag_row(X, ldx, m0, lane);
   const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
   for (int kk = k0; kk < k1; kk += 16) {
-    const uint32_t a[4] = {ld32(pa + kk), ld32(pa + 8 * ldx + kk), ld32(pa + kk + 8), ld32(pa + 8 * ldx + kk + 8)};
+    uint32_t a[4];
+    ldsm_x4(a, pa + kk);
 #pragma unroll
     for (int j = 0; j < NJ; j += 2) {
       uint32_t r[4];
@@ -80,14 +90,14 @@ template <bool BF, int NJ>
 __device__ __forceinline__ void mm_xs2(float (&acc1)[NJ][4], float (&acc2)[NJ][4], const uint16_t* X1,
                                        const uint16_t* X2, int ldx, const uint16_t* S, int lds, int m0, int n0, int k0,
                                        int k1, int lane) {
-  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, rr = lane & 7;
-  const int xo = (m0 + gq) * ldx + 2 * tq;
+  const int mi = lane >> 3, rr = lane & 7;
+  const uint16_t* p1 = a_frag_row(X1, ldx, m0, lane);
+  const uint16_t* p2 = a_frag_row(X2, ldx, m0, lane);
   const uint16_t* ps = S + (rr + 8 * (mi & 1)) * lds + n0 + 8 * (mi >> 1);
   for (int kk = k0; kk < k1; kk += 16) {
-    const uint16_t* p1 = X1 + xo + kk;
-    const uint16_t* p2 = X2 + xo + kk;
-    const uint32_t a1[4] = {ld32(p1), ld32(p1 + 8 * ldx), ld32(p1 + 8), ld32(p1 + 8 * ldx + 8)};
-    const uint32_t a2[4] = {ld32(p2), ld32(p2 + 8 * ldx), ld32(p2 + 8), ld32(p2 + 8 * ldx + 8)};
+    uint32_t a1[4], a2[4];
+    ldsm_x4(a1, p1 + kk);
+    ldsm_x4(a2, p2 + kk);
 #pragma unroll
     for (int j = 0; j < NJ; j += 2) {
       uint32_t r[4];

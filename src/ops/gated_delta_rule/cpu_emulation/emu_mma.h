@@ -52,6 +52,16 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   w.bar->arrive_and_wait();
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16.
+inline void ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
+  EmuWarp& w = *g_emu_warp;
+  const int lane = threadIdx.x % 32, t = lane % 4, g = lane / 4;
+  w.ptr[lane] = row_addr;
+  w.bar->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) std::memcpy(&r[i], static_cast<const uint16_t*>(w.ptr[8 * i + g]) + 2 * t, 4);
+  w.bar->arrive_and_wait();
+}
+
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16.
 inline void ldsm_x4_t(uint32_t (&r)[4], const void* row_addr) {
   EmuWarp& w = *g_emu_warp;
