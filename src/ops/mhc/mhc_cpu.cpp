@@ -2,6 +2,8 @@
 // chunks that stay in L1 (each stream's chunk converted to fp32 once), fp32 math, reductions over
 // C in 16 fixed lanes (reproducible for any thread count).
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "fusedops/core/registry.h"
@@ -45,6 +47,16 @@ inline float lane_total(const float* acc) {
   return cpu::reduce_lanes(a);
 }
 
+// Eight floats in one register (GCC/Clang vector extension: AVX with -march=native).
+typedef float v8f __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+
 bool float_coeffs(DType d) { return d == DType::kFloat32; }
 bool not_double(DType d) { return d != DType::kFloat64; }
 
@@ -58,17 +70,37 @@ void pre_fwd_typed(const MhcPreBmmFwdArgs& a) {
   const float* h = a.h_pre.data_as<const float>();
   TY* y = a.y.data_as<TY>();
   cpu::parallel_for(0, d.tokens, token_grain(d), [&](int64_t t0, int64_t t1) {
-    std::vector<float> xf(kChunk), acc(kChunk);
     for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t c0 = 0; c0 < d.C; c0 += kChunk) {
-        const int64_t len = std::min(kChunk, d.C - c0);
-        std::fill(acc.begin(), acc.begin() + len, 0.0f);
+      // 16 channels at a time, summed over the streams in two 8-float registers (in stream
+      // order: y[c] = fma(h_{n-1}, x_{n-1}[c], ... fma(h0, x0[c], 0))), then stored.
+      const TX* xt = x + t * d.n * rs;
+      const float* ht = h + t * d.n;
+      TY* yt = y + t * d.C;
+      int64_t c0 = 0;
+      for (; c0 + 16 <= d.C; c0 += 16) {
+        v8f a0 = {}, a1 = {};
         for (int64_t i = 0; i < d.n; ++i) {
-          const float hi = h[t * d.n + i];
-          const float* xi = cpu::as_float(x + (t * d.n + i) * rs + c0, xf.data(), len);
-          for (int64_t c = 0; c < len; ++c) acc[c] += hi * xi[c];
+          float xb[16];
+          const TX* xi = xt + i * rs + c0;
+          for (int l = 0; l < 16; ++l) xb[l] = to_float(xi[l]);
+          const v8f hv = splat8(ht[i]);
+          a0 += hv * load8(xb);
+          a1 += hv * load8(xb + 8);
         }
-        cpu::store_float(acc.data(), y + t * d.C + c0, len);
+        if constexpr (std::is_same_v<TY, float>) {
+          store8(yt + c0, a0);
+          store8(yt + c0 + 8, a1);
+        } else {
+          float ob[16];
+          store8(ob, a0);
+          store8(ob + 8, a1);
+          cpu::store_float(ob, yt + c0, 16);
+        }
+      }
+      for (; c0 < d.C; ++c0) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < d.n; ++i) acc += ht[i] * to_float(xt[i * rs + c0]);
+        cpu::store_float(&acc, yt + c0, 1);
       }
     }
   });
