@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "src/core/half.h"
@@ -12,6 +13,18 @@
 namespace fusedops::cpu {
 
 inline constexpr int kLanes = 16;
+
+// Eight floats (int32s) in one register: GCC/Clang vector extensions, AVX with -march=native and
+// plain SSE or scalar code elsewhere.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 
 inline float reduce_lanes(const float (&acc)[kLanes]) {
   float a[kLanes];

@@ -16,20 +16,16 @@
 #include <immintrin.h>
 #endif
 
+#include "src/cpu/simd.h"
 #include "src/ops/gated_delta_rule/gdn_common.h"
 
 namespace fusedops::gdn::cpu {
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+using fusedops::cpu::load8;
+using fusedops::cpu::splat;
+using fusedops::cpu::store8;
+using fusedops::cpu::v8f;
+using fusedops::cpu::v8i;
 
 // Which part of A may be non-zero: the GEMM skips the zero part (it must hold zeros: the skipped
 // ranges are decided per block of rows, so a block may still read some zeros).

@@ -2,7 +2,6 @@
 // chunks that stay in L1 (each stream's chunk converted to fp32 once), fp32 math, reductions over
 // C in 16 fixed lanes (reproducible for any thread count).
 #include <algorithm>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -47,15 +46,10 @@ inline float lane_total(const float* acc) {
   return cpu::reduce_lanes(a);
 }
 
-// Eight floats in one register (GCC/Clang vector extension: AVX with -march=native).
-typedef float v8f __attribute__((vector_size(32)));
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-inline v8f splat8(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+using cpu::load8;
+using cpu::splat;
+using cpu::store8;
+using cpu::v8f;
 
 bool float_coeffs(DType d) { return d == DType::kFloat32; }
 bool not_double(DType d) { return d != DType::kFloat64; }
@@ -83,7 +77,7 @@ void pre_fwd_typed(const MhcPreBmmFwdArgs& a) {
           float xb[16];
           const TX* xi = xt + i * rs + c0;
           for (int l = 0; l < 16; ++l) xb[l] = to_float(xi[l]);
-          const v8f hv = splat8(ht[i]);
+          const v8f hv = splat(ht[i]);
           a0 += hv * load8(xb);
           a1 += hv * load8(xb + 8);
         }
