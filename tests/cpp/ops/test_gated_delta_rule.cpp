@@ -1515,14 +1515,17 @@ TEST(ChunkGatedDeltaRule, RepeatedBackwardIsBitwiseEqual) {
 // With W, U, h and Vnew kept, the top-level forward's o, final state, h and Vnew are bitwise those
 // of chunk_gated_delta_rule_fwd_h and chunk_fwd_o called on its W, U and A-derived inputs: a
 // backend's fused state-and-output kernel (CUDA's, at K = V = 128 in 16 bits) must round and
-// accumulate as the sub-operators do.
+// accumulate as the sub-operators do. The third shape has 128 (sequence, value head) pairs, enough
+// for CUDA's default choice to take that kernel on a GPU of up to 146 SMs (the other two take it
+// only when FUSEDOPS_GDN_FUSED_HO=1 forces it).
 TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
   int checked = 0;
   for (const auto& b : runnable_backends("chunk_gated_delta_rule", Direction::kForward))
     for (DType dt : {DType::kBFloat16, DType::kFloat16})
-      for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}}}) {
+      for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}},
+                             Shape{64, 70, 1, 2, 128, 128, {}}}) {
         if (b.id == "ref" || !backend_takes("chunk_gated_delta_rule", Direction::kForward, b.id, dt)) continue;
-        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + (s.cu.empty() ? " fixed" : " varlen"));
+        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + (s.cu.empty() ? " fixed B=" + std::to_string(s.B) : " varlen"));
         const Device dev = b.device;
         Opts o;
         const Data d = make_data(s, o, 21, dt);
