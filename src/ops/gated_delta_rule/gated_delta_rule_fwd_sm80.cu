@@ -858,22 +858,31 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
 // (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies).
 namespace fwdho {
 constexpr int kThreads = 512;
-constexpr size_t kBuf = 4 * static_cast<size_t>(mma16::kTok);  // K, W, Q, U
-constexpr size_t kSmem =
-    2 * (2 * kBuf + mma16::kSt + mma16::kTok + kMaxBT * static_cast<size_t>(mma16::kLdS)) + 4 * 2 * kMaxBT;
+// KDA: Aqk's [64][64] tile rides in each buffer, Vn serves as Vg (its K arrives gated) and the gk
+// row of the chunk's last token takes the gates' place.
+template <bool KDA>
+struct Geo {
+  static constexpr size_t kBuf = 4 * static_cast<size_t>(mma16::kTok) +
+                                 (KDA ? kMaxBT * static_cast<size_t>(mma16::kLdS) : 0);  // K, W, Q, U [, Aqk]
+  static constexpr size_t kSmem =
+      KDA ? 2 * (2 * kBuf + mma16::kSt) + 4 * mma16::kD
+          : 2 * (2 * kBuf + mma16::kSt + mma16::kTok + kMaxBT * static_cast<size_t>(mma16::kLdS)) + 4 * 2 * kMaxBT;
+};
 }  // namespace fwdho
 
-template <bool BF>
+template <bool BF, bool KDA>
 __global__ void __launch_bounds__(fwdho::kThreads, 1)
-    fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
-                      int G, float scale) {
+    fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Tok gk, Tok aqk, Mat h0, Mat h, Tok vn, Mat ht, Tok o,
+                      Layout L, int HV, int G, float scale) {
   using namespace mma16;
+  using Geo = fwdho::Geo<KDA>;
   extern __shared__ float smem[];
-  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);              // [2] x (K, W, Q, U)
-  uint16_t* Xs = buf + 2 * fwdho::kBuf;                            // [128][kLdT]
-  uint16_t* Vg = Xs + kSt;                                         // [64][kLdT]
-  uint16_t* Ps = Vg + kTok;                                        // [64][kLdS]
-  float* gls = reinterpret_cast<float*>(Ps + kMaxBT * kLdS);       // [2][64]
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);              // [2] x (K, W, Q, U [, Aqk])
+  uint16_t* Xs = buf + 2 * Geo::kBuf;                              // [128][kLdT]
+  uint16_t* Vg = Xs + kSt;                                         // GDN: [64][kLdT]
+  uint16_t* Pg = Vg + kTok;                                        // GDN: [64][kLdS]
+  // GDN: [2][64] gates; KDA: [128] gk of the chunk's last token.
+  float* gls = reinterpret_cast<float*>(KDA ? Xs + kSt : Pg + kMaxBT * kLdS);
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = seq_pos(L, n);
@@ -881,14 +890,15 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = 32 * (warp >> 2), wp = 16 * (warp >> 2);  // row block, first column, P's
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
-  auto issue = [&](int64_t ci) {  // K, W, Q, U of chunk ci into buffer ci % 2
-    uint16_t* Kb = buf + (ci & 1) * fwdho::kBuf;
+  auto issue = [&](int64_t ci) {  // K, W, Q, U [, Aqk] of chunk ci into buffer ci % 2
+    uint16_t* Kb = buf + (ci & 1) * Geo::kBuf;
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
     load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
     load_rows(Kb + 2 * kTok, kLdT, q, s.b, t0, hk, len, kD / 8);
     load_rows(Kb + 3 * kTok, kLdT, u, s.b, t0, hv, len, kD / 8);
+    if constexpr (KDA) load_rows(Kb + 4 * kTok, kLdS, aqk, s.b, t0, hv, len, kMaxBT / 8);
     cp_async_commit();
   };
   float x[2][4][4];
@@ -899,22 +909,27 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
-    __syncthreads();  // the previous chunk is done with Xs, Vg, Ps and the other buffer
+    __syncthreads();  // the previous chunk is done with Xs, Vg, P, the gates and the other buffer
     if (ci + 1 < nch) issue(ci + 1);
-    float* gl = gls + cur * kMaxBT;
-    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    float* gl = KDA ? gls : gls + cur * kMaxBT;
+    if constexpr (KDA) {
+      if (tid < kD) gl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
+    } else {
+      if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    }
     store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
     if (ci + 1 < nch) cp_async_wait<1>();
     else cp_async_wait<0>();
-    __syncthreads();  // this chunk's tiles, Xs, gl
-    const uint16_t* Ks = buf + cur * fwdho::kBuf;
-    const uint16_t* Ws = Ks + kTok;
-    const uint16_t* Qs = Ks + 2 * kTok;
-    uint16_t* Us = buf + cur * fwdho::kBuf + 3 * kTok;  // U, then Vn in place
-    const float glast = gl[len - 1];
+    __syncthreads();  // this chunk's tiles, Xs, the gates
+    uint16_t* Kb = buf + cur * Geo::kBuf;
+    const uint16_t* Ks = Kb;
+    const uint16_t* Ws = Kb + kTok;
+    const uint16_t* Qs = Kb + 2 * kTok;
+    uint16_t* Us = Kb + 3 * kTok;  // U, then Vn in place
+    const float glast = KDA ? 0.0f : gl[len - 1];
     const int r0 = 16 * wr + gq, r1 = r0 + 8;
     float oa[4][4];
-    {  // Vn = U - W Xs, O = diag(e^g) Q Xs.
+    {  // Vn = U - W Xs; O = diag(e^g) Q Xs (GDN), scale Q Xs (KDA).
       float a[4][4];
       zero(a);
       zero(oa);
@@ -928,13 +943,24 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
           const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
           if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
-          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
           *reinterpret_cast<uint32_t*>(Us + r * kLdT + xc) = pack2<BF>(v0, v1);
-          *reinterpret_cast<uint32_t*>(Vg + r * kLdT + xc) = pack2<BF>(f * v0, f * v1);
+          if constexpr (!KDA) {
+            const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+            *reinterpret_cast<uint32_t*>(Vg + r * kLdT + xc) = pack2<BF>(f * v0, f * v1);
+          }
         }
-      scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
+      if constexpr (KDA) scale_rows(oa, scale, scale);
+      else scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
     }
-    {  // P, rounded to the input type.
+    const uint16_t* Ps = Pg;
+    if constexpr (KDA) {  // Aqk with its upper triangle zeroed, as chunk_kda_fwd_o takes it
+      uint16_t* A = Kb + 4 * kTok;
+      for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+        const int i = e >> 6, j = e & 63;
+        if (j > i) A[i * kLdS + j] = uint16_t{0};
+      }
+      Ps = A;
+    } else {  // P, rounded to the input type
       float pa[2][4];
       zero(pa);
       if (wp <= 16 * wr) mm_xyt<BF, 2>(pa, Qs, kLdT, Ks, kLdT, 16 * wr, wp, kD, lane);
@@ -945,38 +971,44 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
           const int r = hr ? r1 : r0, col = wp + 8 * j + 2 * tq;
           const float p0 = (r < len && col <= r) ? pa[j][2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
           const float p1 = (r < len && col + 1 <= r) ? pa[j][2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
-          *reinterpret_cast<uint32_t*>(Ps + r * kLdS + col) = pack2<BF>(p0, p1);
+          *reinterpret_cast<uint32_t*>(Pg + r * kLdS + col) = pack2<BF>(p0, p1);
         }
     }
-    if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
+    if constexpr (KDA) for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gl[y]); });
+    else if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
     __syncthreads();  // Vn, Vg, P
-    state_tprod<BF>(x, Ks, Vg, kLdT, lane);
+    state_tprod<BF>(x, Ks, KDA ? Us : Vg, kLdT, lane);
     mm_xs<BF, 4>(oa, Ps, kLdS, Us, kLdT, 16 * wr, wc, 0, 16 * wr + 16, lane);
+    const float os = KDA ? 1.0f : scale;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int col = wc + 8 * j + 2 * tq;
-      if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * oa[j][0], scale * oa[j][1]);
-      if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * oa[j][2], scale * oa[j][3]);
+      if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, os * oa[j][0], os * oa[j][1]);
+      if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, os * oa[j][2], os * oa[j][3]);
     }
   }
   if (ht.p) store_state_frag(x, ht, sidx, 0);
 }
 
-// Whether the fused kernel takes these arguments (h and v_new, when defined, are written too).
-bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+// Whether the fused kernel takes these arguments (h and v_new, when defined, are written too): q
+// is fwd_o's q (KDA: qg), aqk KDA's Aqk (undefined for GDN).
+bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                        const TensorView& aqk, const TensorView& o, int64_t o_chunk) {
   using namespace mma16;
   static const int force = [] {
     const char* e = std::getenv("FUSEDOPS_GDN_FUSED_HO");
     return e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
   }();
   if (force == 0) return false;
+  const bool kda = aqk.defined();
   const DType dt = a.k.dtype();
-  if (a.chunk_size != kMaxBT || b.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD || a.gk.defined())
+  if (a.chunk_size != kMaxBT || o_chunk != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
+  if (kda ? (a.g.defined() || !a.gk.defined() || aqk.size(3) != kMaxBT) : a.gk.defined()) return false;
+  const size_t smem = kda ? fwdho::Geo<true>::kSmem : fwdho::Geo<false>::kSmem;
+  if (!tc16_device_ok(ctx, dt, smem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule")) return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(q, dt) || !out2_ok(o))
     return false;
-  if (!tc16_device_ok(ctx, dt, fwdho::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule"))
-    return false;
-  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(b.q, dt) || !out2_ok(b.o))
-    return false;
+  if (kda && !tok16_ok(aqk, dt)) return false;
   if (a.h.defined() && !state16_ok(a.h, dt)) return false;
   if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
   for (const TensorView* t : {&a.h0, &a.ht})
@@ -987,21 +1019,31 @@ bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a
   return force == 1 || N * a.u.size(2) * 8 >= sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
 }
 
-bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
-  if (!state_out_fused_ok(ctx, a, b)) return false;
-  const char* op = "chunk_gated_delta_rule";
+bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                      const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
+  if (!state_out_fused_ok(ctx, a, q, aqk, o, o_chunk)) return false;
+  const char* op = aqk.defined() ? "chunk_kda" : "chunk_gated_delta_rule";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return true;
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
-  auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_mma_kernel<true> : fwd_ho_mma_kernel<false>;
-  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, fwdho::kSmem);
-  kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, fwdho::kSmem, stream_of(ctx)>>>(
-      tok_of(b.q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new),
-      mat_of(a.ht), tok_of(b.o), L, static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(b.scale));
+  auto run = [&](auto kernel, size_t smem) {
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+    kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
+        tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
+        mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
+        static_cast<float>(scale));
+  };
+  const bool bf = a.k.dtype() == DType::kBFloat16;
+  if (aqk.defined()) run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
+  else run(bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
+}
+
+bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  return launch_state_out(ctx, a, b.q, TensorView(), b.o, b.chunk_size, b.scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1184,6 +1226,12 @@ bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
 }
 
 }  // namespace
+
+bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
+                         const TensorView& aqk, const TensorView& o, double scale) {
+  return aqk.defined() && launch_state_out(ctx, a, qg, aqk, o, aqk.size(3), scale);
+}
+
 }  // namespace fusedops::gdn::sm80
 
 namespace fusedops {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "fusedops/ops/gated_delta_rule.h"
 #include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
 
@@ -374,3 +375,14 @@ inline bool wide_state_tiles(const Context& ctx, int64_t states) {
 }
 
 }  // namespace fusedops::gdn::sm80::mma16
+
+namespace fusedops::gdn::sm80 {
+
+// The GDN forward's fused state-and-output kernel (gated_delta_rule_fwd_sm80.cu) in KDA's form:
+// chunk_gated_delta_rule_fwd_h with the per-channel gate gk (a.gk; a.h and a.v_new written when
+// defined), then chunk_kda_fwd_o's o = scale qg h + tril(Aqk) v_new. Returns false without writing
+// anything when it does not take the arguments.
+bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
+                         const TensorView& aqk, const TensorView& o, double scale);
+
+}  // namespace fusedops::gdn::sm80

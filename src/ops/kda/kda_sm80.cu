@@ -1029,10 +1029,14 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
+bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkKdaFwdOArgs& b) {
+  return gdn::sm80::state_out_fused_kda(ctx, a, b.qg, b.Aqk, b.o, b.scale);
+}
+
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a);
+  compose_fwd(c, a, state_out_fused);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -278,7 +278,7 @@ int64_t chunk_kda_bwd_workspace_size(const ChunkKdaBwdArgs& a) {
 
 namespace kda {
 
-void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
+void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FusedStateOutFwd fused_state_out) {
   const Dims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel);
@@ -302,9 +302,18 @@ void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   chunk_local_cumsum(ctx, {g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0});
   chunk_kda_fwd_intra(ctx, {q, k, a.g_cumsum, beta, a.Aqk, a.Akk, cu, ci, a.scale, a.chunk_size,
                             a.safe_gate});
-  recompute_states(ctx, q, k, a.v, beta, a.Akk, a.g_cumsum, a.initial_state, a.final_state, ws.st,
-                   cu, ci, a.chunk_offsets, a.chunk_size);
-  chunk_kda_fwd_o(ctx, {ws.st.qg, a.Aqk, ws.st.v_new, ws.st.h, a.o, cu, ci, a.scale});
+  // recompute_states, with its state recurrence and chunk_kda_fwd_o fused when the backend can.
+  kda_recompute_w_u_fwd(ctx, {q, k, a.v, beta, a.Akk, a.g_cumsum, ws.st.w, ws.st.u, ws.st.kg, ws.st.qg, cu, ci});
+  const ChunkGatedDeltaRuleFwdHArgs ha{ws.st.kg, ws.st.w, ws.st.u, TensorView(), a.g_cumsum, a.initial_state,
+                                      ws.st.h, ws.st.v_new, a.final_state, cu, a.chunk_offsets, a.chunk_size};
+  const ChunkKdaFwdOArgs oa{ws.st.qg, a.Aqk, ws.st.v_new, ws.st.h, a.o, cu, ci, a.scale};
+  if (fused_state_out) {
+    ChunkGatedDeltaRuleFwdHArgs fa = ha;
+    fa.h = fa.v_new = TensorView();
+    if (fused_state_out(ctx, fa, oa)) return;
+  }
+  chunk_gated_delta_rule_fwd_h(ctx, ha);
+  chunk_kda_fwd_o(ctx, oa);
 }
 
 void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {

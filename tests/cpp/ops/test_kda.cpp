@@ -956,6 +956,53 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
   });
 }
 
+// The top level's o and final state are bitwise those of its state recurrence and output
+// sub-operators (chunk_gated_delta_rule_fwd_h in the gk form, chunk_kda_fwd_o) run on the
+// intermediates kda_recompute_w_u_fwd gives from its Akk and g_cumsum: a backend's fused
+// state-and-output kernel (CUDA's, at K = V = 128 in 16 bits) must round as they do.
+TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
+  for_each_case("chunk_kda", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    if (b.id == "ref") return;
+    const Index ix = make_index(L, b.device);
+    const Inputs in = make_inputs(L, 16, dt);
+    const DType adt = f32or(dt);
+    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
+    TestTensor q = T_(dt, tok(L, L.H, L.K), in.q), k = T_(dt, tok(L, L.H, L.K), in.k), v = T_(dt, tok(L, L.HV, L.V), in.v);
+    TestTensor g = T_(adt, tok(L, L.HV, L.K), in.graw), beta = T_(adt, {L.B, L.T, L.HV}, in.beta);
+    TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0);
+    TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device), ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    TestTensor gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
+    TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+    ChunkKdaFwdArgs fa;
+    fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();
+    fa.initial_state = h0.view();
+    fa.cu_seqlens = ix.cuv(); fa.chunk_indices = ix.civ(); fa.chunk_offsets = ix.cov();
+    fa.scale = 0.5; fa.chunk_size = L.BT;
+    fa.o = o.view(); fa.final_state = ht.view(); fa.g_cumsum = gc.view(); fa.Aqk = Aqk.view(); fa.Akk = Akk.view();
+    TestTensor wsf(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
+    fa.workspace = wsf.view();
+    chunk_kda_fwd(b.ctx(), fa);
+    TestTensor w = poisoned(dt, tok(L, L.HV, L.K), b.device), u = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    TestTensor kg = poisoned(dt, tok(L, L.HV, L.K), b.device), qg = poisoned(dt, tok(L, L.HV, L.K), b.device);
+    kda_recompute_w_u_fwd(b.ctx(), {fa.q, fa.k, fa.v, fa.beta, fa.Akk, fa.g_cumsum, w.view(), u.view(), kg.view(),
+                                    qg.view(), fa.cu_seqlens, fa.chunk_indices});
+    int64_t nt = (L.T + L.BT - 1) / L.BT;  // chunks per batch row, or in all (varlen; from the host copy)
+    if (!L.cu.empty()) {
+      nt = 0;
+      for (size_t i = 0; i + 1 < L.cu.size(); ++i) nt += (L.cu[i + 1] - L.cu[i] + L.BT - 1) / L.BT;
+    }
+    TestTensor h = poisoned(dt, {L.cu.empty() ? L.B : 1, nt, L.HV, L.K, L.V}, b.device);
+    TestTensor vn = poisoned(dt, tok(L, L.HV, L.V), b.device), o2 = poisoned(dt, tok(L, L.HV, L.V), b.device);
+    TestTensor ht2 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+    chunk_gated_delta_rule_fwd_h(b.ctx(), {kg.view(), w.view(), u.view(), TensorView(), fa.g_cumsum, fa.initial_state,
+                                           h.view(), vn.view(), ht2.view(), fa.cu_seqlens, fa.chunk_offsets, L.BT});
+    chunk_kda_fwd_o(b.ctx(), {qg.view(), fa.Aqk, vn.view(), h.view(), o2.view(), fa.cu_seqlens, fa.chunk_indices,
+                              fa.scale});
+    EXPECT_EQ(o.bytes(), o2.bytes());
+    EXPECT_EQ(ht.bytes(), ht2.bytes());
+  });
+}
+
 TEST(KdaSubops, RepeatedBackwardPiecesAreBitwiseEqual) {
   const Layout L{2, 96, 2, 4, 64, 64, 64, {}};
   for (const auto& b : runnable_backends("chunk_kda_bwd_intra", Direction::kBackward)) {
