@@ -909,8 +909,9 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
-    __syncthreads();  // the previous chunk is done with Xs, Vg, P, the gates and the other buffer
-    if (ci + 1 < nch) issue(ci + 1);
+    // No barrier here: the previous chunk's last readers of what this step writes (Xs: its
+    // first products; the gates: two chunks ago, or KDA's gk row: before its state decay) are
+    // behind the previous chunk's second barrier.
     float* gl = KDA ? gls : gls + cur * kMaxBT;
     if constexpr (KDA) {
       if (tid < kD) gl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
@@ -918,9 +919,11 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
       if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     }
     store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
-    if (ci + 1 < nch) cp_async_wait<1>();
-    else cp_async_wait<0>();
-    __syncthreads();  // this chunk's tiles, Xs, the gates
+    cp_async_wait<0>();
+    __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
+    // The next chunk's tiles into the other buffer, whose last readers (the previous chunk's
+    // products) are all done now.
+    if (ci + 1 < nch) issue(ci + 1);
     uint16_t* Kb = buf + cur * Geo::kBuf;
     const uint16_t* Ks = Kb;
     const uint16_t* Ws = Kb + kTok;
