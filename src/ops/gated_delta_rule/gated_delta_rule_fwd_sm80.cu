@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 //   X = diag(e^{gk_last}) X with Vg = Vn (its K arrives already scaled); X += K^T Vg (K^T's
 //   fragments read from K by ldmatrix.trans).
 // The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
-// runs; three barriers per chunk. Both forms take two CTAs per SM (NG = 1: 88 KiB, NG = 2:
+// runs; two barriers per chunk (the next chunk's tiles issued after the first). Both forms take two CTAs per SM (NG = 1: 88 KiB, NG = 2:
 // 105 KiB); NG = 2 shares each K, W tile between two V tiles and halves the CTAs, which fills the
 // GPU in one wave where NG = 1 needs two (fwd_h picks NG = 2 when it still gives every SM a CTA).
 namespace fwdh {
@@ -602,15 +602,15 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
-    __syncthreads();  // the previous chunk is done with Xs and the other buffer
-    if (ci + 1 < nch) issue(ci + 1);
+    // No barrier here: the previous chunk's last readers of what this step writes (Xs: its first
+    // product; gkl: its state decay) are behind its second barrier, and gl is double-buffered.
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
     store_state16<BF>(x, Xs, kLdX, h.p, idx, x0);  // X -> Xs and the h snapshot
-    if (ci + 1 < nch) cp_async_wait<1>();
-    else cp_async_wait<0>();
-    __syncthreads();  // this chunk's tiles, Xs, gl
+    cp_async_wait<0>();
+    __syncthreads();  // this chunk's tiles, Xs, gl; every thread is past the previous chunk
+    if (ci + 1 < nch) issue(ci + 1);  // into the other buffer, whose readers are all done
     const uint16_t* Ks = tiles(cur);
     const uint16_t* Ws = Ks + kTok;
     uint16_t* Us = tiles(cur) + 2 * kTok;  // U, then Vg in place
@@ -853,7 +853,7 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
 // Each value is rounded and accumulated as in fwd_h_mma_kernel followed by fwd_o_mma_kernel, so o
 // is theirs; what the fusion saves is h and v_new's round trip through memory (at K = V = 128 in
 // 16 bits, 2.5x the bytes of o per token and head). The next chunk's K, W, Q, U tiles load by
-// cp.async into the other of two buffers; three barriers per chunk. 196.5 KiB: one CTA per SM,
+// cp.async into the other of two buffers; two barriers per chunk. 196.5 KiB: one CTA per SM,
 // so the top level takes it when the (sequence, value head) pairs nearly fill the GPU
 // (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies).
 namespace fwdho {
