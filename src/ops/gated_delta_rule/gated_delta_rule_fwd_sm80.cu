@@ -17,26 +17,39 @@ namespace fusedops::gdn::sm80 {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// chunk_local_cumsum: one thread per (chunk, channel), the running sum in double.
+// chunk_local_cumsum: a CTA per (chunk, 32 channels); its 8 warps split the chunk's rows, one
+// channel per lane. Each thread loads its rows at once (a thread per channel walking the 64 rows
+// in turn was latency-bound: 181 us for KDA's [8,4096,16,128] gate on the H200, 59% of DRAM peak),
+// scans them in double, and adds the totals of the row groups before (after, reversed) it.
 
 __global__ void __launch_bounds__(kThreads) cumsum_kernel(Tok g, Tok out, Layout L, int64_t C, int64_t S,
                                                           int reverse, double scale) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (ch >= C) return;
+  constexpr int kCols = 32, kGroups = kThreads / kCols, kRows = kMaxBT / kGroups;
+  __shared__ double total[kGroups][kCols];
   const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x) % kCols, grp = static_cast<int>(threadIdx.x) / kCols;
+  const int64_t ch = static_cast<int64_t>(blockIdx.y) * kCols + lane;
   const int64_t h = ch / S, s = ch - h * S;
-  double acc = 0.0;
+  const int per = (L.BT + kGroups - 1) / kGroups, r0 = grp * per;
+  auto live = [&](int j) { return ch < C && j < per && r0 + j < c.len; };
+  double v[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) v[j] = live(j) ? static_cast<double>(g.ld(c.b, c.t0 + r0 + j, h, s)) : 0.0;
   if (reverse) {
-    for (int i = c.len - 1; i >= 0; --i) {
-      acc += g.ld(c.b, c.t0 + i, h, s);
-      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
-    }
+#pragma unroll
+    for (int j = kRows - 2; j >= 0; --j) v[j] += v[j + 1];
   } else {
-    for (int i = 0; i < c.len; ++i) {
-      acc += g.ld(c.b, c.t0 + i, h, s);
-      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
-    }
+#pragma unroll
+    for (int j = 1; j < kRows; ++j) v[j] += v[j - 1];
   }
+  total[grp][lane] = reverse ? v[0] : v[kRows - 1];
+  __syncthreads();
+  double off = 0.0;
+  for (int q = 0; q < kGroups; ++q)
+    if (reverse ? q > grp : q < grp) off += total[q][lane];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j)
+    if (live(j)) out.st_(c.b, c.t0 + r0 + j, h, s, static_cast<float>((v[j] + off) * scale));
 }
 
 void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
@@ -47,8 +60,8 @@ void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   const int64_t C = H * S;
   if (NT == 0 || C == 0) return;
-  FUSEDOPS_REQUIRE((C + kThreads - 1) / kThreads <= 65535, kValue, op, "too many channels: ", C);
-  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  FUSEDOPS_REQUIRE((C + 31) / 32 <= 65535, kValue, op, "too many channels: ", C);
+  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + 31) / 32));
   cumsum_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
                                                        a.reverse ? 1 : 0, a.scale);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
