@@ -599,7 +599,8 @@ TEST(GatedDeltaRuleSubops, ChunkLocalCumsumScalarVectorReverse) {
   for_each_case("chunk_local_cumsum", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
     const Index ix = make_index(L, DType::kInt64, b.device);
     std::mt19937_64 gen(7);
-    for (int64_t S : {int64_t{1}, int64_t{5}})
+    // S = 67: more channels (HV * 67) than one CUDA block's 128, not a multiple of 32.
+    for (int64_t S : {int64_t{1}, int64_t{5}, int64_t{67}})
       for (bool reverse : {false, true}) {
         std::vector<int64_t> shape = {L.B, L.T, L.HV};
         if (S > 1) shape.push_back(S);
