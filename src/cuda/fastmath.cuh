@@ -1,7 +1,28 @@
-// Correctly rounded reciprocals without a branch per value (CUDA device code).
+// Correctly rounded reciprocals without a branch per value, and the special function unit's
+// approximate 2^x, 1/x and sigmoid (CUDA device code).
 #pragma once
 
 namespace fusedops::cuda {
+
+// 2^x (ex2.approx.ftz: relative error about 2^-22, results under 2^-126 flushed to zero) and
+// 1/x (rcp.approx.ftz: within 1 ulp), one MUFU instruction each.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// e = e^-z and s = sigmoid(z) = 1 / (1 + e) in four instructions (two MUFU), a few ulp from the
+// correctly rounded values: for 16-bit outputs, whose rounding is 2^-9 relative. z = -inf .. -88
+// gives e = inf, s = 0; large z gives e = 0, s = 1.
+__device__ __forceinline__ void sigmoid_approx(float z, float& e, float& s) {
+  e = ex2_approx(-1.4426950408889634f * z);
+  s = rcp_approx(1.0f + e);
+}
 
 // RN(1/d) for N values: the hardware reciprocal refined by one Newton step, which is exactly
 // the fast path of __frcp_rn (bitwise the same result) for d with a biased exponent in [1, 252];

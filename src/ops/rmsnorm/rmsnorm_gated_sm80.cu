@@ -167,13 +167,31 @@ __device__ __forceinline__ void gate_fn_from_sigmoid(int code, float z, float e,
     da = s * one_minus;
   }
 }
-__device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da) {
-  const float e = expf(-z);
-  gate_fn_from_sigmoid(code, z, e, __frcp_rn(1.0f + e), a, da);
+// `fast` (16-bit storage, see kFastGate): e and s from the special function unit
+// (cuda::sigmoid_approx, a few ulp); otherwise expf and a correctly rounded reciprocal.
+__device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da, bool fast) {
+  float e, s;
+  if (fast) {
+    cuda::sigmoid_approx(z, e, s);
+  } else {
+    e = expf(-z);
+    s = __frcp_rn(1.0f + e);
+  }
+  gate_fn_from_sigmoid(code, z, e, s, a, da);
 }
-__device__ __forceinline__ float gate_value(int code, float z) {
+__device__ __forceinline__ float gate_value(int code, float z, bool fast) {
+  if (fast) {
+    float e, s;
+    cuda::sigmoid_approx(z, e, s);
+    return gate_from_sigmoid(code, z, s);
+  }
   return gate_from_sigmoid(code, z, __frcp_rn(1.0f + expf(-z)));
 }
+// Gates of 16-bit x and z are taken on the special function unit: their few-ulp error is far
+// below the output's rounding, and the exact form (expf's eight instructions and a reciprocal
+// with a fallback branch per element) made the forward and backward issue-bound. fp32 keeps it.
+template <class T>
+constexpr bool kFastGate = sizeof(T) == 2;
 
 // gate_value / gate_fn of N elements at once, bitwise the same: the reciprocals 1/(1 + e^-z) go
 // through cuda::rcp_rn in batches of kGateBatch (one rare-case branch per batch instead of one
@@ -184,7 +202,12 @@ template <int N>
 constexpr int gate_batch() { return N % kGateBatch == 0 ? kGateBatch : (N % 2 == 0 ? 2 : 1); }
 
 template <int M>
-__device__ __forceinline__ void sigmoid_m(const float* z, float (&e)[M], float (&s)[M]) {
+__device__ __forceinline__ void sigmoid_m(const float* z, float (&e)[M], float (&s)[M], bool fast) {
+  if (fast) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) cuda::sigmoid_approx(z[i], e[i], s[i]);
+    return;
+  }
   float d[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
@@ -195,12 +218,12 @@ __device__ __forceinline__ void sigmoid_m(const float* z, float (&e)[M], float (
 }
 // act(z) (and act'(z) when kDeriv) of N elements, in batches of gate_batch<N>().
 template <int N, bool kDeriv>
-__device__ __forceinline__ void gate_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
+__device__ __forceinline__ void gate_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N], bool fast) {
   constexpr int M = gate_batch<N>();
 #pragma unroll
   for (int i0 = 0; i0 < N; i0 += M) {
     float e[M], s[M];
-    sigmoid_m<M>(z + i0, e, s);
+    sigmoid_m<M>(z + i0, e, s, fast);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       if constexpr (kDeriv) gate_fn_from_sigmoid(code, z[i0 + i], e[i], s[i], a[i0 + i], da[i0 + i]);
@@ -209,12 +232,12 @@ __device__ __forceinline__ void gate_n(int code, const float (&z)[N], float (&a)
   }
 }
 template <int N>
-__device__ __forceinline__ void gate_value_n(int code, const float (&z)[N], float (&a)[N]) {
-  gate_n<N, false>(code, z, a, a);  // no derivative: the last argument is not written
+__device__ __forceinline__ void gate_value_n(int code, const float (&z)[N], float (&a)[N], bool fast) {
+  gate_n<N, false>(code, z, a, a, fast);  // no derivative: the last argument is not written
 }
 template <int N>
-__device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N]) {
-  gate_n<N, true>(code, z, a, da);
+__device__ __forceinline__ void gate_fn_n(int code, const float (&z)[N], float (&a)[N], float (&da)[N], bool fast) {
+  gate_n<N, true>(code, z, a, da, fast);
 }
 
 template <class T, int kIters, bool kVec>
@@ -251,7 +274,7 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
       float z[N];
       load_any<T, N>(p.z, false, z_off + i * N, z);
 #pragma unroll
-      for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e]);
+      for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e], kFastGate<T>);
     }
   };
   // y at unit i from the normalised value v (z already loaded when the gate comes after).
@@ -264,7 +287,7 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
       float h = v[e] * r;
       if (p.weight) h *= w[e];
       if (p.bias) h += b[e];
-      if (gate_after) h *= gate_value(p.gate, z[e]);
+      if (gate_after) h *= gate_value(p.gate, z[e], kFastGate<T>);
       o[e] = h;
     }
     store_any<T, N>(p.y, false, out_off + i * N, o);
@@ -361,12 +384,12 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
       raw_to_floats<T>(zr[r], z);
       if constexpr (kRows <= 2) {
         float a[N];
-        gate_value_n<N>(kGateSilu, z, a);
+        gate_value_n<N>(kGateSilu, z, a, kFastGate<T>);
 #pragma unroll
         for (int e = 0; e < N; ++e) v[e] *= a[e];
       } else {
 #pragma unroll
-        for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e]);
+        for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e], kFastGate<T>);
       }
     }
   };
@@ -396,14 +419,14 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
     if (gate_after) raw_to_floats<T>(zr[r], z);
     if constexpr (kRows <= 2) {
-      if (gate_after) gate_value_n<N>(p.gate, z, z);  // z becomes act(z)
+      if (gate_after) gate_value_n<N>(p.gate, z, z, kFastGate<T>);  // z becomes act(z)
     }
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float h = v[e] * rs;
       if (p.weight) h *= w[e];
       if (p.bias) h += b[e];
-      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(p.gate, z[e]);
+      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(p.gate, z[e], kFastGate<T>);
       o[e] = h;
     }
     store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
@@ -419,6 +442,7 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
 struct UnitGrads {
   int gate;
   bool nbg, has_w, has_b;
+  bool fast;  // kFastGate of the storage type (a constant once the kernel is inlined)
 };
 
 // dy and z are given by accessors (element e -> float) so that they can stay raw.
@@ -433,7 +457,7 @@ __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, cons
       float zs[H];
 #pragma unroll
       for (int k = 0; k < H; ++k) zs[k] = z_at(kOff + k);
-      gate_fn_n<H>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga, gd);
+      gate_fn_n<H>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga, gd, u.fast);
     }
   }
 #pragma unroll
@@ -446,7 +470,7 @@ __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, cons
       float a = 1.0f, da = 0.0f;
       if (u.gate != kNoGate) {
         if constexpr (kBatch) a = ga[k], da = gd[k];
-        else gate_fn(u.gate, ze, a, da);
+        else gate_fn(u.gate, ze, a, da, u.fast);
       }
       t = dye * a;
       vh = x[e] * r;
@@ -455,7 +479,7 @@ __device__ __forceinline__ void half_backward(const UnitGrads& u, DY dy_at, cons
     } else {
       float sz, dsz;
       if constexpr (kBatch) sz = ga[k], dsz = gd[k];
-      else gate_fn(kGateSilu, ze, sz, dsz);
+      else gate_fn(kGateSilu, ze, sz, dsz, u.fast);
       t = dye;
       vh = x[e] * sz * r;
       const float du = r * (t * we - vh * mean);
@@ -477,7 +501,7 @@ __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const fl
       float zs[N];
 #pragma unroll
       for (int e = 0; e < N; ++e) zs[e] = z_at(e);
-      gate_value_n<N>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga);
+      gate_value_n<N>(u.nbg ? u.gate : static_cast<int>(kGateSilu), zs, ga, u.fast);
     }
   }
 #pragma unroll
@@ -486,7 +510,7 @@ __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const fl
     if (u.gate != kNoGate) {
       float a;
       if constexpr (kBatch) a = ga[e];
-      else a = gate_value(u.nbg ? u.gate : static_cast<int>(kGateSilu), z_at(e));
+      else a = gate_value(u.nbg ? u.gate : static_cast<int>(kGateSilu), z_at(e), u.fast);
       if (u.nbg) t *= a;
       else v *= a;
     }
@@ -517,7 +541,8 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
   const int64_t r_end = min(p.rows, r_begin + p.rows_per_chunk);
   const int64_t iters = r_end > r_begin ? (r_end - r_begin + slots - 1) / slots : 0;
   const int64_t units = p.g / N;
-  const UnitGrads ug{p.z ? p.gate : static_cast<int>(kNoGate), p.nbg, p.weight != nullptr, p.bias != nullptr};
+  const UnitGrads ug{p.z ? p.gate : static_cast<int>(kNoGate), p.nbg, p.weight != nullptr, p.bias != nullptr,
+                     kFastGate<T>};
   float* part_w = p.part_w ? p.part_w + chunk * p.D + col0 : nullptr;
   float* part_b = p.part_b ? p.part_b + chunk * p.D + col0 : nullptr;
 
