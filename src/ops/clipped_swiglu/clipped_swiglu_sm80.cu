@@ -15,6 +15,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/clipped_swiglu.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/fastmath.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/clipped_swiglu/clipped_swiglu_common.h"
 
@@ -46,12 +47,29 @@ struct SwigluParams {
   int mode;
 };
 
-__device__ __forceinline__ float sigmoid_f(float v) { return __frcp_rn(1.0f + expf(-v)); }
+// `fast` (16-bit storage): the sigmoid from the special function unit (cuda::sigmoid_approx, a
+// few ulp, far below the 16-bit output's rounding) instead of expf and a correctly rounded
+// reciprocal (about a dozen instructions and a fallback branch per element); fp32 keeps the latter.
+template <class T>
+constexpr bool kFastSigmoid = sizeof(T) == 2;
+__device__ __forceinline__ float sigmoid_f(float v, bool fast) {
+  if (fast) {
+    float e, s;
+    cuda::sigmoid_approx(v, e, s);
+    return s;
+  }
+  return __frcp_rn(1.0f + expf(-v));
+}
 // s = sigmoid(v) and 1 - s: exp(-v) * s for v >= 0 (no cancellation where s is close to 1),
 // 1 - s below (where exp(-v) may overflow and s is at most 1/2).
-__device__ __forceinline__ void sigmoid_pair(float v, float& s, float& one_minus_s) {
-  const float e = expf(-v);
-  s = __frcp_rn(1.0f + e);
+__device__ __forceinline__ void sigmoid_pair(float v, float& s, float& one_minus_s, bool fast) {
+  float e;
+  if (fast) {
+    cuda::sigmoid_approx(v, e, s);
+  } else {
+    e = expf(-v);
+    s = __frcp_rn(1.0f + e);
+  }
   one_minus_s = v >= 0.0f ? e * s : 1.0f - s;
 }
 // torch.clamp's semantics (NaN propagates).
@@ -60,28 +78,28 @@ __device__ __forceinline__ float clamp_both(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-__device__ __forceinline__ float forward_value(float A, float B, const SwigluParams& p) {
+__device__ __forceinline__ float forward_value(float A, float B, const SwigluParams& p, bool fast) {
   const float b = clamp_both(B, -p.limit, p.limit);
   if (p.mode == 0) {
     const float a = clamp_max(A, p.limit);
-    return a * sigmoid_f(p.alpha * a) * (b + p.bias);
+    return a * sigmoid_f(p.alpha * a, fast) * (b + p.bias);
   }
-  return clamp_max(A * sigmoid_f(A), p.limit) * b;
+  return clamp_max(A * sigmoid_f(A, fast), p.limit) * b;
 }
 
 __device__ __forceinline__ void backward_value(float A, float B, float dy, const SwigluParams& p,
-                                               float& dA, float& dB) {
+                                               float& dA, float& dB, bool fast) {
   const float b = clamp_both(B, -p.limit, p.limit);
   const bool b_pass = B >= -p.limit && B <= p.limit;
   if (p.mode == 0) {
     const float a = clamp_max(A, p.limit);
     float s, s1;
-    sigmoid_pair(p.alpha * a, s, s1);
+    sigmoid_pair(p.alpha * a, s, s1, fast);
     dA = A <= p.limit ? dy * (b + p.bias) * (s + p.alpha * a * s * s1) : 0.0f;
     dB = b_pass ? dy * a * s : 0.0f;
   } else {
     float s, s1;
-    sigmoid_pair(A, s, s1);
+    sigmoid_pair(A, s, s1, fast);
     const float silu = A * s;
     dA = silu <= p.limit ? dy * b * s * (1.0f + A * s1) : 0.0f;
     dB = b_pass ? dy * clamp_max(silu, p.limit) : 0.0f;
@@ -160,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_fwd_kernel(SwigluParams p) {
         B[0] = to_f(xr[p.half + w.col]);
       }
 #pragma unroll
-      for (int e = 0; e < N; ++e) out[e] = forward_value(A[e], B[e], p);
+      for (int e = 0; e < N; ++e) out[e] = forward_value(A[e], B[e], p, kFastSigmoid<T>);
     }
     if constexpr (kVec) {
       store_floats<N>(yr, out);
@@ -218,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_bwd_kernel(SwigluParams p) {
         B[0] = to_f(xr[p.half + w.col]);
       }
 #pragma unroll
-      for (int e = 0; e < N; ++e) backward_value(A[e], B[e], g[e], p, dA[e], dB[e]);
+      for (int e = 0; e < N; ++e) backward_value(A[e], B[e], g[e], p, dA[e], dB[e], kFastSigmoid<T>);
     }
     T* dxr = dx + row_off;
     if constexpr (kVec && kInterleaved) {
