@@ -17,63 +17,38 @@ namespace fusedops::gdn::sm80 {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// chunk_local_cumsum: a CTA per (chunk, 128 channels); its 8 warps split the chunk's rows, and
-// lane l takes channels l, l + 32, l + 64, l + 96 (a warp reads 512 contiguous bytes of an fp32
-// row per step). Each thread loads all its rows at once, scans them in double, and adds the totals
-// of the row groups before (after, reversed) its own. (A thread per channel walking the 64 rows in
-// turn was latency-bound: 181 us for KDA's [8,4096,16,128] fp32 gate on the H200; a CTA per 32
-// channels, 195 us.)
-
-constexpr int kCumCols = 128;
+// chunk_local_cumsum: one thread per (chunk, channel), the running sum in double, the rows read
+// eight at a time (all eight loads issued before the first add). On the H200, KDA's
+// [8,4096,16,128] fp32 gate: one row at a time (latency-bound) 181 us; a CTA per 32 channels with
+// every row of a thread loaded at once and a cross-warp scan 195 us; the same with 128 channels
+// per CTA (64 doubles per thread, two CTAs per SM) 379 us.
 
 __global__ void __launch_bounds__(kThreads) cumsum_kernel(Tok g, Tok out, Layout L, int64_t C, int64_t S,
                                                           int reverse, double scale) {
-  constexpr int kGroups = kThreads / 32, kRows = kMaxBT / kGroups, kSlots = kCumCols / 32;
-  __shared__ double total[kGroups][kCumCols];
+  constexpr int kBatch = 8;
+  const int64_t ch = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
   const ChunkPos c = chunk_pos(L, blockIdx.x);
-  const int lane = static_cast<int>(threadIdx.x) % 32, grp = static_cast<int>(threadIdx.x) / 32;
-  const int per = (L.BT + kGroups - 1) / kGroups, r0 = grp * per;
-  int64_t h[kSlots], s[kSlots];
-  bool on[kSlots];
+  const int64_t h = ch / S, s = ch - h * S;
+  const int n = c.len;
+  double acc = 0.0;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float x[kBatch];
+    // Row i0 + j of the walk is row n - 1 - (i0 + j) of the chunk when reversed. Each row is
+    // read before it is written (g and out may be the same tensor).
 #pragma unroll
-  for (int q = 0; q < kSlots; ++q) {
-    const int64_t ch = static_cast<int64_t>(blockIdx.y) * kCumCols + 32 * q + lane;
-    on[q] = ch < C;
-    h[q] = ch / S;
-    s[q] = ch - h[q] * S;
-  }
-  auto live = [&](int j) { return j < per && r0 + j < c.len; };
-  double v[kSlots][kRows];
-#pragma unroll
-  for (int j = 0; j < kRows; ++j)
-#pragma unroll
-    for (int q = 0; q < kSlots; ++q)
-      v[q][j] = on[q] && live(j) ? static_cast<double>(g.ld(c.b, c.t0 + r0 + j, h[q], s[q])) : 0.0;
-#pragma unroll
-  for (int q = 0; q < kSlots; ++q) {
-    if (reverse) {
-#pragma unroll
-      for (int j = kRows - 2; j >= 0; --j) v[q][j] += v[q][j + 1];
-    } else {
-#pragma unroll
-      for (int j = 1; j < kRows; ++j) v[q][j] += v[q][j - 1];
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = reverse ? n - 1 - (i0 + j) : i0 + j;
+      x[j] = i0 + j < n ? g.ld(c.b, c.t0 + i, h, s) : 0.0f;
     }
-    total[grp][32 * q + lane] = reverse ? v[q][0] : v[q][kRows - 1];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j >= n) break;
+      const int i = reverse ? n - 1 - (i0 + j) : i0 + j;
+      acc += x[j];
+      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
+    }
   }
-  __syncthreads();
-#pragma unroll
-  for (int q = 0; q < kSlots; ++q) {
-    double off = 0.0;
-    for (int o = 0; o < kGroups; ++o)
-      if (reverse ? o > grp : o < grp) off += total[o][32 * q + lane];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) v[q][j] += off;
-  }
-#pragma unroll
-  for (int j = 0; j < kRows; ++j)
-#pragma unroll
-    for (int q = 0; q < kSlots; ++q)
-      if (on[q] && live(j)) out.st_(c.b, c.t0 + r0 + j, h[q], s[q], static_cast<float>(v[q][j] * scale));
 }
 
 void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
@@ -84,8 +59,8 @@ void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   const int64_t C = H * S;
   if (NT == 0 || C == 0) return;
-  FUSEDOPS_REQUIRE((C + kCumCols - 1) / kCumCols <= 65535, kValue, op, "too many channels: ", C);
-  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kCumCols - 1) / kCumCols));
+  FUSEDOPS_REQUIRE((C + kThreads - 1) / kThreads <= 65535, kValue, op, "too many channels: ", C);
+  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
   cumsum_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
                                                        a.reverse ? 1 : 0, a.scale);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
