@@ -350,98 +350,86 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
 }
 
 // Short segments (one 16-byte unit per thread, a group of at most 32 threads per segment, no
-// residual): each group handles kRows segments per step, their loads all issued before the first
-// reduction, and the next step's loads issued before this step's reductions (a thread keeps
-// kRows * 32 bytes in flight while it computes). x and z stay in registers in their storage type.
-// Same arithmetic, in the same order, as gated_fwd_kernel. On the H200 at [1048576, 128] bf16
-// (b17beb0, one step per block, no prefetch): 256 us against fla's 192.
+// residual): each group handles kRows segments of the block at once, their loads all issued before
+// the first reduction, so that a thread keeps kRows * 32 bytes of loads in flight (the one-segment
+// kernel above keeps 32 and, at 4 resident blocks, could not cover the memory latency). x and z
+// stay in registers in their storage type. Same arithmetic, in the same order, as gated_fwd_kernel.
 template <class T, int kRows>
-__global__ void __launch_bounds__(kRowThreads, 3) gated_fwd_rows_kernel(GatedFwdParams p, int64_t steps) {
+__global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_rows_kernel(GatedFwdParams p) {
   constexpr int N = kVec16<T>;
   const int tpr = p.tpr;
   const int lane = threadIdx.x & (tpr - 1);
   const int groups = blockDim.x / tpr;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kRows + threadIdx.x / tpr;
   const bool unit_ok = lane < p.g / N;
   const bool gate_first = p.z != nullptr && !p.nbg;
   const bool gate_after = p.z != nullptr && p.nbg;
-  // Step k covers segments [k * groups * kRows, (k + 1) * groups * kRows); the block walks steps
-  // blockIdx.x, + gridDim.x, ... (one wave of blocks), loading step k + gridDim.x's x and z before
-  // it reduces and writes step k, so that loads stay in flight through the reductions.
-  auto seg_of = [&](int64_t step, int r) {
-    return step * groups * kRows + static_cast<int64_t>(r) * groups + threadIdx.x / tpr;
-  };
-  auto load = [&](int64_t step, Raw16 (&xr)[kRows], Raw16 (&zr)[kRows]) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t seg = seg_of(step, r);
-      xr[r] = zr[r] = make_uint4(0, 0, 0, 0);
-      if (step < steps && seg < p.segments && unit_ok) {
-        const int64_t row = seg / p.G;
-        const int64_t col = (seg - row * p.G) * p.g + lane * N;
-        xr[r] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + col);
-        if (p.z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
-      }
-    }
-  };
   Raw16 xr[kRows], zr[kRows];
-  load(blockIdx.x, xr, zr);
-  for (int64_t step = blockIdx.x; step < steps; step += gridDim.x) {
-    Raw16 xn[kRows], zn[kRows];
-    load(step + gridDim.x, xn, zn);
-    // The value that is normalised: x, times silu(z) when the gate comes first.
-    auto value = [&](int r, float (&v)[N]) {
-      raw_to_floats<T>(xr[r], v);
-      if (gate_first) {
-        float z[N], a[N];
-        raw_to_floats<T>(zr[r], z);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t seg = first + static_cast<int64_t>(r) * groups;
+    xr[r] = zr[r] = make_uint4(0, 0, 0, 0);
+    if (seg < p.segments && unit_ok) {
+      const int64_t row = seg / p.G;
+      const int64_t col = (seg - row * p.G) * p.g + lane * N;
+      xr[r] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + col);
+      if (p.z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
+    }
+  }
+  // The value that is normalised: x, times silu(z) when the gate comes first.
+  auto value = [&](int r, float (&v)[N]) {
+    raw_to_floats<T>(xr[r], v);
+    if (gate_first) {
+      float z[N];
+      raw_to_floats<T>(zr[r], z);
+      if constexpr (kRows <= 2) {
+        float a[N];
         gate_value_n<N>(kGateSilu, z, a, kFastGate<T>);
 #pragma unroll
         for (int e = 0; e < N; ++e) v[e] *= a[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e], kFastGate<T>);
       }
-    };
-    float ss[kRows];
+    }
+  };
+  float ss[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float v[N];
-      value(r, v);
-      ss[r] = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+    float v[N];
+    value(r, v);
+    ss[r] = 0.0f;
 #pragma unroll
-      for (int e = 0; e < N; ++e) ss[r] += v[e] * v[e];
+    for (int e = 0; e < N; ++e) ss[r] += v[e] * v[e];
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) ss[r] = cuda::warp_sum(ss[r], tpr);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t seg = first + static_cast<int64_t>(r) * groups;
+    if (seg >= p.segments) break;
+    const float rs = rsqrtf(ss[r] * p.inv_g + p.eps);
+    if (lane == 0) p.rstd[seg] = rs;
+    if (!unit_ok) continue;
+    const int64_t row = seg / p.G;
+    const int64_t col0 = (seg - row * p.G) * p.g;
+    float v[N], w[N], b[N], z[N], o[N];
+    value(r, v);
+    if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
+    if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
+    if (gate_after) raw_to_floats<T>(zr[r], z);
+    if constexpr (kRows <= 2) {
+      if (gate_after) gate_value_n<N>(p.gate, z, z, kFastGate<T>);  // z becomes act(z)
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) ss[r] = cuda::warp_sum(ss[r], tpr);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t seg = seg_of(step, r);
-      if (seg >= p.segments) break;
-      const float rs = rsqrtf(ss[r] * p.inv_g + p.eps);
-      if (lane == 0) p.rstd[seg] = rs;
-      if (!unit_ok) continue;
-      const int64_t row = seg / p.G;
-      const int64_t col0 = (seg - row * p.G) * p.g;
-      float v[N], w[N], b[N], z[N], o[N];
-      value(r, v);
-      if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
-      if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
-      if (gate_after) {
-        raw_to_floats<T>(zr[r], z);
-        gate_value_n<N>(p.gate, z, z, kFastGate<T>);  // z becomes act(z)
-      }
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        float h = v[e] * rs;
-        if (p.weight) h *= w[e];
-        if (p.bias) h += b[e];
-        if (gate_after) h *= z[e];
-        o[e] = h;
-      }
-      store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
+    for (int e = 0; e < N; ++e) {
+      float h = v[e] * rs;
+      if (p.weight) h *= w[e];
+      if (p.bias) h += b[e];
+      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(p.gate, z[e], kFastGate<T>);
+      o[e] = h;
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      xr[r] = xn[r];
-      zr[r] = zn[r];
-    }
+    store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
   }
 }
 
@@ -836,13 +824,12 @@ void launch_fwd(const Context& ctx, const RmsNormGatedFwdArgs& a) {
   FUSEDOPS_REQUIRE(plan.blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
   const int rows = rows_per_step();
   if (vec && plan.iters == 1 && plan.tpr <= 32 && p.residual == nullptr && rows > 1) {
-    const int64_t per_step = (kRowThreads / plan.tpr) * rows;
-    const int64_t steps = (p.segments + per_step - 1) / per_step;
-    auto kernel = rows == 4 ? gated_fwd_rows_kernel<T, 4> : gated_fwd_rows_kernel<T, 2>;
-    int per_sm = 1;
-    FUSEDOPS_CUDA_CHECK(kOp, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowThreads, 0));
-    const int64_t wave = static_cast<int64_t>(std::max(per_sm, 1)) * cuda::sm_count(kOp, ctx.device.index);
-    kernel<<<dim3(static_cast<unsigned>(std::min(steps, wave))), block, 0, stream>>>(p, steps);
+    const int64_t per_block = (kRowThreads / plan.tpr) * rows;
+    const int64_t blocks = (p.segments + per_block - 1) / per_block;
+    FUSEDOPS_REQUIRE(blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
+    const dim3 g2(static_cast<unsigned>(blocks));
+    if (rows == 4) gated_fwd_rows_kernel<T, 4><<<g2, block, 0, stream>>>(p);
+    else gated_fwd_rows_kernel<T, 2><<<g2, block, 0, stream>>>(p);
   } else if (!vec) {
     gated_fwd_kernel<T, 0, false><<<grid, block, 0, stream>>>(p);
   } else {
