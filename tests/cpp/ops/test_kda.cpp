@@ -909,6 +909,38 @@ TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
   });
 }
 
+// The top-level forward of `in` on backend b (scale 0.5, initial state given; o, final state,
+// g_cumsum, Aqk and Akk poisoned first), its tensors kept alive in the run.
+struct KdaFwdRun {
+  TestTensor q, k, v, g, beta, h0, o, ht, gc, Aqk, Akk, ws;
+  ChunkKdaFwdArgs fa;
+};
+void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, const Index& ix, const Inputs& in) {
+  const DType adt = f32or(dt);
+  auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
+  r.q = T_(dt, tok(L, L.H, L.K), in.q);
+  r.k = T_(dt, tok(L, L.H, L.K), in.k);
+  r.v = T_(dt, tok(L, L.HV, L.V), in.v);
+  r.g = T_(adt, tok(L, L.HV, L.K), in.graw);
+  r.beta = T_(adt, {L.B, L.T, L.HV}, in.beta);
+  r.h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0);
+  r.o = poisoned(dt, tok(L, L.HV, L.V), b.device);
+  r.ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+  r.gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
+  r.Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+  r.Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+  ChunkKdaFwdArgs& fa = r.fa;
+  fa.q = r.q.view(); fa.k = r.k.view(); fa.v = r.v.view(); fa.g = r.g.view(); fa.beta = r.beta.view();
+  fa.initial_state = r.h0.view();
+  fa.cu_seqlens = ix.cuv(); fa.chunk_indices = ix.civ(); fa.chunk_offsets = ix.cov();
+  fa.scale = 0.5; fa.chunk_size = L.BT;
+  fa.o = r.o.view(); fa.final_state = r.ht.view(); fa.g_cumsum = r.gc.view(); fa.Aqk = r.Aqk.view();
+  fa.Akk = r.Akk.view();
+  r.ws = TestTensor(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
+  fa.workspace = r.ws.view();
+  chunk_kda_fwd(b.ctx(), fa);
+}
+
 // The top level: forward and backward against the recurrence oracle (base: the recurrence in dt).
 TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
   for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
@@ -916,22 +948,12 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
     const Inputs in = make_inputs(L, 15, dt);
     const DType adt = f32or(dt);
     auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
-    TestTensor q = T_(dt, tok(L, L.H, L.K), in.q), k = T_(dt, tok(L, L.H, L.K), in.k), v = T_(dt, tok(L, L.HV, L.V), in.v);
-    TestTensor g = T_(adt, tok(L, L.HV, L.K), in.graw), beta = T_(adt, {L.B, L.T, L.HV}, in.beta);
-    TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0), dht = T_(adt, {L.N(), L.HV, L.K, L.V}, in.dht);
+    KdaFwdRun run;
+    run_kda_fwd(run, b, dt, L, ix, in);
+    const ChunkKdaFwdArgs& fa = run.fa;
+    const TestTensor &o = run.o, &ht = run.ht;
+    TestTensor dht = T_(adt, {L.N(), L.HV, L.K, L.V}, in.dht);
     TestTensor dO = T_(dt, tok(L, L.HV, L.V), in.dO);
-    TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device), ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-    TestTensor gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
-    TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
-    ChunkKdaFwdArgs fa;
-    fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();
-    fa.initial_state = h0.view();
-    fa.cu_seqlens = ix.cuv(); fa.chunk_indices = ix.civ(); fa.chunk_offsets = ix.cov();
-    fa.scale = 0.5; fa.chunk_size = L.BT;
-    fa.o = o.view(); fa.final_state = ht.view(); fa.g_cumsum = gc.view(); fa.Aqk = Aqk.view(); fa.Akk = Akk.view();
-    TestTensor wsf(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
-    fa.workspace = wsf.view();
-    chunk_kda_fwd(b.ctx(), fa);
     ChunkKdaBwdArgs ba;
     ba.q = fa.q; ba.k = fa.k; ba.v = fa.v; ba.g = fa.g; ba.beta = fa.beta; ba.initial_state = fa.initial_state;
     ba.g_cumsum = fa.g_cumsum; ba.Aqk = fa.Aqk; ba.Akk = fa.Akk;
@@ -966,22 +988,10 @@ TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
     const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 16, dt);
     const DType adt = f32or(dt);
-    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
-    TestTensor q = T_(dt, tok(L, L.H, L.K), in.q), k = T_(dt, tok(L, L.H, L.K), in.k), v = T_(dt, tok(L, L.HV, L.V), in.v);
-    TestTensor g = T_(adt, tok(L, L.HV, L.K), in.graw), beta = T_(adt, {L.B, L.T, L.HV}, in.beta);
-    TestTensor h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0);
-    TestTensor o = poisoned(dt, tok(L, L.HV, L.V), b.device), ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-    TestTensor gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
-    TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
-    ChunkKdaFwdArgs fa;
-    fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();
-    fa.initial_state = h0.view();
-    fa.cu_seqlens = ix.cuv(); fa.chunk_indices = ix.civ(); fa.chunk_offsets = ix.cov();
-    fa.scale = 0.5; fa.chunk_size = L.BT;
-    fa.o = o.view(); fa.final_state = ht.view(); fa.g_cumsum = gc.view(); fa.Aqk = Aqk.view(); fa.Akk = Akk.view();
-    TestTensor wsf(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
-    fa.workspace = wsf.view();
-    chunk_kda_fwd(b.ctx(), fa);
+    KdaFwdRun run;
+    run_kda_fwd(run, b, dt, L, ix, in);
+    const ChunkKdaFwdArgs& fa = run.fa;
+    const TestTensor &o = run.o, &ht = run.ht;
     TestTensor w = poisoned(dt, tok(L, L.HV, L.K), b.device), u = poisoned(dt, tok(L, L.HV, L.V), b.device);
     TestTensor kg = poisoned(dt, tok(L, L.HV, L.K), b.device), qg = poisoned(dt, tok(L, L.HV, L.K), b.device);
     kda_recompute_w_u_fwd(b.ctx(), {fa.q, fa.k, fa.v, fa.beta, fa.Akk, fa.g_cumsum, w.view(), u.view(), kg.view(),
