@@ -554,9 +554,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 //   X = diag(e^{gk_last}) X with Vg = Vn (its K arrives already scaled); X += K^T Vg (K^T's
 //   fragments read from K by ldmatrix.trans).
 // The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
-// runs; two barriers per chunk (the next chunk's tiles issued after the first). Both forms take two CTAs per SM (NG = 1: 88 KiB, NG = 2:
-// 105 KiB); NG = 2 shares each K, W tile between two V tiles and halves the CTAs, which fills the
-// GPU in one wave where NG = 1 needs two (fwd_h picks NG = 2 when it still gives every SM a CTA).
+// runs; two barriers per chunk (the next chunk's tiles issued after the first). Both forms take
+// two CTAs per SM (NG = 1: 88 KiB, NG = 2: 105 KiB); NG = 2 shares each K, W tile between two V
+// tiles and halves the CTAs, which fills the GPU in one wave where NG = 1 needs two (fwd_h picks
+// NG = 2 when it still gives every SM a CTA).
 namespace fwdh {
 template <int NG>
 struct Geo {
