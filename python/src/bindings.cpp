@@ -20,6 +20,51 @@ DType to_dtype(nb::dlpack::dtype t) {
                 " bits, ", int(t.lanes), " lanes)");
 }
 
+nb::object cpu_tensor_capsule(nb::handle src) noexcept {
+  // torch.Tensor and torch._C._to_dlpack, looked up once torch is imported (fusedops imports it
+  // before its first call); the GIL guards these statics.
+  static PyObject* tensor_type = nullptr;
+  static PyObject* to_dlpack = nullptr;
+  if (to_dlpack == nullptr) {
+    PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());
+    if (torch == nullptr) {
+      PyErr_Clear();
+      return {};
+    }
+    PyObject* type = PyObject_GetAttrString(torch, "Tensor");
+    PyObject* c = PyObject_GetAttrString(torch, "_C");
+    PyObject* fn = c ? PyObject_GetAttrString(c, "_to_dlpack") : nullptr;
+    Py_DECREF(torch);
+    Py_XDECREF(c);
+    if (type == nullptr || fn == nullptr || !PyType_Check(type)) {
+      PyErr_Clear();
+      Py_XDECREF(type);
+      Py_XDECREF(fn);
+      return {};
+    }
+    tensor_type = type;  // kept for the life of the process
+    to_dlpack = fn;
+  }
+  if (!PyObject_TypeCheck(src.ptr(), reinterpret_cast<PyTypeObject*>(tensor_type))) return {};
+  PyObject* cap = PyObject_CallOneArg(to_dlpack, src.ptr());
+  if (cap == nullptr) {
+    PyErr_Clear();
+    return {};
+  }
+  // DLManagedTensor begins with DLTensor {void* data; DLDevice {int32 device_type; int32 id}; ...}.
+  struct Head {
+    void* data;
+    int32_t device_type;
+  };
+  const auto* head = static_cast<const Head*>(PyCapsule_GetPointer(cap, "dltensor"));
+  if (head == nullptr || head->device_type != nb::device::cpu::value) {
+    PyErr_Clear();
+    Py_DECREF(cap);  // the capsule's destructor releases the export
+    return {};
+  }
+  return nb::steal(cap);
+}
+
 TensorView view(const Array& a) {
   Device device;
   if (a.device_type() == nb::device::cpu::value) {
