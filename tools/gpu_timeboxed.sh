@@ -67,6 +67,13 @@ fi
 stage_custom() { [ -n "${CUSTOM:-}" ] && . "$CUSTOM"; note "custom done at $(( $(date +%s) - T0 )) s"; }
 for st in $STAGES; do stage_$st; done
 tar czf $OUT/logs.tgz -C $W logs
-# Few files come back from the device: the per-op results travel as one archive.
+# Few files come back from the device (at most 8, 16 MiB each): the per-op results travel as one
+# archive, and when the custom stage left more than five other files in OUT they travel as
+# extra.tgz (a stop-21 profile was lost to that limit).
 tar czf $OUT/report.tgz -C $OUT report && rm -rf $OUT/report
 note "total $(( $(date +%s) - T0 )) s"
+extra=$(cd $OUT && ls -A | grep -vxE 'summary.txt|logs.tgz|report.tgz')
+if [ $(printf '%s\n' "$extra" | grep -c .) -gt 5 ]; then
+  (cd $OUT && tar czf extra.tgz $extra && rm -rf $extra)
+  echo "more than 5 extra files: packed into extra.tgz ($(du -h $OUT/extra.tgz | cut -f1))" >> $S
+fi
