@@ -23,6 +23,20 @@ __device__ __forceinline__ void sigmoid_approx(float z, float& e, float& s) {
   e = ex2_approx(-1.4426950408889634f * z);
   s = rcp_approx(1.0f + e);
 }
+// Whether an element-wise kernel whose storage type is T takes the approximate sigmoid: 16-bit
+// storage, whose rounding hides a few ulp; fp32 keeps the exact form.
+template <class T>
+constexpr bool kFastSigmoid = sizeof(T) == 2;
+// e = e^-z and s = sigmoid(z): sigmoid_approx when `fast`, else expf and the correctly rounded
+// reciprocal __frcp_rn.
+__device__ __forceinline__ void sigmoid_exp(float z, float& e, float& s, bool fast) {
+  if (fast) {
+    sigmoid_approx(z, e, s);
+  } else {
+    e = expf(-z);
+    s = __frcp_rn(1.0f + e);
+  }
+}
 
 // RN(1/d) for N values: the hardware reciprocal refined by one Newton step, which is exactly
 // the fast path of __frcp_rn (bitwise the same result) for d with a biased exponent in [1, 252];

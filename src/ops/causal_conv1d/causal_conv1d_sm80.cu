@@ -154,7 +154,7 @@ __device__ __forceinline__ void sigmoid_n(const float (&a)[kN], float (&out)[kN]
   float d[kN];
 #pragma unroll
   for (int e = 0; e < kN; ++e) d[e] = 1.0f + __expf(-a[e]);
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (cuda::kFastSigmoid<T>) {
 #pragma unroll
     for (int e = 0; e < kN; ++e) out[e] = cuda::rcp_approx(d[e]);
   } else {

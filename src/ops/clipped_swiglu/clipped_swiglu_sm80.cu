@@ -47,29 +47,20 @@ struct SwigluParams {
   int mode;
 };
 
-// `fast` (16-bit storage): the sigmoid from the special function unit (cuda::sigmoid_approx, a
-// few ulp, far below the 16-bit output's rounding) instead of expf and a correctly rounded
-// reciprocal (about a dozen instructions and a fallback branch per element); fp32 keeps the latter.
-template <class T>
-constexpr bool kFastSigmoid = sizeof(T) == 2;
+// `fast` (16-bit storage, cuda::kFastSigmoid): cuda::sigmoid_exp's approximate form, a few ulp,
+// far below the output's rounding, instead of expf and a correctly rounded reciprocal (about a
+// dozen instructions and a fallback branch per element).
+using cuda::kFastSigmoid;
 __device__ __forceinline__ float sigmoid_f(float v, bool fast) {
-  if (fast) {
-    float e, s;
-    cuda::sigmoid_approx(v, e, s);
-    return s;
-  }
-  return __frcp_rn(1.0f + expf(-v));
+  float e, s;
+  cuda::sigmoid_exp(v, e, s, fast);
+  return s;
 }
 // s = sigmoid(v) and 1 - s: exp(-v) * s for v >= 0 (no cancellation where s is close to 1),
 // 1 - s below (where exp(-v) may overflow and s is at most 1/2).
 __device__ __forceinline__ void sigmoid_pair(float v, float& s, float& one_minus_s, bool fast) {
   float e;
-  if (fast) {
-    cuda::sigmoid_approx(v, e, s);
-  } else {
-    e = expf(-v);
-    s = __frcp_rn(1.0f + e);
-  }
+  cuda::sigmoid_exp(v, e, s, fast);
   one_minus_s = v >= 0.0f ? e * s : 1.0f - s;
 }
 // torch.clamp's semantics (NaN propagates).

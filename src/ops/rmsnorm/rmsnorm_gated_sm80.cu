@@ -167,31 +167,21 @@ __device__ __forceinline__ void gate_fn_from_sigmoid(int code, float z, float e,
     da = s * one_minus;
   }
 }
-// `fast` (16-bit storage, see kFastGate): e and s from the special function unit
-// (cuda::sigmoid_approx, a few ulp); otherwise expf and a correctly rounded reciprocal.
+// `fast`: cuda::sigmoid_exp's approximate form, taken for 16-bit x and z (kFastGate): its
+// few-ulp error is far below the output's rounding, and the exact form (expf's eight instructions
+// and a reciprocal with a fallback branch per element) made the forward and backward issue-bound.
 __device__ __forceinline__ void gate_fn(int code, float z, float& a, float& da, bool fast) {
   float e, s;
-  if (fast) {
-    cuda::sigmoid_approx(z, e, s);
-  } else {
-    e = expf(-z);
-    s = __frcp_rn(1.0f + e);
-  }
+  cuda::sigmoid_exp(z, e, s, fast);
   gate_fn_from_sigmoid(code, z, e, s, a, da);
 }
 __device__ __forceinline__ float gate_value(int code, float z, bool fast) {
-  if (fast) {
-    float e, s;
-    cuda::sigmoid_approx(z, e, s);
-    return gate_from_sigmoid(code, z, s);
-  }
-  return gate_from_sigmoid(code, z, __frcp_rn(1.0f + expf(-z)));
+  float e, s;
+  cuda::sigmoid_exp(z, e, s, fast);
+  return gate_from_sigmoid(code, z, s);
 }
-// Gates of 16-bit x and z are taken on the special function unit: their few-ulp error is far
-// below the output's rounding, and the exact form (expf's eight instructions and a reciprocal
-// with a fallback branch per element) made the forward and backward issue-bound. fp32 keeps it.
 template <class T>
-constexpr bool kFastGate = sizeof(T) == 2;
+constexpr bool kFastGate = cuda::kFastSigmoid<T>;
 
 // gate_value / gate_fn of N elements at once, bitwise the same: the reciprocals 1/(1 + e^-z) go
 // through cuda::rcp_rn in batches of kGateBatch (one rare-case branch per batch instead of one
