@@ -247,14 +247,23 @@ Context with_backend(const Context& ctx, const char* backend) {
 }
 
 // W, U, kg, qg from the saved Akk, then h and v_new (and ht) by the gk state recurrence.
+// Recomputes w, u, kg and qg into ws and returns the state recurrence's arguments
+// (chunk_gated_delta_rule_fwd_h in its gk form) over them, writing ws.h and ws.v_new.
+ChunkGatedDeltaRuleFwdHArgs recompute_w_u(const Context& ctx, const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& beta, const TensorView& Akk,
+                                          const TensorView& gc, const TensorView& h0, const TensorView& ht,
+                                          const StateWork& ws, const TensorView& cu, const TensorView& ci,
+                                          const TensorView& co, int64_t BT) {
+  kda_recompute_w_u_fwd(ctx, {q, k, v, beta, Akk, gc, ws.w, ws.u, ws.kg, ws.qg, cu, ci});
+  return {ws.kg, ws.w, ws.u, TensorView(), gc, h0, ws.h, ws.v_new, ht, cu, co, BT};
+}
+
 void recompute_states(const Context& ctx, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& beta, const TensorView& Akk,
                       const TensorView& gc, const TensorView& h0, const TensorView& ht,
                       const StateWork& ws, const TensorView& cu, const TensorView& ci,
                       const TensorView& co, int64_t BT) {
-  kda_recompute_w_u_fwd(ctx, {q, k, v, beta, Akk, gc, ws.w, ws.u, ws.kg, ws.qg, cu, ci});
-  chunk_gated_delta_rule_fwd_h(ctx, {ws.kg, ws.w, ws.u, TensorView(), gc, h0, ws.h, ws.v_new, ht,
-                                     cu, co, BT});
+  chunk_gated_delta_rule_fwd_h(ctx, recompute_w_u(ctx, q, k, v, beta, Akk, gc, h0, ht, ws, cu, ci, co, BT));
 }
 
 }  // namespace
@@ -303,9 +312,8 @@ void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FusedStateOutFwd 
   chunk_kda_fwd_intra(ctx, {q, k, a.g_cumsum, beta, a.Aqk, a.Akk, cu, ci, a.scale, a.chunk_size,
                             a.safe_gate});
   // recompute_states, with its state recurrence and chunk_kda_fwd_o fused when the backend can.
-  kda_recompute_w_u_fwd(ctx, {q, k, a.v, beta, a.Akk, a.g_cumsum, ws.st.w, ws.st.u, ws.st.kg, ws.st.qg, cu, ci});
-  const ChunkGatedDeltaRuleFwdHArgs ha{ws.st.kg, ws.st.w, ws.st.u, TensorView(), a.g_cumsum, a.initial_state,
-                                      ws.st.h, ws.st.v_new, a.final_state, cu, a.chunk_offsets, a.chunk_size};
+  const ChunkGatedDeltaRuleFwdHArgs ha = recompute_w_u(ctx, q, k, a.v, beta, a.Akk, a.g_cumsum, a.initial_state,
+                                                       a.final_state, ws.st, cu, ci, a.chunk_offsets, a.chunk_size);
   const ChunkKdaFwdOArgs oa{ws.st.qg, a.Aqk, ws.st.v_new, ws.st.h, a.o, cu, ci, a.scale};
   if (fused_state_out) {
     ChunkGatedDeltaRuleFwdHArgs fa = ha;
