@@ -17,18 +17,19 @@ namespace fusedops::py {
 
 namespace nb = nanobind;
 
-// A DLPack array argument. Its caster hands a CPU torch.Tensor to nanobind as the capsule of
-// torch._C._to_dlpack (one C call, ~0.4 us) instead of letting nanobind call the Python method
+// A DLPack array argument. Its caster hands a CPU or CUDA torch.Tensor to nanobind as the capsule
+// of torch._C._to_dlpack (one C call, ~0.4 us) instead of letting nanobind call the Python method
 // Tensor.__dlpack__(max_version=...) (~8 us per tensor: 40 of a small op's 160 us per call on
-// the CPU). Everything else (CUDA tensors included, until this path has run on a GPU; other
-// frameworks' arrays) takes nanobind's own import.
+// the CPU). Neither form synchronises streams (nanobind passes no stream; the ops run on the
+// stream the Context names). Everything else (other devices, other frameworks' arrays) takes
+// nanobind's own import.
 struct Tensor : nb::ndarray<> {
   Tensor() = default;
   explicit Tensor(const nb::ndarray<>& a) : nb::ndarray<>(a) {}
 };
-// The _to_dlpack capsule of `src` when it is a CPU torch.Tensor (torch already imported), else
-// an invalid object.
-nb::object cpu_tensor_capsule(nb::handle src) noexcept;
+// The _to_dlpack capsule of `src` when it is a CPU or CUDA torch.Tensor (torch already imported),
+// else an invalid object.
+nb::object torch_tensor_capsule(nb::handle src) noexcept;
 
 using Array = Tensor;
 using OptArray = std::optional<Tensor>;
@@ -61,7 +62,7 @@ struct type_caster<fusedops::py::Tensor> {
   using Base = type_caster<ndarray<>>;
   NB_TYPE_CASTER(fusedops::py::Tensor, Base::Name)
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
-    const object cap = fusedops::py::cpu_tensor_capsule(src);
+    const object cap = fusedops::py::torch_tensor_capsule(src);
     Base base;
     if (!base.from_python(cap.is_valid() ? handle(cap) : src, flags, cleanup)) return false;
     value = fusedops::py::Tensor(base.value);

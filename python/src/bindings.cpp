@@ -20,7 +20,7 @@ DType to_dtype(nb::dlpack::dtype t) {
                 " bits, ", int(t.lanes), " lanes)");
 }
 
-nb::object cpu_tensor_capsule(nb::handle src) noexcept {
+nb::object torch_tensor_capsule(nb::handle src) noexcept {
   // torch.Tensor and torch._C._to_dlpack, looked up once torch is imported (fusedops imports it
   // before its first call); the GIL guards these statics.
   static PyObject* tensor_type = nullptr;
@@ -57,7 +57,8 @@ nb::object cpu_tensor_capsule(nb::handle src) noexcept {
     int32_t device_type;
   };
   const auto* head = static_cast<const Head*>(PyCapsule_GetPointer(cap, "dltensor"));
-  if (head == nullptr || head->device_type != nb::device::cpu::value) {
+  if (head == nullptr ||
+      (head->device_type != nb::device::cpu::value && head->device_type != nb::device::cuda::value)) {
     PyErr_Clear();
     Py_DECREF(cap);  // the capsule's destructor releases the export
     return {};
