@@ -194,11 +194,14 @@ constexpr size_t kWuSmem = 2 * (2 * static_cast<size_t>(mma16::kTok) + 3 * kMaxB
 // The W, U products of one chunk on m16n8k16 (256 threads, after a barrier that made a's source,
 // cb, ce, Ks and Vs visible): the two scaled 16-bit copies Au = A diag(beta), Aw = A diag(beta e^g)
 // of a(i, j) (A's entry as float: 0 above the diagonal and in rows past the chunk), then U = Au V,
-// W = Aw K with fp32 register accumulators (A's row block m0 takes k < m0 + 16).
+// W = Aw K with fp32 register accumulators (A's row block m0 takes k < m0 + 16). With `staged`
+// (w and u 16-bit of the inputs' type with 16-byte aligned rows: tok16_ok) U goes through Vs and W
+// through Ks once their last readers are done, and out by 16-byte row stores; otherwise from the
+// accumulators by 4-byte pair stores in any output dtype. Ks and Vs are clobbered when staged.
 template <bool BF, class GetA>
 __device__ __forceinline__ void wu_products(GetA&& a, uint16_t* Au, uint16_t* Aw, const float* cb, const float* ce,
-                                            const uint16_t* Ks, const uint16_t* Vs, const Tok& w, const Tok& u,
-                                            const ChunkPos& c, int hv) {
+                                            uint16_t* Ks, uint16_t* Vs, const Tok& w, const Tok& u,
+                                            const ChunkPos& c, int hv, bool staged) {
   using namespace mma16;
   const int tid = threadIdx.x;
   for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
@@ -210,25 +213,34 @@ __device__ __forceinline__ void wu_products(GetA&& a, uint16_t* Au, uint16_t* Aw
   __syncthreads();
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
-  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
-  auto product = [&](const uint16_t* Am, const uint16_t* S, const Tok& o) {  // o = Am S
-    float acc[8][4];
-    mma16::zero(acc);
-    mm_xs<BF, 8>(acc, Am, kLdA, S, kLdT, wm, wn, 0, wm + 16, lane);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = wn + 8 * j + 2 * tq;
-      if (r0 < c.len) st2(o.p, o.code, o.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-      if (r1 < c.len) st2(o.p, o.code, o.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-    }
-  };
-  product(Au, Vs, u);
-  product(Aw, Ks, w);
+  const int r0 = wm + (lane >> 2);
+  float acc[8][4];
+  // U = Au V
+  mma16::zero(acc);
+  mm_xs<BF, 8>(acc, Au, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    __syncthreads();  // every warp is done reading Vs
+    stage_rows16<BF>(acc, Vs, kLdT, r0, wn, tq);
+  } else {
+    store_rows2(acc, u, c.b, c.t0, hv, r0, wn, tq, c.len);
+  }
+  // W = Aw K
+  mma16::zero(acc);
+  mm_xs<BF, 8>(acc, Aw, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    __syncthreads();  // every warp is done reading Ks; U is staged
+    stage_rows16<BF>(acc, Ks, kLdT, r0, wn, tq);
+    store_rows16(Vs, kLdT, u, c.b, c.t0, hv, c.len, kD / 8);
+    __syncthreads();  // W is staged
+    store_rows16(Ks, kLdT, w, c.b, c.t0, hv, c.len, kD / 8);
+  } else {
+    store_rows2(acc, w, c.b, c.t0, hv, r0, wn, tq, c.len);
+  }
 }
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok w, Tok u,
-                                                             Layout L, int G) {
+                                                             Layout L, int G, bool staged) {
   using namespace mma16;
   extern __shared__ float smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
@@ -253,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok b
   cp_async_wait<0>();
   __syncthreads();
   wu_products<BF>([&](int i, int j) { return j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f; }, Au, Aw, cb, ce, Ks, Vs,
-                  w, u, c, hv);
+                  w, u, c, hv, staged);
 }
 
 bool wu_mma_ok(const Context& ctx, const RecomputeWUFwdArgs& a) {
@@ -277,7 +289,7 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWuSmem);
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kWuSmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
-        static_cast<int>(HV / H));
+        static_cast<int>(HV / H), mma16::staged_out_ok(a.w, a.u, a.k.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
@@ -306,7 +318,7 @@ static_assert(4 * kMaxBT * (kLdL + kLdT16) >= 2 * 2 * kMaxBT * mma16::kLdA, "Au,
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v, Tok beta, Tok g, Tok A, Tok w,
-                                                                   Tok u, Layout L, int G) {
+                                                                   Tok u, Layout L, int G, bool staged) {
   using namespace mma16;
   extern __shared__ float smem[];
   char* base = reinterpret_cast<char*>(smem);
@@ -349,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v,
   }
   wu_products<BF>(
       [&](int i, int j) { return (i < len && j <= i) ? h2f<BF>(f2h<BF>(X[i * prep::kLdL + j])) : 0.0f; }, Au, Aw,
-      cb, ce, Ks, Vs, w, u, c, hv);
+      cb, ce, Ks, Vs, w, u, c, hv, staged);
 }
 
 // Whether prep_fwd_mma_kernel takes these arguments (wu.A the output).
@@ -374,7 +386,7 @@ bool prep_fused(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_s
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, prep::kSmem);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, prep::kSmem, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.g), tok_of(a.A), tok_of(a.w), tok_of(a.u), L,
-      static_cast<int>(HV / H));
+      static_cast<int>(HV / H), mma16::staged_out_ok(a.w, a.u, a.k.dtype()));
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }
@@ -1011,10 +1023,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
 bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
                         const TensorView& aqk, const TensorView& o, int64_t o_chunk) {
   using namespace mma16;
-  static const int force = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_FUSED_HO");
-    return e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
-  }();
+  const int force = env_switch("FUSEDOPS_GDN_FUSED_HO");
   if (force == 0) return false;
   const bool kda = aqk.defined();
   const DType dt = a.k.dtype();

@@ -301,6 +301,32 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
 }
 
+// The warp's accumulator rows r0 and r0 + 8 (store_rows2's layout) rounded to 16 bits into the
+// shared tile T (row stride ld), for store_rows16. With ld = kLdT the 8 rows x 4 column pairs of
+// a fragment hit 32 distinct banks.
+template <bool BF, int NJ>
+__device__ __forceinline__ void stage_rows16(const float (&acc)[NJ][4], uint16_t* T, int ld, int r0, int n0, int tq) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int col = n0 + 8 * j + 2 * tq;
+    *reinterpret_cast<uint32_t*>(T + r0 * ld + col) = pack2<BF>(acc[j][0], acc[j][1]);
+    *reinterpret_cast<uint32_t*>(T + (r0 + 8) * ld + col) = pack2<BF>(acc[j][2], acc[j][3]);
+  }
+}
+
+// Rows 0..len-1 of the 16-bit shared tile T (row stride ld), `chunks` 8-element chunks per row,
+// into the token-major 16-bit tensor t at (b, t0.., head), one 16-byte store per chunk (the mma
+// layout's own stores write 4 bytes per row and thread: half of each 32-byte sector per
+// instruction). All threads take part, after a barrier that made T visible.
+__device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const Tok& t, int64_t b, int64_t t0,
+                                             int64_t head, int len, int chunks) {
+  uint16_t* base = static_cast<uint16_t*>(t.p);
+  for (int e = threadIdx.x; e < len * chunks; e += blockDim.x) {
+    const int r = e / chunks, col = (e - r * chunks) << 3;
+    *reinterpret_cast<uint4*>(base + t.off(b, t0 + r, head) + col) = *reinterpret_cast<const uint4*>(T + r * ld + col);
+  }
+}
+
 
 // The state kernels' register tile (for_state_frag's layout) rounded to 16 bits into Xs (row stride
 // ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
@@ -344,32 +370,40 @@ inline bool out2_ok(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(t.data()) % 8 == 0 && t.stride(3) == 1 && t.stride(0) % 2 == 0 &&
          t.stride(1) % 2 == 0 && t.stride(2) % 2 == 0;
 }
-// bf16 or fp16, the device's per-block shared memory reaches `smem`, and the switch `env` (read
-// once) is not "0".
-inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* env, const char* op) {
+// The environment switch `env`, read once per name: 1 when it starts with '1', 0 with '0', -1
+// when unset or anything else (the kernels' force-on / force-off knobs).
+inline int env_switch(const char* env) {
   static std::mutex mu;
-  static std::map<std::string, bool> off;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = off.find(env);
-    if (it == off.end()) {
-      const char* e = std::getenv(env);
-      it = off.emplace(env, e != nullptr && e[0] == '0').first;
-    }
-    if (it->second) return false;
+  static std::map<std::string, int> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = seen.find(env);
+  if (it == seen.end()) {
+    const char* e = std::getenv(env);
+    it = seen.emplace(env, e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1).first;
   }
+  return it->second;
+}
+
+// bf16 or fp16, the device's per-block shared memory reaches `smem`, and the switch `env` is not
+// "0".
+inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* env, const char* op) {
+  if (env_switch(env) == 0) return false;
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   return smem_optin(op, ctx.device.index) >= smem;
+}
+
+// Whether W, U (16-bit of the inputs' type dt, 16-byte aligned rows) go out through shared memory
+// by 16-byte row stores (wu_products' `staged`); FUSEDOPS_GDN_STAGED_STORES=0 keeps the 4-byte
+// fragment stores.
+inline bool staged_out_ok(const TensorView& w, const TensorView& u, DType dt) {
+  return env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && tok16_ok(w, dt) && tok16_ok(u, dt);
 }
 
 // Whether the state kernels take 64-column V tiles (two warp groups per CTA, each K/W tile shared
 // by both): when `states` (sequences x value heads) x 2 CTAs still reach every SM.
 // FUSEDOPS_GDN_WIDE_STATE=1 or 0 forces the choice (the tests run both forms this way).
 inline bool wide_state_tiles(const Context& ctx, int64_t states) {
-  static const int force = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_WIDE_STATE");
-    return e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1;
-  }();
+  const int force = env_switch("FUSEDOPS_GDN_WIDE_STATE");
   if (force >= 0) return force == 1;
   return states * (kD / 64) >= sm_count("chunk_gated_delta_rule", ctx.device.index);
 }
