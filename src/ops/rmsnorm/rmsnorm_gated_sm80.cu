@@ -344,7 +344,12 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
 // the first reduction, so that a thread keeps kRows * 32 bytes of loads in flight (the one-segment
 // kernel above keeps 32 and, at 4 resident blocks, could not cover the memory latency). x and z
 // stay in registers in their storage type. Same arithmetic, in the same order, as gated_fwd_kernel.
-template <class T, int kRows>
+// kPlain: one group per row (G == 1) and the gate, if any, after the norm (the common
+// rms_norm_gated call). The kernel then has no index division and no code for the gate before the
+// norm: in the general form both cost instructions on every row (the compiler evaluates the
+// gate-first sigmoids speculatively), and at [1M, 128] bf16 the general kernel was bound by
+// instruction issue (73% of issue slots, ~45 instructions per element; ncu at e9431ad).
+template <class T, int kRows, bool kPlain>
 __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_rows_kernel(GatedFwdParams p) {
   constexpr int N = kVec16<T>;
   const int tpr = p.tpr;
@@ -352,16 +357,27 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
   const int groups = blockDim.x / tpr;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kRows + threadIdx.x / tpr;
   const bool unit_ok = lane < p.g / N;
-  const bool gate_first = p.z != nullptr && !p.nbg;
-  const bool gate_after = p.z != nullptr && p.nbg;
+  const bool gate_first = !kPlain && p.z != nullptr && !p.nbg;
+  const bool gate_after = p.z != nullptr && (kPlain || p.nbg);
+  // Row and first column of segment `seg` for this thread.
+  auto locate = [&](int64_t seg, int64_t& row, int64_t& col0) {
+    if constexpr (kPlain) {
+      row = seg;
+      col0 = 0;
+    } else {
+      row = seg / p.G;
+      col0 = (seg - row * p.G) * p.g;
+    }
+  };
   Raw16 xr[kRows], zr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t seg = first + static_cast<int64_t>(r) * groups;
     xr[r] = zr[r] = make_uint4(0, 0, 0, 0);
     if (seg < p.segments && unit_ok) {
-      const int64_t row = seg / p.G;
-      const int64_t col = (seg - row * p.G) * p.g + lane * N;
+      int64_t row, col;
+      locate(seg, row, col);
+      col += lane * N;
       xr[r] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + col);
       if (p.z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
     }
@@ -401,8 +417,8 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     const float rs = rsqrtf(ss[r] * p.inv_g + p.eps);
     if (lane == 0) p.rstd[seg] = rs;
     if (!unit_ok) continue;
-    const int64_t row = seg / p.G;
-    const int64_t col0 = (seg - row * p.G) * p.g;
+    int64_t row, col0;
+    locate(seg, row, col0);
     float v[N], w[N], b[N], z[N], o[N];
     value(r, v);
     if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
@@ -512,8 +528,9 @@ __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const fl
 // kRows > 1 (one 16-byte unit per thread, groups of at most 32 threads, x in the storage type of
 // dy): each row slot takes kRows rows per step, all their loads issued before the first
 // reduction, so that more bytes are in flight per thread (the one-row step leaves the SM idle
-// between its load and its stores).
-template <class T, int kIters, bool kVec, int kRows = 1>
+// between its load and its stores). kPlain: the gate, if any, comes after the norm (no code for
+// the other order, which the compiler would otherwise partly evaluate on every element).
+template <class T, int kIters, bool kVec, int kRows = 1, bool kPlain = false>
 __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
   constexpr int H = N > 1 ? N / 2 : 1;  // half a unit
@@ -531,8 +548,8 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
   const int64_t r_end = min(p.rows, r_begin + p.rows_per_chunk);
   const int64_t iters = r_end > r_begin ? (r_end - r_begin + slots - 1) / slots : 0;
   const int64_t units = p.g / N;
-  const UnitGrads ug{p.z ? p.gate : static_cast<int>(kNoGate), p.nbg, p.weight != nullptr, p.bias != nullptr,
-                     kFastGate<T>};
+  const UnitGrads ug{p.z ? p.gate : static_cast<int>(kNoGate), kPlain || p.nbg, p.weight != nullptr,
+                     p.bias != nullptr, kFastGate<T>};
   float* part_w = p.part_w ? p.part_w + chunk * p.D + col0 : nullptr;
   float* part_b = p.part_b ? p.part_b + chunk * p.D + col0 : nullptr;
 
@@ -818,8 +835,10 @@ void launch_fwd(const Context& ctx, const RmsNormGatedFwdArgs& a) {
     const int64_t blocks = (p.segments + per_block - 1) / per_block;
     FUSEDOPS_REQUIRE(blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
     const dim3 g2(static_cast<unsigned>(blocks));
-    if (rows == 4) gated_fwd_rows_kernel<T, 4><<<g2, block, 0, stream>>>(p);
-    else gated_fwd_rows_kernel<T, 2><<<g2, block, 0, stream>>>(p);
+    const bool plain = p.G == 1 && (p.z == nullptr || p.nbg);
+    if (rows == 4) gated_fwd_rows_kernel<T, 4, false><<<g2, block, 0, stream>>>(p);
+    else if (plain) gated_fwd_rows_kernel<T, 2, true><<<g2, block, 0, stream>>>(p);
+    else gated_fwd_rows_kernel<T, 2, false><<<g2, block, 0, stream>>>(p);
   } else if (!vec) {
     gated_fwd_kernel<T, 0, false><<<grid, block, 0, stream>>>(p);
   } else {
@@ -887,7 +906,10 @@ void launch_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
       // Short segments of 16-bit or fp32 x take kRows rows per step (see gated_bwd_kernel).
       const bool batched =
           iters == 1 && plan.tpr <= 32 && (!p.x_f32 || std::is_same_v<T, float>) && rows_per_step() > 1;
-      kernel = batched     ? (rows_per_step() == 4 ? gated_bwd_kernel<T, 1, true, 4> : gated_bwd_kernel<T, 1, true, 2>)
+      const bool plain = p.z == nullptr || p.nbg;
+      kernel = batched     ? (rows_per_step() == 4 ? gated_bwd_kernel<T, 1, true, 4>
+                              : plain              ? gated_bwd_kernel<T, 1, true, 2, true>
+                                                   : gated_bwd_kernel<T, 1, true, 2>)
                : iters == 1 ? gated_bwd_kernel<T, 1, true>
                : iters == 2 ? gated_bwd_kernel<T, 2, true>
                             : gated_bwd_kernel<T, 0, true>;
