@@ -151,13 +151,16 @@ __device__ __forceinline__ float sigmoid(float a) { return __frcp_rn(1.0f + __ex
 // rcp_rn's five, far below the 16-bit output's rounding).
 template <class T, int kN>
 __device__ __forceinline__ void sigmoid_n(const float (&a)[kN], float (&out)[kN]) {
-  float d[kN];
-#pragma unroll
-  for (int e = 0; e < kN; ++e) d[e] = 1.0f + __expf(-a[e]);
   if constexpr (cuda::kFastSigmoid<T>) {
+    // ex2.approx.ftz: __expf's ex2.approx without ftz adds three instructions per value to
+    // rescale results under 2^-126, which 1 + e^-a rounds away anyway.
+    float e;
 #pragma unroll
-    for (int e = 0; e < kN; ++e) out[e] = cuda::rcp_approx(d[e]);
+    for (int i = 0; i < kN; ++i) cuda::sigmoid_approx(a[i], e, out[i]);
   } else {
+    float d[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) d[e] = 1.0f + __expf(-a[e]);
     cuda::rcp_rn<kN>(d, out);
   }
 }
@@ -391,8 +394,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_fwd_kernel
   const T* xb = static_cast<const T*>(p.x) + run.batch * p.x_sb + d0;
   const T* rb = kResidual ? static_cast<const T*>(p.residual) + run.batch * p.r_sb + d0 : nullptr;
   T* yb = static_cast<T*>(p.out) + run.batch * p.T * p.D + d0;
-  const float* bias = coeffs.bias + threadIdx.x * kN;
-  float w[kW][kN];
+  float bv[kN], w[kW][kN];
+#pragma unroll
+  for (int e = 0; e < kN; ++e) bv[e] = coeffs.bias[threadIdx.x * kN + e];
   thread_weights<kW, kN>(coeffs, w);
 
   Sequence s{static_cast<int>(run.batch), 0, static_cast<int>(p.T)};
@@ -412,41 +416,54 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_fwd_kernel
         if constexpr (kResidual) rs[i] = load_row<T, kN>(rb, t + i, p.r_st);
       }
     }
-    for (int c = t; c < seg_end; c += P) {
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int r = c + i;
-        if (r >= seg_end) break;
-        const Raw cx = xs[i];
-        const Raw cr = rs[kResidual ? i : 0];
-        if (r + P < seg_end) {
-          xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
-          if constexpr (kResidual) rs[i] = load_row<T, kN>(rb, r + P, p.r_st);
-        }
-        raw_floats<T, kN>(cx, xr[kW - 1]);
-        float a[kN];
-#pragma unroll
-        for (int e = 0; e < kN; ++e) a[e] = bias[e];
-#pragma unroll
-        for (int k = 0; k < kW; ++k)
-#pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
-        if (p.silu) {
-          float sg[kN];
-          sigmoid_n<T, kN>(a, sg);
-#pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] *= sg[e];
-        }
-        if constexpr (kResidual) {
-          float rv[kN];
-          raw_floats<T, kN>(cr, rv);
-#pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] += rv[e];
-        }
-        cuda::store_global<T, kN>(yb + static_cast<int64_t>(r) * p.D, a);
-        shift_ring<kW, kN>(xr);
+    // Row r (pipeline slot i = r - c); checked near the segment's end (reloads past it), as in
+    // the backward: the groups before it run P rows straight, the rings staying in registers.
+    auto step = [&](int i, int r, auto checked, auto silu) {
+      const Raw cx = xs[i];
+      [[maybe_unused]] const Raw cr = rs[kResidual ? i : 0];
+      if (!decltype(checked)::value || r + P < seg_end) {
+        xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
+        if constexpr (kResidual) rs[i] = load_row<T, kN>(rb, r + P, p.r_st);
       }
-    }
+      raw_floats<T, kN>(cx, xr[kW - 1]);
+      float a[kN];
+#pragma unroll
+      for (int e = 0; e < kN; ++e) a[e] = bv[e];
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+#pragma unroll
+        for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
+      if constexpr (decltype(silu)::value) {
+        float sg[kN];
+        sigmoid_n<T, kN>(a, sg);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) a[e] *= sg[e];
+      }
+      if constexpr (kResidual) {
+        float rv[kN];
+        raw_floats<T, kN>(cr, rv);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) a[e] += rv[e];
+      }
+      cuda::store_global<T, kN>(yb + static_cast<int64_t>(r) * p.D, a);
+      shift_ring<kW, kN>(xr);
+    };
+    auto stream_rows = [&](auto silu) {
+      int c = t;
+      for (; c + 2 * P <= seg_end; c += P) {
+#pragma unroll
+        for (int i = 0; i < P; ++i) step(i, c + i, std::false_type{}, silu);
+      }
+      for (; c < seg_end; c += P) {
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+          if (c + i >= seg_end) break;
+          step(i, c + i, std::true_type{}, silu);
+        }
+      }
+    };
+    if (p.silu) stream_rows(std::true_type{});
+    else stream_rows(std::false_type{});
     t = seg_end;
   }
 }
@@ -480,8 +497,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_bwd_kernel
     const T* xb = static_cast<const T*>(p.x) + run.batch * p.x_sb + d0;
     const T* dyb = static_cast<const T*>(p.dy) + run.batch * p.dy_sb + d0;
     T* dxb = static_cast<T*>(p.out) + run.batch * p.T * p.D + d0;
-    const float* bias = coeffs.bias + threadIdx.x * kN;
-    float w[kW][kN];
+    float bv[kN], w[kW][kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) bv[e] = coeffs.bias[threadIdx.x * kN + e];
     thread_weights<kW, kN>(coeffs, w);
     Sequence s{static_cast<int>(run.batch), 0, static_cast<int>(p.T)};
     if (p.cu) s.n = find_sequence(p, run.t_begin);
@@ -529,47 +547,69 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_bwd_kernel
         cuda::store_global<T, kN>(dxb + static_cast<int64_t>(tau) * p.D, o);
       };
 
-      for (int c = t; c < look_end; c += P) {
+      // Row r of the stream (pipeline slot i = r - c). Checked: the rows near the segment's ends
+      // (reloads past look_end, rows past seg_end, dx rows before t). The groups in between take
+      // the unchecked form, a straight run of P rows without branches, so that the rings stay in
+      // registers across the unrolled rows (with the checks, every row is a branch region and
+      // the compiler moves the rings between registers at each one).
+      auto step = [&](int i, int r, auto checked, auto silu) {
+        constexpr bool kChecked = decltype(checked)::value;
+        const Raw cx = xs[i], cg = gs[i];
+        if (!kChecked || r + P < look_end) {
+          xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
+          gs[i] = load_row<T, kN>(dyb, r + P, p.dy_st);
+        }
+        raw_floats<T, kN>(cx, xr[kW - 1]);
+        float a[kN], g[kN];
 #pragma unroll
-        for (int i = 0; i < P; ++i) {
-          const int r = c + i;
-          if (r >= look_end) break;
-          const Raw cx = xs[i], cg = gs[i];
-          if (r + P < look_end) {
-            xs[i] = load_row<T, kN>(xb, r + P, p.x_st);
-            gs[i] = load_row<T, kN>(dyb, r + P, p.dy_st);
-          }
-          raw_floats<T, kN>(cx, xr[kW - 1]);
-          float a[kN], g[kN];
+        for (int e = 0; e < kN; ++e) a[e] = bv[e];
 #pragma unroll
-          for (int e = 0; e < kN; ++e) a[e] = bias[e];
+        for (int k = 0; k < kW; ++k)
+#pragma unroll
+          for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
+        raw_floats<T, kN>(cg, g);  // dy, then dy * act'(a) in place
+        if constexpr (decltype(silu)::value) {
+          float sg[kN];
+          sigmoid_n<T, kN>(a, sg);
+#pragma unroll
+          for (int e = 0; e < kN; ++e) g[e] *= sg[e] * fmaf(a[e], 1.0f - sg[e], 1.0f);
+        }
+        if (!kChecked || r < seg_end) {
+#pragma unroll
+          for (int e = 0; e < kN; ++e) db[e] += g[e];
 #pragma unroll
           for (int k = 0; k < kW; ++k)
 #pragma unroll
-            for (int e = 0; e < kN; ++e) a[e] = fmaf(w[k][e], xr[k][e], a[e]);
-          raw_floats<T, kN>(cg, g);  // dy, then dy * act'(a) in place
-          if (p.silu) {
-            float sg[kN];
-            sigmoid_n<T, kN>(a, sg);
-#pragma unroll
-            for (int e = 0; e < kN; ++e) g[e] *= sg[e] * fmaf(a[e], 1.0f - sg[e], 1.0f);
-          }
-          if (r < seg_end) {
-#pragma unroll
-            for (int e = 0; e < kN; ++e) db[e] += g[e];
-#pragma unroll
-            for (int k = 0; k < kW; ++k)
-#pragma unroll
-              for (int e = 0; e < kN; ++e) dw[k][e] = fmaf(g[e], xr[k][e], dw[k][e]);
-          }
-          shift_ring<kW, kN>(xr);
-          shift_ring<kW, kN>(gr);
-#pragma unroll
-          for (int e = 0; e < kN; ++e) gr[kW - 1][e] = g[e];
-          const int tau = r - (kW - 1);
-          if (tau >= t && r + 1 < look_end) emit(tau, std::false_type{});
+            for (int e = 0; e < kN; ++e) dw[k][e] = fmaf(g[e], xr[k][e], dw[k][e]);
         }
-      }
+        shift_ring<kW, kN>(xr);
+        shift_ring<kW, kN>(gr);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) gr[kW - 1][e] = g[e];
+        const int tau = r - (kW - 1);
+        if (!kChecked || (tau >= t && r + 1 < look_end)) emit(tau, std::false_type{});
+      };
+      auto checked_group = [&](int c, auto silu) {
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+          if (c + i >= look_end) break;
+          step(i, c + i, std::true_type{}, silu);
+        }
+      };
+      // Unchecked when every row of the group and its reload lie before look_end, every row is
+      // owned (before seg_end) and its dx row tau = r - (kW - 1) is at or after t.
+      auto unchecked_ok = [&](int c) { return c >= t + kW - 1 && c + 2 * P <= look_end && c + P <= seg_end; };
+      auto stream_rows = [&](auto silu) {  // the activation as a constant: no branch per row
+        int c = t;
+        for (; c < look_end && !unchecked_ok(c); c += P) checked_group(c, silu);
+        for (; unchecked_ok(c); c += P) {
+#pragma unroll
+          for (int i = 0; i < P; ++i) step(i, c + i, std::false_type{}, silu);
+        }
+        for (; c < look_end; c += P) checked_group(c, silu);
+      };
+      if (p.silu) stream_rows(std::true_type{});
+      else stream_rows(std::false_type{});
       // dx of rows look_end-kW..look_end-1 (those of this segment): rows from look_end on
       // contribute g = 0 (past the sequence end, or past the rows whose dx this thread writes).
 #pragma unroll
