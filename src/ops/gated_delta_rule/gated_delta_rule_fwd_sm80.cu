@@ -898,7 +898,7 @@ struct Geo {
 template <bool BF, bool KDA>
 __global__ void __launch_bounds__(fwdho::kThreads, 1)
     fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Tok gk, Tok aqk, Mat h0, Mat h, Tok vn, Mat ht, Tok o,
-                      Layout L, int HV, int G, float scale) {
+                      Layout L, int HV, int G, float scale, bool o_staged) {
   using namespace mma16;
   using Geo = fwdho::Geo<KDA>;
   extern __shared__ float smem[];
@@ -1008,11 +1008,16 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     state_tprod<BF>(x, Ks, KDA ? Us : Vg, kLdT, lane);
     mm_xs<BF, 4>(oa, Ps, kLdS, Us, kLdT, 16 * wr, wc, 0, 16 * wr + 16, lane);
     const float os = KDA ? 1.0f : scale;
+    if (o_staged) {
+      // o (16-bit) through the warp's block of Qs: Q's last readers were before the barrier above.
+      store_warp_rows16<BF>(oa, os, Kb + 2 * kTok, kLdT, 16 * wr, wc, o, s.b, t0, hv, len, lane);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = wc + 8 * j + 2 * tq;
-      if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, os * oa[j][0], os * oa[j][1]);
-      if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, os * oa[j][2], os * oa[j][3]);
+      for (int j = 0; j < 4; ++j) {
+        const int col = wc + 8 * j + 2 * tq;
+        if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, os * oa[j][0], os * oa[j][1]);
+        if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, os * oa[j][2], os * oa[j][3]);
+      }
     }
   }
   if (ht.p) store_state_frag(x, ht, sidx, 0);
@@ -1053,12 +1058,14 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return true;
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  // o leaves through shared memory by 16-byte row stores when it is 16-bit in q's dtype.
+  const bool o_staged = mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && mma16::tok16_ok(o, a.k.dtype());
   auto run = [&](auto kernel, size_t smem) {
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
     kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
         tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
         mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
-        static_cast<float>(scale));
+        static_cast<float>(scale), o_staged);
   };
   const bool bf = a.k.dtype() == DType::kBFloat16;
   if (aqk.defined()) run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);

@@ -328,6 +328,34 @@ __device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const To
 }
 
 
+// A warp's [16][32] block of a 16-bit output (the mma accumulators acc[j] of rows rb + gq and
+// rb + gq + 8, columns cb + 8 j + 2 tq, times s) into the token-major tensor t at (b, t0 + row,
+// head) through the warp's own region of the free shared tile T (row stride ld): rows of 64 bytes
+// leave as 16-byte stores (full 32-byte sectors) instead of 4-byte pairs (half sectors). Rows at
+// or past len are not stored. Only the warp synchronises: no other warp touches its region. With
+// ld = kLdT the read-back is conflict-free: each 8-lane phase reads rows r and r + 4 (68 words
+// apart per row, so 16 banks apart) and the fragment writes hit 32 distinct banks.
+template <bool BF>
+__device__ __forceinline__ void store_warp_rows16(const float (&acc)[4][4], float s, uint16_t* T, int ld, int rb,
+                                                  int cb, const Tok& t, int64_t b, int64_t t0, int64_t head,
+                                                  int len, int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = cb + 8 * j + 2 * tq;
+    *reinterpret_cast<uint32_t*>(T + (rb + gq) * ld + col) = pack2<BF>(s * acc[j][0], s * acc[j][1]);
+    *reinterpret_cast<uint32_t*>(T + (rb + gq + 8) * ld + col) = pack2<BF>(s * acc[j][2], s * acc[j][3]);
+  }
+  __syncwarp();
+  uint16_t* base = static_cast<uint16_t*>(t.p);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int r = rb + (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q, c = cb + 8 * (lane & 3);
+    if (r < len)
+      *reinterpret_cast<uint4*>(base + t.off(b, t0 + r, head) + c) = *reinterpret_cast<const uint4*>(T + r * ld + c);
+  }
+}
+
 // The state kernels' register tile (for_state_frag's layout) rounded to 16 bits into Xs (row stride
 // ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
 // tensor at columns x0 + the tile's.
