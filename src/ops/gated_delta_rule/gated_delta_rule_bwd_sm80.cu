@@ -67,7 +67,7 @@ constexpr size_t kDvlMmaSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + kMaxB
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) dv_local_mma_kernel(Tok q, Tok k, Tok dO, Tok g, Tok dv, Layout L, int G,
-                                                                   float scale) {
+                                                                   float scale, bool staged) {
   using namespace mma16;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
@@ -93,6 +93,10 @@ __global__ void __launch_bounds__(kThreads, 3) dv_local_mma_kernel(Tok q, Tok k,
   float acc[8][4];
   zero(acc);
   mm_xs<BF, 8>(acc, PT, kLdS, dOs, kLdT, wm, wn, wm, kMaxBT, lane);
+  if (staged) {  // 16-bit dv through the warp's block of Qs (its last readers were before the barrier)
+    store_warp_rows16<BF, 8>(acc, 1.0f, Qs, kLdT, wm, wn, dv, c.b, c.t0, hv, len, lane);
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int col = wn + 8 * j + 2 * tq;
@@ -122,7 +126,7 @@ void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDvlMmaSmem);
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kDvlMmaSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(HV / H),
-        static_cast<float>(a.scale));
+        static_cast<float>(a.scale), mma16::staged_out_ok(a.dv, a.dv, a.q.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
@@ -732,7 +736,7 @@ constexpr size_t kDqkwgSmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + mma16:
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, Tok vn, Tok dO, Mat h, Mat dh, Tok dv2,
                                                                 Tok g, Tok dq, Tok dk, Tok dw, Tok dg, Layout L,
-                                                                int HV, int G, float scale) {
+                                                                int HV, int G, float scale, bool staged) {
   using namespace mma16;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
@@ -923,6 +927,11 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
       dg.st_(c.b, c.t0 + i, hv, 0, v);
     }
   }
+  if (staged) {  // 16-bit dq, dk through the warp's blocks of Qs and Ks, free after the last barrier
+    store_warp_rows16<BF, 8>(dqa, 1.0f, Qs, kLdT, wm, wn, dq, c.b, c.t0, hk, len, lane);
+    store_warp_rows16<BF, 8>(dka, 1.0f, Ks, kLdT, wm, wn, dk, c.b, c.t0, hk, len, lane);
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int col = wn + 8 * j + 2 * tq;
@@ -965,7 +974,8 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kDqkwgSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
         tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
-        a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(HV), G, static_cast<float>(a.scale));
+        a.g.defined() ? tok_of(a.dg) : Tok(), L, static_cast<int>(HV), G, static_cast<float>(a.scale),
+        mma16::staged_out_ok(a.dq, a.dk, a.q.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }

@@ -1010,7 +1010,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     const float os = KDA ? 1.0f : scale;
     if (o_staged) {
       // o (16-bit) through the warp's block of Qs: Q's last readers were before the barrier above.
-      store_warp_rows16<BF>(oa, os, Kb + 2 * kTok, kLdT, 16 * wr, wc, o, s.b, t0, hv, len, lane);
+      store_warp_rows16<BF, 4>(oa, os, Kb + 2 * kTok, kLdT, 16 * wr, wc, o, s.b, t0, hv, len, lane);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1059,7 +1059,7 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
   if (N * HV == 0) return true;
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   // o leaves through shared memory by 16-byte row stores when it is 16-bit in q's dtype.
-  const bool o_staged = mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && mma16::tok16_ok(o, a.k.dtype());
+  const bool o_staged = mma16::staged_out_ok(o, o, a.k.dtype());
   auto run = [&](auto kernel, size_t smem) {
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
     kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(

@@ -328,20 +328,22 @@ __device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const To
 }
 
 
-// A warp's [16][32] block of a 16-bit output (the mma accumulators acc[j] of rows rb + gq and
+// A warp's [16][8 NJ] block of a 16-bit output (the mma accumulators acc[j] of rows rb + gq and
 // rb + gq + 8, columns cb + 8 j + 2 tq, times s) into the token-major tensor t at (b, t0 + row,
-// head) through the warp's own region of the free shared tile T (row stride ld): rows of 64 bytes
-// leave as 16-byte stores (full 32-byte sectors) instead of 4-byte pairs (half sectors). Rows at
-// or past len are not stored. Only the warp synchronises: no other warp touches its region. With
-// ld = kLdT the read-back is conflict-free: each 8-lane phase reads rows r and r + 4 (68 words
-// apart per row, so 16 banks apart) and the fragment writes hit 32 distinct banks.
-template <bool BF>
-__device__ __forceinline__ void store_warp_rows16(const float (&acc)[4][4], float s, uint16_t* T, int ld, int rb,
+// head) through the warp's own region of a free shared tile T (row stride ld): rows of 16 NJ
+// bytes leave as 16-byte stores (full 32-byte sectors) instead of 4-byte pairs (half sectors).
+// Rows at or past len are not stored. Only the warp synchronises: no other warp touches its
+// region. With ld = kLdT (68 words per row) the fragment writes hit 32 distinct banks and the
+// read-back is conflict-free: each 8-lane phase reads one 128-byte row (NJ = 8) or rows r and
+// r + 4, 16 banks apart (NJ = 4).
+template <bool BF, int NJ>
+__device__ __forceinline__ void store_warp_rows16(const float (&acc)[NJ][4], float s, uint16_t* T, int ld, int rb,
                                                   int cb, const Tok& t, int64_t b, int64_t t0, int64_t head,
                                                   int len, int lane) {
+  static_assert(NJ == 4 || NJ == 8, "blocks of 32 or 64 columns");
   const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < NJ; ++j) {
     const int col = cb + 8 * j + 2 * tq;
     *reinterpret_cast<uint32_t*>(T + (rb + gq) * ld + col) = pack2<BF>(s * acc[j][0], s * acc[j][1]);
     *reinterpret_cast<uint32_t*>(T + (rb + gq + 8) * ld + col) = pack2<BF>(s * acc[j][2], s * acc[j][3]);
@@ -349,8 +351,9 @@ __device__ __forceinline__ void store_warp_rows16(const float (&acc)[4][4], floa
   __syncwarp();
   uint16_t* base = static_cast<uint16_t*>(t.p);
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int r = rb + (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q, c = cb + 8 * (lane & 3);
+  for (int q = 0; q < NJ / 2; ++q) {
+    const int r = rb + (NJ == 8 ? (lane >> 3) + 4 * q : (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q);
+    const int c = cb + 8 * (NJ == 8 ? lane & 7 : lane & 3);
     if (r < len)
       *reinterpret_cast<uint4*>(base + t.off(b, t0 + r, head) + c) = *reinterpret_cast<const uint4*>(T + r * ld + c);
   }
@@ -420,11 +423,12 @@ inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char
   return smem_optin(op, ctx.device.index) >= smem;
 }
 
-// Whether W, U (16-bit of the inputs' type dt, 16-byte aligned rows) go out through shared memory
-// by 16-byte row stores (wu_products' `staged`); FUSEDOPS_GDN_STAGED_STORES=0 keeps the 4-byte
-// fragment stores.
-inline bool staged_out_ok(const TensorView& w, const TensorView& u, DType dt) {
-  return env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && tok16_ok(w, dt) && tok16_ok(u, dt);
+// Whether a kernel's two token-major outputs a, b (W and U; dq and dk; or one output passed
+// twice) go out through shared memory by 16-byte row stores (wu_products' `staged`,
+// store_warp_rows16): both 16-bit of the inputs' type dt with 16-byte aligned rows.
+// FUSEDOPS_GDN_STAGED_STORES=0 keeps the 4-byte fragment stores.
+inline bool staged_out_ok(const TensorView& a, const TensorView& b, DType dt) {
+  return env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && tok16_ok(a, dt) && tok16_ok(b, dt);
 }
 
 // Whether the state kernels take 64-column V tiles (two warp groups per CTA, each K/W tile shared
