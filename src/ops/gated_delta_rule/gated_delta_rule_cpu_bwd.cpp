@@ -320,29 +320,39 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           });
       const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
       const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      float* dQs = s.get(2, n * K);
-      float* dKs = s.get(3, n * K);
-      std::fill(dQs, dQs + n * K, 0.0f);
-      std::fill(dKs, dKs + n * K, 0.0f);
+      // One value head per group with fp32 dq / dk: the products write dq and dk in place (no
+      // group sums to accumulate); else per-head blocks summed over the group in order.
+      const bool direct = G == 1 && dq.dtype == DType::kFloat32 && dk.dtype == DType::kFloat32;
+      float* dQs = nullptr;
+      float* dKs = nullptr;
+      if (!direct) {
+        dQs = s.get(2, n * K);
+        dKs = s.get(3, n * K);
+        std::fill(dQs, dQs + n * K, 0.0f);
+        std::fill(dKs, dKs + n * K, 0.0f);
+      }
+      const OutRows dQo = direct ? out_rows(dq, c, hh, nullptr) : OutRows{s.get(8, n * K), K, false};
+      const OutRows dKo = direct ? out_rows(dk, c, hh, nullptr) : OutRows{s.get(9, n * K), K, false};
+      float* const dQ = dQo.p;
+      float* const dK = dKo.p;
+      const int64_t lq = dQo.ld, lk = dKo.ld;
       float* Ds = s.get(7, n * n);
-      float* dQ = s.get(8, n * K);
-      float* dK = s.get(9, n * K);
       float* dKi = s.get(10, n * K);
       float* dW = s.get(11, n * K);
+      float* Tm = s.get(21, n * K);
       float* gm = s.get(12, n);
       float* eg = s.get(13, n);
       float* dG = s.get(14, n);
       // The gate gradient is assembled from its separate terms (each summed in double) rather
       // than from dQ.Q - dK.K, whose two large parts cancel: the intra-chunk part is
-      // rowsum(M) - colsum(M) with M = Ds . (Q K^T) (the diagonal cancels exactly).
-      float* qk = nullptr;
-      std::vector<double> t1, rs;
+      // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
+      // from the two products dQ and dK need anyway (no Q K^T product).
+      std::vector<double> t1, rs, rq, ck;
       if (dg.defined()) {
-        qk = s.get(22, n * n);
-        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
-           true);
         t1.resize(n);
         rs.resize(n);
+        rq.resize(n);
+        ck.resize(n);
       }
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
         const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
@@ -361,19 +371,43 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
         // dQ = scale diag(e^g) dO S^T + Ds K.
-        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, S, V, false, dQ, K, Tri::kNone, false, nullptr, 0, true);
+        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, S, V, false, dQ, lq, Tri::kNone, false, nullptr, 0, true);
         if (dg.defined())
-          for (int64_t i = 0; i < n; ++i) t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * K, qr.p + i * qr.ld, K);
+          for (int64_t i = 0; i < n; ++i) t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * lq, qr.p + i * qr.ld, K);
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t y = 0; y < K; ++y) dQ[i * K + y] *= scale * eg[i];
-        gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, K, Tri::kLower);
+          for (int64_t y = 0; y < K; ++y) dQ[i * lq + y] *= scale * eg[i];
+        if (dg.defined()) {
+          // Ds K on its own (the same fp32 sums the accumulating product adds, so dQ is the
+          // same): row i dotted with q_i is row i's sum of M = Ds . (Q K^T), diagonal included.
+          gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, false, Tm, K, Tri::kLower);
+          for (int64_t i = 0; i < n; ++i) {
+            rq[i] = dotd(Tm + i * K, qr.p + i * qr.ld, K);
+            float* __restrict d = dQ + i * lq;
+            const float* __restrict t = Tm + i * K;
+            for (int64_t y = 0; y < K; ++y) d[y] += t[y];
+          }
+        } else {
+          gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, lq, Tri::kLower);
+        }
         // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
         gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dH, V, false, dKi, K, Tri::kNone, false, nullptr, 0, true);
         for (int64_t i = 0; i < n; ++i) {
           const float f = std::exp(gm[last] - gm[i]);
-          for (int64_t y = 0; y < K; ++y) dK[i * K + y] = dKi[i * K + y] *= f;
+          for (int64_t y = 0; y < K; ++y) dK[i * lk + y] = dKi[i * K + y] *= f;
         }
-        gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, K, Tri::kUpper);
+        if (dg.defined()) {
+          // Ds^T Q on its own: row j dotted with k_j is column j's sum of M (diagonal included,
+          // so it cancels against the row sum's).
+          gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, false, Tm, K, Tri::kUpper);
+          for (int64_t i = 0; i < n; ++i) {
+            ck[i] = dotd(Tm + i * K, kr.p + i * kr.ld, K);
+            float* __restrict d = dK + i * lk;
+            const float* __restrict t = Tm + i * K;
+            for (int64_t y = 0; y < K; ++y) d[y] += t[y];
+          }
+        } else {
+          gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, lk, Tri::kUpper);
+        }
         if (dw.defined()) {
           const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
           const OutRows Wo = out_rows(dw, c, hv, dW);
@@ -384,13 +418,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         if (dg.defined()) {
           const double sdh = dotd(S, dH, K * V);
           double dkik = 0.0;
-          std::fill(rs.begin(), rs.end(), 0.0);
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t j = 0; j < i; ++j) {
-              const double m = static_cast<double>(Ds[i * n + j]) * qk[i * n + j];
-              rs[i] += m;
-              rs[j] -= m;
-            }
+          for (int64_t i = 0; i < n; ++i) rs[i] = rq[i] - ck[i];
           for (int64_t i = 0; i < n; ++i) {
             const double kik = dotd(dKi + i * K, kr.p + i * kr.ld, K);
             dkik += kik;
@@ -400,13 +428,16 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           for (int64_t i = 0; i < n; ++i) dG[i] = static_cast<float>(rs[i]);
           store_scalars(dG, dg, c, hv);
         }
-        for (int64_t e2 = 0; e2 < n * K; ++e2) {
-          dQs[e2] += dQ[e2];
-          dKs[e2] += dK[e2];
-        }
+        if (!direct)
+          for (int64_t e2 = 0; e2 < n * K; ++e2) {
+            dQs[e2] += dQ[e2];
+            dKs[e2] += dK[e2];
+          }
       }
-      store_rows(dQs, K, dq, c, hh);
-      store_rows(dKs, K, dk, c, hh);
+      if (!direct) {
+        store_rows(dQs, K, dq, c, hh);
+        store_rows(dKs, K, dk, c, hh);
+      }
     }
   });
 }
