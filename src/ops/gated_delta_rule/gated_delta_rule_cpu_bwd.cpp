@@ -68,9 +68,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       dGd.assign(n, 0.0);
       dBd.assign(n, 0.0);
       const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
-           true);
+      float* Dm = s.get(2, n * n);
       float* dKs = s.get(3, n * K);
       std::fill(dKs, dKs + n * K, 0.0f);
       float* Am = s.get(4, n * n);
@@ -126,25 +124,39 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         gemm(n, n, n, -1.0f, T1, n, 1, Am, n, false, dL, n, Tri::kNone, true, nullptr, 0, true);
         for (int64_t i = 0; i < n; ++i) {
           float* d = dL + i * n;
+          float* m = Dm + i * n;
           for (int64_t j = 0; j < i; ++j) {
             const float gij = g.defined() ? gam[i * n + j] : 1.0f;
-            const float dl = d[j];
-            const float dm = dl * gij;
-            dBd[i] += static_cast<double>(dm) * kk[i * n + j];
-            const double dll = static_cast<double>(dl) * bt[i] * kk[i * n + j] * gij;
-            dGd[i] += dll;
-            dGd[j] -= dll;
-            d[j] = bt[i] * dm;  // now diag(beta) dMm
+            const float dm = d[j] * gij;
+            m[j] = dm;          // dMm
+            d[j] = bt[i] * dm;  // diag(beta) dMm
           }
           std::fill(d + i, d + n, 0.0f);
+          std::fill(m + i, m + n, 0.0f);
+        }
+        // dK += diag(beta) (dMm K) + (diag(beta) dMm)^T K. The beta and gate terms need the row
+        // and column sums of dMm . (K K^T): row i of dMm K dotted with k_i, row j of
+        // (diag(beta) dMm)^T K dotted with k_j (no K K^T product).
+        gemm(n, K, n, 1.0f, Dm, n, 1, kr.p, kr.ld, false, R, K, Tri::kLower);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* r = R + i * K;
+          const double rk = dotd(r, kr.p + i * kr.ld, K);
+          dBd[i] += rk;
+          dGd[i] += static_cast<double>(bt[i]) * rk;
+          float* __restrict dki = dKs + i * K;
+          for (int64_t x = 0; x < K; ++x) dki[x] += bt[i] * r[x];
+        }
+        gemm(n, K, n, 1.0f, dL, 1, n, kr.p, kr.ld, false, R, K, Tri::kUpper);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* r = R + j * K;
+          dGd[j] -= dotd(r, kr.p + j * kr.ld, K);
+          float* __restrict dkj = dKs + j * K;
+          for (int64_t x = 0; x < K; ++x) dkj[x] += r[x];
         }
         for (int64_t i = 0; i < n; ++i) {
           dB[i] = static_cast<float>(dBd[i]);
           dG[i] = static_cast<float>(dGd[i]);
         }
-        // dK += diag(beta) dMm K + dMm^T diag(beta) K.
-        gemm(n, K, n, 1.0f, dL, n, 1, kr.p, kr.ld, true, dKs, K, Tri::kLower);
-        gemm(n, K, n, 1.0f, dL, 1, n, kr.p, kr.ld, true, dKs, K, Tri::kUpper);
         store_scalars(dB, dbeta, c, hv);
         if (dg.defined()) {
           if (a.accumulate_dk_dg) {
