@@ -203,9 +203,10 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
           prefetch_rows(dO, nx, hv);
           prefetch_rows(dvl, nx, hv);
           prefetch_rows(dv2, nx, hv, true);
-          if (vt == V) prefetch_state(dh, nx.index * HV + hv, true);
+          // (fp32 snapshots are stored around the caches: nothing to prefetch)
+          if (vt == V && dh.dtype != DType::kFloat32) prefetch_state(dh, nx.index * HV + hv, true);
         }
-        store_state_tile(X, dh, c.index * HV + hv, v0, vt);
+        store_state_tile_nt(X, dh, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
         // fp32 rows of whole-V tiles are read and written in place.
@@ -261,6 +262,9 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
         gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, ld2, true, X, vt);
       }
       if (dh0.defined()) store_state_tile(X, dh0, n * HV + hv, v0, vt);
+#ifdef __AVX__
+      _mm_sfence();  // the non-temporal snapshot stores
+#endif
     }
   });
 }

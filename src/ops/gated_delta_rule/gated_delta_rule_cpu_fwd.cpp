@@ -40,6 +40,23 @@ void store_state_tile(const float* X, const Mat& m, int64_t index, int64_t v0, i
     store_floats(X + y * vt, m.ptr(index) + static_cast<int64_t>(m.esize) * (y * V + v0), m.dtype, vt);
 }
 
+void store_state_tile_nt(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt) {
+#ifdef __AVX__
+  // Streaming stores: the snapshot is read only by later operators, so it bypasses the caches
+  // instead of evicting this chain's operands (and skips the read-for-ownership of its lines).
+  const int64_t K = m.rows, V = m.cols;
+  float* base = reinterpret_cast<float*>(m.ptr(index)) + v0;
+  if (m.dtype == DType::kFloat32 && vt % 8 == 0 && (reinterpret_cast<uintptr_t>(base) % 32) == 0 &&
+      V % 8 == 0) {
+    for (int64_t y = 0; y < K; ++y)
+      for (int64_t x = 0; x < vt; x += 8)
+        _mm256_stream_ps(base + y * V + x, _mm256_loadu_ps(X + y * vt + x));
+    return;
+  }
+#endif
+  store_state_tile(X, m, index, v0, vt);
+}
+
 const float* view_state(const Mat& m, int64_t index, float* buf) {
   if (m.dtype == DType::kFloat32) return reinterpret_cast<const float*>(m.ptr(index));
   load_floats(m.ptr(index), m.dtype, buf, m.rows * m.cols);
@@ -233,9 +250,10 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
           prefetch_rows(w, nx, hv);
           prefetch_rows(u, nx, hv);
           if (vn.defined()) prefetch_rows(vn, nx, hv, true);
-          if (vt == V) prefetch_state(h, nx.index * HV + hv, true);
+          // (fp32 snapshots are stored around the caches: nothing to prefetch)
+          if (vt == V && h.dtype != DType::kFloat32) prefetch_state(h, nx.index * HV + hv, true);
         }
-        store_state_tile(X, h, c.index * HV + hv, v0, vt);
+        store_state_tile_nt(X, h, c.index * HV + hv, v0, vt);
         const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
         const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
         // Vn = U - W X, written straight into v_new when it is an fp32 row view of the tile.
@@ -288,6 +306,9 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
         gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vg, vt, true, X, vt);
       }
       if (ht.defined()) store_state_tile(X, ht, n * HV + hv, v0, vt);
+#ifdef __AVX__
+      _mm_sfence();  // the non-temporal snapshot stores
+#endif
     }
   });
 }

@@ -14,6 +14,9 @@ int64_t v_tile(int64_t tasks, int64_t V);
 // Columns [v0, v0+vt) of a [K,V] state as a [K, vt] fp32 block, and back.
 void load_state_tile(const Mat& m, int64_t index, int64_t v0, int64_t vt, float* X);
 void store_state_tile(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt);
+// The same by non-temporal stores where the tile is fp32 and 32-byte aligned (for snapshots that
+// only later operators read); the caller ends its task with _mm_sfence.
+void store_state_tile_nt(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt);
 // A whole [K,V] state as fp32: the tensor itself when fp32, else converted into buf.
 const float* view_state(const Mat& m, int64_t index, float* buf);
 // The chunk's [len,len] lower block (strict or with the diagonal) of a [B,T,H,BT] tensor, zeros
