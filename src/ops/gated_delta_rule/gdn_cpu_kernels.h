@@ -40,11 +40,15 @@ constexpr int kMR = 6;   // rows per register block
 template <int MR>
 inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const float* __restrict B,
                      int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C, int64_t ldc) {
+  // The row loops are unrolled whatever the optimisation level (at -O2 GCC leaves them rolled
+  // and keeps the accumulators in memory, ~2.5x slower).
   v8f c0[MR], c1[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = splat(0.0f);
   for (int64_t k = 0; k < kn; ++k) {
     const v8f b0 = load8(B + k * ldb), b1 = load8(B + k * ldb + 8);
     const float* a = Ap + k * ak;
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const v8f av = splat(a[r]);
       c0[r] += av * b0;
@@ -52,6 +56,7 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const f
     }
   }
   const v8f al = splat(alpha);
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     float* c = C + r * ldc;
     if (Cb) {
