@@ -364,6 +364,15 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
       // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
       // from the two products dQ and dK need anyway (no Q K^T product).
       std::vector<double> t1, rs, rq, ck;
+      // dst += Tm (rows of the product just formed in Tm) and dots[i] = Tm_i . x_i in double.
+      auto add_product_rows = [&](float* dst, int64_t ld, const Rows& x, std::vector<double>& dots) {
+        for (int64_t i = 0; i < n; ++i) {
+          const float* __restrict t = Tm + i * K;
+          dots[i] = dotd(t, x.p + i * x.ld, K);
+          float* __restrict d = dst + i * ld;
+          for (int64_t y = 0; y < K; ++y) d[y] += t[y];
+        }
+      };
       if (dg.defined()) {
         t1.resize(n);
         rs.resize(n);
@@ -396,12 +405,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           // Ds K on its own (the same fp32 sums the accumulating product adds, so dQ is the
           // same): row i dotted with q_i is row i's sum of M = Ds . (Q K^T), diagonal included.
           gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, false, Tm, K, Tri::kLower);
-          for (int64_t i = 0; i < n; ++i) {
-            rq[i] = dotd(Tm + i * K, qr.p + i * qr.ld, K);
-            float* __restrict d = dQ + i * lq;
-            const float* __restrict t = Tm + i * K;
-            for (int64_t y = 0; y < K; ++y) d[y] += t[y];
-          }
+          add_product_rows(dQ, lq, qr, rq);
         } else {
           gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, lq, Tri::kLower);
         }
@@ -415,12 +419,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           // Ds^T Q on its own: row j dotted with k_j is column j's sum of M (diagonal included,
           // so it cancels against the row sum's).
           gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, false, Tm, K, Tri::kUpper);
-          for (int64_t i = 0; i < n; ++i) {
-            ck[i] = dotd(Tm + i * K, kr.p + i * kr.ld, K);
-            float* __restrict d = dK + i * lk;
-            const float* __restrict t = Tm + i * K;
-            for (int64_t y = 0; y < K; ++y) d[y] += t[y];
-          }
+          add_product_rows(dK, lk, kr, ck);
         } else {
           gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, lk, Tri::kUpper);
         }

@@ -301,16 +301,17 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return static_cast<uint32_t>(f2h<BF>(a)) | (static_cast<uint32_t>(f2h<BF>(b)) << 16);
 }
 
-// The warp's accumulator rows r0 and r0 + 8 (store_rows2's layout) rounded to 16 bits into the
-// shared tile T (row stride ld), for store_rows16. With ld = kLdT the 8 rows x 4 column pairs of
-// a fragment hit 32 distinct banks.
+// The warp's accumulator rows r0 and r0 + 8 (store_rows2's layout), times s, rounded to 16 bits
+// into the shared tile T (row stride ld), for store_rows16 / warp_copy_rows16. With ld = kLdT the
+// 8 rows x 4 column pairs of a fragment hit 32 distinct banks.
 template <bool BF, int NJ>
-__device__ __forceinline__ void stage_rows16(const float (&acc)[NJ][4], uint16_t* T, int ld, int r0, int n0, int tq) {
+__device__ __forceinline__ void stage_rows16(const float (&acc)[NJ][4], uint16_t* T, int ld, int r0, int n0, int tq,
+                                             float s = 1.0f) {
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
     const int col = n0 + 8 * j + 2 * tq;
-    *reinterpret_cast<uint32_t*>(T + r0 * ld + col) = pack2<BF>(acc[j][0], acc[j][1]);
-    *reinterpret_cast<uint32_t*>(T + (r0 + 8) * ld + col) = pack2<BF>(acc[j][2], acc[j][3]);
+    *reinterpret_cast<uint32_t*>(T + r0 * ld + col) = pack2<BF>(s * acc[j][0], s * acc[j][1]);
+    *reinterpret_cast<uint32_t*>(T + (r0 + 8) * ld + col) = pack2<BF>(s * acc[j][2], s * acc[j][3]);
   }
 }
 
@@ -327,7 +328,6 @@ __device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const To
   }
 }
 
-
 // A warp's [16][8 NJ] block of a 16-bit output (the mma accumulators acc[j] of rows rb + gq and
 // rb + gq + 8, columns cb + 8 j + 2 tq, times s) into the token-major tensor t at (b, t0 + row,
 // head) through the warp's own region of a free shared tile T (row stride ld): rows of 16 NJ
@@ -341,13 +341,7 @@ __device__ __forceinline__ void store_warp_rows16(const float (&acc)[NJ][4], flo
                                                   int cb, const Tok& t, int64_t b, int64_t t0, int64_t head,
                                                   int len, int lane) {
   static_assert(NJ == 4 || NJ == 8, "blocks of 32 or 64 columns");
-  const int gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    const int col = cb + 8 * j + 2 * tq;
-    *reinterpret_cast<uint32_t*>(T + (rb + gq) * ld + col) = pack2<BF>(s * acc[j][0], s * acc[j][1]);
-    *reinterpret_cast<uint32_t*>(T + (rb + gq + 8) * ld + col) = pack2<BF>(s * acc[j][2], s * acc[j][3]);
-  }
+  stage_rows16<BF, NJ>(acc, T, ld, rb + (lane >> 2), cb, lane & 3, s);
   __syncwarp();
   uint16_t* base = static_cast<uint16_t*>(t.p);
 #pragma unroll
