@@ -345,7 +345,8 @@ template <bool BF, int NG>
 __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl,
                                                                                Tok g, Tok gk, Mat dht, Mat dh,
                                                                                Mat dh0, Tok dv2, Layout L, int HV,
-                                                                               int G, float scale) {
+                                                                               int G, float scale, bool staged,
+                                                                               bool dv2_staged) {
   using namespace mma16;
   using Geo = dhu16::Geo<NG>;
   constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
@@ -404,7 +405,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     const int len = chunk_len(ci);
     const int64_t idx = (s.coff + ci) * HV + hv;
     // X -> Xs and the dh snapshot (the previous chunk's readers of Xs passed two barriers since).
-    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0);
+    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0, staged);
     if (tid < kMaxBT) {
       const float gv = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
       gl[tid] = gv;
@@ -427,10 +428,18 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
           const uint32_t dd = ld32(Ds + r * kLdX + xc);
           const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
-          if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
+          if (dv2_staged) *reinterpret_cast<uint32_t*>(Ds + r * kLdX + xc) = pack2<BF>(v0, v1);  // in place
+          else if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
           const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
           *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
         }
+      // Staged: dv2 from the warp's own block of the dv tile (it read only that block, and the
+      // tile is reloaded after the next barrier) by 16-byte rows.
+      if (dv2_staged) {
+        uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
+        warp_copy_rows16<16, 4>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
+                                lane);
+      }
     }
     __syncthreads();  // K, dv free; D2n
     if (ci > 0) issue_a(ci - 1);
@@ -486,7 +495,8 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(
           tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), tok_of(a.gk),
           mat_of(a.dht), mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV),
-          static_cast<int>(HV / Hk), static_cast<float>(a.scale));
+          static_cast<int>(HV / Hk), static_cast<float>(a.scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0,
+          mma16::staged_out_ok(a.dv2, a.dv2, a.k.dtype()));
     };
     using G1 = dhu16::Geo<1>;
     using G2 = dhu16::Geo<2>;

@@ -584,7 +584,7 @@ struct Geo {
 template <bool BF, int NG>
 __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk,
                                                                                 Mat h0, Mat h, Tok vn, Mat ht,
-                                                                                Layout L, int HV, int G) {
+                                                                                Layout L, int HV, int G, bool staged) {
   using namespace mma16;
   using Geo = fwdh::Geo<NG>;
   constexpr int kLdX = Geo::kLdX;
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     float* gl = gls + cur * kMaxBT;
     if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
-    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0);  // X -> Xs and the h snapshot
+    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0, staged);  // X -> Xs and the h snapshot
     cp_async_wait<0>();
     __syncthreads();  // this chunk's tiles, Xs, gl; every thread is past the previous chunk
     if (ci + 1 < nch) issue(ci + 1);  // into the other buffer, whose readers are all done
@@ -697,7 +697,8 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
                                                       tok_of(a.gk), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
-                                                      static_cast<int>(HV), static_cast<int>(HV / Hk));
+                                                      static_cast<int>(HV), static_cast<int>(HV / Hk),
+                                                      mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0);
     };
     using G1 = fwdh::Geo<1>;
     using G2 = fwdh::Geo<2>;
@@ -898,7 +899,7 @@ struct Geo {
 template <bool BF, bool KDA>
 __global__ void __launch_bounds__(fwdho::kThreads, 1)
     fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Tok gk, Tok aqk, Mat h0, Mat h, Tok vn, Mat ht, Tok o,
-                      Layout L, int HV, int G, float scale, bool o_staged) {
+                      Layout L, int HV, int G, float scale, bool staged, bool o_staged, bool vn_staged) {
   using namespace mma16;
   using Geo = fwdho::Geo<KDA>;
   extern __shared__ float smem[];
@@ -943,7 +944,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     } else {
       if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     }
-    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
+    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0, staged);  // X -> Xs (and the h snapshot)
     cp_async_wait<0>();
     __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
     // The next chunk's tiles into the other buffer, whose last readers (the previous chunk's
@@ -970,7 +971,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
           const uint32_t uu = ld32(Us + r * kLdT + xc);
           const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
           const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
-          if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
+          if (vn.p && !vn_staged && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
           *reinterpret_cast<uint32_t*>(Us + r * kLdT + xc) = pack2<BF>(v0, v1);
           if constexpr (!KDA) {
             const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
@@ -979,6 +980,12 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
         }
       if constexpr (KDA) scale_rows(oa, scale, scale);
       else scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
+      // Staged: v_new from the warp's own block of Vn (in U's buffer) by 16-byte rows.
+      if (vn.p && vn_staged) {
+        uint16_t* base = static_cast<uint16_t*>(vn.p);
+        warp_copy_rows16<16, 4>(Us, kLdT, 16 * wr, wc, [&](int r) { return base + vn.off(s.b, t0 + r, hv); }, len,
+                                lane);
+      }
     }
     const uint16_t* Ps = Pg;
     if constexpr (KDA) {  // Aqk with its upper triangle zeroed, as chunk_kda_fwd_o takes it
@@ -1065,7 +1072,8 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
     kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
         tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
         mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
-        static_cast<float>(scale), o_staged);
+        static_cast<float>(scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0, o_staged,
+        a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
   };
   const bool bf = a.k.dtype() == DType::kBFloat16;
   if (aqk.defined()) run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);

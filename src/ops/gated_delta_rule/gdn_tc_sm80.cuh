@@ -328,37 +328,48 @@ __device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const To
   }
 }
 
+// Rows rb .. rb + R - 1, columns cb .. cb + 8 NJ - 1 of the 16-bit shared tile T (row stride
+// ld), written by this warp alone, to global memory by 16-byte stores: tile row y goes to
+// row_ptr(y) + cb (row_ptr(y) is the global row of tile row y, already at the tile's first
+// column); tile rows at or past nvalid are not stored. A __syncwarp first makes the warp's own
+// writes visible; no other warp may write the region meanwhile. With the tiles' padded row strides
+// (ld = 8 mod 64 elements: 68 or 36 words per row) each 8-lane phase reads one 128-byte row
+// (NJ = 8) or rows r and r + 4, 16 banks apart (NJ = 4): no bank conflicts.
+template <int R, int NJ, class RowPtr>
+__device__ __forceinline__ void warp_copy_rows16(const uint16_t* T, int ld, int rb, int cb, RowPtr row_ptr, int nvalid,
+                                                 int lane) {
+  static_assert((NJ == 4 && R % 16 == 0) || (NJ == 8 && R % 8 == 0), "blocks of 32 or 64 columns");
+  __syncwarp();
+#pragma unroll
+  for (int q = 0; q < R * NJ / 32; ++q) {
+    const int r = rb + (NJ == 8 ? (lane >> 3) + 4 * q : (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q);
+    const int c = cb + 8 * (NJ == 8 ? lane & 7 : lane & 3);
+    if (r < nvalid) *reinterpret_cast<uint4*>(row_ptr(r) + c) = *reinterpret_cast<const uint4*>(T + r * ld + c);
+  }
+}
+
 // A warp's [16][8 NJ] block of a 16-bit output (the mma accumulators acc[j] of rows rb + gq and
 // rb + gq + 8, columns cb + 8 j + 2 tq, times s) into the token-major tensor t at (b, t0 + row,
-// head) through the warp's own region of a free shared tile T (row stride ld): rows of 16 NJ
-// bytes leave as 16-byte stores (full 32-byte sectors) instead of 4-byte pairs (half sectors).
-// Rows at or past len are not stored. Only the warp synchronises: no other warp touches its
-// region. With ld = kLdT (68 words per row) the fragment writes hit 32 distinct banks and the
-// read-back is conflict-free: each 8-lane phase reads one 128-byte row (NJ = 8) or rows r and
-// r + 4, 16 banks apart (NJ = 4).
+// head) through the warp's own region of a free shared tile T (row stride ld, conflict-free
+// fragment writes at the padded strides): rows leave as 16-byte stores (full 32-byte sectors)
+// instead of 4-byte pairs (half sectors). Rows at or past len are not stored.
 template <bool BF, int NJ>
 __device__ __forceinline__ void store_warp_rows16(const float (&acc)[NJ][4], float s, uint16_t* T, int ld, int rb,
                                                   int cb, const Tok& t, int64_t b, int64_t t0, int64_t head,
                                                   int len, int lane) {
   static_assert(NJ == 4 || NJ == 8, "blocks of 32 or 64 columns");
   stage_rows16<BF, NJ>(acc, T, ld, rb + (lane >> 2), cb, lane & 3, s);
-  __syncwarp();
   uint16_t* base = static_cast<uint16_t*>(t.p);
-#pragma unroll
-  for (int q = 0; q < NJ / 2; ++q) {
-    const int r = rb + (NJ == 8 ? (lane >> 3) + 4 * q : (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q);
-    const int c = cb + 8 * (NJ == 8 ? lane & 7 : lane & 3);
-    if (r < len)
-      *reinterpret_cast<uint4*>(base + t.off(b, t0 + r, head) + c) = *reinterpret_cast<const uint4*>(T + r * ld + c);
-  }
+  warp_copy_rows16<16, NJ>(T, ld, rb, cb, [&](int r) { return base + t.off(b, t0 + r, head); }, len, lane);
 }
 
 // The state kernels' register tile (for_state_frag's layout) rounded to 16 bits into Xs (row stride
 // ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
-// tensor at columns x0 + the tile's.
+// tensor at columns x0 + the tile's: by 16-byte rows from Xs when `staged`, else by the fragments'
+// 4-byte pairs.
 template <bool BF>
 __device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_t* Xs, int ldx, void* snap,
-                                              int64_t sidx, int x0) {
+                                              int64_t sidx, int x0, bool staged) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int y0 = 32 * (warp & 3), c0 = 32 * (warp >> 2);
   uint16_t* base = snap ? static_cast<uint16_t*>(snap) + sidx * (kD * kD) + x0 : nullptr;
@@ -371,8 +382,10 @@ __device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_
         const int y = y0 + 16 * mt + gq + 8 * hr, xc = c0 + 8 * j + 2 * tq;
         const uint32_t pk = pack2<BF>(x[mt][j][2 * hr], x[mt][j][2 * hr + 1]);
         *reinterpret_cast<uint32_t*>(Xs + y * ldx + xc) = pk;
-        if (base) *reinterpret_cast<uint32_t*>(base + y * kD + xc) = pk;
+        if (base && !staged) *reinterpret_cast<uint32_t*>(base + y * kD + xc) = pk;
       }
+  // Staged: the snapshot leaves from the warp's own [32][32] block of Xs by 16-byte rows.
+  if (base && staged) warp_copy_rows16<32, 4>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
 }
 
 // Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte

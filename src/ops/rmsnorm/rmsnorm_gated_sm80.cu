@@ -344,11 +344,12 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
 // the first reduction, so that a thread keeps kRows * 32 bytes of loads in flight (the one-segment
 // kernel above keeps 32 and, at 4 resident blocks, could not cover the memory latency). x and z
 // stay in registers in their storage type. Same arithmetic, in the same order, as gated_fwd_kernel.
-// kPlain: one group per row (G == 1) and the gate, if any, after the norm (the common
-// rms_norm_gated call). The kernel then has no index division and no code for the gate before the
-// norm: in the general form both cost instructions on every row (the compiler evaluates the
-// gate-first sigmoids speculatively), and at [1M, 128] bf16 the general kernel was bound by
-// instruction issue (73% of issue slots, ~45 instructions per element; ncu at e9431ad).
+// kPlain: the common rms_norm_gated call, fixed at compile time: one group per row (G == 1), a
+// weight, no bias, and the silu gate after the norm. The kernel then has no index division and no
+// per-element choices: in the general form the row index costs a 64-bit division and the compiler
+// evaluates the other gate order's sigmoids speculatively and selects between the options on
+// every element; at [1M, 128] bf16 the general kernel was bound by instruction issue (73% of
+// issue slots, ~45 instructions per element; ncu at e9431ad).
 template <class T, int kRows, bool kPlain>
 __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_rows_kernel(GatedFwdParams p) {
   constexpr int N = kVec16<T>;
@@ -358,7 +359,10 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kRows + threadIdx.x / tpr;
   const bool unit_ok = lane < p.g / N;
   const bool gate_first = !kPlain && p.z != nullptr && !p.nbg;
-  const bool gate_after = p.z != nullptr && (kPlain || p.nbg);
+  const bool gate_after = kPlain || (p.z != nullptr && p.nbg);
+  const bool has_z = kPlain || p.z != nullptr, has_w = kPlain || p.weight != nullptr;
+  const bool has_b = !kPlain && p.bias != nullptr;
+  const int gate = kPlain ? static_cast<int>(kGateSilu) : p.gate;
   // Row and first column of segment `seg` for this thread.
   auto locate = [&](int64_t seg, int64_t& row, int64_t& col0) {
     if constexpr (kPlain) {
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
       locate(seg, row, col);
       col += lane * N;
       xr[r] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + col);
-      if (p.z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
+      if (has_z) zr[r] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + col);
     }
   }
   // The value that is normalised: x, times silu(z) when the gate comes first.
@@ -421,18 +425,18 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     locate(seg, row, col0);
     float v[N], w[N], b[N], z[N], o[N];
     value(r, v);
-    if (p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
-    if (p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
+    if (has_w) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
+    if (has_b) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
     if (gate_after) raw_to_floats<T>(zr[r], z);
     if constexpr (kRows <= 2) {
-      if (gate_after) gate_value_n<N>(p.gate, z, z, kFastGate<T>);  // z becomes act(z)
+      if (gate_after) gate_value_n<N>(gate, z, z, kFastGate<T>);  // z becomes act(z)
     }
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float h = v[e] * rs;
-      if (p.weight) h *= w[e];
-      if (p.bias) h += b[e];
-      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(p.gate, z[e], kFastGate<T>);
+      if (has_w) h *= w[e];
+      if (has_b) h += b[e];
+      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(gate, z[e], kFastGate<T>);
       o[e] = h;
     }
     store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
@@ -528,8 +532,8 @@ __device__ __forceinline__ float unit_dot(const UnitGrads& u, DY dy_at, const fl
 // kRows > 1 (one 16-byte unit per thread, groups of at most 32 threads, x in the storage type of
 // dy): each row slot takes kRows rows per step, all their loads issued before the first
 // reduction, so that more bytes are in flight per thread (the one-row step leaves the SM idle
-// between its load and its stores). kPlain: the gate, if any, comes after the norm (no code for
-// the other order, which the compiler would otherwise partly evaluate on every element).
+// between its load and its stores). kPlain: the common call fixed at compile time, as in
+// gated_fwd_rows_kernel (a weight, no bias, the silu gate after the norm): no per-element choices.
 template <class T, int kIters, bool kVec, int kRows = 1, bool kPlain = false>
 __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
@@ -548,8 +552,8 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
   const int64_t r_end = min(p.rows, r_begin + p.rows_per_chunk);
   const int64_t iters = r_end > r_begin ? (r_end - r_begin + slots - 1) / slots : 0;
   const int64_t units = p.g / N;
-  const UnitGrads ug{p.z ? p.gate : static_cast<int>(kNoGate), kPlain || p.nbg, p.weight != nullptr,
-                     p.bias != nullptr, kFastGate<T>};
+  const UnitGrads ug{kPlain ? static_cast<int>(kGateSilu) : p.z ? p.gate : static_cast<int>(kNoGate),
+                     kPlain || p.nbg, kPlain || p.weight != nullptr, !kPlain && p.bias != nullptr, kFastGate<T>};
   float* part_w = p.part_w ? p.part_w + chunk * p.D + col0 : nullptr;
   float* part_b = p.part_b ? p.part_b + chunk * p.D + col0 : nullptr;
 
@@ -595,6 +599,9 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
     if constexpr (kRows > 1) {
       static_assert(kIters == 1, "the batched-row step holds one unit per thread");
       const bool unit_ok = lane < units;
+      float w[N], b[N];  // this thread's columns: the same every step
+      if (unit_ok && ug.has_w) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
+      if (unit_ok && ug.has_b) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
       for (int64_t it = 0; it < iters; it += kRows) {
         // dy, x and z of kRows rows stay in registers in their storage type.
         Raw16 dyr[kRows], xr[kRows], zr[kRows];
@@ -606,12 +613,9 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
             const int64_t c = col0 + lane * N;
             dyr[q] = load_raw16(static_cast<const T*>(p.dy) + row * p.dy_stride + c);
             xr[q] = load_raw16(static_cast<const T*>(p.x) + row * p.x_stride + c);
-            if (p.z) zr[q] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + c);
+            if (ug.gate != kNoGate) zr[q] = load_raw16(static_cast<const T*>(p.z) + row * p.z_stride + c);
           }
         }
-        float w[N], b[N];
-        if (unit_ok && p.weight) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
-        if (unit_ok && p.bias) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
         float dot[kRows];
 #pragma unroll
         for (int q = 0; q < kRows; ++q) {
@@ -641,7 +645,7 @@ __global__ void __launch_bounds__(kRowThreads, 2) gated_bwd_kernel(GatedBwdParam
           }
           cuda::store_global<T, N>(static_cast<T*>(p.dx) + row * p.D + at, dx);
           if (p.dres_in) cuda::store_global<T, N>(static_cast<T*>(p.dres_in) + row * p.D + at, dx);
-          if (p.z) cuda::store_global<T, N>(static_cast<T*>(p.dz) + row * p.D + at, dz);
+          if (ug.gate != kNoGate) cuda::store_global<T, N>(static_cast<T*>(p.dz) + row * p.D + at, dz);
         }
       }
     } else {
@@ -835,10 +839,11 @@ void launch_fwd(const Context& ctx, const RmsNormGatedFwdArgs& a) {
     const int64_t blocks = (p.segments + per_block - 1) / per_block;
     FUSEDOPS_REQUIRE(blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
     const dim3 g2(static_cast<unsigned>(blocks));
-    const bool plain = p.G == 1 && (p.z == nullptr || p.nbg);
-    if (rows == 4) gated_fwd_rows_kernel<T, 4, false><<<g2, block, 0, stream>>>(p);
-    else if (plain) gated_fwd_rows_kernel<T, 2, true><<<g2, block, 0, stream>>>(p);
-    else gated_fwd_rows_kernel<T, 2, false><<<g2, block, 0, stream>>>(p);
+    const bool plain = p.G == 1 && p.z != nullptr && p.nbg && p.gate == kGateSilu && p.weight != nullptr &&
+                       p.bias == nullptr;
+    auto kernel = rows == 4 ? (plain ? gated_fwd_rows_kernel<T, 4, true> : gated_fwd_rows_kernel<T, 4, false>)
+                            : (plain ? gated_fwd_rows_kernel<T, 2, true> : gated_fwd_rows_kernel<T, 2, false>);
+    kernel<<<g2, block, 0, stream>>>(p);
   } else if (!vec) {
     gated_fwd_kernel<T, 0, false><<<grid, block, 0, stream>>>(p);
   } else {
@@ -906,8 +911,9 @@ void launch_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
       // Short segments of 16-bit or fp32 x take kRows rows per step (see gated_bwd_kernel).
       const bool batched =
           iters == 1 && plan.tpr <= 32 && (!p.x_f32 || std::is_same_v<T, float>) && rows_per_step() > 1;
-      const bool plain = p.z == nullptr || p.nbg;
-      kernel = batched     ? (rows_per_step() == 4 ? gated_bwd_kernel<T, 1, true, 4>
+      const bool plain = p.z != nullptr && p.nbg && p.gate == kGateSilu && p.weight != nullptr && p.bias == nullptr;
+      kernel = batched     ? (rows_per_step() == 4 ? (plain ? gated_bwd_kernel<T, 1, true, 4, true>
+                                                             : gated_bwd_kernel<T, 1, true, 4>)
                               : plain              ? gated_bwd_kernel<T, 1, true, 2, true>
                                                    : gated_bwd_kernel<T, 1, true, 2>)
                : iters == 1 ? gated_bwd_kernel<T, 1, true>
