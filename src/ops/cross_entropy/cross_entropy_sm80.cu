@@ -154,6 +154,57 @@ __device__ __forceinline__ Stats group_merge(Stats s, int tpr, float4* scratch) 
   return r;
 }
 
+// Rows split over a thread-block cluster (sm_90 and later; p.csize CTAs per row, one row per
+// cluster). Each CTA has merged its own threads' states; rank r's state goes to its shared memory,
+// the cluster synchronises, and every CTA merges the csize states in rank order (so all end with
+// the same bits). A CTA's shared memory must outlive the others' reads: each CTA arrives on the
+// cluster barrier once it has read, and waits on it before it exits (cluster_done).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_done(int csize) {
+  if (csize > 1) cluster_wait();
+}
+
+// Reads the float4 at this CTA's shared address `mine` in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float4 load_cluster_f4(const float4* mine, int rank) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(mine));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#else
+  (void)mine;
+  (void)rank;
+#endif
+  return v;
+}
+
+__device__ __forceinline__ Stats cluster_merge(const Stats& s, int csize, float4* slot) {
+  if (threadIdx.x == 0) *slot = make_float4(s.m, s.d, s.sz, s.zy);
+  cluster_arrive();
+  cluster_wait();
+  float4 v = load_cluster_f4(slot, 0);
+  Stats r{v.x, v.y, v.z, v.w};
+  for (int k = 1; k < csize; ++k) {
+    v = load_cluster_f4(slot, k);
+    r = merge(r, Stats{v.x, v.y, v.z, v.w});
+  }
+  cluster_arrive();
+  return r;
+}
+
 __device__ __forceinline__ float transform(const RowParams& p, float x, float& t) {
   float z = x * p.scale;
   if (p.cap > 0.0f) {
@@ -242,15 +293,23 @@ __device__ __forceinline__ void store_unit(TOut* dst, const float (&o)[N]) {
 }
 
 // The vectorised row pass (see the file comment). Rows start 16-byte aligned; V % N trailing
-// elements are read one at a time.
+// elements are read one at a time. With p.csize > 1 (launched as clusters of csize CTAs of tpr
+// threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
+// one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
 template <class TIn, class TOut, int kIters>
 __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   constexpr int N = kVec16<TIn>;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
   __shared__ float4 scratch[kMaxThreads / 32];
+  __shared__ float4 cluster_slot;
   const int tpr = p.tpr;
+  const int csize = p.csize;
   const int lane = threadIdx.x & (tpr - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const int rank = csize > 1 ? static_cast<int>(blockIdx.x % csize) : 0;
+  const int64_t row = csize > 1 ? static_cast<int64_t>(blockIdx.x / csize)
+                                : static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const int G = tpr * csize;
+  const int glane = rank * tpr + lane;
   const bool active = row < p.rows;
   const int64_t y = active ? label_at(p.labels, p.labels_int64, row) : p.ignore_index;
   const bool work = active && y != p.ignore_index;
@@ -258,24 +317,24 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   const int64_t U = p.vocab / N;
   const int tail = static_cast<int>(p.vocab - U * N);
   const int S = p.smem_iters;
-  const int64_t first_streamed = static_cast<int64_t>(kIters + S) * tpr;
+  const int64_t first_streamed = static_cast<int64_t>(kIters + S) * G;
 
   Stats s{-FLT_MAX, 0.0f, 0.0f, 0.0f};
   Raw16 reg[kIters];
   if (work) {
     for (int j = 0; j < S; ++j) {
-      const int64_t u = static_cast<int64_t>(kIters + j) * tpr + lane;
+      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
       if (u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
     }
     cp_async_commit();
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int64_t u = static_cast<int64_t>(j) * tpr + lane;
+      const int64_t u = static_cast<int64_t>(j) * G + glane;
       reg[j] = u < U ? load_raw16(xr + u * N) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int64_t u = static_cast<int64_t>(j) * tpr + lane;
+      const int64_t u = static_cast<int64_t>(j) * G + glane;
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(reg[j], f);
@@ -284,60 +343,68 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     }
     cp_async_wait_all();
     for (int j = 0; j < S; ++j) {
-      const int64_t u = static_cast<int64_t>(kIters + j) * tpr + lane;
+      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
         accumulate<N>(p, f, u * N, y, s);
       }
     }
-    int64_t u = first_streamed + lane;
-    for (; u + 3 * static_cast<int64_t>(tpr) < U; u += 4 * static_cast<int64_t>(tpr)) {
+    int64_t u = first_streamed + glane;
+    for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
       Raw16 r[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) r[q] = load_raw16(xr + (u + q * tpr) * N);
+      for (int q = 0; q < 4; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         float f[N];
         raw_to_floats<TIn>(r[q], f);
-        accumulate<N>(p, f, (u + q * tpr) * N, y, s);
+        accumulate<N>(p, f, (u + q * G) * N, y, s);
       }
     }
-    for (; u < U; u += tpr) {
+    for (; u < U; u += G) {
       float f[N];
       raw_to_floats<TIn>(load_raw16(xr + u * N), f);
       accumulate<N>(p, f, u * N, y, s);
     }
-    for (int e = lane; e < tail; e += tpr) {
+    for (int e = glane; e < tail; e += G) {
       const float f[1] = {to_f(xr[U * N + e])};
       accumulate<1>(p, f, U * N + e, y, s);
     }
   }
   s = group_merge(s, tpr, scratch);
-  if (!active) return;
+  if (csize > 1) s = cluster_merge(s, csize, &cluster_slot);
+  if (!active) {
+    cluster_done(csize);
+    return;
+  }
 
   TOut* gr = p.g ? static_cast<TOut*>(p.g) + row * p.g_stride : nullptr;
   if (!work) {
-    if (lane == 0) {
+    if (glane == 0) {
       p.row_loss[row] = 0.0f;
       if (p.row_z) p.row_z[row] = 0.0f;
     }
     if (gr) {
       const float zero[N] = {};
-      for (int64_t u = lane; u < U; u += tpr) store_unit<TOut, N>(gr + u * N, zero);
-      for (int e = lane; e < tail; e += tpr) gr[U * N + e] = from_f<TOut>(0.0f);
+      for (int64_t u = glane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero);
+      for (int e = glane; e < tail; e += G) gr[U * N + e] = from_f<TOut>(0.0f);
     }
+    cluster_done(csize);
     return;
   }
   const float log_d = logf(s.d);
   const float lse = s.m + log_d;
-  if (lane == 0) {
+  if (glane == 0) {
     const float zy = (y >= 0 && y < p.vocab) ? s.zy : __int_as_float(0x7fffffff);
     const float row_z = p.lambda * lse * lse;
     p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + p.eps * (s.m - s.sz * p.inv_vocab) + log_d + row_z;
     if (p.row_z) p.row_z[row] = row_z;
   }
-  if (!gr) return;
+  if (!gr) {
+    cluster_done(csize);
+    return;
+  }
   const float c = p.row_scale[row];
   Coef k;
   k.a = c * (1.0f + 2.0f * p.lambda * lse) * p.scale / s.d;
@@ -346,7 +413,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   k.m = s.m;
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
-    const int64_t u = static_cast<int64_t>(j) * tpr + lane;
+    const int64_t u = static_cast<int64_t>(j) * G + glane;
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(reg[j], f);
@@ -355,7 +422,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     }
   }
   for (int j = 0; j < S; ++j) {
-    const int64_t u = static_cast<int64_t>(kIters + j) * tpr + lane;
+    const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
@@ -363,31 +430,32 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       store_unit<TOut, N>(gr + u * N, o);
     }
   }
-  int64_t u = first_streamed + lane;
-  for (; u + 3 * static_cast<int64_t>(tpr) < U; u += 4 * static_cast<int64_t>(tpr)) {
+  int64_t u = first_streamed + glane;
+  for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
     Raw16 r[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * tpr) * N));
+    for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * G) * N));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float f[N], o[N];
       raw_to_floats<TIn>(r[q], f);
-      gradient<N>(p, k, f, (u + q * tpr) * N, y, o);
-      store_unit<TOut, N>(gr + (u + q * tpr) * N, o);
+      gradient<N>(p, k, f, (u + q * G) * N, y, o);
+      store_unit<TOut, N>(gr + (u + q * G) * N, o);
     }
   }
-  for (; u < U; u += tpr) {
+  for (; u < U; u += G) {
     float f[N], o[N];
     raw_to_floats<TIn>(__ldcs(reinterpret_cast<const uint4*>(xr + u * N)), f);
     gradient<N>(p, k, f, u * N, y, o);
     store_unit<TOut, N>(gr + u * N, o);
   }
-  for (int e = lane; e < tail; e += tpr) {
+  for (int e = glane; e < tail; e += G) {
     const float f[1] = {to_f(xr[U * N + e])};
     float o[1];
     gradient<1>(p, k, f, U * N + e, y, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
   }
+  cluster_done(csize);
 }
 
 // The same pass one element at a time, for layouts that forbid 16-byte accesses. Both passes
@@ -529,21 +597,30 @@ __global__ void convert_kernel(const float* in, T* out, int64_t n, int vec) {
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-int smem_optin(int device) {
+// What the plans need to know of a device (queried once per device).
+struct SmInfo {
+  int optin = 48 * 1024;   // shared memory one block may opt in to
+  int per_sm = 48 * 1024;  // shared memory of one SM
+  int major = 8;           // compute capability
+};
+
+SmInfo sm_info(int device) {
   static std::mutex mu;
-  static std::vector<int> cache;
+  static std::map<int, SmInfo> cache;
   std::lock_guard<std::mutex> lock(mu);
-  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, -1);
-  if (cache[device] < 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-      cudaGetLastError();
-      v = 48 * 1024;
-    }
-    cache[device] = v;
-  }
-  return cache[device];
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  SmInfo info;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess) info.optin = v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess) info.per_sm = v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess) info.major = v;
+  cudaGetLastError();
+  cache[device] = info;
+  return info;
 }
+
+int smem_optin(int device) { return sm_info(device).optin; }
 
 int pow2_at_least(int64_t v, int cap) {
   int p = 1;
@@ -562,20 +639,40 @@ int forced_row_threads() {
   return forced;
 }
 
+// FUSEDOPS_CE_CLUSTER=1|2|4|8 forces the number of CTAs (a thread-block cluster) that share a long
+// row when its gradient is kept on chip (sm_90 and later; 1 = one CTA per row). Default 2.
+int row_cluster_size(int major) {
+  static const int chosen = [] {
+    const char* v = std::getenv("FUSEDOPS_CE_CLUSTER");
+    const int c = v ? std::atoi(v) : 0;
+    return (c == 1 || c == 2 || c == 4 || c == 8) ? c : 2;
+  }();
+  return major >= 9 ? chosen : 1;
+}
+
 struct Plan {
   bool vec;
-  int tpr, threads, iters, smem_iters;
+  int tpr, threads, iters, smem_iters, csize;
   int64_t blocks;
   size_t smem_bytes;
 };
 
 // Rows of U 16-byte units: up to 4 units per thread in registers with groups of up to 256
-// threads; longer rows get groups of 256..1024 threads (one row per block), 4 register units
-// and up to `cap` shared-memory units per thread (cap: what fits when 1024 threads share an SM),
-// and stream the rest.
-Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, int optin) {
+// threads. Longer rows:
+// - without a gradient (nothing to keep for a second pass): groups of 256 threads with 4 register
+//   units that stream the rest, so that several rows per SM are in flight;
+// - with a gradient on sm_90 and later: clusters of csize CTAs of 1024 / csize threads per row
+//   (csize CTAs per SM), 4 register units and up to `cap` shared-memory units per thread (what
+//   fits when csize CTAs share an SM), streaming the rest. Each CTA then alternates reading its
+//   part of a row and writing its gradient, and the CTAs of one SM (parts of different rows)
+//   overlap those phases;
+// - otherwise groups of 256..1024 threads (one row per block) with 4 register units and up to
+//   `cap` shared-memory units per thread (cap: what fits when 1024 threads share an SM).
+Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, const SmInfo& dev) {
+  const int optin = dev.optin;
   Plan pl{};
   pl.vec = vec;
+  pl.csize = 1;
   if (!vec) {
     pl.tpr = pow2_at_least((V + 3) / 4, 256);
     pl.threads = 256;
@@ -587,6 +684,24 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, int optin) {
       const int64_t need = (U + reg_tpr - 1) / reg_tpr;
       pl.iters = need <= 1 ? 1 : need <= 2 ? 2 : 4;
       pl.threads = 256;
+    } else if (!keep && !forced_row_threads()) {
+      pl.tpr = 256;
+      pl.iters = 4;
+      pl.smem_iters = 0;
+      pl.threads = 256;
+    } else if (row_cluster_size(dev.major) > 1) {
+      // csize CTAs of t threads per row, csize CTAs per SM; 4 KiB of each CTA's share of the
+      // SM's shared memory is left for its static arrays and the per-block reservation.
+      const int c = row_cluster_size(dev.major);
+      const int t = forced_row_threads() ? std::min(forced_row_threads(), kMaxThreads / c) : kMaxThreads / c;
+      const int per_cta = std::min(optin - 2048, dev.per_sm / c - 4096);
+      const int cap = std::max(0, per_cta / (t * 16));
+      const int64_t need = (U + static_cast<int64_t>(c) * t - 1) / (static_cast<int64_t>(c) * t);
+      pl.tpr = t;
+      pl.iters = 4;
+      pl.smem_iters = static_cast<int>(std::min<int64_t>(std::max<int64_t>(need - 4, 0), cap));
+      pl.threads = t;
+      pl.csize = c;
     } else {
       const int cap = std::max(0, (optin - 2048) / (kMaxThreads * 16));
       pl.tpr = std::max(256, pow2_at_least((U + 3 + cap) / (4 + cap), kMaxThreads));
@@ -598,7 +713,7 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, int optin) {
     }
   }
   const int rows_per_block = pl.threads / pl.tpr;
-  pl.blocks = (rows + rows_per_block - 1) / rows_per_block;
+  pl.blocks = (rows + rows_per_block - 1) / rows_per_block * pl.csize;
   pl.smem_bytes = static_cast<size_t>(pl.smem_iters) * pl.threads * 16;
   return pl;
 }
@@ -623,15 +738,33 @@ template <class TIn, class TOut, int kIters>
 void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, cudaStream_t stream) {
   auto kernel = rows_vec_kernel<TIn, TOut, kIters>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
-  kernel<<<static_cast<unsigned>(pl.blocks), pl.threads, pl.smem_bytes, stream>>>(p);
-  const cudaError_t err = cudaPeekAtLastError();
+  cudaError_t err = cudaSuccess;
+  if (pl.csize > 1) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(pl.blocks));
+    cfg.blockDim = dim3(static_cast<unsigned>(pl.threads));
+    cfg.dynamicSmemBytes = pl.smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(pl.csize);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (err == cudaSuccess) err = cudaPeekAtLastError();
+  } else {
+    kernel<<<static_cast<unsigned>(pl.blocks), pl.threads, pl.smem_bytes, stream>>>(p);
+    err = cudaPeekAtLastError();
+  }
   if (err != cudaSuccess) {
     // Say which launch configuration the device refused, next to what the kernel allows.
     cudaGetLastError();
     cudaFuncAttributes at{};
     cudaFuncGetAttributes(&at, kernel);
     FUSEDOPS_FAIL(kRuntime, op, "CUDA error ", cudaGetErrorName(err), " launching the row kernel (",
-                  kIters, " register units) with ", pl.blocks, " blocks of ", pl.threads,
+                  kIters, " register units) with ", pl.blocks, " blocks (clusters of ", pl.csize, ") of ", pl.threads,
                   " threads and ", pl.smem_bytes, " B of dynamic shared memory (rows ", p.rows,
                   ", vocab ", p.vocab, "); the kernel allows ", at.maxThreadsPerBlock,
                   " threads, uses ", at.numRegs, " registers and ", at.sharedSizeBytes,
@@ -645,9 +778,10 @@ void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   constexpr int N = kVec16<TIn>;
   const bool vec = aligned_to(p.x, 16) && p.x_stride % N == 0 &&
                    (!p.g || (aligned_to(p.g, sizeof(TOut) * N) && p.g_stride % N == 0));
-  const Plan pl = plan_rows(p.rows, p.vocab, N, vec, smem_optin(device));
+  const Plan pl = plan_rows(p.rows, p.vocab, N, vec, p.g != nullptr, sm_info(device));
   p.tpr = pl.tpr;
   p.smem_iters = pl.smem_iters;
+  p.csize = pl.csize;
   if (pl.blocks == 0) return;
   if (!vec) {
     rows_scalar_kernel<TIn, TOut><<<static_cast<unsigned>(pl.blocks), pl.threads, 0, stream>>>(p);
