@@ -48,7 +48,31 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most n of this thread's cp.async groups are pending (at most 15 when n > 15).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait_group<0>(); break;
+    case 1: cp_async_wait_group<1>(); break;
+    case 2: cp_async_wait_group<2>(); break;
+    case 3: cp_async_wait_group<3>(); break;
+    case 4: cp_async_wait_group<4>(); break;
+    case 5: cp_async_wait_group<5>(); break;
+    case 6: cp_async_wait_group<6>(); break;
+    case 7: cp_async_wait_group<7>(); break;
+    case 8: cp_async_wait_group<8>(); break;
+    case 9: cp_async_wait_group<9>(); break;
+    case 10: cp_async_wait_group<10>(); break;
+    case 11: cp_async_wait_group<11>(); break;
+    case 12: cp_async_wait_group<12>(); break;
+    case 13: cp_async_wait_group<13>(); break;
+    case 14: cp_async_wait_group<14>(); break;
+    default: cp_async_wait_group<15>(); break;
+  }
+}
 
 __device__ __forceinline__ int64_t label_at(const void* labels, int int64, int64_t i) {
   return int64 ? static_cast<const int64_t*>(labels)[i]
@@ -322,15 +346,17 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   Stats s{-FLT_MAX, 0.0f, 0.0f, 0.0f};
   Raw16 reg[kIters];
   if (work) {
-    for (int j = 0; j < S; ++j) {
-      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
-      if (u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
-    }
-    cp_async_commit();
+    // Register units first (they are used first), then one cp.async group per shared-memory
+    // unit, so that pass 1 folds each unit in as soon as it has arrived.
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
       const int64_t u = static_cast<int64_t>(j) * G + glane;
       reg[j] = u < U ? load_raw16(xr + u * N) : make_uint4(0, 0, 0, 0);
+    }
+    for (int j = 0; j < S; ++j) {
+      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
+      if (u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
+      cp_async_commit();
     }
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
@@ -341,9 +367,9 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
         accumulate<N>(p, f, u * N, y, s);
       }
     }
-    cp_async_wait_all();
     for (int j = 0; j < S; ++j) {
       const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
+      cp_async_wait_pending(S - 1 - j);
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);

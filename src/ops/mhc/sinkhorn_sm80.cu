@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
@@ -903,7 +904,16 @@ unsigned blocks_for(int64_t rows, int G) {
 }
 
 // The one-thread-per-matrix kernels serve n = 4 with the multiplicative variants.
-bool fast4(int n, int variant) { return n == kN4 && variant != kLog; }
+// FUSEDOPS_SINKHORN_FAST4=0 sends n = 4 to the group kernels instead (a tuning aid: four threads
+// per matrix give four times the warps when there are few matrices per SM).
+bool fast4_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FUSEDOPS_SINKHORN_FAST4");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+bool fast4(int n, int variant) { return n == kN4 && variant != kLog && fast4_enabled(); }
 
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
