@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -137,14 +138,25 @@ struct Stats {
   float zy;  // z at the label (0 on every thread but its owner)
 };
 
+// The plain pass (kPlain: no softcapping, no label smoothing, logit_scale > 0) works in base 2:
+// with c = logit_scale * log2(e), m is the running max of x c, d the sum of 2^(x c - m) (one FMA
+// and one ex2 per logit), sz the running max of the raw x (so that the loss subtracts
+// logit_scale * max x - logit_scale * x[y] exactly as the general pass does) and zy the raw x[y].
+//
 // Merge without FMA contraction, so that merge(a, b) and merge(b, a) are bitwise equal: every
 // lane of a butterfly then ends with the same state.
+template <bool kPlain>
 __device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
   Stats r;
   r.m = fmaxf(a.m, b.m);
-  r.d = __fadd_rn(__fmul_rn(a.d, ex2(__fmul_rn(a.m - r.m, kLog2e))),
-                  __fmul_rn(b.d, ex2(__fmul_rn(b.m - r.m, kLog2e))));
-  r.sz = a.sz + b.sz;
+  if constexpr (kPlain) {
+    r.d = __fadd_rn(__fmul_rn(a.d, ex2(a.m - r.m)), __fmul_rn(b.d, ex2(b.m - r.m)));
+    r.sz = fmaxf(a.sz, b.sz);
+  } else {
+    r.d = __fadd_rn(__fmul_rn(a.d, ex2(__fmul_rn(a.m - r.m, kLog2e))),
+                    __fmul_rn(b.d, ex2(__fmul_rn(b.m - r.m, kLog2e))));
+    r.sz = a.sz + b.sz;
+  }
   r.zy = a.zy + b.zy;
   return r;
 }
@@ -160,9 +172,10 @@ __device__ __forceinline__ Stats shfl_xor(const Stats& s, int off) {
 
 // Merges the states of each group of `tpr` consecutive threads; every thread of a group gets
 // the same result. Every thread of the block must call it (it synchronizes when tpr > 32).
+template <bool kPlain>
 __device__ __forceinline__ Stats group_merge(Stats s, int tpr, float4* scratch) {
   const int width = tpr < 32 ? tpr : 32;
-  for (int off = width / 2; off > 0; off >>= 1) s = merge(s, shfl_xor(s, off));
+  for (int off = width / 2; off > 0; off >>= 1) s = merge<kPlain>(s, shfl_xor(s, off));
   if (tpr <= 32) return s;
   const int warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) scratch[warp] = make_float4(s.m, s.d, s.sz, s.zy);
@@ -173,7 +186,7 @@ __device__ __forceinline__ Stats group_merge(Stats s, int tpr, float4* scratch) 
   Stats r{v.x, v.y, v.z, v.w};
   for (int w = 1; w < warps; ++w) {
     v = scratch[first + w];
-    r = merge(r, Stats{v.x, v.y, v.z, v.w});
+    r = merge<kPlain>(r, Stats{v.x, v.y, v.z, v.w});
   }
   return r;
 }
@@ -215,6 +228,7 @@ __device__ __forceinline__ float4 load_cluster_f4(const float4* mine, int rank) 
   return v;
 }
 
+template <bool kPlain>
 __device__ __forceinline__ Stats cluster_merge(const Stats& s, int csize, float4* slot) {
   if (threadIdx.x == 0) *slot = make_float4(s.m, s.d, s.sz, s.zy);
   cluster_arrive();
@@ -223,7 +237,7 @@ __device__ __forceinline__ Stats cluster_merge(const Stats& s, int csize, float4
   Stats r{v.x, v.y, v.z, v.w};
   for (int k = 1; k < csize; ++k) {
     v = load_cluster_f4(slot, k);
-    r = merge(r, Stats{v.x, v.y, v.z, v.w});
+    r = merge<kPlain>(r, Stats{v.x, v.y, v.z, v.w});
   }
   cluster_arrive();
   return r;
@@ -287,6 +301,96 @@ __device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, cons
   }
 }
 
+// 2^x for x <= 0 on the FMA and integer pipes instead of the special-function unit (which does 16
+// results per clock per SM: two per logit would take as long as moving the logits): round to the
+// nearest integer n by the 1.5 * 2^23 trick, 2^(x - n) by a degree-5 polynomial on [-1/2, 1/2]
+// (relative error <= 2.2e-7, like ex2.approx's), n added to the exponent. Inputs below -125 give
+// 2^-125 (ex2.approx.ftz gives 0); both vanish against any logit that matters. NaN stays NaN.
+__device__ __forceinline__ float exp2_soft(float x) {
+  x = x < -125.0f ? -125.0f : x;
+  const float t = __fadd_rn(x, 12582912.0f);
+  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.0f));
+  float q = 0.0013276468f;
+  q = fmaf(q, f, 0.009675541f);
+  q = fmaf(q, f, 0.055507135f);
+  q = fmaf(q, f, 0.24022120f);
+  q = fmaf(q, f, 0.69314694f);
+  q = fmaf(q, f, 1.0000001f);
+  return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
+}
+
+// ex2 of element e of a unit: every fourth one in software when kSoft (see exp2_soft).
+template <bool kSoft>
+__device__ __forceinline__ float ex2_mixed(float x, int e) {
+  if constexpr (kSoft) {
+    if ((e & 3) == 3) return exp2_soft(x);
+  }
+  return ex2(x);
+}
+
+// The plain pass over N consecutive logits starting at column v0 (c = logit_scale * log2(e)).
+template <int N, bool kSoft>
+__device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], int64_t v0, int64_t y, Stats& s) {
+  float mu = x[0];
+#pragma unroll
+  for (int e = 1; e < N; ++e) mu = fmaxf(mu, x[e]);
+  const int64_t off = y - v0;
+  if (off >= 0 && off < N) {
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      if (e == off) s.zy = x[e];
+  }
+  const float m = fmaxf(s.m, mu * c);
+  float d = s.d * ex2(s.m - m);
+#pragma unroll
+  for (int e = 0; e < N; ++e) d += ex2_mixed<kSoft>(fmaf(x[e], c, -m), e);
+  s.m = m;
+  s.d = d;
+  s.sz = fmaxf(s.sz, mu);
+}
+
+// The plain gradient: a 2^(x c - m) - c' [v == y] (k.b is 0 without label smoothing).
+template <int N, bool kSoft>
+__device__ __forceinline__ void gradient_plain(const Coef& k, float c, const float (&x)[N], int64_t v0, int64_t y,
+                                               float (&o)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) o[e] = k.a * ex2_mixed<kSoft>(fmaf(x[e], c, -k.m), e);
+  const int64_t off = y - v0;
+  if (off >= 0 && off < N) {
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      if (e == off) o[e] -= k.c;
+  }
+}
+
+template <bool kPlain, int N>
+__device__ __forceinline__ void accumulate_any(const RowParams& p, float c, const float (&x)[N], int64_t v0, int64_t y,
+                                               Stats& s) {
+  if constexpr (kPlain) {
+    if (p.soft_exp >= 2) {
+      accumulate_plain<N, true>(c, x, v0, y, s);
+    } else {
+      accumulate_plain<N, false>(c, x, v0, y, s);
+    }
+  } else {
+    accumulate<N>(p, x, v0, y, s);
+  }
+}
+
+template <bool kPlain, int N>
+__device__ __forceinline__ void gradient_any(const RowParams& p, const Coef& k, float c, const float (&x)[N],
+                                             int64_t v0, int64_t y, float (&o)[N]) {
+  if constexpr (kPlain) {
+    if (p.soft_exp >= 1) {
+      gradient_plain<N, true>(k, c, x, v0, y, o);
+    } else {
+      gradient_plain<N, false>(k, c, x, v0, y, o);
+    }
+  } else {
+    gradient<N>(p, k, x, v0, y, o);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <>
@@ -320,7 +424,7 @@ __device__ __forceinline__ void store_unit(TOut* dst, const float (&o)[N]) {
 // elements are read one at a time. With p.csize > 1 (launched as clusters of csize CTAs of tpr
 // threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
 // one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
-template <class TIn, class TOut, int kIters>
+template <class TIn, class TOut, int kIters, bool kPlain>
 __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   constexpr int N = kVec16<TIn>;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
@@ -343,7 +447,8 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   const int S = p.smem_iters;
   const int64_t first_streamed = static_cast<int64_t>(kIters + S) * G;
 
-  Stats s{-FLT_MAX, 0.0f, 0.0f, 0.0f};
+  const float c2 = p.scale * kLog2e;
+  Stats s{-FLT_MAX, 0.0f, kPlain ? -FLT_MAX : 0.0f, 0.0f};
   Raw16 reg[kIters];
   if (work) {
     // Register units first (they are used first), then one cp.async group per shared-memory
@@ -364,7 +469,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(reg[j], f);
-        accumulate<N>(p, f, u * N, y, s);
+        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
       }
     }
     for (int j = 0; j < S; ++j) {
@@ -373,7 +478,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-        accumulate<N>(p, f, u * N, y, s);
+        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
       }
     }
     int64_t u = first_streamed + glane;
@@ -385,21 +490,21 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       for (int q = 0; q < 4; ++q) {
         float f[N];
         raw_to_floats<TIn>(r[q], f);
-        accumulate<N>(p, f, (u + q * G) * N, y, s);
+        accumulate_any<kPlain, N>(p, c2, f, (u + q * G) * N, y, s);
       }
     }
     for (; u < U; u += G) {
       float f[N];
       raw_to_floats<TIn>(load_raw16(xr + u * N), f);
-      accumulate<N>(p, f, u * N, y, s);
+      accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
     }
     for (int e = glane; e < tail; e += G) {
       const float f[1] = {to_f(xr[U * N + e])};
-      accumulate<1>(p, f, U * N + e, y, s);
+      accumulate_any<kPlain, 1>(p, c2, f, U * N + e, y, s);
     }
   }
-  s = group_merge(s, tpr, scratch);
-  if (csize > 1) s = cluster_merge(s, csize, &cluster_slot);
+  s = group_merge<kPlain>(s, tpr, scratch);
+  if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
   if (!active) {
     cluster_done(csize);
     return;
@@ -419,12 +524,19 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     cluster_done(csize);
     return;
   }
+  // Natural-unit max and label logit (the plain pass keeps raw x's max and x[y]).
+  const float m_nat = kPlain ? s.sz * p.scale : s.m;
+  const float zy_nat = kPlain ? s.zy * p.scale : s.zy;
   const float log_d = logf(s.d);
-  const float lse = s.m + log_d;
+  const float lse = m_nat + log_d;
   if (glane == 0) {
-    const float zy = (y >= 0 && y < p.vocab) ? s.zy : __int_as_float(0x7fffffff);
+    const float zy = (y >= 0 && y < p.vocab) ? zy_nat : __int_as_float(0x7fffffff);
     const float row_z = p.lambda * lse * lse;
-    p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + p.eps * (s.m - s.sz * p.inv_vocab) + log_d + row_z;
+    if constexpr (kPlain) {
+      p.row_loss[row] = (m_nat - zy) + log_d + row_z;
+    } else {
+      p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + p.eps * (s.m - s.sz * p.inv_vocab) + log_d + row_z;
+    }
     if (p.row_z) p.row_z[row] = row_z;
   }
   if (!gr) {
@@ -443,7 +555,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(reg[j], f);
-      gradient<N>(p, k, f, u * N, y, o);
+      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
       store_unit<TOut, N>(gr + u * N, o);
     }
   }
@@ -452,7 +564,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-      gradient<N>(p, k, f, u * N, y, o);
+      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
       store_unit<TOut, N>(gr + u * N, o);
     }
   }
@@ -465,20 +577,20 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     for (int q = 0; q < 4; ++q) {
       float f[N], o[N];
       raw_to_floats<TIn>(r[q], f);
-      gradient<N>(p, k, f, (u + q * G) * N, y, o);
+      gradient_any<kPlain, N>(p, k, c2, f, (u + q * G) * N, y, o);
       store_unit<TOut, N>(gr + (u + q * G) * N, o);
     }
   }
   for (; u < U; u += G) {
     float f[N], o[N];
     raw_to_floats<TIn>(__ldcs(reinterpret_cast<const uint4*>(xr + u * N)), f);
-    gradient<N>(p, k, f, u * N, y, o);
+    gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
     store_unit<TOut, N>(gr + u * N, o);
   }
   for (int e = glane; e < tail; e += G) {
     const float f[1] = {to_f(xr[U * N + e])};
     float o[1];
-    gradient<1>(p, k, f, U * N + e, y, o);
+    gradient_any<kPlain, 1>(p, k, c2, f, U * N + e, y, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
   }
   cluster_done(csize);
@@ -503,7 +615,7 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
       accumulate<1>(p, f, v, y, s);
     }
   }
-  s = group_merge(s, tpr, scratch);
+  s = group_merge<false>(s, tpr, scratch);
   if (!active) return;
   TOut* gr = p.g ? static_cast<TOut*>(p.g) + row * p.g_stride : nullptr;
   if (!work) {
@@ -676,6 +788,17 @@ int row_cluster_size(int major) {
   return major >= 9 ? chosen : 1;
 }
 
+// FUSEDOPS_CE_SOFT_EXP=0|1|2: in the plain pass, every fourth 2^x of no pass (0), of the gradient
+// pass (1, default) or of both passes (2) runs on the FMA pipe (exp2_soft).
+int soft_exp_level() {
+  static const int level = [] {
+    const char* v = std::getenv("FUSEDOPS_CE_SOFT_EXP");
+    const int l = v ? std::atoi(v) : 1;
+    return (l >= 0 && l <= 2) ? l : 1;
+  }();
+  return level;
+}
+
 struct Plan {
   bool vec;
   int tpr, threads, iters, smem_iters, csize;
@@ -760,9 +883,9 @@ void allow_smem(const char* op, const void* kernel, int device, size_t bytes) {
   have = bytes;
 }
 
-template <class TIn, class TOut, int kIters>
+template <class TIn, class TOut, int kIters, bool kPlain>
 void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, cudaStream_t stream) {
-  auto kernel = rows_vec_kernel<TIn, TOut, kIters>;
+  auto kernel = rows_vec_kernel<TIn, TOut, kIters, kPlain>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
   cudaError_t err = cudaSuccess;
   if (pl.csize > 1) {
@@ -808,14 +931,25 @@ void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   p.tpr = pl.tpr;
   p.smem_iters = pl.smem_iters;
   p.csize = pl.csize;
+  p.soft_exp = soft_exp_level();
   if (pl.blocks == 0) return;
   if (!vec) {
     rows_scalar_kernel<TIn, TOut><<<static_cast<unsigned>(pl.blocks), pl.threads, 0, stream>>>(p);
   } else {
-    switch (pl.iters) {
-      case 1: launch_vec<TIn, TOut, 1>(op, p, pl, device, stream); break;
-      case 2: launch_vec<TIn, TOut, 2>(op, p, pl, device, stream); break;
-      default: launch_vec<TIn, TOut, 4>(op, p, pl, device, stream); break;
+    // The plain pass (see merge) when no option needs the general one.
+    const bool plain = p.cap <= 0.0f && p.eps == 0.0f && p.scale > 0.0f && p.scale <= FLT_MAX;
+    auto launch = [&](auto plain_tag) {
+      constexpr bool kPlain = decltype(plain_tag)::value;
+      switch (pl.iters) {
+        case 1: launch_vec<TIn, TOut, 1, kPlain>(op, p, pl, device, stream); break;
+        case 2: launch_vec<TIn, TOut, 2, kPlain>(op, p, pl, device, stream); break;
+        default: launch_vec<TIn, TOut, 4, kPlain>(op, p, pl, device, stream); break;
+      }
+    };
+    if (plain) {
+      launch(std::true_type{});
+    } else {
+      launch(std::false_type{});
     }
   }
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);

@@ -117,6 +117,12 @@ std::vector<Options> option_sets() {
   o = CrossEntropyOptions{};
   o.label_smoothing = 0.2;
   out.push_back({"mean+all-ignored", o, true, 1});
+  // No softcap and no smoothing: the CUDA plain pass, here with a logit scale and z-loss.
+  o = CrossEntropyOptions{};
+  o.reduction = LossReduction::kSum;
+  o.logit_scale = 0.7;
+  o.lse_square_scale = 1e-2;
+  out.push_back({"sum+scale+zloss+weights", o, true, 0});
   return out;
 }
 
@@ -307,7 +313,7 @@ TEST(FusedCrossEntropyLoss, LargeLogitsAndSoftcapStayFinite) {
   const auto sets = option_sets();
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
     for (DType dtype : dtypes_of(b, Direction::kForward)) {
-      for (int k : {0, 4, 5}) {
+      for (int k : {0, 4, 5, 7}) {
         const Options& opt = sets[k];
         SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + opt.name);
         // Logits of magnitude ~1e4 (and an exact +-1e4 in every row).
@@ -332,11 +338,13 @@ TEST(FusedCrossEntropyLoss, RepeatedRunsAreBitwiseIdentical) {
       if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
       for (const auto& [N, V] : {std::pair<int64_t, int64_t>{300, 1000}, {4, 128256}}) {
         SCOPED_TRACE(case_name(b.id, dtype, {N, V}));
-        const Problem p = make_problem(N, V, sets[3], 9);
-        const Outcome a = run_forward(b, dtype, p, sets[3], true);
-        const Outcome c = run_forward(b, dtype, p, sets[3], true);
-        EXPECT_EQ(a.loss_bytes, c.loss_bytes);
-        EXPECT_EQ(a.grad_bytes, c.grad_bytes);
+        for (int k : {3, 0}) {  // the general and the plain CUDA pass
+          const Problem p = make_problem(N, V, sets[k], 9);
+          const Outcome a = run_forward(b, dtype, p, sets[k], true);
+          const Outcome c = run_forward(b, dtype, p, sets[k], true);
+          EXPECT_EQ(a.loss_bytes, c.loss_bytes) << sets[k].name;
+          EXPECT_EQ(a.grad_bytes, c.grad_bytes) << sets[k].name;
+        }
       }
     }
   }
