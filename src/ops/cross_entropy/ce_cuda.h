@@ -58,7 +58,6 @@ struct RowParams {
   int tpr;        // set by the launcher
   int smem_iters; // set by the launcher
   int csize;      // set by the launcher: CTAs per row (a thread-block cluster) or 1
-  int soft_exp;   // set by the launcher: 2^x on the FMA pipe for some logits (0: none, 1, 2)
 };
 void rows(const char* op, RowParams p, DType x_dtype, DType g_dtype, int device, void* stream);
 

@@ -101,29 +101,55 @@ __device__ __forceinline__ void store_value(void* p, int type, int64_t i, float 
 // ---------------------------------------------------------------------------------------------
 // Per-row scales (one block).
 
+// The one-block kernels (per-row scales, final reductions) take their rows kBatch per thread at a
+// time, every load of a batch issued before any is used: one memory latency per batch instead of
+// one per row (at 8192 rows: 2 instead of 8 round trips of ~1 us).
+constexpr int kBatch = 4;
+
 __global__ void __launch_bounds__(kMaxThreads) row_scales_kernel(ScaleParams p) {
   __shared__ unsigned long long counts[kMaxThreads / 32];
   unsigned long long valid = 0;
-  for (int64_t i = threadIdx.x; i < p.rows; i += blockDim.x)
-    valid += label_at(p.labels, p.labels_int64, i) != p.ignore_index;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kBatch;
+  for (int64_t i0 = threadIdx.x; i0 < p.rows; i0 += step) {
+    int64_t lab[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      lab[j] = i < p.rows ? label_at(p.labels, p.labels_int64, i) : p.ignore_index;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) valid += lab[j] != p.ignore_index;
+  }
   for (int off = 16; off > 0; off >>= 1) valid += __shfl_xor_sync(0xffffffffu, valid, off);
   if ((threadIdx.x & 31) == 0) counts[threadIdx.x >> 5] = valid;
   __syncthreads();
   unsigned long long total = 0;
   for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += counts[w];
   const double mean_div = p.mean ? static_cast<double>(total > 0 ? total : 1ull) : 1.0;
-  for (int64_t i = threadIdx.x; i < p.rows; i += blockDim.x) {
-    if (label_at(p.labels, p.labels_int64, i) == p.ignore_index) {
-      p.row_scale[i] = 0.0f;
-      p.row_norm[i] = 0.0f;
-      continue;
+  for (int64_t i0 = threadIdx.x; i0 < p.rows; i0 += step) {
+    int64_t lab[kBatch];
+    double alpha[kBatch], w[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      const bool in = i < p.rows;
+      lab[j] = in ? label_at(p.labels, p.labels_int64, i) : p.ignore_index;
+      alpha[j] = in && p.alpha_per_sample ? static_cast<double>(p.alpha_per_sample[i / p.rows_per_sample]) : p.alpha;
+      w[j] = in && p.loss_weight_type != kNoValue ? load_value(p.loss_weight, p.loss_weight_type, i) : 1.0;
     }
-    const double alpha =
-        p.alpha_per_sample ? static_cast<double>(p.alpha_per_sample[i / p.rows_per_sample]) : p.alpha;
-    const double inv = 1.0 / (mean_div * alpha);
-    const double w = p.loss_weight_type != kNoValue ? load_value(p.loss_weight, p.loss_weight_type, i) : 1.0;
-    p.row_norm[i] = static_cast<float>(inv);
-    p.row_scale[i] = static_cast<float>(w * inv);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      if (i >= p.rows) continue;
+      if (lab[j] == p.ignore_index) {
+        p.row_scale[i] = 0.0f;
+        p.row_norm[i] = 0.0f;
+        continue;
+      }
+      const double inv = 1.0 / (mean_div * alpha[j]);
+      p.row_norm[i] = static_cast<float>(inv);
+      p.row_scale[i] = static_cast<float>(w[j] * inv);
+    }
   }
 }
 
@@ -301,35 +327,8 @@ __device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, cons
   }
 }
 
-// 2^x for x <= 0 on the FMA and integer pipes instead of the special-function unit (which does 16
-// results per clock per SM: two per logit would take as long as moving the logits): round to the
-// nearest integer n by the 1.5 * 2^23 trick, 2^(x - n) by a degree-5 polynomial on [-1/2, 1/2]
-// (relative error <= 2.2e-7, like ex2.approx's), n added to the exponent. Inputs below -125 give
-// 2^-125 (ex2.approx.ftz gives 0); both vanish against any logit that matters. NaN stays NaN.
-__device__ __forceinline__ float exp2_soft(float x) {
-  x = x < -125.0f ? -125.0f : x;
-  const float t = __fadd_rn(x, 12582912.0f);
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.0f));
-  float q = 0.0013276468f;
-  q = fmaf(q, f, 0.009675541f);
-  q = fmaf(q, f, 0.055507135f);
-  q = fmaf(q, f, 0.24022120f);
-  q = fmaf(q, f, 0.69314694f);
-  q = fmaf(q, f, 1.0000001f);
-  return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
-}
-
-// ex2 of element e of a unit: every fourth one in software when kSoft (see exp2_soft).
-template <bool kSoft>
-__device__ __forceinline__ float ex2_mixed(float x, int e) {
-  if constexpr (kSoft) {
-    if ((e & 3) == 3) return exp2_soft(x);
-  }
-  return ex2(x);
-}
-
 // The plain pass over N consecutive logits starting at column v0 (c = logit_scale * log2(e)).
-template <int N, bool kSoft>
+template <int N>
 __device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], int64_t v0, int64_t y, Stats& s) {
   float mu = x[0];
 #pragma unroll
@@ -343,18 +342,18 @@ __device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], i
   const float m = fmaxf(s.m, mu * c);
   float d = s.d * ex2(s.m - m);
 #pragma unroll
-  for (int e = 0; e < N; ++e) d += ex2_mixed<kSoft>(fmaf(x[e], c, -m), e);
+  for (int e = 0; e < N; ++e) d += ex2(fmaf(x[e], c, -m));
   s.m = m;
   s.d = d;
   s.sz = fmaxf(s.sz, mu);
 }
 
 // The plain gradient: a 2^(x c - m) - c' [v == y] (k.b is 0 without label smoothing).
-template <int N, bool kSoft>
+template <int N>
 __device__ __forceinline__ void gradient_plain(const Coef& k, float c, const float (&x)[N], int64_t v0, int64_t y,
                                                float (&o)[N]) {
 #pragma unroll
-  for (int e = 0; e < N; ++e) o[e] = k.a * ex2_mixed<kSoft>(fmaf(x[e], c, -k.m), e);
+  for (int e = 0; e < N; ++e) o[e] = k.a * ex2(fmaf(x[e], c, -k.m));
   const int64_t off = y - v0;
   if (off >= 0 && off < N) {
 #pragma unroll
@@ -367,11 +366,7 @@ template <bool kPlain, int N>
 __device__ __forceinline__ void accumulate_any(const RowParams& p, float c, const float (&x)[N], int64_t v0, int64_t y,
                                                Stats& s) {
   if constexpr (kPlain) {
-    if (p.soft_exp >= 2) {
-      accumulate_plain<N, true>(c, x, v0, y, s);
-    } else {
-      accumulate_plain<N, false>(c, x, v0, y, s);
-    }
+    accumulate_plain<N>(c, x, v0, y, s);
   } else {
     accumulate<N>(p, x, v0, y, s);
   }
@@ -381,11 +376,7 @@ template <bool kPlain, int N>
 __device__ __forceinline__ void gradient_any(const RowParams& p, const Coef& k, float c, const float (&x)[N],
                                              int64_t v0, int64_t y, float (&o)[N]) {
   if constexpr (kPlain) {
-    if (p.soft_exp >= 1) {
-      gradient_plain<N, true>(k, c, x, v0, y, o);
-    } else {
-      gradient_plain<N, false>(k, c, x, v0, y, o);
-    }
+    gradient_plain<N>(k, c, x, v0, y, o);
   } else {
     gradient<N>(p, k, x, v0, y, o);
   }
@@ -666,17 +657,33 @@ __device__ __forceinline__ double block_sum_double(double v, double* scratch) {
 __global__ void __launch_bounds__(kMaxThreads) finalize_kernel(FinalizeParams p) {
   __shared__ double scratch[kMaxThreads / 32];
   double loss = 0.0, z = 0.0;
-  for (int64_t i = threadIdx.x; i < p.rows; i += blockDim.x) {
-    const double li = static_cast<double>(p.row_scale[i]) * p.row_loss[i];
-    const double zi = p.row_z ? static_cast<double>(p.row_norm[i]) * p.row_z[i] : 0.0;
-    if (p.per_row) {
-      p.loss[i] = static_cast<float>(li);
-      if (p.z_loss) p.z_loss[i] = static_cast<float>(zi);
-    } else {
-      loss += li;
-      z += zi;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kBatch;
+  for (int64_t i0 = threadIdx.x; i0 < p.rows; i0 += step) {
+    float sc[kBatch], nm[kBatch], ls[kBatch], zz[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      const bool in = i < p.rows;
+      sc[j] = in ? p.row_scale[i] : 0.0f;
+      nm[j] = in ? p.row_norm[i] : 0.0f;
+      ls[j] = in ? p.row_loss[i] : 0.0f;
+      zz[j] = in && p.row_z ? p.row_z[i] : 0.0f;
     }
-    if (p.grad_loss_weight) p.grad_loss_weight[i] = p.row_norm[i] * p.row_loss[i];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      if (i >= p.rows) continue;
+      const double li = static_cast<double>(sc[j]) * ls[j];
+      const double zi = p.row_z ? static_cast<double>(nm[j]) * zz[j] : 0.0;
+      if (p.per_row) {
+        p.loss[i] = static_cast<float>(li);
+        if (p.z_loss) p.z_loss[i] = static_cast<float>(zi);
+      } else {
+        loss += li;
+        z += zi;
+      }
+      if (p.grad_loss_weight) p.grad_loss_weight[i] = nm[j] * ls[j];
+    }
   }
   if (p.per_row) return;
   loss = block_sum_double(loss, scratch);
@@ -690,21 +697,37 @@ __global__ void __launch_bounds__(kMaxThreads) finalize_kernel(FinalizeParams p)
 // ---------------------------------------------------------------------------------------------
 // Backward rescaling and conversions.
 
+// kScaleRows rows per block, their factors read together first: when every factor is 1 and the
+// scaling is in place (the eager backward of a mean or sum) the kernel is one wave of blocks that
+// read a few floats each, not one block per row.
+constexpr int kScaleRows = 8;
+
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) scale_rows_kernel(ScaleRowsParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
-  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const float f = p.g[p.per_row ? r : 0];
-    if (p.in == p.out && f == 1.0f) continue;
-    const T* in = static_cast<const T*>(p.in) + r * p.cols;
-    T* out = static_cast<T*>(p.out) + r * p.cols;
-    for (int64_t u = threadIdx.x; u < p.cols / N; u += blockDim.x) {
-      float v[N];
-      load_floats<N>(in + u * N, v);
-#pragma unroll
-      for (int e = 0; e < N; ++e) v[e] *= f;
-      store_floats<N>(out + u * N, v);
+  __shared__ float fs[kScaleRows];
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kScaleRows; r0 < p.rows;
+       r0 += static_cast<int64_t>(gridDim.x) * kScaleRows) {
+    if (threadIdx.x < kScaleRows) {
+      const int64_t r = r0 + threadIdx.x;
+      fs[threadIdx.x] = r < p.rows ? p.g[p.per_row ? r : 0] : 1.0f;
     }
+    __syncthreads();
+    for (int j = 0; j < kScaleRows; ++j) {
+      const int64_t r = r0 + j;
+      const float f = fs[j];
+      if (r >= p.rows || (p.in == p.out && f == 1.0f)) continue;
+      const T* in = static_cast<const T*>(p.in) + r * p.cols;
+      T* out = static_cast<T*>(p.out) + r * p.cols;
+      for (int64_t u = threadIdx.x; u < p.cols / N; u += blockDim.x) {
+        float v[N];
+        load_floats<N>(in + u * N, v);
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] *= f;
+        store_floats<N>(out + u * N, v);
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -786,17 +809,6 @@ int row_cluster_size(int major) {
     return (c == 1 || c == 2 || c == 4 || c == 8) ? c : 2;
   }();
   return major >= 9 ? chosen : 1;
-}
-
-// FUSEDOPS_CE_SOFT_EXP=0|1|2: in the plain pass, every fourth 2^x of no pass (0), of the gradient
-// pass (1, default) or of both passes (2) runs on the FMA pipe (exp2_soft).
-int soft_exp_level() {
-  static const int level = [] {
-    const char* v = std::getenv("FUSEDOPS_CE_SOFT_EXP");
-    const int l = v ? std::atoi(v) : 1;
-    return (l >= 0 && l <= 2) ? l : 1;
-  }();
-  return level;
 }
 
 struct Plan {
@@ -931,7 +943,6 @@ void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   p.tpr = pl.tpr;
   p.smem_iters = pl.smem_iters;
   p.csize = pl.csize;
-  p.soft_exp = soft_exp_level();
   if (pl.blocks == 0) return;
   if (!vec) {
     rows_scalar_kernel<TIn, TOut><<<static_cast<unsigned>(pl.blocks), pl.threads, 0, stream>>>(p);
@@ -1007,7 +1018,7 @@ void scale_rows(const char* op, const ScaleRowsParams& p, DType dtype, void* str
     using T = decltype(tag);
     constexpr int N = kVec16<T>;
     const bool vec = p.cols % N == 0 && aligned_to(p.in, 16) && aligned_to(p.out, 16);
-    const unsigned grid = grid_for(p.rows, 1);
+    const unsigned grid = grid_for(p.rows, kScaleRows);
     if (vec)
       scale_rows_kernel<T, true><<<grid, 256, 0, s>>>(p);
     else
