@@ -309,6 +309,33 @@ TEST(FusedCrossEntropyLoss, InPlaceAndStridedLogitsGiveTheSameResults) {
   }
 }
 
+// Labels on the first and last column, the last column of the last whole 16-byte unit and the
+// first of the trailing elements (the CUDA plans find the label's owner by its unit), with and
+// without a row pad, in place and not.
+TEST(FusedCrossEntropyLoss, LabelsAtTheEdgesOfARowMatchFloat64) {
+  const auto sets = option_sets();
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
+      for (const auto& [V, pad] : {std::pair<int64_t, int64_t>{9, 7}, {1003, 5}, {70001, 7}, {128256, 0}}) {
+        if (b.device.kind != DeviceKind::kCUDA && V > 40000 && dtype != DType::kBFloat16) continue;
+        for (int k : {0, 5}) {
+          const Options& opt = sets[k];
+          Problem p = make_problem(5, V, opt, 31 + V + k);
+          const int64_t whole = V / 8 * 8;
+          p.y = {0, V - 1, std::max<int64_t>(whole - 1, 0), std::min(whole, V - 1), V / 2};
+          for (bool in_place : {false, true}) {
+            const std::string what = case_name(b.id, dtype, {p.N, V}) + " " + opt.name + " pad " +
+                                     std::to_string(pad) + (in_place ? " in place" : "");
+            SCOPED_TRACE(what);
+            expect_matches(run_forward(b, dtype, p, opt, true, in_place, in_place ? 0 : pad), p, opt, dtype, what);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedCrossEntropyLoss, LargeLogitsAndSoftcapStayFinite) {
   const auto sets = option_sets();
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
