@@ -532,10 +532,28 @@ __device__ __forceinline__ void sigmoid_n(const float (&u)[N], float (&out)[N]) 
 // Rows [row0, row0 + nrows) of a [rows, W] matrix of T (row stride rs elements) as floats at
 // tile[r * ld + off + c], read coalesced by the whole block; a null matrix reads as zeros.
 // (One thread per row reading its own row touches a new 32-byte sector per thread per element.)
+// A full block issues all W of a thread's loads before the first shared-memory store: one memory
+// latency per call instead of one per element (the loop below waits for each load in turn).
 template <class T, int W>
 __device__ __forceinline__ void tile_in(const void* src, int64_t rs, int64_t row0, int nrows,
                                         float* tile, int ld, int off) {
   const T* m = static_cast<const T*>(src);
+  if (m && nrows == kThreads4) {
+    float v[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
+      const int r = i / W, c = i - r * W;
+      v[k] = to_f(m[(row0 + r) * rs + c]);
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
+      const int r = i / W, c = i - r * W;
+      tile[r * ld + off + c] = v[k];
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
     const int r = i / W, c = i - r * W;
     tile[r * ld + off + c] = m ? to_f(m[(row0 + r) * rs + c]) : 0.0f;
