@@ -16,7 +16,9 @@ benchmark's device; the weight and labels come from the case's inputs) with the 
 input dtype as the base.
 
 Baselines: PyTorch eager (F.linear + F.cross_entropy in the input dtype) and Liger-Kernel's
-LigerFusedLinearCrossEntropyLoss (Triton + torch matmuls, chunked).
+LigerFusedLinearCrossEntropyLoss (Triton + torch matmuls, chunked). fusedops runs twice: returning
+d_weight in the weight's dtype (its fp32 accumulator, 4 V H bytes, is part of its peak), and as
+"fusedops-mg", adding the weight gradient into the caller's fp32 main_grad.
 """
 
 from __future__ import annotations
@@ -80,6 +82,35 @@ def _fusedops_impl() -> Impl:
         return _grads(fusedops.chunk_loss(inp["h_req"], inp["w_req"], inp["labels"], reduction="mean"), inp)
 
     return Impl("fusedops", fwd, fwd_bwd, note="chunk size from the default memory budget")
+
+
+# The Megatron form: the weight gradient is added to the caller's fp32 main_grad during the
+# forward (gradient-accumulation fusion), so neither the fp32 accumulator nor a 16-bit d_weight is
+# allocated by the call; chunks from a 512 MiB budget. main_grad is a buffer the trainer holds
+# anyway (allocated and zeroed untimed, outside the peak measurement). Liger's and eager's rows
+# return a 16-bit d_weight that such a trainer would then add to its main_grad.
+MAIN_GRAD_BUDGET = 512 << 20
+
+
+def _fusedops_main_grad_impl() -> Impl:
+    def prepare(inp):
+        mg = inp.get("main_grad")
+        if mg is None:
+            inp["main_grad"] = torch.zeros(inp["weight"].shape, dtype=torch.float32, device=inp["weight"].device)
+        else:
+            mg.zero_()
+
+    def loss_of(inp):
+        return fusedops.chunk_loss(inp["h_req"], inp["w_req"], inp["labels"], reduction="mean",
+                                   grad_weight_buffer=inp["main_grad"], memory_budget=MAIN_GRAD_BUDGET)
+
+    def fwd_bwd(inp):
+        (dh,) = torch.autograd.grad(loss_of(inp), [inp["h_req"]])
+        return {"dh": dh, "dw": inp["main_grad"]}
+
+    return Impl("fusedops-mg", lambda inp: {"loss": loss_of(inp)}, fwd_bwd, prepare=prepare,
+                note="fusedops with grad_weight_buffer=main_grad (fp32, the caller's; Megatron's "
+                     "gradient-accumulation fusion) and memory_budget=512 MiB; dw = main_grad")
 
 
 def _eager(inp):
@@ -160,7 +191,7 @@ def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
         out.append(Case(
             op=OP, shape=(1, n * h), dtype=dtype, params={"N": n, "H": h, "V": v, "reduction": "mean"},
             make_inputs=lambda dev, seed, nhv=nhv, dtype=dtype, state=state: _make_inputs(nhv, dtype, dev, seed, state),
-            impls=[_fusedops_impl(), _eager_impl(), _liger_impl(device)],
+            impls=[_fusedops_impl(), _fusedops_main_grad_impl(), _eager_impl(), _liger_impl(device)],
             reference=_reference_fn(state), base=_base_fn(state),
             bytes_moved=bytes_moved(nhv, dtype), bytes_note=BYTES_NOTE,
             ref_row_budget_elems=1 << 62,
