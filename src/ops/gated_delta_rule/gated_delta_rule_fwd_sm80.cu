@@ -21,11 +21,13 @@ namespace {
 // eight at a time (all eight loads issued before the first add). On the H200, KDA's
 // [8,4096,16,128] fp32 gate: one row at a time (latency-bound) 181 us; a CTA per 32 channels with
 // every row of a thread loaded at once and a cross-warp scan 195 us; the same with 128 channels
-// per CTA (64 doubles per thread, two CTAs per SM) 379 us.
-
+// per CTA (64 doubles per thread, two CTAs per SM) 379 us. With few channels (GDN's scalar gate:
+// H of them) the grid is one CTA per chunk with only H threads at work, and each thread's eight
+// dependent round trips to memory were the time (17 us at [8,4096,16], 4% of warps active): there
+// a thread loads all 64 rows of its chunk at once (kBatch = 64, taken when C <= 64).
+template <int kBatch>
 __global__ void __launch_bounds__(kThreads) cumsum_kernel(Tok g, Tok out, Layout L, int64_t C, int64_t S,
                                                           int reverse, double scale) {
-  constexpr int kBatch = 8;
   const int64_t ch = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (ch >= C) return;
   const ChunkPos c = chunk_pos(L, blockIdx.x);
@@ -61,8 +63,14 @@ void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
   if (NT == 0 || C == 0) return;
   FUSEDOPS_REQUIRE((C + kThreads - 1) / kThreads <= 65535, kValue, op, "too many channels: ", C);
   const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
-  cumsum_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
-                                                       a.reverse ? 1 : 0, a.scale);
+  if (C <= kMaxBT) {
+    const int threads = static_cast<int>((C + 31) / 32 * 32);
+    cumsum_kernel<kMaxBT><<<grid, threads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
+                                                                a.reverse ? 1 : 0, a.scale);
+  } else {
+    cumsum_kernel<8><<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
+                                                            a.reverse ? 1 : 0, a.scale);
+  }
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
