@@ -69,13 +69,40 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     return;
   }
 #ifdef FUSEDOPS_WITH_BLAS
+  // OpenBLAS runs single-threaded and the product is split over our OpenMP threads, each calling
+  // it on a block of C's rows or columns (the longer side). With OpenBLAS's own thread pool, its
+  // threads and our OpenMP workers (still spinning after the previous parallel region) competed
+  // for the cores: on a 2-core VM a bf16 chunk_loss spent 13% of its time in sgemm and ~40% in
+  // libgomp's spin and sched_yield (perf, stop 24). Each block's sums over K run in the same
+  // order as the whole product's, so the split changes no result.
+  static const bool single = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)single;
   if (beta == 0.0f) {
     // BLAS scales C by beta even when it is 0, so NaNs already in C would survive as NaN*0.
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const float* a = trans_a ? A + i0 : A + i0 * lda;
+    const float* b = trans_b ? B + j0 * ldb : B + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(i1 - i0), static_cast<int>(j1 - j0), static_cast<int>(K), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, C + i0 * ldc + j0, static_cast<int>(ldc));
+  };
+  // Blocks of at least 32 rows or columns and ~2 MFLOP, so small products stay on one thread.
+  constexpr int64_t kMinSide = 32, kMinFlops = int64_t{1} << 21;
+  const bool by_rows = M >= N;
+  const int64_t side = by_rows ? M : N;
+  const int64_t grain = std::max(kMinSide, kMinFlops / std::max<int64_t>(1, 2 * (by_rows ? N : M) * K));
+  parallel_for(0, side, grain, [&](int64_t b0, int64_t b1) {
+    if (by_rows) {
+      call(b0, b1, 0, N);
+    } else {
+      call(0, M, b0, b1);
+    }
+  });
 #else
   sgemm_builtin(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif

@@ -35,13 +35,16 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, Fn&& fn) {
     return;
   }
 #ifdef _OPENMP
+  // The split is fixed by `threads`; a smaller team (a call nested inside another parallel
+  // region gets one thread) takes several parts each.
 #pragma omp parallel num_threads(threads)
   {
-    const int t = omp_get_thread_num();
     const int64_t per = (n + threads - 1) / threads;
-    const int64_t b = begin + t * per;
-    const int64_t e = std::min(end, b + per);
-    if (b < e) fn(b, e);
+    for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+      const int64_t b = begin + t * per;
+      const int64_t e = std::min(end, b + per);
+      if (b < e) fn(b, e);
+    }
   }
 #else
   fn(begin, end);
