@@ -1,7 +1,15 @@
 #include "src/cpu/gemm.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define FUSEDOPS_BF16_GEMM 1
+#endif
 
 #include "src/cpu/parallel.h"
 
@@ -105,6 +113,197 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   });
 #else
   sgemm_builtin(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 GEMM. Blocking: each thread owns a range of C's columns; for each KC-deep slice it packs its
+// B columns as [NR-column panel][k pair][NR][2] bf16 (k pairs along the depth, zero-padded), then
+// for each MR-row strip packs A as [k pair][MR] pairs and runs the MR x NR micro-kernel over its
+// panels: per k pair 2 loads of B, MR broadcasts of A's pair and 2 MR `vdpbf16ps`. Each C element
+// is summed over K in the same order whatever the thread split.
+
+bool have_bf16_gemm() {
+#ifdef FUSEDOPS_BF16_GEMM
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// Scales C by beta (beta == 0 writes zeros: NaNs in C are not propagated).
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  if (beta == 1.0f) return;
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (beta == 0.0f) {
+      std::fill(c, c + N, 0.0f);
+    } else {
+      for (int64_t j = 0; j < N; ++j) c[j] *= beta;
+    }
+  }
+}
+
+#ifdef FUSEDOPS_BF16_GEMM
+// Blocking (GotoBLAS order): C's columns in NC blocks, the depth in KC slices, C's rows in MC
+// blocks; B's KC x NC block packed as [NR panel][k pair][NR][2] (2 MiB at most, L3), A's MC x KC
+// block as [MR strip][k pair][MR] pairs (128 KiB, L2), and each B panel (32 KiB, L1) meets every
+// A strip of the block in turn.
+constexpr int64_t kMR = 8, kNR = 32, kKC = 512, kMC = 128, kNC = 2048;
+
+// B's k pairs (k0 + 2q, k0 + 2q + 1), q < kp, of columns j0 .. j0 + 32 into dst[q][32][2]
+// (columns past N and a missing odd row are zeros).
+void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t N,
+                  uint16_t* dst) {
+  const int64_t kp = (kc + 1) / 2, nj = std::min<int64_t>(kNR, N - j0);
+  if (tb) {  // B^T stored [N][K]: a pair is one 32-bit word of a row of B
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    for (int64_t jj = 0; jj < kNR; ++jj) {
+      const uint16_t* row = B + (j0 + jj) * ldb + k0;
+      for (int64_t q = 0; q < kp; ++q) {
+        uint32_t w = 0;
+        if (jj < nj) {
+          if (2 * q + 1 < kc) {
+            std::memcpy(&w, row + 2 * q, 4);
+          } else {
+            w = row[2 * q];
+          }
+        }
+        d[q * kNR + jj] = w;
+      }
+    }
+    return;
+  }
+  // B stored [K][N]: rows k and k+1 interleaved 16 bits at a time.
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
+                                          54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  const __mmask32 m = nj >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << nj) - 1u);
+  for (int64_t q = 0; q < kp; ++q) {
+    const int64_t k = k0 + 2 * q;
+    const __m512i r0 = _mm512_maskz_loadu_epi16(m, B + k * ldb + j0);
+    const __m512i r1 = 2 * q + 1 < kc ? _mm512_maskz_loadu_epi16(m, B + (k + 1) * ldb + j0) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + q * kNR * 2, _mm512_permutex2var_epi16(r0, lo_idx, r1));
+    _mm512_storeu_si512(dst + q * kNR * 2 + 32, _mm512_permutex2var_epi16(r0, hi_idx, r1));
+  }
+}
+
+// A's rows i0 .. i0 + 8 (past M: zeros), k pairs q < kp, into dst[q][8] as 32-bit pairs.
+void pack_a_strip(bool ta, const uint16_t* A, int64_t lda, int64_t k0, int64_t kc, int64_t i0, int64_t M,
+                  uint32_t* dst) {
+  const int64_t kp = (kc + 1) / 2, mi = std::min<int64_t>(kMR, M - i0);
+  for (int64_t q = 0; q < kp; ++q) {
+    const int64_t k = k0 + 2 * q;
+    const bool pair = 2 * q + 1 < kc;
+    for (int64_t ii = 0; ii < kMR; ++ii) {
+      uint32_t w = 0;
+      if (ii < mi) {
+        if (!ta) {
+          const uint16_t* p = A + (i0 + ii) * lda + k;
+          if (pair) {
+            std::memcpy(&w, p, 4);
+          } else {
+            w = p[0];
+          }
+        } else {
+          w = A[k * lda + i0 + ii] | (pair ? static_cast<uint32_t>(A[(k + 1) * lda + i0 + ii]) << 16 : 0u);
+        }
+      }
+      dst[q * kMR + ii] = w;
+    }
+  }
+}
+
+// C[8 x 32] (rows mr, columns nj) += alpha * strip . panel over kp pairs.
+inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, float alpha, float* C, int64_t ldc,
+                         int64_t mr, int64_t nj) {
+  __m512 acc[kMR][2];
+#pragma GCC unroll 8
+  for (int ii = 0; ii < kMR; ++ii) acc[ii][0] = acc[ii][1] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < kp; ++q) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * kNR * 2);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * kNR * 2 + 32);
+#pragma GCC unroll 8
+    for (int ii = 0; ii < kMR; ++ii) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[q * kMR + ii]));
+      acc[ii][0] = _mm512_dpbf16_ps(acc[ii][0], a, b0);
+      acc[ii][1] = _mm512_dpbf16_ps(acc[ii][1], a, b1);
+    }
+  }
+  const __m512 al = _mm512_set1_ps(alpha);
+  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
+  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
+  for (int ii = 0; ii < mr; ++ii) {
+    float* c = C + ii * ldc;
+    _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
+    if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
+  }
+}
+
+void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+                  const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  scale_c(M, N, beta, C, ldc);
+  if (K <= 0) return;
+  const int64_t panels = (N + kNR - 1) / kNR;
+  const bool by_cols = panels >= 2 * max_threads() || M < 2 * kMC;
+  // Threads split C's columns (by NR panels) or, for narrow C, its rows (by MC blocks).
+  const int64_t units = by_cols ? panels : (M + kMC - 1) / kMC;
+  parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    const int64_t c0 = by_cols ? u0 * kNR : 0, c1 = by_cols ? std::min(N, u1 * kNR) : N;
+    const int64_t r0 = by_cols ? 0 : u0 * kMC, r1 = by_cols ? M : std::min(M, u1 * kMC);
+    std::vector<uint16_t> bp(static_cast<size_t>((kNC / kNR) * (kKC / 2) * kNR * 2));
+    std::vector<uint32_t> ap(static_cast<size_t>((kMC / kMR) * (kKC / 2) * kMR));
+    for (int64_t jc = c0; jc < c1; jc += kNC) {
+      const int64_t nc = std::min(kNC, c1 - jc), np = (nc + kNR - 1) / kNR;
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0), kp = (kc + 1) / 2;
+        for (int64_t p = 0; p < np; ++p) pack_b_panel(tb, B, ldb, k0, kc, jc + p * kNR, c1, bp.data() + p * kp * kNR * 2);
+        for (int64_t ic = r0; ic < r1; ic += kMC) {
+          const int64_t mc = std::min(kMC, r1 - ic), ns = (mc + kMR - 1) / kMR;
+          for (int64_t st = 0; st < ns; ++st) pack_a_strip(ta, A, lda, k0, kc, ic + st * kMR, r1, ap.data() + st * kp * kMR);
+          for (int64_t p = 0; p < np; ++p) {
+            const int64_t j0 = jc + p * kNR, nj = std::min<int64_t>(kNR, c1 - j0);
+            for (int64_t st = 0; st < ns; ++st) {
+              const int64_t i0 = ic + st * kMR;
+              micro_kernel(ap.data() + st * kp * kMR, bp.data() + p * kp * kNR * 2, kp, alpha, C + i0 * ldc + j0, ldc,
+                           std::min<int64_t>(kMR, r1 - i0), nj);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+// Without the instructions: the operands rounded to bf16 and widened to fp32, then sgemm.
+[[maybe_unused]] void bgemm_via_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                      const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
+                                      float* C, int64_t ldc) {
+  auto widen = [](bf16_t v) { return to_float(v); };
+  const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  std::unique_ptr<float[]> a(new float[static_cast<size_t>(std::max<int64_t>(1, ar * ac))]);
+  std::unique_ptr<float[]> b(new float[static_cast<size_t>(std::max<int64_t>(1, br * bc))]);
+  for (int64_t r = 0; r < ar; ++r)
+    for (int64_t c = 0; c < ac; ++c) a[r * ac + c] = widen(A[r * lda + c]);
+  for (int64_t r = 0; r < br; ++r)
+    for (int64_t c = 0; c < bc; ++c) b[r * bc + c] = widen(B[r * ldb + c]);
+  sgemm(ta, tb, M, N, K, alpha, a.get(), ac, b.get(), bc, beta, C, ldc);
+}
+
+}  // namespace
+
+void bgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
+           int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+#ifdef FUSEDOPS_BF16_GEMM
+  bgemm_avx512(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda,
+               reinterpret_cast<const uint16_t*>(B), ldb, beta, C, ldc);
+#else
+  bgemm_via_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif
 }
 

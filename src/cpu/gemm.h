@@ -9,7 +9,11 @@
 
 #include <cstdint>
 
+#include "src/core/half.h"
+
 namespace fusedops::cpu {
+
+using fusedops::bf16_t;
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -22,5 +26,13 @@ void sgemm_builtin(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 
 // Whether sgemm goes through a BLAS library.
 bool have_blas();
+
+// C[M,N] = alpha * op(A) @ op(B) + beta * C for bf16 A and B, fp32 C, the products summed in fp32:
+// the bf16 dot-product instruction of AVX-512 BF16 (`vdpbf16ps`) when the build targets a CPU
+// that has it (have_bf16_gemm()), else the operands widened to fp32 and sgemm. Reproducible for a
+// fixed thread count.
+bool have_bf16_gemm();
+void bgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
+           int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 }  // namespace fusedops::cpu

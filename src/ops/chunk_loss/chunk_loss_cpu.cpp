@@ -1,6 +1,8 @@
 // chunk_loss, CPU backend: per chunk of rows, Z = H_c W^T (cpu::sgemm), the cross-entropy
 // engine writing the gradient over Z in place, dH_c = G W and dW += G^T H_c (sgemm, fp32).
-// fp32 copies of 16-bit operands: the weight once ([V, H]), hidden one chunk at a time.
+// fp32 copies of 16-bit operands: the weight once ([V, H]), hidden one chunk at a time. bf16 on a
+// CPU with AVX-512 BF16: the three products on bf16 operands (cpu::bgemm, fp32 sums), G rounded to
+// bf16 as the CUDA backend stores it, no fp32 copies.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -106,12 +108,14 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.row_norm = row_norm.data();
   cpu::ce::row_scales(sp);
 
+  // bf16 products straight on the operands where the CPU has bf16 dot products.
+  const bool bf = dt == DType::kBFloat16 && cpu::have_bf16_gemm();
   // fp32 operands.
   std::unique_ptr<float[]> w32;
   const float* W = nullptr;
   if (f32) {
     W = a.weight.data_as<const float>();
-  } else {
+  } else if (!bf) {
     w32 = scratch(V * H);
     to_float_rows(a.weight.data(), dt, H, V, H, w32.get());
     W = w32.get();
@@ -134,15 +138,20 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   const int64_t ldh = a.hidden.row_stride();
   const int64_t Cn = std::min(C, N);
   std::unique_ptr<float[]> zbuf = scratch(Cn * V);
-  std::unique_ptr<float[]> h32 = scratch(f32 ? 0 : Cn * H);
+  std::unique_ptr<float[]> h32 = scratch(f32 || bf ? 0 : Cn * H);
   std::unique_ptr<float[]> dh32 = scratch((a.grad_hidden.defined() && !f32) ? Cn * H : 0);
+  std::unique_ptr<bf16_t[]> gb(new bf16_t[static_cast<size_t>(bf && want_grad ? Cn * V : 1)]);
+  const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
   float* z = zbuf.get();
   const size_t label_size = int64 ? 8 : 4;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t rows = std::min(C, N - r0);
-    const float* Hc;
-    int64_t ldhc;
-    if (f32) {
+    const float* Hc = nullptr;
+    int64_t ldhc = H;
+    const bf16_t* Hb = bf ? a.hidden.data_as<const bf16_t>() + r0 * ldh : nullptr;
+    if (bf) {
+      cpu::bgemm(false, true, rows, V, H, 1.0f, Hb, ldh, Wb, H, 0.0f, z, V);
+    } else if (f32) {
       Hc = a.hidden.data_as<const float>() + r0 * ldh;
       ldhc = ldh;
     } else {
@@ -151,7 +160,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       Hc = h32.get();
       ldhc = H;
     }
-    cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z, V);
+    if (!bf) cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z, V);
 
     cpu::ce::RowsParams rp{};
     rp.logits = z;
@@ -174,7 +183,21 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
     cpu::ce::rows(rp);
 
-    if (a.grad_hidden.defined()) {
+    if (bf && want_grad) {
+      // G in bf16 (as the CUDA backend rounds it), then dH_c = G W and dW += G^T H_c.
+      cpu::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1)), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) cpu::store_float(z + i * V, gb.get() + i * V, V);
+      });
+      if (a.grad_hidden.defined()) {
+        cpu::bgemm(false, false, rows, H, V, 1.0f, gb.get(), V, Wb, H, 0.0f, dh32.get(), H);
+        from_float_rows(dh32.get(), rows, H,
+                        static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
+      }
+      if (dW) {
+        cpu::bgemm(true, false, V, H, rows, 1.0f, gb.get(), V, Hb, ldh, dw_started ? 1.0f : 0.0f, dW, H);
+        dw_started = true;
+      }
+    } else if (a.grad_hidden.defined()) {
       if (f32) {
         cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f,
                    a.grad_hidden.data_as<float>() + r0 * H, H);
@@ -184,7 +207,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
     }
-    if (dW) {
+    if (dW && !bf) {
       cpu::sgemm(true, false, V, H, rows, 1.0f, z, V, Hc, ldhc, dw_started ? 1.0f : 0.0f, dW, H);
       dw_started = true;
     }

@@ -1,6 +1,8 @@
 // matmul_add, CPU backend: one fp32 GEMM with beta = 1 (cpu::sgemm: OpenBLAS or the built-in
-// kernel) straight on fp32 operands; bf16/fp16 operands are converted to fp32 a block of tokens
-// at a time (never the whole tensors) and each block is accumulated with its own beta = 1 GEMM.
+// kernel) straight on fp32 operands; bf16 operands on a CPU with AVX-512 BF16 go straight to
+// cpu::bgemm (bf16 dot products, fp32 sums); otherwise bf16/fp16 operands are converted to fp32 a
+// block of tokens at a time (never the whole tensors) and each block is accumulated with its own
+// beta = 1 GEMM.
 #include <algorithm>
 #include <memory>
 
@@ -38,6 +40,10 @@ void run(const MatmulAddFwdArgs& a) {
   if constexpr (std::is_same_v<T, float>) {
     // main_grad[O, I] += grad_output[T, O]^T @ input[T, I]
     cpu::sgemm(true, false, O, I, tokens, 1.0f, g, ldg, x, ldx, 1.0f, C, I);
+  } else if (std::is_same_v<T, bf16_t> && cpu::have_bf16_gemm()) {
+    // bf16 dot products with fp32 sums, straight on the operands (no fp32 copies).
+    cpu::bgemm(true, false, O, I, tokens, 1.0f, reinterpret_cast<const bf16_t*>(g), ldg,
+               reinterpret_cast<const bf16_t*>(x), ldx, 1.0f, C, I);
   } else {
     const int64_t block = block_tokens(tokens, O, I);
     // Uninitialized: every element is written by the conversion before the GEMM reads it.
