@@ -86,7 +86,8 @@ def _fusedops_impl() -> Impl:
 
 # The Megatron form: the weight gradient is added to the caller's fp32 main_grad during the
 # forward (gradient-accumulation fusion), so neither the fp32 accumulator nor a 16-bit d_weight is
-# allocated by the call; chunks from a 512 MiB budget. main_grad is a buffer the trainer holds
+# allocated by the call; chunks from a 512 MiB budget on CUDA (the CPU default on the CPU).
+# main_grad is a buffer the trainer holds
 # anyway (allocated and zeroed untimed, outside the peak measurement). Liger's and eager's rows
 # return a 16-bit d_weight that such a trainer would then add to its main_grad.
 MAIN_GRAD_BUDGET = 512 << 20
@@ -101,8 +102,9 @@ def _fusedops_main_grad_impl() -> Impl:
             mg.zero_()
 
     def loss_of(inp):
+        budget = MAIN_GRAD_BUDGET if inp["h_req"].is_cuda else None  # the CPU default elsewhere
         return fusedops.chunk_loss(inp["h_req"], inp["w_req"], inp["labels"], reduction="mean",
-                                   grad_weight_buffer=inp["main_grad"], memory_budget=MAIN_GRAD_BUDGET)
+                                   grad_weight_buffer=inp["main_grad"], memory_budget=budget)
 
     def fwd_bwd(inp):
         (dh,) = torch.autograd.grad(loss_of(inp), [inp["h_req"]])
@@ -110,7 +112,7 @@ def _fusedops_main_grad_impl() -> Impl:
 
     return Impl("fusedops-mg", lambda inp: {"loss": loss_of(inp)}, fwd_bwd, prepare=prepare,
                 note="fusedops with grad_weight_buffer=main_grad (fp32, the caller's; Megatron's "
-                     "gradient-accumulation fusion) and memory_budget=512 MiB; dw = main_grad")
+                     "gradient-accumulation fusion) and memory_budget=512 MiB on CUDA; dw = main_grad")
 
 
 def _eager(inp):

@@ -237,7 +237,7 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     * The cross-entropy options (``ignore_index``, ``label_smoothing``, ``lse_square_scale``
       z-loss, ``softcap``, ``logit_scale``) are those of :func:`fused_cross_entropy_loss`.
     * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
-      gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 256 MiB on the CPU).
+      gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 32 MiB on the CPU).
     * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
       gradient is added to during the forward instead of being returned through autograd; the
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
