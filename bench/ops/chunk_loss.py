@@ -87,9 +87,9 @@ def _fusedops_impl() -> Impl:
 # The Megatron form: the weight gradient is added to the caller's fp32 main_grad during the
 # forward (gradient-accumulation fusion), so neither the fp32 accumulator nor a 16-bit d_weight is
 # allocated by the call; chunks from a 512 MiB budget on CUDA (the CPU default on the CPU).
-# main_grad is a buffer the trainer holds
-# anyway (allocated and zeroed untimed, outside the peak measurement). Liger's and eager's rows
-# return a 16-bit d_weight that such a trainer would then add to its main_grad.
+# main_grad is a buffer the trainer holds anyway (allocated and zeroed untimed, outside the peak
+# measurement). Liger's and eager's rows return a 16-bit d_weight that such a trainer would then
+# add to its main_grad.
 MAIN_GRAD_BUDGET = 512 << 20
 
 
