@@ -149,6 +149,14 @@ void extended_row(const Problem& p, const Rows<const T>& x, const Task& tk, int6
   }
 }
 
+// a[d] += w[d] * x[d]. A function of its own so that its restrict parameters hold: written
+// inline over pointers from the row lambda, GCC kept the loop scalar (stop 24, perf of the bf16
+// forward: ~25% of the time in a one-float-at-a-time loop).
+__attribute__((noinline)) void fma_row(float* __restrict a, const float* __restrict w, const float* __restrict x,
+                                       int64_t n) {
+  for (int64_t d = 0; d < n; ++d) a[d] += w[d] * x[d];
+}
+
 // a = bias + sum_k w[k] * x~[t-W+1+k], row k of the window given by row_of(k) (channels
 // d0..d0+nd).
 template <class RowOf>
@@ -159,11 +167,7 @@ void preactivation_with(const Problem& p, RowOf row_of, int64_t d0, int64_t nd, 
   } else {
     std::fill(a, a + nd, 0.0f);
   }
-  for (int64_t k = 0; k < W; ++k) {
-    const float* __restrict row = row_of(k);
-    const float* __restrict wk = p.w.data() + k * D + d0;
-    for (int64_t d = 0; d < nd; ++d) a[d] += wk[d] * row[d];
-  }
+  for (int64_t k = 0; k < W; ++k) fma_row(a, p.w.data() + k * D + d0, row_of(k), nd);
 }
 
 // The same from the ring holding rows t-W+1..t.
@@ -272,8 +276,7 @@ void bwd_task(const Problem& p, const CausalConv1dBwdArgs& args, const Task& tk,
         for (int64_t d = 0; d < nd; ++d) db[d] += gu[d];
         for (int64_t k = 0; k < W; ++k) {
           const float* __restrict row = xring + p.slot(u - W + 1 + k) * nd;
-          float* __restrict acc = dw + k * D;
-          for (int64_t d = 0; d < nd; ++d) acc[d] += gu[d] * row[d];
+          fma_row(dw + k * D, gu, row, nd);
         }
       }
     } else {
