@@ -161,7 +161,7 @@ void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t k0, int64_t k
   if (tb) {  // B^T stored [N][K]: a pair is one 32-bit word of a row of B
     uint32_t* d = reinterpret_cast<uint32_t*>(dst);
     for (int64_t jj = 0; jj < kNR; ++jj) {
-      const uint16_t* row = B + (j0 + jj) * ldb + k0;
+      const uint16_t* row = jj < nj ? B + (j0 + jj) * ldb + k0 : B;
       for (int64_t q = 0; q < kp; ++q) {
         uint32_t w = 0;
         if (jj < nj) {
