@@ -57,6 +57,7 @@ struct RowParams {
   float lambda;   // lse_square_scale
   int tpr;        // set by the launcher
   int smem_iters; // set by the launcher
+  int csize;      // set by the launcher: CTAs per row (a thread-block cluster) or 1
 };
 void rows(const char* op, RowParams p, DType x_dtype, DType g_dtype, int device, void* stream);
 

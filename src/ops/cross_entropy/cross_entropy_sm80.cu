@@ -9,8 +9,9 @@
 // thread (running max m and sum d of exp(z - m), plus sum z and the target logit), the group
 // merges them in a fixed order, and pass 2 writes the gradient from the on-chip copy. At the
 // plan's sizes a [*, 128256] bf16 row (250 KB) fits on chip on an H100/H200 (4 register + 12
-// shared-memory units per thread, 1024 threads per row: one read and one write of the logits);
-// fp32 rows of that size stream about 45% of the row through L2. Loss-only calls keep nothing for a second pass and stream with 256 threads per
+// shared-memory units per thread, 1024 threads per row, or with FUSEDOPS_CE_CLUSTER=2 512 threads
+// in each of a 2-CTA cluster: one read and one write of the logits); fp32 rows of that size stream about 45% of the
+// row through L2. Loss-only calls keep nothing for a second pass and stream with 256 threads per
 // row. Without softcapping or label smoothing (the common call) both passes run in base 2 (the
 // plain pass, see merge): per logit and pass one conversion, one FMA and one ex2 plus a max and an
 // add (pass 1) or a multiply (pass 2). At [8192, 128256] bf16 on an H200 that took forward+backward
@@ -57,6 +58,28 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// Waits until at most n of this thread's cp.async groups are pending (at most 15 when n > 15).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait_group<0>(); break;
+    case 1: cp_async_wait_group<1>(); break;
+    case 2: cp_async_wait_group<2>(); break;
+    case 3: cp_async_wait_group<3>(); break;
+    case 4: cp_async_wait_group<4>(); break;
+    case 5: cp_async_wait_group<5>(); break;
+    case 6: cp_async_wait_group<6>(); break;
+    case 7: cp_async_wait_group<7>(); break;
+    case 8: cp_async_wait_group<8>(); break;
+    case 9: cp_async_wait_group<9>(); break;
+    case 10: cp_async_wait_group<10>(); break;
+    case 11: cp_async_wait_group<11>(); break;
+    case 12: cp_async_wait_group<12>(); break;
+    case 13: cp_async_wait_group<13>(); break;
+    case 14: cp_async_wait_group<14>(); break;
+    default: cp_async_wait_group<15>(); break;
+  }
+}
+
 __device__ __forceinline__ int64_t label_at(const void* labels, int int64, int64_t i) {
   return int64 ? static_cast<const int64_t*>(labels)[i]
                : static_cast<int64_t>(static_cast<const int32_t*>(labels)[i]);
@@ -199,6 +222,58 @@ __device__ __forceinline__ Stats group_merge(Stats s, int tpr, float4* scratch) 
   return r;
 }
 
+// Rows split over a thread-block cluster (sm_90 and later; p.csize CTAs per row, one row per
+// cluster). Each CTA has merged its own threads' states; rank r's state goes to its shared memory,
+// the cluster synchronises, and every CTA merges the csize states in rank order (so all end with
+// the same bits). A CTA's shared memory must outlive the others' reads: each CTA arrives on the
+// cluster barrier once it has read, and waits on it before it exits (cluster_done).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_done(int csize) {
+  if (csize > 1) cluster_wait();
+}
+
+// Reads the float4 at this CTA's shared address `mine` in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float4 load_cluster_f4(const float4* mine, int rank) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(mine));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#else
+  (void)mine;
+  (void)rank;
+#endif
+  return v;
+}
+
+template <bool kPlain>
+__device__ __forceinline__ Stats cluster_merge(const Stats& s, int csize, float4* slot) {
+  if (threadIdx.x == 0) *slot = make_float4(s.m, s.d, s.sz, s.zy);
+  cluster_arrive();
+  cluster_wait();
+  float4 v = load_cluster_f4(slot, 0);
+  Stats r{v.x, v.y, v.z, v.w};
+  for (int k = 1; k < csize; ++k) {
+    v = load_cluster_f4(slot, k);
+    r = merge<kPlain>(r, Stats{v.x, v.y, v.z, v.w});
+  }
+  cluster_arrive();
+  return r;
+}
+
 __device__ __forceinline__ float transform(const RowParams& p, float x, float& t) {
   float z = x * p.scale;
   if (p.cap > 0.0f) {
@@ -208,10 +283,8 @@ __device__ __forceinline__ float transform(const RowParams& p, float x, float& t
   return z;
 }
 
-// Pass 1 over N consecutive logits starting at column v0. With kLabel the caller may hold the
-// label's column and the target logit is picked out here; without it (the vectorised units, whose
-// label is taken once by its owner thread, see rows_vec_kernel) there is no label test.
-template <int N, bool kLabel = true>
+// Pass 1 over N consecutive logits starting at column v0.
+template <int N>
 __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[N], int64_t v0,
                                            int64_t y, Stats& s) {
   float z[N];
@@ -223,7 +296,7 @@ __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[
     mu = fmaxf(mu, z[e]);
     s.sz += z[e];
   }
-  const int64_t off = kLabel ? y - v0 : -1;
+  const int64_t off = y - v0;
   if (off >= 0 && off < N) {
 #pragma unroll
     for (int e = 0; e < N; ++e)
@@ -243,10 +316,10 @@ struct Coef {
   float a, b, c, m;
 };
 
-template <int N, bool kLabel = true>
+template <int N>
 __device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, const float (&x)[N],
                                          int64_t v0, int64_t y, float (&o)[N]) {
-  const int64_t off = kLabel ? y - v0 : -1;
+  const int64_t off = y - v0;
   const int target = (off >= 0 && off < N) ? static_cast<int>(off) : -1;
 #pragma unroll
   for (int e = 0; e < N; ++e) {
@@ -260,12 +333,12 @@ __device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, cons
 }
 
 // The plain pass over N consecutive logits starting at column v0 (c = logit_scale * log2(e)).
-template <int N, bool kLabel = true>
+template <int N>
 __device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], int64_t v0, int64_t y, Stats& s) {
   float mu = x[0];
 #pragma unroll
   for (int e = 1; e < N; ++e) mu = fmaxf(mu, x[e]);
-  const int64_t off = kLabel ? y - v0 : -1;
+  const int64_t off = y - v0;
   if (off >= 0 && off < N) {
 #pragma unroll
     for (int e = 0; e < N; ++e)
@@ -281,12 +354,12 @@ __device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], i
 }
 
 // The plain gradient: a 2^(x c - m) - c' [v == y] (k.b is 0 without label smoothing).
-template <int N, bool kLabel = true>
+template <int N>
 __device__ __forceinline__ void gradient_plain(const Coef& k, float c, const float (&x)[N], int64_t v0, int64_t y,
                                                float (&o)[N]) {
 #pragma unroll
   for (int e = 0; e < N; ++e) o[e] = k.a * ex2(fmaf(x[e], c, -k.m));
-  const int64_t off = kLabel ? y - v0 : -1;
+  const int64_t off = y - v0;
   if (off >= 0 && off < N) {
 #pragma unroll
     for (int e = 0; e < N; ++e)
@@ -294,32 +367,23 @@ __device__ __forceinline__ void gradient_plain(const Coef& k, float c, const flo
   }
 }
 
-template <bool kPlain, int N, bool kLabel = true>
+template <bool kPlain, int N>
 __device__ __forceinline__ void accumulate_any(const RowParams& p, float c, const float (&x)[N], int64_t v0, int64_t y,
                                                Stats& s) {
   if constexpr (kPlain) {
-    accumulate_plain<N, kLabel>(c, x, v0, y, s);
+    accumulate_plain<N>(c, x, v0, y, s);
   } else {
-    accumulate<N, kLabel>(p, x, v0, y, s);
+    accumulate<N>(p, x, v0, y, s);
   }
 }
 
-template <bool kPlain, int N, bool kLabel = true>
+template <bool kPlain, int N>
 __device__ __forceinline__ void gradient_any(const RowParams& p, const Coef& k, float c, const float (&x)[N],
                                              int64_t v0, int64_t y, float (&o)[N]) {
   if constexpr (kPlain) {
-    gradient_plain<N, kLabel>(k, c, x, v0, y, o);
+    gradient_plain<N>(k, c, x, v0, y, o);
   } else {
-    gradient<N, kLabel>(p, k, x, v0, y, o);
-  }
-}
-
-// Calls f(std::integral_constant<int, I>) for I = 0 .. kN-1 (so that I can be a template argument).
-template <int kN, int I = 0, class F>
-__device__ __forceinline__ void static_for(F&& f) {
-  if constexpr (I < kN) {
-    f(std::integral_constant<int, I>{});
-    static_for<kN, I + 1>(f);
+    gradient<N>(p, k, x, v0, y, o);
   }
 }
 
@@ -352,85 +416,69 @@ __device__ __forceinline__ void store_unit(TOut* dst, const float (&o)[N]) {
   }
 }
 
-// Shared-memory units per thread are at most kMaxSmemUnits (the plan caps them): pass 1 is unrolled
-// over them so that each unit waits for its own cp.async group with a constant count.
-constexpr int kMaxSmemUnits = 16;
-
 // The vectorised row pass (see the file comment). Rows start 16-byte aligned; V % N trailing
-// elements are read one at a time. Unit indices are 32-bit (the launcher sends rows of 2^31 or
-// more elements to the scalar kernel). Thread `lane` owns units lane, lane + tpr, ...; the label's
-// unit belongs to one thread, which loads x[y] once before pass 1 and, in pass 2, rewrites the
-// label's gradient after its own stores (the same thread's later store to the same address
-// wins), so the units carry no label test.
+// elements are read one at a time. With p.csize > 1 (launched as clusters of csize CTAs of tpr
+// threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
+// one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
 template <class TIn, class TOut, int kIters, bool kPlain>
 __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   constexpr int N = kVec16<TIn>;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
   __shared__ float4 scratch[kMaxThreads / 32];
-  const int G = p.tpr;
-  const int lane = threadIdx.x & (G - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / G) + threadIdx.x / G;
+  __shared__ float4 cluster_slot;
+  const int tpr = p.tpr;
+  const int csize = p.csize;
+  const int lane = threadIdx.x & (tpr - 1);
+  const int rank = csize > 1 ? static_cast<int>(blockIdx.x % csize) : 0;
+  const int64_t row = csize > 1 ? static_cast<int64_t>(blockIdx.x / csize)
+                                : static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const int G = tpr * csize;
+  const int glane = rank * tpr + lane;
   const bool active = row < p.rows;
   const int64_t y = active ? label_at(p.labels, p.labels_int64, row) : p.ignore_index;
   const bool work = active && y != p.ignore_index;
   const TIn* xr = static_cast<const TIn*>(p.x) + (active ? row * p.x_stride : 0);
-  const int U = static_cast<int>(p.vocab / N);
-  const int tail = static_cast<int>(p.vocab - static_cast<int64_t>(U) * N);
+  const int64_t U = p.vocab / N;
+  const int tail = static_cast<int>(p.vocab - U * N);
   const int S = p.smem_iters;
-  const int first_streamed = (kIters + S) * G;
-  // The owner of the label's unit (a label in the tail is found by the tail loop's test).
-  const bool owner = work && y >= 0 && y < static_cast<int64_t>(U) * N && static_cast<int>(y / N) % G == lane;
+  const int64_t first_streamed = static_cast<int64_t>(kIters + S) * G;
 
   const float c2 = p.scale * kLog2e;
   Stats s{-FLT_MAX, 0.0f, kPlain ? -FLT_MAX : 0.0f, 0.0f};
   Raw16 reg[kIters];
-  float xy = 0.0f;
   if (work) {
     // Register units first (they are used first), then one cp.async group per shared-memory
-    // unit (kMaxSmemUnits groups, the last ones empty), so that pass 1 folds each unit in as soon
-    // as it has arrived.
+    // unit, so that pass 1 folds each unit in as soon as it has arrived.
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int u = j * G + lane;
+      const int64_t u = static_cast<int64_t>(j) * G + glane;
       reg[j] = u < U ? load_raw16(xr + u * N) : make_uint4(0, 0, 0, 0);
     }
-#pragma unroll
-    for (int j = 0; j < kMaxSmemUnits; ++j) {
-      const int u = (kIters + j) * G + lane;
-      if (j < S && u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
+    for (int j = 0; j < S; ++j) {
+      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
+      if (u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
       cp_async_commit();
-    }
-    if (owner) {
-      xy = to_f(xr[y]);
-      if constexpr (kPlain) {
-        s.zy = xy;
-      } else {
-        float t;
-        s.zy = transform(p, xy, t);
-      }
     }
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int u = j * G + lane;
+      const int64_t u = static_cast<int64_t>(j) * G + glane;
       if (u < U) {
         float f[N];
         raw_to_floats<TIn>(reg[j], f);
-        accumulate_any<kPlain, N, false>(p, c2, f, 0, 0, s);
+        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
       }
     }
-    static_for<kMaxSmemUnits>([&](auto jc) {
-      constexpr int j = decltype(jc)::value;
-      if (j < S) {
-        cp_async_wait_group<kMaxSmemUnits - 1 - j>();
-        if ((kIters + j) * G + lane < U) {
-          float f[N];
-          raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-          accumulate_any<kPlain, N, false>(p, c2, f, 0, 0, s);
-        }
+    for (int j = 0; j < S; ++j) {
+      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
+      cp_async_wait_pending(S - 1 - j);
+      if (u < U) {
+        float f[N];
+        raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
+        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
       }
-    });
-    int u = first_streamed + lane;
-    for (; u + 3 * G < U; u += 4 * G) {
+    }
+    int64_t u = first_streamed + glane;
+    for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
       Raw16 r[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
@@ -438,35 +486,38 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       for (int q = 0; q < 4; ++q) {
         float f[N];
         raw_to_floats<TIn>(r[q], f);
-        accumulate_any<kPlain, N, false>(p, c2, f, 0, 0, s);
+        accumulate_any<kPlain, N>(p, c2, f, (u + q * G) * N, y, s);
       }
     }
     for (; u < U; u += G) {
       float f[N];
       raw_to_floats<TIn>(load_raw16(xr + u * N), f);
-      accumulate_any<kPlain, N, false>(p, c2, f, 0, 0, s);
+      accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
     }
-    for (int e = lane; e < tail; e += G) {
-      const int64_t v = static_cast<int64_t>(U) * N + e;
-      const float f[1] = {to_f(xr[v])};
-      accumulate_any<kPlain, 1>(p, c2, f, v, y, s);
+    for (int e = glane; e < tail; e += G) {
+      const float f[1] = {to_f(xr[U * N + e])};
+      accumulate_any<kPlain, 1>(p, c2, f, U * N + e, y, s);
     }
   }
-  cp_async_wait_group<0>();
-  s = group_merge<kPlain>(s, G, scratch);
-  if (!active) return;
+  s = group_merge<kPlain>(s, tpr, scratch);
+  if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
+  if (!active) {
+    cluster_done(csize);
+    return;
+  }
 
   TOut* gr = p.g ? static_cast<TOut*>(p.g) + row * p.g_stride : nullptr;
   if (!work) {
-    if (lane == 0) {
+    if (glane == 0) {
       p.row_loss[row] = 0.0f;
       if (p.row_z) p.row_z[row] = 0.0f;
     }
     if (gr) {
       const float zero[N] = {};
-      for (int u = lane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero);
-      for (int e = lane; e < tail; e += G) gr[static_cast<int64_t>(U) * N + e] = from_f<TOut>(0.0f);
+      for (int64_t u = glane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero);
+      for (int e = glane; e < tail; e += G) gr[U * N + e] = from_f<TOut>(0.0f);
     }
+    cluster_done(csize);
     return;
   }
   // Natural-unit max and label logit (the plain pass keeps raw x's max and x[y]).
@@ -474,7 +525,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   const float zy_nat = kPlain ? s.zy * p.scale : s.zy;
   const float log_d = logf(s.d);
   const float lse = m_nat + log_d;
-  if (lane == 0) {
+  if (glane == 0) {
     const float zy = (y >= 0 && y < p.vocab) ? zy_nat : __int_as_float(0x7fffffff);
     const float row_z = p.lambda * lse * lse;
     if constexpr (kPlain) {
@@ -484,7 +535,10 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     }
     if (p.row_z) p.row_z[row] = row_z;
   }
-  if (!gr) return;
+  if (!gr) {
+    cluster_done(csize);
+    return;
+  }
   const float c = p.row_scale[row];
   Coef k;
   k.a = c * (1.0f + 2.0f * p.lambda * lse) * p.scale / s.d;
@@ -493,26 +547,25 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   k.m = s.m;
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
-    const int u = j * G + lane;
+    const int64_t u = static_cast<int64_t>(j) * G + glane;
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(reg[j], f);
-      gradient_any<kPlain, N, false>(p, k, c2, f, 0, 0, o);
+      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
       store_unit<TOut, N>(gr + u * N, o);
     }
   }
-#pragma unroll
-  for (int j = 0; j < kMaxSmemUnits; ++j) {
-    const int u = (kIters + j) * G + lane;
-    if (j < S && u < U) {
+  for (int j = 0; j < S; ++j) {
+    const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
+    if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-      gradient_any<kPlain, N, false>(p, k, c2, f, 0, 0, o);
+      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
       store_unit<TOut, N>(gr + u * N, o);
     }
   }
-  int u = first_streamed + lane;
-  for (; u + 3 * G < U; u += 4 * G) {
+  int64_t u = first_streamed + glane;
+  for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
     Raw16 r[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * G) * N));
@@ -520,30 +573,23 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     for (int q = 0; q < 4; ++q) {
       float f[N], o[N];
       raw_to_floats<TIn>(r[q], f);
-      gradient_any<kPlain, N, false>(p, k, c2, f, 0, 0, o);
+      gradient_any<kPlain, N>(p, k, c2, f, (u + q * G) * N, y, o);
       store_unit<TOut, N>(gr + (u + q * G) * N, o);
     }
   }
   for (; u < U; u += G) {
     float f[N], o[N];
     raw_to_floats<TIn>(__ldcs(reinterpret_cast<const uint4*>(xr + u * N)), f);
-    gradient_any<kPlain, N, false>(p, k, c2, f, 0, 0, o);
+    gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
     store_unit<TOut, N>(gr + u * N, o);
   }
-  for (int e = lane; e < tail; e += G) {
-    const int64_t v = static_cast<int64_t>(U) * N + e;
-    const float f[1] = {to_f(xr[v])};
+  for (int e = glane; e < tail; e += G) {
+    const float f[1] = {to_f(xr[U * N + e])};
     float o[1];
-    gradient_any<kPlain, 1>(p, k, c2, f, v, y, o);
-    gr[v] = from_f<TOut>(o[0]);
+    gradient_any<kPlain, 1>(p, k, c2, f, U * N + e, y, o);
+    gr[U * N + e] = from_f<TOut>(o[0]);
   }
-  if (owner) {
-    // The label's gradient, over the value this thread stored for it above.
-    const float f[1] = {xy};
-    float o[1];
-    gradient_any<kPlain, 1>(p, k, c2, f, y, y, o);
-    gr[y] = from_f<TOut>(o[0]);
-  }
+  cluster_done(csize);
 }
 
 // The same pass one element at a time, for layouts that forbid 16-byte accesses. Both passes
@@ -717,21 +763,30 @@ __global__ void convert_kernel(const float* in, T* out, int64_t n, int vec) {
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-// Shared memory one block may opt in to (queried once per device).
-int smem_optin(int device) {
+// What the plans need to know of a device (queried once per device).
+struct SmInfo {
+  int optin = 48 * 1024;   // shared memory one block may opt in to
+  int per_sm = 48 * 1024;  // shared memory of one SM
+  int major = 8;           // compute capability
+};
+
+SmInfo sm_info(int device) {
   static std::mutex mu;
-  static std::map<int, int> cache;
+  static std::map<int, SmInfo> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(device);
   if (it != cache.end()) return it->second;
-  int v = 48 * 1024;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();
-    v = 48 * 1024;
-  }
-  cache[device] = v;
-  return v;
+  SmInfo info;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess) info.optin = v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess) info.per_sm = v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess) info.major = v;
+  cudaGetLastError();
+  cache[device] = info;
+  return info;
 }
+
+int smem_optin(int device) { return sm_info(device).optin; }
 
 int pow2_at_least(int64_t v, int cap) {
   int p = 1;
@@ -750,9 +805,22 @@ int forced_row_threads() {
   return forced;
 }
 
+// FUSEDOPS_CE_CLUSTER=1|2|4|8 forces the number of CTAs (a thread-block cluster) that share a long
+// row when its gradient is kept on chip (sm_90 and later). Default 1, one CTA per row: on the H200
+// at [8192, 128256] bf16 clusters measured no faster (plain pass 1258 vs 1257 us at 2 CTAs) or
+// slower (general pass 1674 vs 1786-1833 us), so the simpler plan is the default.
+int row_cluster_size(int major) {
+  static const int chosen = [] {
+    const char* v = std::getenv("FUSEDOPS_CE_CLUSTER");
+    const int c = v ? std::atoi(v) : 0;
+    return (c == 1 || c == 2 || c == 4 || c == 8) ? c : 1;
+  }();
+  return major >= 9 ? chosen : 1;
+}
+
 struct Plan {
   bool vec;
-  int tpr, threads, iters, smem_iters;
+  int tpr, threads, iters, smem_iters, csize;
   int64_t blocks;
   size_t smem_bytes;
 };
@@ -761,15 +829,18 @@ struct Plan {
 // threads. Longer rows:
 // - without a gradient (nothing to keep for a second pass): groups of 256 threads with 4 register
 //   units that stream the rest, so that several rows per SM are in flight;
+// - with a gradient on sm_90 and later: clusters of csize CTAs of 1024 / csize threads per row
+//   (csize CTAs per SM), 4 register units and up to `cap` shared-memory units per thread (what
+//   fits when csize CTAs share an SM), streaming the rest. Each CTA then alternates reading its
+//   part of a row and writing its gradient, and the CTAs of one SM (parts of different rows)
+//   overlap those phases;
 // - otherwise groups of 256..1024 threads (one row per block) with 4 register units and up to
-//   `cap` shared-memory units per thread (cap: what fits when 1024 threads share an SM, at most
-//   kMaxSmemUnits), streaming the rest.
-// (Thread-block clusters of 2-8 CTAs per row, their statistics merged through distributed shared
-// memory, were measured at stop 23 and removed: no faster with the plain pass, 1257 vs 1258 us,
-// slower with the general one, 1786-1833 vs 1674 us, at [8192, 128256] bf16 on an H200.)
-Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, int optin) {
+//   `cap` shared-memory units per thread (cap: what fits when 1024 threads share an SM).
+Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, const SmInfo& dev) {
+  const int optin = dev.optin;
   Plan pl{};
   pl.vec = vec;
+  pl.csize = 1;
   if (!vec) {
     pl.tpr = pow2_at_least((V + 3) / 4, 256);
     pl.threads = 256;
@@ -786,8 +857,21 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, int optin) {
       pl.iters = 4;
       pl.smem_iters = 0;
       pl.threads = 256;
+    } else if (row_cluster_size(dev.major) > 1) {
+      // csize CTAs of t threads per row, csize CTAs per SM; 4 KiB of each CTA's share of the
+      // SM's shared memory is left for its static arrays and the per-block reservation.
+      const int c = row_cluster_size(dev.major);
+      const int t = forced_row_threads() ? std::min(forced_row_threads(), kMaxThreads / c) : kMaxThreads / c;
+      const int per_cta = std::min(optin - 2048, dev.per_sm / c - 4096);
+      const int cap = std::max(0, per_cta / (t * 16));
+      const int64_t need = (U + static_cast<int64_t>(c) * t - 1) / (static_cast<int64_t>(c) * t);
+      pl.tpr = t;
+      pl.iters = 4;
+      pl.smem_iters = static_cast<int>(std::min<int64_t>(std::max<int64_t>(need - 4, 0), cap));
+      pl.threads = t;
+      pl.csize = c;
     } else {
-      const int cap = std::min(kMaxSmemUnits, std::max(0, (optin - 2048) / (kMaxThreads * 16)));
+      const int cap = std::max(0, (optin - 2048) / (kMaxThreads * 16));
       pl.tpr = std::max(256, pow2_at_least((U + 3 + cap) / (4 + cap), kMaxThreads));
       if (forced_row_threads()) pl.tpr = forced_row_threads();
       const int64_t need = (U + pl.tpr - 1) / pl.tpr;
@@ -797,7 +881,7 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, int optin) {
     }
   }
   const int rows_per_block = pl.threads / pl.tpr;
-  pl.blocks = (rows + rows_per_block - 1) / rows_per_block;
+  pl.blocks = (rows + rows_per_block - 1) / rows_per_block * pl.csize;
   pl.smem_bytes = static_cast<size_t>(pl.smem_iters) * pl.threads * 16;
   return pl;
 }
@@ -822,15 +906,33 @@ template <class TIn, class TOut, int kIters, bool kPlain>
 void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, cudaStream_t stream) {
   auto kernel = rows_vec_kernel<TIn, TOut, kIters, kPlain>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
-  kernel<<<static_cast<unsigned>(pl.blocks), pl.threads, pl.smem_bytes, stream>>>(p);
-  const cudaError_t err = cudaPeekAtLastError();
+  cudaError_t err = cudaSuccess;
+  if (pl.csize > 1) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(pl.blocks));
+    cfg.blockDim = dim3(static_cast<unsigned>(pl.threads));
+    cfg.dynamicSmemBytes = pl.smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(pl.csize);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (err == cudaSuccess) err = cudaPeekAtLastError();
+  } else {
+    kernel<<<static_cast<unsigned>(pl.blocks), pl.threads, pl.smem_bytes, stream>>>(p);
+    err = cudaPeekAtLastError();
+  }
   if (err != cudaSuccess) {
     // Say which launch configuration the device refused, next to what the kernel allows.
     cudaGetLastError();
     cudaFuncAttributes at{};
     cudaFuncGetAttributes(&at, kernel);
     FUSEDOPS_FAIL(kRuntime, op, "CUDA error ", cudaGetErrorName(err), " launching the row kernel (",
-                  kIters, " register units) with ", pl.blocks, " blocks of ", pl.threads,
+                  kIters, " register units) with ", pl.blocks, " blocks (clusters of ", pl.csize, ") of ", pl.threads,
                   " threads and ", pl.smem_bytes, " B of dynamic shared memory (rows ", p.rows,
                   ", vocab ", p.vocab, "); the kernel allows ", at.maxThreadsPerBlock,
                   " threads, uses ", at.numRegs, " registers and ", at.sharedSizeBytes,
@@ -842,12 +944,12 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
 template <class TIn, class TOut>
 void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   constexpr int N = kVec16<TIn>;
-  // The vectorised kernel indexes within a row in 32 bits: longer rows take the scalar one.
-  const bool vec = aligned_to(p.x, 16) && p.x_stride % N == 0 && p.vocab < (int64_t{1} << 31) &&
+  const bool vec = aligned_to(p.x, 16) && p.x_stride % N == 0 &&
                    (!p.g || (aligned_to(p.g, sizeof(TOut) * N) && p.g_stride % N == 0));
-  const Plan pl = plan_rows(p.rows, p.vocab, N, vec, p.g != nullptr, smem_optin(device));
+  const Plan pl = plan_rows(p.rows, p.vocab, N, vec, p.g != nullptr, sm_info(device));
   p.tpr = pl.tpr;
   p.smem_iters = pl.smem_iters;
+  p.csize = pl.csize;
   if (pl.blocks == 0) return;
   if (!vec) {
     rows_scalar_kernel<TIn, TOut><<<static_cast<unsigned>(pl.blocks), pl.threads, 0, stream>>>(p);
