@@ -22,7 +22,7 @@ def main(budgets_mib: list[int]) -> None:
     labels = torch.randint(0, v, (n,), generator=gen, device=dev)
     main_grad = torch.zeros(v, h, device=dev)
     for mib in budgets_mib:
-        def step():
+        def step(mib=mib):
             loss = fusedops.chunk_loss(hidden, weight, labels, reduction="mean",
                                        grad_weight_buffer=main_grad, memory_budget=mib << 20)
             return torch.autograd.grad(loss, [hidden])[0]
