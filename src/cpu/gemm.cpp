@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -18,6 +17,22 @@
 #endif
 
 namespace fusedops::cpu {
+namespace {
+
+// Scales C by beta (beta == 0 writes zeros: NaNs in C are not propagated).
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  if (beta == 1.0f) return;
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (beta == 0.0f) {
+      std::fill(c, c + N, 0.0f);
+    } else {
+      for (int64_t j = 0; j < N; ++j) c[j] *= beta;
+    }
+  }
+}
+
+}  // namespace
 
 bool have_blas() {
 #ifdef FUSEDOPS_WITH_BLAS
@@ -72,8 +87,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    scale_c(M, N, beta, C, ldc);
     return;
   }
 #ifdef FUSEDOPS_WITH_BLAS
@@ -88,10 +102,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     return true;
   }();
   (void)single;
-  if (beta == 0.0f) {
-    // BLAS scales C by beta even when it is 0, so NaNs already in C would survive as NaN*0.
-    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-  }
+  // BLAS scales C by beta even when it is 0, so NaNs already in C would survive as NaN*0.
+  if (beta == 0.0f) scale_c(M, N, 0.0f, C, ldc);
   auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     const float* a = trans_a ? A + i0 : A + i0 * lda;
     const float* b = trans_b ? B + j0 * ldb : B + j0;
@@ -117,11 +129,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 GEMM. Blocking: each thread owns a range of C's columns; for each KC-deep slice it packs its
-// B columns as [NR-column panel][k pair][NR][2] bf16 (k pairs along the depth, zero-padded), then
-// for each MR-row strip packs A as [k pair][MR] pairs and runs the MR x NR micro-kernel over its
-// panels: per k pair 2 loads of B, MR broadcasts of A's pair and 2 MR `vdpbf16ps`. Each C element
-// is summed over K in the same order whatever the thread split.
+// bf16 GEMM (blocking and micro-kernel below, at bgemm_avx512).
 
 bool have_bf16_gemm() {
 #ifdef FUSEDOPS_BF16_GEMM
@@ -132,19 +140,6 @@ bool have_bf16_gemm() {
 }
 
 namespace {
-
-// Scales C by beta (beta == 0 writes zeros: NaNs in C are not propagated).
-void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
-  if (beta == 1.0f) return;
-  for (int64_t i = 0; i < M; ++i) {
-    float* c = C + i * ldc;
-    if (beta == 0.0f) {
-      std::fill(c, c + N, 0.0f);
-    } else {
-      for (int64_t j = 0; j < N; ++j) c[j] *= beta;
-    }
-  }
-}
 
 #ifdef FUSEDOPS_BF16_GEMM
 // Blocking (GotoBLAS order): C's columns in NC blocks, the depth in KC slices, C's rows in MC
