@@ -40,7 +40,10 @@ namespace fusedops {
 //                rescale what was added).
 //   grad_loss_weight: optional, labels' shape, fp32 (ref: also fp64): l_i / norm_i.
 //   chunk_size:  rows per chunk; 0 = chosen from memory_budget (bytes for the per-chunk logits
-//                and gradient buffers; 0 = the default, 2 GiB on CUDA and 256 MiB on the CPU).
+//                and gradient buffers; 0 = the default, 2 GiB on CUDA and 32 MiB on the CPU).
+//                On CUDA with 16-bit operands a chunk's fp32 logits may be computed in
+//                sub-chunks (ce::chunk_layout): by the budget when chunk_size is 0, and when both
+//                are given, in sub-chunks that fit what the chunk's gradient leaves of the budget.
 //   workspace:   uint8 bytes on the device, at least chunk_loss_workspace_size(ctx, args)
 //                (0 on the CPU).
 struct ChunkLossFwdArgs {

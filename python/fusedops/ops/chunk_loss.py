@@ -238,6 +238,8 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
       z-loss, ``softcap``, ``logit_scale``) are those of :func:`fused_cross_entropy_loss`.
     * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
       gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 32 MiB on the CPU).
+      On CUDA with 16-bit operands the budget goes to the 16-bit gradient chunk first and the
+      fp32 logits are computed in sub-chunks of it (see the family README).
     * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
       gradient is added to during the forward instead of being returned through autograd; the
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or

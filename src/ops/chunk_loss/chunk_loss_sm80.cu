@@ -1,8 +1,9 @@
 // chunk_loss, generic CUDA backend (sm_80 and later). Per chunk of C rows, all on the caller's
 // stream with no host synchronization (CUDA-graph capturable; every buffer is in the caller's
 // workspace, see ce::chunk_layout):
-//   Z   = H_c W^T            cuBLASLt, bf16/fp16/fp32 operands, fp32 output [C, ld]
-//   G   = CE gradient of Z    the cross-entropy row pass (fp32 in, operand dtype out)
+//   Z   = H_s W^T            cuBLASLt, bf16/fp16/fp32 operands, fp32 output [S, ld], for each
+//                            sub-chunk of S rows of the chunk (S = C unless the budget splits it)
+//   G_s = CE gradient of Z    the cross-entropy row pass (fp32 in, operand dtype out)
 //   dH_c = G W               cuBLASLt, output in hidden's dtype
 //   dW  += G^T H_c           cuBLASLt, fp32 output, beta = 1 after the first chunk
 // The per-row scales (loss weights, the "mean" count, alpha) are computed once for the whole
@@ -94,7 +95,6 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   cuda::ce::RowParams rp{};
   rp.x = z;
   rp.x_stride = l.ld;
-  rp.g = want_grad ? g : nullptr;
   rp.g_stride = l.ld;
   rp.labels_int64 = int64;
   rp.vocab = V;
@@ -114,21 +114,26 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     const int64_t rows = std::min(l.chunk, N - r0);
     const void* hc = hidden + r0 * ldh * es;
 
-    cuda::GemmArgs logits;
-    logits.trans_b = true;
-    logits.M = rows, logits.N = V, logits.K = H;
-    logits.ab_type = dt, logits.c_type = DType::kFloat32;
-    logits.A = hc, logits.lda = ldh;
-    logits.B = a.weight.data(), logits.ldb = H;
-    logits.C = z, logits.ldc = l.ld;
-    cuda::gemm(kOp, logits, gemm_ws, gemm_bytes, stream, device);
+    // Logits and their gradient, a sub-chunk at a time (into G's rows s0.. of this chunk).
+    for (int64_t s0 = 0; s0 < rows; s0 += l.sub) {
+      const int64_t srows = std::min(l.sub, rows - s0);
+      cuda::GemmArgs logits;
+      logits.trans_b = true;
+      logits.M = srows, logits.N = V, logits.K = H;
+      logits.ab_type = dt, logits.c_type = DType::kFloat32;
+      logits.A = hidden + (r0 + s0) * ldh * es, logits.lda = ldh;
+      logits.B = a.weight.data(), logits.ldb = H;
+      logits.C = z, logits.ldc = l.ld;
+      cuda::gemm(kOp, logits, gemm_ws, gemm_bytes, stream, device);
 
-    rp.labels = labels + r0 * (int64 ? 8 : 4);
-    rp.row_scale = row_scale + r0;
-    rp.row_loss = row_loss + r0;
-    rp.row_z = row_z + r0;
-    rp.rows = rows;
-    cuda::ce::rows(kOp, rp, DType::kFloat32, want_grad ? dt : DType::kFloat32, device, stream);
+      rp.labels = labels + (r0 + s0) * (int64 ? 8 : 4);
+      rp.row_scale = row_scale + r0 + s0;
+      rp.row_loss = row_loss + r0 + s0;
+      rp.row_z = row_z + r0 + s0;
+      rp.rows = srows;
+      rp.g = want_grad ? static_cast<uint8_t*>(g) + s0 * l.ld * (l.separate_g ? es : 4) : nullptr;
+      cuda::ce::rows(kOp, rp, DType::kFloat32, want_grad ? dt : DType::kFloat32, device, stream);
+    }
 
     if (a.grad_hidden.defined()) {
       cuda::GemmArgs dh;

@@ -85,12 +85,30 @@ inline int64_t chunk_ld(int64_t vocab) { return round_up(vocab, 8); }
 // logits chunk, a separate gradient chunk when the operands are 16-bit (fp32 gradients replace
 // the logits in place), and an fp32 weight-gradient accumulator when `own_dw` (a 16-bit weight
 // gradient that the caller does not accumulate).
+//
+// With a separate 16-bit gradient the chunks have two levels: `chunk` rows of gradient (the rows
+// of one d_hidden GEMM and one weight-gradient GEMM) are filled by sub-chunks of `sub` rows of
+// fp32 logits (one logits GEMM and one cross-entropy pass each). A logits row costs twice a
+// gradient row, and every chunk's weight-gradient GEMM reads and writes the whole fp32 [V, H]
+// accumulator once more, so the budget goes to the gradient chunk first (stop 25, main_grad at
+// 1 GiB, N=8192 V=128256: 7 one-level chunks of 1216 rows against 3 chunks of 2752 rows with
+// logits sub-chunks of 704 rows).
 struct ChunkLayout {
-  int64_t chunk = 1, ld = 8;
+  int64_t chunk = 1, sub = 1, ld = 8;
   size_t gemm = 0, z = 0, g = 0, dw = 0, total = 0;
   RowsLayout rows;
   bool separate_g = false, own_dw = false;
 };
+
+// Fewest rows a logits sub-chunk gets when the budget is split (the logits GEMM keeps its rate).
+inline constexpr int64_t kMinLogitsSubChunk = 512;
+
+// Rows per logits sub-chunk of a gradient chunk of `chunk` rows when `room` bytes are left for
+// them at `z_row` bytes per row: at most `chunk`, at least 1, balanced over the chunk.
+inline int64_t sub_chunk_rows(int64_t chunk, int64_t room, int64_t z_row) {
+  const int64_t cap = std::min(chunk, std::max<int64_t>(1, room / std::max<int64_t>(z_row, 1)));
+  return chunk_rows(chunk, 0, cap, 1);
+}
 
 inline ChunkLayout chunk_layout(int64_t rows, int64_t vocab, int64_t hidden, DType dtype,
                                 bool need_grad, bool own_dw, int64_t chunk_size, int64_t budget,
@@ -98,14 +116,28 @@ inline ChunkLayout chunk_layout(int64_t rows, int64_t vocab, int64_t hidden, DTy
   ChunkLayout l;
   l.ld = chunk_ld(vocab);
   l.separate_g = need_grad && dtype != DType::kFloat32;
-  const int64_t per_row =
-      l.ld * 4 + (l.separate_g ? l.ld * static_cast<int64_t>(dtype_size(dtype)) : 0);
-  l.chunk = chunk_rows(rows, chunk_size, budget > 0 ? budget : kChunkBudgetCuda, per_row);
+  const int64_t z_row = l.ld * 4;
+  const int64_t g_row = l.separate_g ? l.ld * static_cast<int64_t>(dtype_size(dtype)) : 0;
+  if (!l.separate_g) {
+    l.chunk = chunk_rows(rows, chunk_size, budget > 0 ? budget : kChunkBudgetCuda, z_row);
+    l.sub = l.chunk;
+  } else if (chunk_size > 0) {
+    // The caller's chunk; logits sub-chunks only when a budget is given as well.
+    l.chunk = chunk_rows(rows, chunk_size, 0, 1);
+    l.sub = budget > 0 ? sub_chunk_rows(l.chunk, budget - l.chunk * g_row, z_row) : l.chunk;
+  } else {
+    const int64_t b = budget > 0 ? budget : kChunkBudgetCuda;
+    // Largest gradient chunk R with R * g_row + min(R, kMinLogitsSubChunk) * z_row <= b.
+    int64_t rmax = (b - kMinLogitsSubChunk * z_row) / g_row;
+    if (rmax < kMinLogitsSubChunk) rmax = b / (g_row + z_row);
+    l.chunk = chunk_rows(rows, 0, std::max<int64_t>(rmax, 1), 1);
+    l.sub = sub_chunk_rows(l.chunk, b - l.chunk * g_row, z_row);
+  }
   l.own_dw = own_dw;
   l.gemm = 0;
   l.rows = rows_layout(rows, align_up(gemm_bytes, 256));
   l.z = align_up(l.rows.total, 256);
-  size_t end = l.z + static_cast<size_t>(l.chunk) * static_cast<size_t>(l.ld) * 4;
+  size_t end = l.z + static_cast<size_t>(l.sub) * static_cast<size_t>(l.ld) * 4;
   if (l.separate_g) {
     l.g = align_up(end, 256);
     end = l.g + static_cast<size_t>(l.chunk) * static_cast<size_t>(l.ld) * dtype_size(dtype);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "src/ops/cross_entropy/ce_common.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
 
@@ -145,7 +146,7 @@ TestTensor labels_tensor(const std::vector<int64_t>& y, std::vector<int64_t> sha
 
 // One forward on backend b. accumulate: grad_weight is an fp32 buffer holding `acc0` first.
 Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, bool accumulate = false,
-        double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1) {
+        double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1, int64_t memory_budget = 0) {
   const int64_t H = c.hidden_shape.back(), V = c.V;
   int64_t N = 1;
   for (size_t d = 0; d + 1 < c.hidden_shape.size(); ++d) N *= c.hidden_shape[d];
@@ -201,6 +202,7 @@ Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, boo
   a.accumulate_grad_weight = accumulate;
   a.grad_loss_weight = dlw.view();
   a.chunk_size = chunk_override >= 0 ? chunk_override : c.chunk;
+  a.memory_budget = memory_budget;
   a.options = c.o;
   const Context ctx = b.ctx();
   const size_t wsb = chunk_loss_workspace_size(ctx, a);
@@ -299,6 +301,58 @@ TEST(ChunkLoss, ChunkSizeChangesOnlyRoundingAndRepeatedRunsAreBitwiseIdentical) 
       for (int64_t chunk : {0, 1, 64, 1000}) {
         const Outcome other = run(b, dtype, c, 21, false, 1.0, true, chunk);
         expect_matches(other, dtype, b.id + " chunk " + std::to_string(chunk));
+      }
+    }
+  }
+}
+
+// The CUDA chunk layout (ce::chunk_layout): with 16-bit operands the budget goes to the 16-bit
+// gradient chunk first and the fp32 logits come in sub-chunks of it.
+TEST(ChunkLoss, CudaLayoutSplitsTheBudgetBetweenGradientChunkAndLogitsSubChunks) {
+  const int64_t N = 8192, V = 128256, H = 4096, ld = 128256;
+  const int64_t gib = int64_t(1) << 30;
+  // main_grad form at 1 GiB: 3 chunks of 2752 rows, logits in 4 sub-chunks of 704 rows.
+  ce::ChunkLayout l = ce::chunk_layout(N, V, H, DType::kBFloat16, true, false, 0, gib, 0);
+  EXPECT_EQ(l.chunk, 2752);
+  EXPECT_EQ(l.sub, 704);
+  EXPECT_LE(l.chunk * ld * 2 + l.sub * ld * 4, gib);
+  EXPECT_EQ(l.g - l.z, static_cast<size_t>(ce::align_up(static_cast<size_t>(l.sub * ld * 4), 256)));
+  // Default budget (2 GiB), fp32 accumulator of its own: 2 chunks of 4096, sub-chunks of 2048.
+  l = ce::chunk_layout(N, V, H, DType::kBFloat16, true, true, 0, 0, 0);
+  EXPECT_EQ(l.chunk, 4096);
+  EXPECT_EQ(l.sub, 2048);
+  EXPECT_EQ(l.total - l.dw, static_cast<size_t>(V * H * 4));
+  // fp32 operands (the gradient overwrites the logits) and forward-only calls: one level.
+  for (const auto& [dt, grad] : {std::pair{DType::kFloat32, true}, std::pair{DType::kBFloat16, false}}) {
+    l = ce::chunk_layout(N, V, H, dt, grad, false, 0, gib, 0);
+    EXPECT_FALSE(l.separate_g);
+    EXPECT_EQ(l.chunk, l.sub);
+    EXPECT_LE(l.chunk * ld * 4, gib);
+  }
+  // chunk_size given: that chunk; sub-chunks only when a budget is given too; tiny budgets: 1 row.
+  l = ce::chunk_layout(70, 1003, 24, DType::kFloat16, true, false, 16, 0, 0);
+  EXPECT_EQ(l.chunk, 16);
+  EXPECT_EQ(l.sub, 16);
+  l = ce::chunk_layout(70, 1003, 24, DType::kFloat16, true, false, 16, 16 * 1008 * 2 + 5 * 1008 * 4, 0);
+  EXPECT_EQ(l.chunk, 16);
+  EXPECT_EQ(l.sub, 4);
+  l = ce::chunk_layout(70, 1003, 24, DType::kBFloat16, true, false, 0, 1, 0);
+  EXPECT_EQ(l.chunk, 1);
+  EXPECT_EQ(l.sub, 1);
+}
+
+// The sub-chunked path against the oracle, on every backend (the CPU backends have one level and
+// ignore the split; CUDA with 16-bit operands computes the logits 4 rows at a time).
+TEST(ChunkLoss, LogitsSubChunksMatchTheOracle) {
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
+      const Case c = cases()[2];  // 70 rows, V = 1003 (ld 1008), chunks of 16
+      for (bool accumulate : {false, true}) {
+        const std::string what = b.id + "/" + dtype_name(dtype) + (accumulate ? " accumulate" : "");
+        SCOPED_TRACE(what);
+        expect_matches(run(b, dtype, c, 31, accumulate, 1.0, true, 16, 16 * 1008 * 2 + 5 * 1008 * 4),
+                       dtype, what + " sub-chunks of 4");
       }
     }
   }
