@@ -90,8 +90,9 @@ struct HcSplitSinkhornFwdArgs {
 //   dm_pre = g_pre s' a0,  da0 = sum_rows,i g_pre s' m_pre,  db_pre = sum_rows g_pre s';
 //   post: the same with a factor 2; res: dZ = sinkhorn_bwd(g_comb), dm_res = a2 dZ,
 //   da2 = sum dZ * m_res, db_res = sum_rows dZ.
-//   dpre, dpost, dcomb: gradients of the outputs (dtype of mixes, contiguous); each optional
-//     (undefined = zero).
+//   dpre, dpost, dcomb: gradients of the outputs (dtype of mixes), each optional (undefined =
+//     zero). Each token's n (dcomb: n x n) values contiguous and the tokens at one stride, e.g.
+//     column slices of one [tokens, (2+n)n] gradient (mhc::token_stride).
 //   dmixes: [..., (2+n)n] contiguous, dtype of mixes, overwritten.
 //   dhc_scale [3], dhc_base [(2+n)n]: dtype of hc_scale, overwritten. They are reduced over the
 //     rows in two fixed-order stages (partial sums of hc_split_sinkhorn_partial_rows(n) rows,

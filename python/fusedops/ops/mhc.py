@@ -37,8 +37,16 @@ def _param_dtype(t: Tensor, like: Tensor) -> torch.dtype:
     return torch.float64 if (t.dtype == torch.float64 and like.dtype == torch.float64) else torch.float32
 
 
-def _maybe(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-    return None if t is None else t.to(dtype).contiguous()
+def _token_rows(t: Optional[Tensor], dtype: torch.dtype, square: bool = False) -> Optional[Tensor]:
+    """An output gradient of hc_split_sinkhorn as the kernels read it: each token's values
+    contiguous, the tokens at one stride. Column slices of one [tokens, (2+n)n] gradient pass as
+    views; anything else is copied."""
+    if t is None:
+        return None
+    t = t.to(dtype)
+    if square and t.dim() >= 2:
+        return rows_view(t.flatten(-2)).unflatten(-1, t.shape[-2:])
+    return rows_view(t)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +150,8 @@ def _split_bwd(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, dpre: Optional[
     ws_bytes = _C.hc_split_sinkhorn_bwd_workspace_size(m, hc_mult) if mixes.dim() >= 1 else 0
     ws = torch.empty(ws_bytes // 4, dtype=torch.float32, device=mixes.device) if ws_bytes else None
     _C.hc_split_sinkhorn_bwd(context("hc_split_sinkhorn", mixes), m, hc_scale.to(pdt).contiguous(),
-                             hc_base.to(pdt).contiguous(), _maybe(dpre, mixes.dtype),
-                             _maybe(dpost, mixes.dtype), _maybe(dcomb, mixes.dtype), dmixes, dscale,
+                             hc_base.to(pdt).contiguous(), _token_rows(dpre, mixes.dtype),
+                             _token_rows(dpost, mixes.dtype), _token_rows(dcomb, mixes.dtype, True), dmixes, dscale,
                              dbase, ws, hc_mult, sinkhorn_iters, eps, variant)
     return dmixes, dscale.to(hc_scale.dtype), dbase.to(hc_base.dtype)
 

@@ -108,15 +108,27 @@ void check_split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
   check_output(c, ctx, a.comb, "comb", with_last(a.mixes, {n, n}), a.mixes);
 }
 
+// An output gradient: the output's shape and dtype, each token's values contiguous and the
+// tokens at one stride (mhc::token_stride).
+void check_output_grad(const ArgCheck& c, const Context& ctx, const TensorView& t, const char* name,
+                       const std::vector<int64_t>& shape, const TensorView& like, int trailing) {
+  c.shape(t, name, shape).same_dtype(t, name, like, "mixes").on_device(t, name, ctx);
+  c.value(mhc::token_stride(t, trailing) > 0,
+          std::string(name) + " must have each token's " + (trailing == 2 ? "n x n" : "n") +
+              " values contiguous and its tokens at one stride, got strides " +
+              shape_string(t.strides(), t.ndim()));
+}
+
 void check_split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   ArgCheck c(kSplit);
   check_split_inputs(c, ctx, a.mixes, a.hc_scale, a.hc_base, a.hc_mult, a.sinkhorn_iters, a.eps,
                      a.variant);
   const int64_t n = a.hc_mult;
-  if (a.dpre.defined()) check_output(c, ctx, a.dpre, "dpre", with_last(a.mixes, {n}), a.mixes);
-  if (a.dpost.defined()) check_output(c, ctx, a.dpost, "dpost", with_last(a.mixes, {n}), a.mixes);
+  if (a.dpre.defined()) check_output_grad(c, ctx, a.dpre, "dpre", with_last(a.mixes, {n}), a.mixes, 1);
+  if (a.dpost.defined())
+    check_output_grad(c, ctx, a.dpost, "dpost", with_last(a.mixes, {n}), a.mixes, 1);
   if (a.dcomb.defined())
-    check_output(c, ctx, a.dcomb, "dcomb", with_last(a.mixes, {n, n}), a.mixes);
+    check_output_grad(c, ctx, a.dcomb, "dcomb", with_last(a.mixes, {n, n}), a.mixes, 2);
   check_output(c, ctx, a.dmixes, "dmixes", shape_vector(a.mixes), a.mixes);
   c.same_shape(a.dhc_scale, "dhc_scale", a.hc_scale, "hc_scale")
       .same_dtype(a.dhc_scale, "dhc_scale", a.hc_scale, "hc_scale")

@@ -401,6 +401,8 @@ void split_bwd_typed(const HcSplitSinkhornBwdArgs& a) {
   const T* dpre = a.dpre.defined() ? a.dpre.data_as<const T>() : nullptr;
   const T* dpost = a.dpost.defined() ? a.dpost.data_as<const T>() : nullptr;
   const T* dcomb = a.dcomb.defined() ? a.dcomb.data_as<const T>() : nullptr;
+  const int64_t spre = mhc::token_stride(a.dpre, 1), spost = mhc::token_stride(a.dpost, 1);
+  const int64_t scomb = mhc::token_stride(a.dcomb, 2);
   T* dmixes = a.dmixes.data_as<T>();
   float* part = partials > 0 ? a.workspace.data_as<float>() : nullptr;
   const float eps = static_cast<float>(a.eps);
@@ -425,19 +427,19 @@ void split_bwd_typed(const HcSplitSinkhornBwdArgs& a) {
           for (int i = 0; i < n; ++i) {
             const float mp = to_float(m[i]), mq = to_float(m[n + i]);
             const float sp = sigmoidf(sc[0] * mp + base[i]);
-            const float du = (dpre ? to_float(dpre[r * n + i]) : 0.0f) * sp * (1.0f - sp);
+            const float du = (dpre ? to_float(dpre[r * spre + i]) : 0.0f) * sp * (1.0f - sp);
             dm[i] = from_float<T>(du * sc[0]);
             c[0] += du * mp;
             c[3 + i] = du;
             const float sq = sigmoidf(sc[1] * mq + base[n + i]);
-            const float dv = (dpost ? to_float(dpost[r * n + i]) : 0.0f) * 2.0f * sq * (1.0f - sq);
+            const float dv = (dpost ? to_float(dpost[r * spost + i]) : 0.0f) * 2.0f * sq * (1.0f - sq);
             dm[n + i] = from_float<T>(dv * sc[1]);
             c[1] += dv * mq;
             c[3 + n + i] = dv;
           }
           for (int e = 0; e < n * n; ++e) {
             b.l[e * kL + q] = sc[2] * to_float(m[2 * n + e]) + base[2 * n + e];
-            b.g[e * kL + q] = dcomb ? to_float(dcomb[r * n * n + e]) : 0.0f;
+            b.g[e * kL + q] = dcomb ? to_float(dcomb[r * scomb + e]) : 0.0f;
           }
         }
         backward(b, a.sinkhorn_iters, eps, a.variant);

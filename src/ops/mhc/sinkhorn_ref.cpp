@@ -9,6 +9,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/mhc.h"
 #include "src/core/ref_util.h"
+#include "src/ops/mhc/sinkhorn_common.h"
 
 namespace fusedops {
 namespace {
@@ -220,16 +221,18 @@ void split_bwd(const Context&, const HcSplitSinkhornBwdArgs& a) {
   for (size_t i = 0; i < base.size(); ++i) base[i] = ref::load(a.hc_base, static_cast<int64_t>(i));
   std::vector<double> dscale(3, 0.0), dbase(base.size(), 0.0);
   auto grad = [](const TensorView& t, int64_t i) { return t.defined() ? ref::load(t, i) : 0.0; };
+  const int64_t spre = mhc::token_stride(a.dpre, 1), spost = mhc::token_stride(a.dpost, 1);
+  const int64_t scomb = mhc::token_stride(a.dcomb, 2);
   for (int64_t r = 0; r < rows; ++r) {
     auto m = [&](int e) { return ref::load(a.mixes, r * rs + e); };
     for (int i = 0; i < n; ++i) {
       const double sp = sigmoid(scale[0] * m(i) + base[i]);
-      const double du = grad(a.dpre, r * n + i) * sp * (1 - sp);
+      const double du = grad(a.dpre, r * spre + i) * sp * (1 - sp);
       ref::store(a.dmixes, r * (2 + n) * n + i, du * scale[0]);
       dscale[0] += du * m(i);
       dbase[i] += du;
       const double sq = sigmoid(scale[1] * m(n + i) + base[n + i]);
-      const double dv = grad(a.dpost, r * n + i) * 2.0 * sq * (1 - sq);
+      const double dv = grad(a.dpost, r * spost + i) * 2.0 * sq * (1 - sq);
       ref::store(a.dmixes, r * (2 + n) * n + n + i, dv * scale[1]);
       dscale[1] += dv * m(n + i);
       dbase[n + i] += dv;
@@ -237,7 +240,7 @@ void split_bwd(const Context&, const HcSplitSinkhornBwdArgs& a) {
     Mat l(n * n), dp(n * n);
     for (int e = 0; e < n * n; ++e) {
       l[e] = scale[2] * m(2 * n + e) + base[2 * n + e];
-      dp[e] = grad(a.dcomb, r * n * n + e);
+      dp[e] = grad(a.dcomb, r * scomb + e);
     }
     const Mat dz = backward(l, dp, n, a.sinkhorn_iters, a.eps, a.variant);
     for (int e = 0; e < n * n; ++e) {

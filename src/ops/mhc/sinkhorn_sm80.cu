@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
@@ -51,6 +52,7 @@ struct SkParams {
   const void* dpre;
   const void* dpost;
   const void* dcomb;  // backward input [rows, n, n] (may be null: zero)
+  int64_t dpre_rs, dpost_rs, dcomb_rs;  // elements between rows of dpre, dpost, dcomb
   void* dout;         // dlogits [rows, n, n] or dmixes [rows, (2+n)n], contiguous
   float* partials;    // [blocks, 3 + (2+n)n]
   int64_t rows;
@@ -417,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 3) sinkhorn_bwd_kernel(SkParams p) {
   const int n = p.n;
   load_logits<T, G, kFused>(p, row, s);
   float Gr[G], Gc[G], dL[G];
-  const T* dcomb = p.dcomb ? static_cast<const T*>(p.dcomb) + (row_act ? row : 0) * n * n : nullptr;
+  const T* dcomb = p.dcomb ? static_cast<const T*>(p.dcomb) + (row_act ? row : 0) * p.dcomb_rs : nullptr;
 #pragma unroll
   for (int j = 0; j < G; ++j) {
     const bool in = s.act && j < n && dcomb;
@@ -447,10 +449,10 @@ __global__ void __launch_bounds__(kThreads, 3) sinkhorn_bwd_kernel(SkParams p) {
       const int i = s.g;
       const float mp = to_f(m[i]), mq = to_f(m[n + i]);
       const float sp = sigmoidf_(a0 * mp + p.base[i]);
-      const float gpre = p.dpre ? to_f(static_cast<const T*>(p.dpre)[row * n + i]) : 0.0f;
+      const float gpre = p.dpre ? to_f(static_cast<const T*>(p.dpre)[row * p.dpre_rs + i]) : 0.0f;
       du = gpre * sp * (1.0f - sp);
       const float sq = sigmoidf_(a1 * mq + p.base[n + i]);
-      const float gpost = p.dpost ? to_f(static_cast<const T*>(p.dpost)[row * n + i]) : 0.0f;
+      const float gpost = p.dpost ? to_f(static_cast<const T*>(p.dpost)[row * p.dpost_rs + i]) : 0.0f;
       dv = gpost * 2.0f * sq * (1.0f - sq);
       dm[i] = from_f<T>(du * a0);
       dm[n + i] = from_f<T>(dv * a1);
@@ -601,7 +603,30 @@ __device__ __forceinline__ void logits4(const SkParams& p, const float* v, float
   }
 }
 
-template <bool kDiv>
+// Arithmetic of the n = 4 kernels' normalisation steps x / d:
+//   kDivRn     correctly rounded division (div_rn with RN(1/d));
+//   kMulRn     x * RN(1/d) (one more rounding);
+//   kMulApprox x * rcp.approx(d) (the hardware reciprocal, <= 1 ulp, no Newton step and no
+//              fallback branch; for d in the normal range only: the host picks it when eps keeps
+//              every denominator there, 1e-30 <= eps <= 1e30).
+constexpr int kDivRn = 0, kMulRn = 1, kMulApprox = 2;
+
+template <int kArith>
+__device__ __forceinline__ void recip4(const float (&d)[kN4], float (&inv)[kN4]) {
+  if constexpr (kArith == kMulApprox) {
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
+  } else {
+    cuda::rcp_rn<kN4>(d, inv);
+  }
+}
+
+template <int kArith>
+__device__ __forceinline__ float over(float x, float d, float inv) {
+  return kArith == kDivRn ? div_rn(x, d, inv) : x * inv;
+}
+
+template <int kArith>
 __device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int variant, float eps) {
   float s[kN4];
 #pragma unroll
@@ -618,13 +643,13 @@ __device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int 
   }
   if (variant == kDeepSeek) {
     float inv[kN4];
-    cuda::rcp_rn<kN4>(s, inv);
+    recip4<kArith>(s, inv);
 #pragma unroll
     for (int i = 0; i < kN4; ++i)
 #pragma unroll
       for (int j = 0; j < kN4; ++j) {
         float& k = K[i * kN4 + j];
-        k = (kDiv ? div_rn(k, s[i], inv[i]) : k * inv[i]) + eps;
+        k = over<kArith>(k, s[i], inv[i]) + eps;
       }
   }
 }
@@ -636,7 +661,7 @@ __device__ __forceinline__ int at4(int a, int o) {
 }
 
 // Every K is >= +0 (or NaN), so starting the sums at K[0] instead of 0 + K[0] changes no bit.
-template <bool kRow, bool kDiv>
+template <bool kRow, int kArith>
 __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)[kN4]) {
   float inv[kN4];
 #pragma unroll
@@ -646,32 +671,32 @@ __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)
     for (int o = 1; o < kN4; ++o) s += K[at4<kRow>(a, o)];
     d[a] = s + eps;
   }
-  cuda::rcp_rn<kN4>(d, inv);
+  recip4<kArith>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
 #pragma unroll
     for (int o = 0; o < kN4; ++o) {
       float& k = K[at4<kRow>(a, o)];
-      k = kDiv ? div_rn(k, d[a], inv[a]) : k * inv[a];
+      k = over<kArith>(k, d[a], inv[a]);
     }
   }
 }
 
 // Iterations [t0, t1); with `hist`, the 8 denominators of iteration t go to
 // hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] (k < 4: rows, k >= 4: columns).
-template <bool kDiv>
+template <int kArith>
 __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps, int t0, int t1,
                                          float* hist) {
   for (int t = t0; t < t1; ++t) {
     float d[kN4];
     if (has_row_step(variant, t)) {
-      normalise4<true, kDiv>(K, eps, d);
+      normalise4<true, kArith>(K, eps, d);
       if (hist) {
 #pragma unroll
         for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] = d[k];
       }
     }
-    normalise4<false, kDiv>(K, eps, d);
+    normalise4<false, kArith>(K, eps, d);
     if (hist) {
 #pragma unroll
       for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + 4 + k) * kThreads4 + threadIdx.x] = d[k];
@@ -679,12 +704,12 @@ __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps,
   }
 }
 
-template <bool kRow>
+template <bool kRow, int kArith>
 __device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const float* hist_t) {
   float d[kN4], inv[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
-  cuda::rcp_rn<kN4>(d, inv);
+  recip4<kArith>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
     float dot = 0.0f;
@@ -693,7 +718,7 @@ __device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const f
 #pragma unroll
     for (int o = 0; o < kN4; ++o) {
       const int e = at4<kRow>(a, o);
-      G[e] = div_rn(G[e] - dot, d[a], inv[a]);
+      G[e] = over<kArith>(G[e] - dot, d[a], inv[a]);
       K[e] *= d[a];
     }
   }
@@ -701,7 +726,7 @@ __device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const f
 
 // One block = 64 rows: the block reads its rows (and writes its outputs) coalesced through a
 // shared-memory tile; each thread then owns one row.
-template <class T, bool kFused>
+template <class T, bool kFused, int kArith>
 __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
   using Tl = Tile4<kFused>;
   constexpr int kLd = Tl::kFwdLd;
@@ -731,8 +756,8 @@ __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
       post[i] = 2.0f * sg[kN4 + i];
     }
   }
-  init4<false>(L, K, p.variant, p.eps);
-  iterate4<false>(K, p.variant, p.eps, 0, p.iters, nullptr);
+  init4<kArith>(L, K, p.variant, p.eps);
+  iterate4<kArith>(K, p.variant, p.eps, 0, p.iters, nullptr);
   __syncthreads();  // every row has been read from the tile
   float* mine = tile + threadIdx.x * kLd;
   if constexpr (kFused) {
@@ -758,7 +783,7 @@ __host__ __device__ inline int hist_floats4(int seg, int stage_floats) {
   return seg * 8 * kThreads4 > stage_floats ? seg * 8 * kThreads4 : stage_floats;
 }
 
-template <class T, bool kFused>
+template <class T, bool kFused, int kArith>
 __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p) {
   using Tl = Tile4<kFused>;
   constexpr int kW = (2 + kN4) * kN4, kP = 3 + kW;
@@ -772,10 +797,10 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
 
   // Inputs, coalesced: [mixes or logits | dcomb | dpre | dpost] per row.
   tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, hist, kLd, 0);
-  tile_in<T, 16>(p.dcomb, 16, row0, nrows, hist, kLd, Tl::kIn);
+  tile_in<T, 16>(p.dcomb, p.dcomb_rs, row0, nrows, hist, kLd, Tl::kIn);
   if constexpr (kFused) {
-    tile_in<T, kN4>(p.dpre, kN4, row0, nrows, hist, kLd, Tl::kIn + 16);
-    tile_in<T, kN4>(p.dpost, kN4, row0, nrows, hist, kLd, Tl::kIn + 16 + kN4);
+    tile_in<T, kN4>(p.dpre, p.dpre_rs, row0, nrows, hist, kLd, Tl::kIn + 16);
+    tile_in<T, kN4>(p.dpost, p.dpost_rs, row0, nrows, hist, kLd, Tl::kIn + 16 + kN4);
   }
   __syncthreads();
   float v[Tl::kBwdIn];
@@ -790,13 +815,13 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
   int end = p.iters;
   while (end > 0) {
     const int start = max(0, end - p.seg);
-    init4<true>(L, K, p.variant, p.eps);
-    iterate4<true>(K, p.variant, p.eps, 0, start, nullptr);
-    iterate4<true>(K, p.variant, p.eps, start, end, hist);
+    init4<kArith>(L, K, p.variant, p.eps);
+    iterate4<kArith>(K, p.variant, p.eps, 0, start, nullptr);
+    iterate4<kArith>(K, p.variant, p.eps, start, end, hist);
     for (int t = end - 1; t >= start; --t) {
       const float* h = hist + (t - start) * 8 * kThreads4;
-      reverse4<false>(K, G, h);
-      if (has_row_step(p.variant, t)) reverse4<true>(K, G, h);
+      reverse4<false, kArith>(K, G, h);
+      if (has_row_step(p.variant, t)) reverse4<true, kArith>(K, G, h);
     }
     end = start;
   }
@@ -821,13 +846,13 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
       for (int k = 0; k < 16; ++k) dL[k] = G[k] * e[k];
     } else {
       float inv[kN4];
-      cuda::rcp_rn<kN4>(s, inv);
+      recip4<kArith>(s, inv);
 #pragma unroll
       for (int i = 0; i < kN4; ++i) {
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < kN4; ++j) {
-          e[i * kN4 + j] = div_rn(e[i * kN4 + j], s[i], inv[i]);
+          e[i * kN4 + j] = over<kArith>(e[i * kN4 + j], s[i], inv[i]);  // S, as recomputed
           dot += G[i * kN4 + j] * e[i * kN4 + j];
         }
 #pragma unroll
@@ -935,6 +960,30 @@ bool fast4(int n, int variant) { return n == kN4 && variant != kLog && fast4_ena
 
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
+// The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above). Forward: x * RN(1/d), or
+// with FUSEDOPS_SINKHORN4_FWD=approx the hardware reciprocal where eps keeps every denominator
+// normal. Backward: correctly rounded division, or x * RN(1/d) with FUSEDOPS_SINKHORN4_BWD=mul.
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == value;
+}
+template <class Fn>
+void with_fwd_arith4(float eps, Fn&& fn) {
+  static const bool approx = env_is("FUSEDOPS_SINKHORN4_FWD", "approx");
+  if (approx && eps >= 1e-30f && eps <= 1e30f)
+    fn(std::integral_constant<int, kMulApprox>{});
+  else
+    fn(std::integral_constant<int, kMulRn>{});
+}
+template <class Fn>
+void with_bwd_arith4(Fn&& fn) {
+  static const bool mul = env_is("FUSEDOPS_SINKHORN4_BWD", "mul");
+  if (mul)
+    fn(std::integral_constant<int, kMulRn>{});
+  else
+    fn(std::integral_constant<int, kDivRn>{});
+}
+
 template <bool kFused>
 void plan_backward4(SkParams& p, int part_floats, size_t* smem_bytes) {
   const int room = (kSmemBudgetFloats - part_floats) / (8 * kThreads4);
@@ -959,8 +1008,10 @@ void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
   cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      sinkhorn4_fwd_kernel<T, false><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      with_fwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_fwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      });
       return;
     }
     with_group(n, [&](auto gt) {
@@ -978,6 +1029,7 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
   p.in = a.logits.data();
   p.in_rs = static_cast<int64_t>(n) * n;
   p.dcomb = a.dout.data();
+  p.dcomb_rs = static_cast<int64_t>(n) * n;
   p.dout = a.dlogits.data();
   p.rows = a.logits.numel() / (static_cast<int64_t>(n) * n);
   p.n = n;
@@ -990,8 +1042,10 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
     plan_backward4<false>(p, 0, &smem);
     cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      sinkhorn4_bwd_kernel<T, false><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      with_bwd_arith4([&](auto at) {
+        sinkhorn4_bwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      });
     });
     return;
   }
@@ -1029,8 +1083,10 @@ void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
   cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      sinkhorn4_fwd_kernel<T, true><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      with_fwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_fwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      });
       return;
     }
     with_group(n, [&](auto gt) {
@@ -1053,6 +1109,9 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   p.dpre = a.dpre.defined() ? a.dpre.data() : nullptr;
   p.dpost = a.dpost.defined() ? a.dpost.data() : nullptr;
   p.dcomb = a.dcomb.defined() ? a.dcomb.data() : nullptr;
+  p.dpre_rs = mhc::token_stride(a.dpre, 1);
+  p.dpost_rs = mhc::token_stride(a.dpost, 1);
+  p.dcomb_rs = mhc::token_stride(a.dcomb, 2);
   p.dout = a.dmixes.data();
   p.partials = a.workspace.defined() ? a.workspace.data_as<float>() : nullptr;
   p.rows = a.mixes.rows();
@@ -1071,8 +1130,10 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
     plan_backward4<true>(p, kThreads4 * np, &smem);
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      sinkhorn4_bwd_kernel<T, true><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      with_bwd_arith4([&](auto at) {
+        sinkhorn4_bwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      });
     });
   } else if (partials > 0) {
     plan_backward(p, (kThreads / G) * np, &smem);

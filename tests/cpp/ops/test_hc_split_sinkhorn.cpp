@@ -117,6 +117,7 @@ Verdict check_reduction(const std::vector<double>& ours, const std::vector<doubl
 struct CaseOpts {
   int64_t extra_stride = 0;  // mixes rows padded by this many elements (a strided view)
   bool has_pre = true, has_post = true, has_comb = true;
+  int64_t grad_pad = 0;  // output gradients' tokens padded by this many elements (strided views)
 };
 
 void check_case(const BackendCase& b, DType dtype, std::vector<int64_t> lead, int n, int iters,
@@ -152,10 +153,29 @@ void check_case(const BackendCase& b, DType dtype, std::vector<int64_t> lead, in
   TestTensor scale(pdt, {3}, b.device), base(pdt, {w}, b.device);
   in.scale = scale.set({0.8, 1.1, 1.3});
   in.base = base.fill_normal(seed + 1, 0.0, 0.5);
-  TestTensor gpre(dtype, pshape, b.device), gpost(dtype, pshape, b.device), gcomb(dtype, cshape, b.device);
-  in.gpre = gpre.fill_normal(seed + 2);
-  in.gpost = gpost.fill_normal(seed + 3);
-  in.gcomb = gcomb.fill_normal(seed + 4);
+  // Output gradients: each token's values contiguous, tokens grad_pad elements apart beyond them.
+  const int64_t gp = opt.grad_pad;
+  TestTensor gpre(dtype, {rows, n + gp}, b.device), gpost(dtype, {rows, n + gp}, b.device);
+  TestTensor gcomb(dtype, {rows, n * n + gp}, b.device);
+  auto used = [&](const std::vector<double>& all, int64_t width) {
+    std::vector<double> out(rows * width);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = 0; e < width; ++e) out[r * width + e] = all[r * (width + gp) + e];
+    return out;
+  };
+  auto token_view = [&](const TestTensor& t, const std::vector<int64_t>& shape, int trailing, int64_t width) {
+    std::vector<int64_t> st(shape.size());
+    int64_t s = 1;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (d == static_cast<int>(shape.size()) - 1 - trailing) s = width + gp;
+      st[d] = s;
+      s *= shape[d];
+    }
+    return t.strided_view(shape, st);
+  };
+  in.gpre = used(gpre.fill_normal(seed + 2), n);
+  in.gpost = used(gpost.fill_normal(seed + 3), n);
+  in.gcomb = used(gcomb.fill_normal(seed + 4), n * n);
   in.has_pre = opt.has_pre;
   in.has_post = opt.has_post;
   in.has_comb = opt.has_comb;
@@ -167,9 +187,9 @@ void check_case(const BackendCase& b, DType dtype, std::vector<int64_t> lead, in
   hc_split_sinkhorn_fwd(ctx, {mixes, scale.view(), base.view(), pre.view(), post.view(), comb.view(),
                               n, iters, kEps, v});
   HcSplitSinkhornBwdArgs a{mixes, scale.view(), base.view(),
-                           opt.has_pre ? gpre.view() : TensorView(),
-                           opt.has_post ? gpost.view() : TensorView(),
-                           opt.has_comb ? gcomb.view() : TensorView(),
+                           opt.has_pre ? token_view(gpre, pshape, 1, n) : TensorView(),
+                           opt.has_post ? token_view(gpost, pshape, 1, n) : TensorView(),
+                           opt.has_comb ? token_view(gcomb, cshape, 2, n * n) : TensorView(),
                            dmixes.view(), dscale.view(), dbase.view(), TensorView(), n, iters, kEps, v};
   const int64_t ws_bytes = hc_split_sinkhorn_bwd_workspace_size(a);
   TestTensor ws(DType::kFloat32, {std::max<int64_t>(1, ws_bytes / 4)}, b.device);
@@ -252,6 +272,9 @@ TEST(HcSplitSinkhornSlow, ManyRowsStridesMissingGradientsAndLongRuns) {
       // strided rows
       check_case(b, DType::kFloat32, {33}, 4, 20, v, 53, {3});
       check_case(b, DType::kBFloat16, {2, 17}, 3, 20, v, 54, {5});
+      // output gradients at a token stride (column slices of one gradient, as autograd gives)
+      check_case(b, DType::kFloat32, {70}, 4, 20, v, 60, {0, true, true, true, 7});
+      check_case(b, DType::kBFloat16, {3, 11}, 6, 20, v, 61, {2, true, true, true, 3});
       // gradients of some outputs only
       check_case(b, DType::kFloat32, {21}, 4, 20, v, 55, {0, true, false, false});
       check_case(b, DType::kFloat32, {21}, 4, 20, v, 56, {0, false, false, true});
@@ -374,6 +397,17 @@ TEST(HcSplitSinkhorn, BadInputsRaiseClearErrors) {
   a.workspace = TensorView();
   expect_error([&] { hc_split_sinkhorn_bwd(ctx, a); }, ErrorKind::kValue,
                "workspace is required but was not given");
+  // Output gradients: each token's values contiguous, the tokens at one stride.
+  TestTensor ws(DType::kFloat32, {27}), g(DType::kFloat32, {5, 4, 4});
+  a.workspace = ws.view();
+  a.dcomb = g.strided_view({5, 4, 4}, {16, 1, 4});
+  expect_error([&] { hc_split_sinkhorn_bwd(ctx, a); }, ErrorKind::kValue,
+               "dcomb must have each token's n x n values contiguous and its tokens at one stride, got "
+               "strides [16,1,4]");
+  a.dcomb = TensorView();
+  a.dpre = g.strided_view({5, 4}, {16, 2});
+  expect_error([&] { hc_split_sinkhorn_bwd(ctx, a); }, ErrorKind::kValue,
+               "dpre must have each token's n values contiguous and its tokens at one stride, got strides [16,2]");
   EXPECT_EQ(hc_split_sinkhorn_partial_rows(4), 32);
   EXPECT_EQ(hc_split_sinkhorn_partial_rows(6), 16);
   EXPECT_EQ(hc_split_sinkhorn_partial_rows(16), 8);

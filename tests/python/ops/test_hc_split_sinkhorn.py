@@ -171,6 +171,28 @@ def test_strided_mixes(backend_case, fresh_normal):
     run_and_check(case, (2, 9), 4, 20, "mindspeed", 78, fresh_normal, mixes=wide[..., 3:27])
 
 
+@pytest.mark.dtypes(torch.float32, torch.bfloat16)
+@pytest.mark.parametrize("n", [4, 6])
+def test_gradients_as_column_slices_of_one_tensor(backend_case, n, fresh_normal):
+    """Autograd hands the backward column slices of one [tokens, (2+n)n] gradient as often as
+    separate tensors: the kernels read them in place and must give the same bits."""
+    case = backend_case
+    w = (2 + n) * n
+    mixes = fresh_normal((37, w), case.dtype, case.device, 90)
+    scale, base = params(n, case.device, 91)
+    dy = fresh_normal((37, w + 3), case.dtype, case.device, 92)
+    sliced = (dy[:, :n], dy[:, n:2 * n], dy[:, 2 * n:w].unflatten(-1, (n, n)))
+    assert not sliced[2].is_contiguous()
+    results = []
+    for gs in (sliced, tuple(g.contiguous() for g in sliced)):
+        ins = [mixes.detach().requires_grad_(), scale.detach().requires_grad_(), base.detach().requires_grad_()]
+        with forced(case):
+            outs = fusedops.hc_split_sinkhorn(*ins, n, 20, EPS)
+            results.append(torch.autograd.grad(outs, ins, gs))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_reference_matches_own_float64_composite(seed_of):
     g = torch.Generator().manual_seed(seed_of("ref-split"))
     n = 4
