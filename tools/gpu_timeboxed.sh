@@ -7,6 +7,7 @@
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
 # STAGES picks and orders the stages after the build (default "gtest memcheck pytest report demo");
 # GTEST_SUITES (regex), MEMCHECK_FILTER (gtest filter) and PYFILES (test files) narrow the tests.
+# BUILD_TESTS=ON builds the C++ test binary ($TESTS) for a custom stage without gtest/memcheck.
 # REPORT_ARGS go to every report.py call (e.g. "--skip fla --cases REGEX").
 # DEMO_TIMEOUT and REPORT_TIMEOUT cap the demo's and each report op's seconds (default: all left).
 # Run from an exported tree with .commit (the commit id), .whl/ and .gpu/googletest as for gpu_check.
@@ -21,7 +22,7 @@ export FUSEDOPS_COMMIT="$(cat .commit)"
 note "commit $FUSEDOPS_COMMIT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site .whl/*.whl >$L/wheels.log 2>&1 || note "wheel install failed"
 STAGES=${STAGES:-gtest memcheck pytest report demo}
-case " $STAGES " in *" gtest "*|*" memcheck "*) BT=ON;; *) BT=OFF;; esac
+case " $STAGES " in *" gtest "*|*" memcheck "*) BT=ON;; *) BT=${BUILD_TESTS:-OFF};; esac
 cmake -S . -B $W/build -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS=90a -DFUSEDOPS_BUILD_TESTS=$BT -DFUSEDOPS_BUILD_PYTHON=ON \
   -DPython_EXECUTABLE="$(command -v python3)" -DFUSEDOPS_GTEST_SOURCE_DIR=$ROOT/.gpu/googletest >$L/cmake.log 2>&1 || { tail -20 $L/cmake.log; exit 1; }
 cmake --build $W/build -j 16 >$L/build.log 2>&1 || { grep -B2 -A8 error $L/build.log | head -40 | tee -a $S; exit 1; }
