@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
@@ -128,8 +129,9 @@ __device__ __forceinline__ Lane lane_of(const MhcParams& p) {
 
 // ---- mhc_pre_bmm -----------------------------------------------------------------------------
 
-// y[t, c] = sum_i h[t, i] x[t, i, c]
-template <class TX, class TY, int kN, int V>
+// y[t, c] = sum_i h[t, i] x[t, i, c]. With kN > 0, kU units per lane per step (all kU * kN
+// loads issued before the first store).
+template <class TX, class TY, int kN, int V, int kU = 1>
 __global__ void __launch_bounds__(kThreads) pre_fwd_kernel(MhcParams p) {
   const Lane l = lane_of(p);
   if (!l.active) return;  // no collective operations below
@@ -143,29 +145,57 @@ __global__ void __launch_bounds__(kThreads) pre_fwd_kernel(MhcParams p) {
 #pragma unroll
     for (int i = 0; i < kN; ++i) hv[i] = h[i];
   }
-  for (int64_t u = l.lane; u < units; u += p.tpr) {
-    float acc[V];
+  if constexpr (kN > 0 && kU > 1) {
+    for (int64_t u0 = l.lane; u0 < units; u0 += kU * p.tpr) {
+      float xv[kU][kN][V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = 0.0f;
-    if constexpr (kN > 0) {
-      float xv[kN][V];
+      for (int j = 0; j < kU; ++j) {
+        const int64_t u = u0 + j * p.tpr;
+        if (u < units) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) load_vec<V>(x + i * p.x_rs + u * V, xv[i]);
+          for (int i = 0; i < kN; ++i) load_vec<V>(x + i * p.x_rs + u * V, xv[j][i]);
+        }
+      }
 #pragma unroll
-      for (int i = 0; i < kN; ++i)
+      for (int j = 0; j < kU; ++j) {
+        const int64_t u = u0 + j * p.tpr;
+        if (u < units) {
+          float acc[V];
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] += hv[i] * xv[i][e];
-    } else {
-#pragma unroll 4
-      for (int i = 0; i < n; ++i) {
-        float xv[V];
-        load_vec<V>(x + i * p.x_rs + u * V, xv);
-        const float hi = h[i];
+          for (int e = 0; e < V; ++e) acc[e] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] += hi * xv[e];
+          for (int i = 0; i < kN; ++i)
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] += hv[i] * xv[j][i][e];
+          store_vec<V>(y + u * V, acc);
+        }
       }
     }
-    store_vec<V>(y + u * V, acc);
+  } else {
+    for (int64_t u = l.lane; u < units; u += p.tpr) {
+      float acc[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = 0.0f;
+      if constexpr (kN > 0) {
+        float xv[kN][V];
+#pragma unroll
+        for (int i = 0; i < kN; ++i) load_vec<V>(x + i * p.x_rs + u * V, xv[i]);
+#pragma unroll
+        for (int i = 0; i < kN; ++i)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] += hv[i] * xv[i][e];
+      } else {
+#pragma unroll 4
+        for (int i = 0; i < n; ++i) {
+          float xv[V];
+          load_vec<V>(x + i * p.x_rs + u * V, xv);
+          const float hi = h[i];
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] += hi * xv[e];
+        }
+      }
+      store_vec<V>(y + u * V, acc);
+    }
   }
 }
 
@@ -545,6 +575,15 @@ bool pre_supports_bwd(const MhcPreBmmBwdArgs& a) { return f32(a.h_pre.dtype()) &
 bool post_supports_fwd(const MhcPostFwdArgs& a) { return f32(a.h_res.dtype()); }
 bool post_supports_bwd(const MhcPostBwdArgs& a) { return f32(a.h_res.dtype()); }
 
+// Units per lane per step of the n = 4 forward: FUSEDOPS_MHC_PRE_UNROLL=2 (a tuning aid, stop 25).
+int pre_unroll() {
+  static const int u = [] {
+    const char* v = std::getenv("FUSEDOPS_MHC_PRE_UNROLL");
+    return v && v[0] == '2' ? 2 : 1;
+  }();
+  return u;
+}
+
 void pre_fwd(const Context& ctx, const MhcPreBmmFwdArgs& a) {
   cuda::DeviceGuard guard(kPre, ctx.device.index);
   const Dims d = dims_of(a.x);
@@ -567,7 +606,9 @@ void pre_fwd(const Context& ctx, const MhcPreBmmFwdArgs& a) {
       with_unit<W>(vec, [&](auto vt) {
         constexpr int V = decltype(vt)::value;
         p.tpr = group_size(d.C / V);
-        if (p.n == 4) {
+        if (p.n == 4 && pre_unroll() == 2) {
+          pre_fwd_kernel<TX, TY, 4, V, 2><<<grid_for(p), kThreads, 0, stream>>>(p);
+        } else if (p.n == 4) {
           pre_fwd_kernel<TX, TY, 4, V><<<grid_for(p), kThreads, 0, stream>>>(p);
         } else {
           pre_fwd_kernel<TX, TY, 0, V><<<grid_for(p), kThreads, 0, stream>>>(p);
