@@ -1,9 +1,5 @@
 // sinkhorn and hc_split_sinkhorn, generic CUDA backend (sm_80 and later).
 //
-// n = 4 with the multiplicative variants (DeepSeek-V4 / MindSpeed) has kernels of its own: two
-// threads per matrix, each owning two rows (sinkhorn4p_*), or one thread per matrix
-// (sinkhorn4_*, FUSEDOPS_SINKHORN4_PAIR=0); see the n = 4 sections below.
-//
 // Layout: a group of G = sinkhorn_group(n) threads (4, 8 or 16; G >= n) owns one matrix; thread g
 // keeps row g AND column g of the current matrix in registers (Kr, Kc), so row sums and column
 // sums are both thread-local. After a step, the n scale factors are exchanged with shuffles and
@@ -540,41 +536,38 @@ __device__ __forceinline__ void sigmoid_n(const float (&u)[N], float (&out)[N]) 
 // (One thread per row reading its own row touches a new 32-byte sector per thread per element.)
 // A full block issues all W of a thread's loads before the first shared-memory store: one memory
 // latency per call instead of one per element (the loop below waits for each load in turn).
-// NT: threads of the block (kThreads4 rows per block either way).
-template <class T, int W, int NT = kThreads4>
+template <class T, int W>
 __device__ __forceinline__ void tile_in(const void* src, int64_t rs, int64_t row0, int nrows,
                                         float* tile, int ld, int off) {
-  static_assert(kThreads4 * W % NT == 0, "a full tile must split evenly over the threads");
-  constexpr int kPer = kThreads4 * W / NT;
   const T* m = static_cast<const T*>(src);
   if (m && nrows == kThreads4) {
-    float v[kPer];
+    float v[W];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * NT;
+    for (int k = 0; k < W; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
       const int r = i / W, c = i - r * W;
       v[k] = to_f(m[(row0 + r) * rs + c]);
     }
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * NT;
+    for (int k = 0; k < W; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
       const int r = i / W, c = i - r * W;
       tile[r * ld + off + c] = v[k];
     }
     return;
   }
-  for (int i = threadIdx.x; i < nrows * W; i += NT) {
+  for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
     const int r = i / W, c = i - r * W;
     tile[r * ld + off + c] = m ? to_f(m[(row0 + r) * rs + c]) : 0.0f;
   }
 }
 
 // tile[r * ld + off + c] to rows [row0, row0 + nrows) of a contiguous [rows, W] matrix of T.
-template <class T, int W, int NT = kThreads4>
+template <class T, int W>
 __device__ __forceinline__ void tile_out(void* dst, int64_t row0, int nrows, const float* tile,
                                          int ld, int off) {
   T* m = static_cast<T*>(dst);
-  for (int i = threadIdx.x; i < nrows * W; i += NT) {
+  for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
     const int r = i / W, c = i - r * W;
     m[(row0 + r) * W + c] = from_f<T>(tile[r * ld + off + c]);
   }
@@ -618,13 +611,13 @@ __device__ __forceinline__ void logits4(const SkParams& p, const float* v, float
 //              every denominator there, 1e-30 <= eps <= 1e30).
 constexpr int kDivRn = 0, kMulRn = 1, kMulApprox = 2;
 
-template <int kArith, int N>
-__device__ __forceinline__ void recip4(const float (&d)[N], float (&inv)[N]) {
+template <int kArith>
+__device__ __forceinline__ void recip4(const float (&d)[kN4], float (&inv)[kN4]) {
   if constexpr (kArith == kMulApprox) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
+    for (int i = 0; i < kN4; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
   } else {
-    cuda::rcp_rn<N>(d, inv);
+    cuda::rcp_rn<kN4>(d, inv);
   }
 }
 
@@ -920,343 +913,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
     if (first_row < p.rows) {
       for (int q = lane; q < kP; q += 32) {
         float acc = 0.0f;
-        for (int rr = 0; rr < kRowsPerPartial4; ++rr)
-          acc += part[(warp * kRowsPerPartial4 + rr) * kP + q];
-        p.partials[(first_row / kRowsPerPartial4) * kP + q] = acc;
-      }
-    }
-  }
-}
-
-// ---- n = 4 backward with two threads per matrix ---------------------------------------------
-//
-// The one-thread backward above keeps ~8 warps per SM busy at 32768 rows and waits on its own
-// dependent chain (stop 25: 0.6 instructions issued per cycle per scheduler). Here thread h of a
-// pair (lanes 2m, 2m+1) owns rows 2h and 2h+1 of matrix m, element (a, c) of its half at
-// [a * 4 + c]: row steps are thread-local, a column step adds the pair's two partial column sums
-// (or dots) with one shuffle. Half the chain per thread, twice the warps. The history layout is
-// the one-thread kernel's ([t][8][64 matrices]); a thread writes its two rows' denominators and
-// two of the four column denominators (columns 2h, 2h+1), and reads all four after a __syncwarp.
-constexpr int kThreads4p = 2 * kThreads4;
-
-__device__ __forceinline__ float pair_sum(float v) {
-  return v + __shfl_xor_sync(0xffffffffu, v, 1);
-}
-
-template <int kArith>
-__device__ __forceinline__ void init_half(const float (&L)[8], float (&K)[8], int variant,
-                                          float eps) {
-  float s[2];
-#pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    float m = L[a * kN4];
-#pragma unroll
-    for (int c = 1; c < kN4; ++c) m = fmaxf(m, L[a * kN4 + c]);
-    s[a] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) {
-      K[a * kN4 + c] = expf(L[a * kN4 + c] - m);
-      s[a] += K[a * kN4 + c];
-    }
-  }
-  if (variant == kDeepSeek) {
-    float inv[2];
-    recip4<kArith>(s, inv);
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-      for (int c = 0; c < kN4; ++c)
-        K[a * kN4 + c] = over<kArith>(K[a * kN4 + c], s[a], inv[a]) + eps;
-  }
-}
-
-template <int kArith>
-__device__ __forceinline__ void row_step_half(float (&K)[8], float eps, float (&d)[2]) {
-  float inv[2];
-#pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    float s = K[a * kN4];
-#pragma unroll
-    for (int c = 1; c < kN4; ++c) s += K[a * kN4 + c];
-    d[a] = s + eps;
-  }
-  recip4<kArith>(d, inv);
-#pragma unroll
-  for (int a = 0; a < 2; ++a)
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) K[a * kN4 + c] = over<kArith>(K[a * kN4 + c], d[a], inv[a]);
-}
-
-// Both threads of a pair compute the same column sums (addition commutes), so the two halves
-// stay consistent.
-template <int kArith>
-__device__ __forceinline__ void col_step_half(float (&K)[8], float eps, float (&d)[kN4]) {
-  float inv[kN4];
-#pragma unroll
-  for (int c = 0; c < kN4; ++c) d[c] = pair_sum(K[c] + K[kN4 + c]) + eps;
-  recip4<kArith>(d, inv);
-#pragma unroll
-  for (int a = 0; a < 2; ++a)
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) K[a * kN4 + c] = over<kArith>(K[a * kN4 + c], d[c], inv[c]);
-}
-
-// Iterations [t0, t1) of the pair layout; with `hist`, denominators as described above.
-template <int kArith>
-__device__ __forceinline__ void iterate_half(float (&K)[8], int variant, float eps, int t0, int t1,
-                                             float* hist, int m, int h) {
-  for (int t = t0; t < t1; ++t) {
-    float* ht = hist ? hist + (t - t0) * 8 * kThreads4 + m : nullptr;
-    if (has_row_step(variant, t)) {
-      float d[2];
-      row_step_half<kArith>(K, eps, d);
-      if (ht) {
-        ht[(2 * h) * kThreads4] = d[0];
-        ht[(2 * h + 1) * kThreads4] = d[1];
-      }
-    }
-    float d[kN4];
-    col_step_half<kArith>(K, eps, d);
-    if (ht) {
-      ht[(4 + 2 * h) * kThreads4] = h ? d[2] : d[0];
-      ht[(4 + 2 * h + 1) * kThreads4] = h ? d[3] : d[1];
-    }
-  }
-}
-
-template <int kArith>
-__device__ __forceinline__ void reverse_col_half(float (&K)[8], float (&G)[8], const float* ht) {
-  float d[kN4], inv[kN4];
-#pragma unroll
-  for (int c = 0; c < kN4; ++c) d[c] = ht[(4 + c) * kThreads4];
-  recip4<kArith>(d, inv);
-#pragma unroll
-  for (int c = 0; c < kN4; ++c) {
-    const float dot = pair_sum(fmaf(G[kN4 + c], K[kN4 + c], G[c] * K[c]));
-#pragma unroll
-    for (int a = 0; a < 2; ++a) {
-      const int e = a * kN4 + c;
-      G[e] = over<kArith>(G[e] - dot, d[c], inv[c]);
-      K[e] *= d[c];
-    }
-  }
-}
-
-template <int kArith>
-__device__ __forceinline__ void reverse_row_half(float (&K)[8], float (&G)[8], const float* ht,
-                                                 int h) {
-  float d[2], inv[2];
-#pragma unroll
-  for (int a = 0; a < 2; ++a) d[a] = ht[(2 * h + a) * kThreads4];
-  recip4<kArith>(d, inv);
-#pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    float dot = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) dot += G[a * kN4 + c] * K[a * kN4 + c];
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) {
-      const int e = a * kN4 + c;
-      G[e] = over<kArith>(G[e] - dot, d[a], inv[a]);
-      K[e] *= d[a];
-    }
-  }
-}
-
-template <class T, bool kFused, int kArith>
-__global__ void __launch_bounds__(kThreads4p) sinkhorn4p_fwd_kernel(SkParams p) {
-  using Tl = Tile4<kFused>;
-  constexpr int kLd = Tl::kFwdLd;
-  constexpr int kRes = kFused ? 2 * kN4 : 0;
-  __shared__ float tile[kThreads4 * kLd];
-  const int nrows = rows_in_block4(p);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
-  const int m = static_cast<int>(threadIdx.x) >> 1, h = static_cast<int>(threadIdx.x) & 1;
-  const bool act = m < nrows;
-  tile_in<T, Tl::kIn, kThreads4p>(p.in, p.in_rs, row0, nrows, tile, kLd, 0);
-  __syncthreads();
-  const float* row = tile + m * kLd;
-  float L[8], K[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float x = act ? row[kRes + 8 * h + e] : 0.0f;
-    L[e] = kFused ? p.scale[2] * x + p.base[2 * kN4 + 8 * h + e] : x;
-  }
-  float pre[2], post[2];
-  if constexpr (kFused) {
-    float u[4], sg[4];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int i = 2 * h + k;
-      u[k] = p.scale[0] * (act ? row[i] : 0.0f) + p.base[i];
-      u[2 + k] = p.scale[1] * (act ? row[kN4 + i] : 0.0f) + p.base[kN4 + i];
-    }
-    sigmoid_n<4>(u, sg);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      pre[k] = sg[k] + p.eps;
-      post[k] = 2.0f * sg[2 + k];
-    }
-  }
-  init_half<kArith>(L, K, p.variant, p.eps);
-  iterate_half<kArith>(K, p.variant, p.eps, 0, p.iters, nullptr, m, h);
-  __syncthreads();  // every row has been read from the tile
-  float* mine = tile + m * kLd;
-  if constexpr (kFused) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      mine[2 * h + k] = pre[k];
-      mine[kN4 + 2 * h + k] = post[k];
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) mine[kRes + 8 * h + e] = K[e];
-  __syncthreads();
-  if constexpr (kFused) {
-    tile_out<T, kN4, kThreads4p>(p.pre, row0, nrows, tile, kLd, 0);
-    tile_out<T, kN4, kThreads4p>(p.post, row0, nrows, tile, kLd, kN4);
-  }
-  tile_out<T, 16, kThreads4p>(p.comb, row0, nrows, tile, kLd, kRes);
-}
-
-template <class T, bool kFused, int kArith>
-__global__ void __launch_bounds__(kThreads4p, 4) sinkhorn4p_bwd_kernel(SkParams p) {
-  using Tl = Tile4<kFused>;
-  constexpr int kW = (2 + kN4) * kN4, kP = 3 + kW;
-  constexpr int kLd = Tl::kBwdLd;
-  constexpr int kRes = kFused ? 2 * kN4 : 0;  // first res (logits) column of a row
-  extern __shared__ float smem[];
-  float* hist = smem;  // [seg][8][kThreads4]; before and after the iterations the staging tile
-  float* part = smem + hist_floats4(p.seg, Tl::kBwdFloats);  // fused: [kThreads4][kP]
-  const int nrows = rows_in_block4(p);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
-  const int m = static_cast<int>(threadIdx.x) >> 1, h = static_cast<int>(threadIdx.x) & 1;
-  const bool act = m < nrows;
-
-  tile_in<T, Tl::kIn, kThreads4p>(p.in, p.in_rs, row0, nrows, hist, kLd, 0);
-  tile_in<T, 16, kThreads4p>(p.dcomb, p.dcomb_rs, row0, nrows, hist, kLd, Tl::kIn);
-  if constexpr (kFused) {
-    tile_in<T, kN4, kThreads4p>(p.dpre, p.dpre_rs, row0, nrows, hist, kLd, Tl::kIn + 16);
-    tile_in<T, kN4, kThreads4p>(p.dpost, p.dpost_rs, row0, nrows, hist, kLd, Tl::kIn + 16 + kN4);
-  }
-  __syncthreads();
-  const float* row = hist + m * kLd;
-  float x[8], L[8], G[8];  // this half's res inputs (mixes or logits), logits, adjoint
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    x[e] = act ? row[kRes + 8 * h + e] : 0.0f;
-    L[e] = kFused ? p.scale[2] * x[e] + p.base[2 * kN4 + 8 * h + e] : x[e];
-    G[e] = act ? row[Tl::kIn + 8 * h + e] : 0.0f;
-  }
-  float mp[2] = {}, mq[2] = {}, gp[2] = {}, gq[2] = {};  // pre / post entries 2h, 2h+1
-  if constexpr (kFused) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int i = 2 * h + k;
-      mp[k] = act ? row[i] : 0.0f;
-      mq[k] = act ? row[kN4 + i] : 0.0f;
-      gp[k] = act ? row[Tl::kIn + 16 + i] : 0.0f;
-      gq[k] = act ? row[Tl::kIn + 16 + kN4 + i] : 0.0f;
-    }
-  }
-  __syncthreads();  // the tile becomes the history
-
-  float K[8];
-  int end = p.iters;
-  while (end > 0) {
-    const int start = max(0, end - p.seg);
-    init_half<kArith>(L, K, p.variant, p.eps);
-    iterate_half<kArith>(K, p.variant, p.eps, 0, start, nullptr, m, h);
-    iterate_half<kArith>(K, p.variant, p.eps, start, end, hist, m, h);
-    __syncwarp();  // the partner's column denominators
-    for (int t = end - 1; t >= start; --t) {
-      const float* ht = hist + (t - start) * 8 * kThreads4 + m;
-      reverse_col_half<kArith>(K, G, ht);
-      if (has_row_step(p.variant, t)) reverse_row_half<kArith>(K, G, ht, h);
-    }
-    __syncwarp();  // read before the next segment overwrites
-    end = start;
-  }
-  // G = dK0 -> dL per row (as in the one-thread kernel).
-  float dL[8];
-#pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    float mx = L[a * kN4], e[kN4], s = 0.0f;
-#pragma unroll
-    for (int c = 1; c < kN4; ++c) mx = fmaxf(mx, L[a * kN4 + c]);
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) {
-      e[c] = expf(L[a * kN4 + c] - mx);
-      s += e[c];
-    }
-    if (p.variant == kMindSpeed) {
-#pragma unroll
-      for (int c = 0; c < kN4; ++c) dL[a * kN4 + c] = G[a * kN4 + c] * e[c];
-    } else {
-      float sv[1] = {s}, inv[1];
-      recip4<kArith>(sv, inv);
-      float dot = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kN4; ++c) {
-        e[c] = over<kArith>(e[c], s, inv[0]);  // S, as recomputed
-        dot += G[a * kN4 + c] * e[c];
-      }
-#pragma unroll
-      for (int c = 0; c < kN4; ++c) dL[a * kN4 + c] = e[c] * (G[a * kN4 + c] - dot);
-    }
-  }
-  __syncthreads();  // every thread is done with the history: it becomes the output tile
-  float* out = hist + m * kLd;
-  if constexpr (!kFused) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[8 * h + e] = dL[e];
-  } else {
-    const float a0 = p.scale[0], a1 = p.scale[1], a2 = p.scale[2];
-    float* pr = part + m * kP;  // this row's contributions, zeros past the end
-    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int i = 2 * h + k;
-      const float up = a0 * mp[k] + p.base[i], uq = a1 * mq[k] + p.base[kN4 + i];
-      float u2[2] = {1.0f + expf(-up), 1.0f + expf(-uq)}, sg[2];
-      cuda::rcp_rn<2>(u2, sg);
-      const float du = gp[k] * sg[0] * (1.0f - sg[0]);
-      const float dv = gq[k] * 2.0f * sg[1] * (1.0f - sg[1]);
-      out[i] = du * a0;
-      out[kN4 + i] = dv * a1;
-      c0 += du * mp[k];
-      c1 += dv * mq[k];
-      pr[3 + i] = du;
-      pr[3 + kN4 + i] = dv;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float dz = act ? dL[e] : 0.0f;
-      out[2 * kN4 + 8 * h + e] = dz * a2;
-      c2 += dz * x[e];
-      pr[3 + 2 * kN4 + 8 * h + e] = dz;
-    }
-    c0 = pair_sum(c0);
-    c1 = pair_sum(c1);
-    c2 = pair_sum(c2);
-    if (h == 0) {
-      pr[0] = c0;
-      pr[1] = c1;
-      pr[2] = c2;
-    }
-  }
-  __syncthreads();
-  tile_out<T, Tl::kIn, kThreads4p>(p.dout, row0, nrows, hist, kLd, 0);
-  if constexpr (kFused) {
-    // One partial per 32 rows (warps 0 and 1), rows added in order; a partial wholly past the end
-    // writes nothing (its index is beyond the workspace).
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t first_row = row0 + warp * kRowsPerPartial4;
-    if (warp < kThreads4 / kRowsPerPartial4 && first_row < p.rows) {
-      for (int q = lane; q < kP; q += 32) {
-        float acc = 0.0f;
-        for (int rr = 0; rr < kRowsPerPartial4; ++rr)
-          acc += part[(warp * kRowsPerPartial4 + rr) * kP + q];
+        for (int rr = 0; rr < kRowsPerPartial4; ++rr) acc += part[(warp * kRowsPerPartial4 + rr) * kP + q];
         p.partials[(first_row / kRowsPerPartial4) * kP + q] = acc;
       }
     }
@@ -1303,73 +960,40 @@ bool fast4(int n, int variant) { return n == kN4 && variant != kLog && fast4_ena
 
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
-// The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above), per direction from
-// FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Default: "approx"
-// (stop 25, 32768 rows: fwd 7.7 -> 6.4 us, bwd 19.8 (div) -> 17.0 (rn) -> see NOTES; every
-// accuracy test passes with it). "approx" needs every denominator d = sum + eps in the normal
-// range: it falls back to "rn" unless 1e-30 <= eps <= 1e30 (the sums are <= n after a step).
-int arith4_from_env(const char* name) {
+// The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above) per direction, from
+// FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Defaults (stop 25,
+// 32768 rows, bench/NOTES.md "GPU, stop 25"): forward "approx" (7.7 -> 6.4 us, output errors
+// unchanged), backward "rn" (19.8 -> 17.0 us). Backward "approx" gives 13.1 us, but a two-thread
+// backward tried with it exceeded the tolerance on one case (dmixes 6.2e-7 against 4.9e-7), so
+// its margin is not trusted and it stays a knob. "approx" needs every denominator d = sum + eps
+// in the normal range: it falls back to "rn" unless 1e-30 <= eps <= 1e30 (the sums are <= n after
+// the first step).
+int arith4_from_env(const char* name, int fallback) {
   const char* v = std::getenv(name);
   const std::string s = v ? v : "";
   if (s == "div") return kDivRn;
   if (s == "rn") return kMulRn;
-  return kMulApprox;
+  if (s == "approx") return kMulApprox;
+  return fallback;
 }
 template <class Fn>
 void with_arith4(int choice, float eps, Fn&& fn) {
   if (choice == kMulApprox && !(eps >= 1e-30f && eps <= 1e30f)) choice = kMulRn;
   switch (choice) {
-    case kDivRn:
-      fn(std::integral_constant<int, kDivRn>{});
-      break;
-    case kMulRn:
-      fn(std::integral_constant<int, kMulRn>{});
-      break;
-    default:
-      fn(std::integral_constant<int, kMulApprox>{});
-      break;
+    case kDivRn: fn(std::integral_constant<int, kDivRn>{}); break;
+    case kMulRn: fn(std::integral_constant<int, kMulRn>{}); break;
+    default: fn(std::integral_constant<int, kMulApprox>{}); break;
   }
 }
 template <class Fn>
 void with_fwd_arith4(float eps, Fn&& fn) {
-  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_FWD");
+  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_FWD", kMulApprox);
   with_arith4(choice, eps, fn);
 }
 template <class Fn>
 void with_bwd_arith4(float eps, Fn&& fn) {
-  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_BWD");
+  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_BWD", kMulRn);
   with_arith4(choice, eps, fn);
-}
-
-// The n = 4 kernels: two threads per matrix (sinkhorn4p_*), or one with FUSEDOPS_SINKHORN4_PAIR=0.
-bool pair4_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("FUSEDOPS_SINKHORN4_PAIR");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
-
-template <class T, bool kFused>
-void launch_fwd4(const SkParams& p, cudaStream_t stream) {
-  with_fwd_arith4(p.eps, [&](auto at) {
-    constexpr int A = decltype(at)::value;
-    if (pair4_enabled())
-      sinkhorn4p_fwd_kernel<T, kFused, A><<<blocks4(p.rows), kThreads4p, 0, stream>>>(p);
-    else
-      sinkhorn4_fwd_kernel<T, kFused, A><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
-  });
-}
-
-template <class T, bool kFused>
-void launch_bwd4(const SkParams& p, size_t smem, cudaStream_t stream) {
-  with_bwd_arith4(p.eps, [&](auto at) {
-    constexpr int A = decltype(at)::value;
-    if (pair4_enabled())
-      sinkhorn4p_bwd_kernel<T, kFused, A><<<blocks4(p.rows), kThreads4p, smem, stream>>>(p);
-    else
-      sinkhorn4_bwd_kernel<T, kFused, A><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
-  });
 }
 
 template <bool kFused>
@@ -1396,8 +1020,10 @@ void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
   cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      launch_fwd4<T, false>(p, stream);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      with_fwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_fwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      });
       return;
     }
     with_group(n, [&](auto gt) {
@@ -1428,8 +1054,10 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
     plan_backward4<false>(p, 0, &smem);
     cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      launch_bwd4<T, false>(p, smem, stream);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      with_bwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_bwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+      });
     });
     return;
   }
@@ -1467,8 +1095,10 @@ void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
   cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      launch_fwd4<T, true>(p, stream);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      with_fwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_fwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      });
       return;
     }
     with_group(n, [&](auto gt) {
@@ -1512,8 +1142,10 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
     plan_backward4<true>(p, kThreads4 * np, &smem);
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      launch_bwd4<T, true>(p, smem, stream);
-      FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      with_bwd_arith4(p.eps, [&](auto at) {
+        sinkhorn4_bwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
+        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+      });
     });
   } else if (partials > 0) {
     plan_backward(p, (kThreads / G) * np, &smem);
