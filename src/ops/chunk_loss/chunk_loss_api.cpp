@@ -159,8 +159,13 @@ Context with_backend(const Context& ctx, const char* backend) {
 int64_t chunk_loss_chunk_rows(const Context& ctx, const ChunkLossFwdArgs& args) {
   if (ctx.device.kind == DeviceKind::kCUDA) return layout_of(args).chunk;
   const int64_t V = args.weight.ndim() == 2 ? args.weight.size(0) : 0;
+  // fp32 logits (the gradient overwrites them), plus a bf16 copy of the gradient for the bf16
+  // GEMMs when the operands are bf16 (counted even where the CPU has no bf16 GEMM and the copy
+  // is not made: the budget stays an upper bound).
+  const bool bf16_grad = args.hidden.dtype() == DType::kBFloat16 && needs_logits_grad(args);
   return ce::chunk_rows(args.hidden.rows(), args.chunk_size,
-                        args.memory_budget > 0 ? args.memory_budget : ce::kChunkBudgetCpu, V * 4);
+                        args.memory_budget > 0 ? args.memory_budget : ce::kChunkBudgetCpu,
+                        V * (bf16_grad ? 6 : 4));
 }
 
 size_t chunk_loss_workspace_size(const Context& ctx, const ChunkLossFwdArgs& args) {

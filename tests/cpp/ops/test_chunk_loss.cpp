@@ -341,6 +341,25 @@ TEST(ChunkLoss, CudaLayoutSplitsTheBudgetBetweenGradientChunkAndLogitsSubChunks)
   EXPECT_EQ(l.sub, 1);
 }
 
+// CPU chunks: fp32 logits (4 bytes per logit) plus, with bf16 operands and a gradient wanted, the
+// bf16 copy of the gradient (2 more), all within memory_budget.
+TEST(ChunkLoss, CpuChunkRowsCountEveryBufferAgainstTheBudget) {
+  const int64_t N = 4096, H = 64, V = 1000, budget = 128 * V * 6;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool grad : {false, true}) {
+      TestTensor hidden(dt, {N, H}), weight(dt, {V, H}), dh(dt, {N, H});
+      ChunkLossFwdArgs a;
+      a.hidden = hidden.view();
+      a.weight = weight.view();
+      a.grad_hidden = grad ? dh.view() : TensorView();
+      a.memory_budget = budget;
+      const int64_t per_row = V * (dt == DType::kBFloat16 && grad ? 6 : 4);
+      EXPECT_EQ(chunk_loss_chunk_rows(Context::cpu(), a), budget / per_row / 64 * 64)
+          << dtype_name(dt) << (grad ? " with" : " without") << " gradient";
+    }
+  }
+}
+
 // The sub-chunked path against the oracle, on every backend (the CPU backends have one level and
 // ignore the split; CUDA with 16-bit operands computes the logits 4 rows at a time).
 TEST(ChunkLoss, LogitsSubChunksMatchTheOracle) {
