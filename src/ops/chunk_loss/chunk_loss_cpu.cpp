@@ -23,9 +23,40 @@ namespace {
 
 constexpr const char* kOp = "chunk_loss";
 
-// An uninitialised fp32 buffer (a std::vector would zero it: a full pass over memory that is
-// overwritten anyway).
-std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]); }
+// Uninitialised scratch of n elements of T (a std::vector would zero it: a full pass over memory
+// that is overwritten anyway). Buffers up to kKeepBytes are the calling thread's, one per slot,
+// kept between calls: a fresh multi-MiB buffer is returned to the OS when freed and page-faulted
+// again on the next call (stop 25, bf16 at [128, 128] x V = 8000: page faults and heap trims
+// were ~20% of the call). Larger ones (an LLM's fp32 weight gradient) are allocated per call.
+constexpr size_t kKeepBytes = size_t(64) << 20;
+enum Slot { kSlotW32, kSlotDw, kSlotZ, kSlotH32, kSlotDh32, kSlotGb, kSlots };
+
+template <class T>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(Slot slot, int64_t n) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+    if (bytes > kKeepBytes) {
+      own_.reset(new unsigned char[bytes]);
+      p_ = reinterpret_cast<T*>(own_.get());
+      return;
+    }
+    thread_local std::unique_ptr<unsigned char[]> kept[kSlots];
+    thread_local size_t cap[kSlots] = {};
+    if (bytes > cap[slot]) {
+      kept[slot].reset(new unsigned char[bytes]);
+      cap[slot] = bytes;
+    }
+    p_ = reinterpret_cast<T*>(kept[slot].get());
+  }
+  T* get() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  std::unique_ptr<unsigned char[]> own_;
+  T* p_ = nullptr;
+};
 
 bool supports_fwd(const ChunkLossFwdArgs& a) {
   return a.loss.dtype() == DType::kFloat32 &&
@@ -111,17 +142,17 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   // bf16 products straight on the operands where the CPU has bf16 dot products.
   const bool bf = dt == DType::kBFloat16 && cpu::have_bf16_gemm();
   // fp32 operands.
-  std::unique_ptr<float[]> w32;
+  Scratch<float> w32;
   const float* W = nullptr;
   if (f32) {
     W = a.weight.data_as<const float>();
   } else if (!bf) {
-    w32 = scratch(V * H);
+    w32 = Scratch<float>(kSlotW32, V * H);
     to_float_rows(a.weight.data(), dt, H, V, H, w32.get());
     W = w32.get();
   }
   // fp32 weight-gradient accumulator: the output itself when it is fp32.
-  std::unique_ptr<float[]> dw_own;
+  Scratch<float> dw_own;
   float* dW = nullptr;
   bool dw_started = false;
   if (a.grad_weight.defined()) {
@@ -129,7 +160,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       dW = a.grad_weight.data_as<float>();
       dw_started = a.accumulate_grad_weight;
     } else {
-      dw_own = scratch(V * H);
+      dw_own = Scratch<float>(kSlotDw, V * H);
       dW = dw_own.get();
     }
   }
@@ -137,10 +168,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   const int64_t C = chunk_loss_chunk_rows(ctx, a);
   const int64_t ldh = a.hidden.row_stride();
   const int64_t Cn = std::min(C, N);
-  std::unique_ptr<float[]> zbuf = scratch(Cn * V);
-  std::unique_ptr<float[]> h32 = scratch(f32 || bf ? 0 : Cn * H);
-  std::unique_ptr<float[]> dh32 = scratch((a.grad_hidden.defined() && !f32) ? Cn * H : 0);
-  std::unique_ptr<bf16_t[]> gb(new bf16_t[static_cast<size_t>(bf && want_grad ? Cn * V : 1)]);
+  const Scratch<float> zbuf(kSlotZ, Cn * V);
+  const Scratch<float> h32(kSlotH32, f32 || bf ? 0 : Cn * H);
+  const Scratch<float> dh32(kSlotDh32, (a.grad_hidden.defined() && !f32) ? Cn * H : 0);
+  const Scratch<bf16_t> gb(kSlotGb, bf && want_grad ? Cn * V : 0);
   const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
   float* z = zbuf.get();
   const size_t label_size = int64 ? 8 : 4;
