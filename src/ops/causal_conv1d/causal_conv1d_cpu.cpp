@@ -67,9 +67,9 @@ void silu_grad_row(const float* __restrict dy, float* __restrict a, int64_t nd) 
 // store of y. The same operations in the same order as preactivation + silu_row + store_float,
 // so the results are bitwise those of the pass-per-stage loop; every row is a restrict
 // parameter of its own so that GCC vectorises (stop 25: that loop did ~12 loads and stores per
-// element through L1 for 4 arithmetic steps). `b` is the bias or a row of zeros, never null: a
-// "b ? b[d] : 0" here became masked loads from address 0, which this AMD CPU serves through a
-// slow assist (3x slower than the loop it replaced).
+// element through L1 for 4 arithmetic steps). `b` is never null (Problem::b holds zeros without
+// a bias): a "b ? b[d] : 0" here became masked loads from address 0, which this AMD CPU serves
+// through a slow assist (3x slower than the loop it replaced).
 template <class T, int W, bool kSilu>
 __attribute__((noinline)) void fused_step(const T* __restrict xt, float* __restrict ring_t,
                                           const float* __restrict r0, const float* __restrict r1,
@@ -129,7 +129,7 @@ struct Problem {
   Geometry g;
   bool silu = false;
   std::vector<float> w;  // [W][D]
-  std::vector<float> b;  // [D] or empty
+  std::vector<float> b;  // [D]: the bias, or zeros without one
   TensorView h0;         // [N, D, W] or undefined
   TensorView dht;        // [N, D, W] or undefined
   const TensorView* cu = nullptr;
@@ -143,10 +143,9 @@ struct Problem {
     for (int64_t k = 0; k < g.W; ++k)
       for (int64_t d = 0; d < g.D; ++d)
         w[k * g.D + d] = load_any(weight, k * weight.stride(0) + d * weight.stride(1));
-    if (bias.defined()) {
-      b.resize(g.D);
+    b.assign(g.D, 0.0f);
+    if (bias.defined())
       for (int64_t d = 0; d < g.D; ++d) b[d] = load_any(bias, d * bias.stride(0));
-    }
   }
   int64_t slot(int64_t r) const { return ((r % g.W) + g.W) % g.W; }
 };
@@ -191,11 +190,7 @@ __attribute__((noinline)) void fma_row(float* __restrict a, const float* __restr
 template <class RowOf>
 void preactivation_with(const Problem& p, RowOf row_of, int64_t d0, int64_t nd, float* __restrict a) {
   const int64_t D = p.g.D, W = p.g.W;
-  if (!p.b.empty()) {
-    std::memcpy(a, p.b.data() + d0, nd * sizeof(float));
-  } else {
-    std::fill(a, a + nd, 0.0f);
-  }
+  std::memcpy(a, p.b.data() + d0, nd * sizeof(float));
   for (int64_t k = 0; k < W; ++k) fma_row(a, p.w.data() + k * D + d0, row_of(k), nd);
 }
 
@@ -225,7 +220,6 @@ void fwd_task(const Problem& p, const CausalConv1dFwdArgs& args, const Task& tk,
       if (W == 2) fused = p.silu ? fused_step<T, 2, true> : fused_step<T, 2, false>;
       if (W == 3) fused = p.silu ? fused_step<T, 3, true> : fused_step<T, 3, false>;
       if (W == 4) fused = p.silu ? fused_step<T, 4, true> : fused_step<T, 4, false>;
-      if (fused && p.b.empty()) std::fill(rbuf, rbuf + nd, 0.0f);  // the zero bias row
     }
   }
   // fp32 rows are read where they are (no copy into the ring); the halo rows before t0 come
@@ -240,7 +234,7 @@ void fwd_task(const Problem& p, const CausalConv1dFwdArgs& args, const Task& tk,
       const float* r[3] = {};
       for (int64_t k = 0; k + 1 < W; ++k) r[k] = ring + p.slot(t - W + 1 + k) * nd;
       fused(x.row(tk.batch, tk.begin + t) + d0, ring + p.slot(t) * nd, r[0], r[1], r[2],
-            p.w.data() + d0, p.g.D, p.b.empty() ? rbuf : p.b.data() + d0,
+            p.w.data() + d0, p.g.D, p.b.data() + d0,
             y + (tk.batch * p.g.T + tk.begin + t) * p.g.D + d0, nd);
       continue;
     } else {
