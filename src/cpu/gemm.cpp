@@ -11,6 +11,7 @@
 #endif
 
 #include "src/cpu/parallel.h"
+#include "src/cpu/scratch.h"
 
 #ifdef FUSEDOPS_WITH_BLAS
 #include <cblas.h>
@@ -238,20 +239,11 @@ inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, flo
   }
 }
 
-// A packing buffer of the calling thread holding at least n elements, kept between calls
-// (OpenMP's worker threads persist). Allocating it per call as a std::vector zero-filled 2 MiB
-// (the largest B block) and page-faulted it again on every call and thread: stop 25, ~18% of
-// chunk_loss's bf16 CPU time at [128, 128] x V = 8000, whose GEMMs need a few KiB of it.
-template <class T>
-T* thread_buffer(size_t n) {
-  thread_local std::unique_ptr<T[]> buf;
-  thread_local size_t cap = 0;
-  if (n > cap) {
-    buf.reset(new T[n]);
-    cap = n;
-  }
-  return buf.get();
-}
+// The packing buffers are each thread's, sized to the call and kept between calls
+// (cpu::thread_scratch). A std::vector of 2 MiB (the largest B block) per call and thread was
+// zero-filled and page-faulted again every time: stop 25, ~18% of chunk_loss's bf16 CPU time at
+// [128, 128] x V = 8000, whose GEMMs need a few KiB of it.
+struct BgemmPacks {};
 
 void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                   const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -267,8 +259,8 @@ void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
     const int64_t kp_max = (std::min(kKC, K) + 1) / 2;
     const int64_t np_max = (std::min(kNC, c1 - c0) + kNR - 1) / kNR;
     const int64_t ns_max = (std::min(kMC, r1 - r0) + kMR - 1) / kMR;
-    uint16_t* const bp = thread_buffer<uint16_t>(static_cast<size_t>(np_max * kp_max * kNR * 2));
-    uint32_t* const ap = thread_buffer<uint32_t>(static_cast<size_t>(ns_max * kp_max * kMR));
+    uint16_t* const bp = thread_scratch<BgemmPacks, uint16_t>().get(0, np_max * kp_max * kNR * 2);
+    uint32_t* const ap = thread_scratch<BgemmPacks, uint32_t>().get(0, ns_max * kp_max * kMR);
     for (int64_t jc = c0; jc < c1; jc += kNC) {
       const int64_t nc = std::min(kNC, c1 - jc), np = (nc + kNR - 1) / kNR;
       for (int64_t k0 = 0; k0 < K; k0 += kKC) {

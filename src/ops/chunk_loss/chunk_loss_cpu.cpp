@@ -14,6 +14,7 @@
 #include "src/core/visit.h"
 #include "src/cpu/gemm.h"
 #include "src/cpu/parallel.h"
+#include "src/cpu/scratch.h"
 #include "src/cpu/simd.h"
 #include "src/ops/cross_entropy/ce_common.h"
 #include "src/ops/cross_entropy/ce_cpu.h"
@@ -23,40 +24,23 @@ namespace {
 
 constexpr const char* kOp = "chunk_loss";
 
-// Uninitialised scratch of n elements of T (a std::vector would zero it: a full pass over memory
-// that is overwritten anyway). Buffers up to kKeepBytes are the calling thread's, one per slot,
-// kept between calls: a fresh multi-MiB buffer is returned to the OS when freed and page-faulted
-// again on the next call (stop 25, bf16 at [128, 128] x V = 8000: page faults and heap trims
-// were ~20% of the call). Larger ones (an LLM's fp32 weight gradient) are allocated per call.
+// Scratch of n elements of T, overwritten before it is read. Buffers up to kKeepBytes are the
+// calling thread's (cpu::thread_scratch, one per slot), kept between calls: a fresh multi-MiB
+// buffer is returned to the OS when freed and page-faulted again on the next call (stop 25, bf16
+// at [128, 128] x V = 8000: page faults and heap trims were ~20% of the call). Larger ones (an
+// LLM's fp32 weight gradient) are allocated per call in `big`, uninitialised.
 constexpr size_t kKeepBytes = size_t(64) << 20;
-enum Slot { kSlotW32, kSlotDw, kSlotZ, kSlotH32, kSlotDh32, kSlotGb, kSlots };
+enum Slot { kSlotW32, kSlotDw, kSlotZ, kSlotH32, kSlotDh32, kSlotGb };
+struct ChunkScratch {};
 
 template <class T>
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(Slot slot, int64_t n) {
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
-    if (bytes > kKeepBytes) {
-      own_.reset(new unsigned char[bytes]);
-      p_ = reinterpret_cast<T*>(own_.get());
-      return;
-    }
-    thread_local std::unique_ptr<unsigned char[]> kept[kSlots];
-    thread_local size_t cap[kSlots] = {};
-    if (bytes > cap[slot]) {
-      kept[slot].reset(new unsigned char[bytes]);
-      cap[slot] = bytes;
-    }
-    p_ = reinterpret_cast<T*>(kept[slot].get());
-  }
-  T* get() const { return p_; }
-  explicit operator bool() const { return p_ != nullptr; }
-
- private:
-  std::unique_ptr<unsigned char[]> own_;
-  T* p_ = nullptr;
-};
+T* scratch(Slot slot, int64_t n, std::unique_ptr<T[]>& big) {
+  n = std::max<int64_t>(n, 1);
+  if (static_cast<size_t>(n) * sizeof(T) <= kKeepBytes)
+    return cpu::thread_scratch<ChunkScratch, T>().get(slot, n);
+  big.reset(new T[static_cast<size_t>(n)]);
+  return big.get();
+}
 
 bool supports_fwd(const ChunkLossFwdArgs& a) {
   return a.loss.dtype() == DType::kFloat32 &&
@@ -142,17 +126,18 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   // bf16 products straight on the operands where the CPU has bf16 dot products.
   const bool bf = dt == DType::kBFloat16 && cpu::have_bf16_gemm();
   // fp32 operands.
-  Scratch<float> w32;
+  std::unique_ptr<float[]> w32_big, dw_big, z_big, h32_big, dh32_big;
+  std::unique_ptr<bf16_t[]> gb_big;
   const float* W = nullptr;
   if (f32) {
     W = a.weight.data_as<const float>();
   } else if (!bf) {
-    w32 = Scratch<float>(kSlotW32, V * H);
-    to_float_rows(a.weight.data(), dt, H, V, H, w32.get());
-    W = w32.get();
+    float* w32 = scratch(kSlotW32, V * H, w32_big);
+    to_float_rows(a.weight.data(), dt, H, V, H, w32);
+    W = w32;
   }
   // fp32 weight-gradient accumulator: the output itself when it is fp32.
-  Scratch<float> dw_own;
+  float* dw_own = nullptr;
   float* dW = nullptr;
   bool dw_started = false;
   if (a.grad_weight.defined()) {
@@ -160,20 +145,19 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       dW = a.grad_weight.data_as<float>();
       dw_started = a.accumulate_grad_weight;
     } else {
-      dw_own = Scratch<float>(kSlotDw, V * H);
-      dW = dw_own.get();
+      dw_own = scratch(kSlotDw, V * H, dw_big);
+      dW = dw_own;
     }
   }
 
   const int64_t C = chunk_loss_chunk_rows(ctx, a);
   const int64_t ldh = a.hidden.row_stride();
   const int64_t Cn = std::min(C, N);
-  const Scratch<float> zbuf(kSlotZ, Cn * V);
-  const Scratch<float> h32(kSlotH32, f32 || bf ? 0 : Cn * H);
-  const Scratch<float> dh32(kSlotDh32, (a.grad_hidden.defined() && !f32) ? Cn * H : 0);
-  const Scratch<bf16_t> gb(kSlotGb, bf && want_grad ? Cn * V : 0);
+  float* const z = scratch(kSlotZ, Cn * V, z_big);
+  float* const h32 = scratch(kSlotH32, f32 || bf ? 0 : Cn * H, h32_big);
+  float* const dh32 = scratch(kSlotDh32, (a.grad_hidden.defined() && !f32) ? Cn * H : 0, dh32_big);
+  bf16_t* const gb = scratch(kSlotGb, bf && want_grad ? Cn * V : 0, gb_big);
   const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
-  float* z = zbuf.get();
   const size_t label_size = int64 ? 8 : 4;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t rows = std::min(C, N - r0);
@@ -187,8 +171,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       ldhc = ldh;
     } else {
       to_float_rows(static_cast<const uint8_t*>(a.hidden.data()) + r0 * ldh * dtype_size(dt), dt, ldh,
-                    rows, H, h32.get());
-      Hc = h32.get();
+                    rows, H, h32);
+      Hc = h32;
       ldhc = H;
     }
     if (!bf) cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z, V);
@@ -217,15 +201,15 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     if (bf && want_grad) {
       // G in bf16 (as the CUDA backend rounds it), then dH_c = G W and dW += G^T H_c.
       cpu::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1)), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) cpu::store_float(z + i * V, gb.get() + i * V, V);
+        for (int64_t i = i0; i < i1; ++i) cpu::store_float(z + i * V, gb + i * V, V);
       });
       if (a.grad_hidden.defined()) {
-        cpu::bgemm(false, false, rows, H, V, 1.0f, gb.get(), V, Wb, H, 0.0f, dh32.get(), H);
-        from_float_rows(dh32.get(), rows, H,
+        cpu::bgemm(false, false, rows, H, V, 1.0f, gb, V, Wb, H, 0.0f, dh32, H);
+        from_float_rows(dh32, rows, H,
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
       if (dW) {
-        cpu::bgemm(true, false, V, H, rows, 1.0f, gb.get(), V, Hb, ldh, dw_started ? 1.0f : 0.0f, dW, H);
+        cpu::bgemm(true, false, V, H, rows, 1.0f, gb, V, Hb, ldh, dw_started ? 1.0f : 0.0f, dW, H);
         dw_started = true;
       }
     } else if (a.grad_hidden.defined()) {
@@ -233,8 +217,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
         cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f,
                    a.grad_hidden.data_as<float>() + r0 * H, H);
       } else {
-        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f, dh32.get(), H);
-        from_float_rows(dh32.get(), rows, H,
+        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f, dh32, H);
+        from_float_rows(dh32, rows, H,
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
     }
@@ -244,7 +228,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     }
   }
   if (dW && !dw_started) std::fill(dW, dW + static_cast<size_t>(V) * H, 0.0f);  // no rows
-  if (dw_own) from_float_rows(dw_own.get(), V, H, a.grad_weight.data(), a.grad_weight.dtype());
+  if (dw_own) from_float_rows(dw_own, V, H, a.grad_weight.data(), a.grad_weight.dtype());
 
   cpu::ce::FinalizeParams fp{};
   fp.row_scale = row_scale.data();

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "src/cpu/scratch.h"
 #include "src/cpu/simd.h"
 #include "src/ops/gated_delta_rule/gdn_common.h"
 
@@ -124,10 +125,9 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
 #endif
 
 // The calling thread's buffer for the packed B operand, kept across calls: no allocation per call.
+struct GemmPackScratch {};
 inline float* gemm_pack_buf(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  return buf.data();
+  return fusedops::cpu::thread_scratch<GemmPackScratch, float>().get(0, n);
 }
 
 // C[M,N] (=|+=) alpha * A[M,K] B[K,N]. A(i,k) = A[i*ars + k*acs] (any strides: pass ars=1,
@@ -384,23 +384,11 @@ inline void prefetch_next_task(const std::vector<Chunk>& chunks, int64_t task, i
 }
 
 // A scratch arena of fp32 buffers (buffer i keeps its largest size).
-class Scratch {
- public:
-  float* get(size_t i, int64_t n) {
-    if (bufs_.size() <= i) bufs_.resize(i + 1);
-    if (static_cast<int64_t>(bufs_[i].size()) < n) bufs_[i].resize(n);
-    return bufs_[i].data();
-  }
-
- private:
-  std::vector<std::vector<float>> bufs_;
-};
+using Scratch = fusedops::cpu::Scratch<float>;
 
 // The calling thread's arena for the chunk kernels (a few MiB at most: blocks of one chunk), kept
 // across calls so that the buffers are not allocated, zeroed and faulted in again every call.
-inline Scratch& thread_scratch() {
-  thread_local Scratch s;
-  return s;
-}
+struct ChunkScratch {};
+inline Scratch& thread_scratch() { return fusedops::cpu::thread_scratch<ChunkScratch, float>(); }
 
 }  // namespace fusedops::gdn::cpu

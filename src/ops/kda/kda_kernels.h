@@ -12,6 +12,7 @@
 
 #include "fusedops/ops/kda.h"
 #include "src/cpu/parallel.h"
+#include "src/cpu/scratch.h"
 #include "src/ops/gated_delta_rule/gdn_common.h"
 #include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
 
@@ -116,21 +117,11 @@ inline void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* 
 }
 
 template <class T>
-class Scratch {
- public:
-  T* get(size_t i, int64_t n) {
-    if (bufs_.size() <= i) bufs_.resize(i + 1);
-    if (static_cast<int64_t>(bufs_[i].size()) < n) bufs_[i].resize(n);
-    return bufs_[i].data();
-  }
-
- private:
-  std::vector<std::vector<T>> bufs_;
-};
+using Scratch = fusedops::cpu::Scratch<T>;
+struct KdaScratch {};
 template <class T>
 inline Scratch<T>& scratch() {
-  thread_local Scratch<T> s;
-  return s;
+  return fusedops::cpu::thread_scratch<KdaScratch, T>();
 }
 
 // ---------------------------------------------------------------------------------------------
