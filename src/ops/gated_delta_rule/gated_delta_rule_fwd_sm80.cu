@@ -1038,6 +1038,189 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
   if (ht.p) store_state_frag(x, ht, sidx, 0);
 }
 
+// The same recurrence and output split over V halves (GDN only; FUSEDOPS_GDN_FWDHO_VSPLIT=0 keeps
+// the kernel above): columns 64 h.. of X, Vn, Vg and O are independent of the other half's, so
+// each (sequence, value head) takes two CTAs of 8 warps (blockIdx.x = 2 pair + h; both halves
+// read the same K, W, Q tiles, adjacent in launch order so that the second read hits L2). At
+// 104.25 KiB two CTAs share an SM and interleave their barrier-separated phases, where the 16-warp
+// kernel above ran them in lockstep on one. Per chunk (warp w: X rows 32 (w % 4).., columns 32 (w /
+// 4).. of the half; Vn / O rows 16 (w % 4).., the same columns):
+//   top:  U's fragment into registers (global), the gates, Xs = X in 16 bits;       barrier 1
+//   A:    next K by cp.async into the other K buffer; Vn = U - W Xs, Vg, O = diag(e^g) Q Xs;
+//         P = M>= . Gamma . Q K^T for the warp's row block, kept in registers as the A fragments
+//         of P Vn (the warp's two column halves each compute it); X *= e^{g_last};       barrier 2
+//   B:    next W, Q by cp.async (their readers are done); X += K^T Vg; O += P Vn; o out through
+//         the warp's own [16][32] corner of its Xs block (rewritten by the same warp next chunk).
+// Every value is rounded and accumulated in the order of the kernel above: o, h, v_new and the
+// final state are bitwise the same.
+namespace fwdho_vs {
+constexpr int kThreads = 256;
+constexpr int kLdH = mma16::kLdS;                                  // [rows][64] half tiles (36 words)
+constexpr size_t kTokH = static_cast<size_t>(kMaxBT) * kLdH;       // Vn, Vg
+constexpr size_t kXsH = static_cast<size_t>(mma16::kD) * kLdH;     // Xs
+constexpr size_t kSmem = (4 * static_cast<size_t>(mma16::kTok) + 2 * kTokH + kXsH) * 2 + kMaxBT * 4;
+static_assert(2 * (kSmem + 1024) <= 233472, "two CTAs per SM on sm_90 (228 KiB, 1 KiB reserved per CTA)");
+}  // namespace fwdho_vs
+
+// t moved c elements along its last dimension (t.code's element size).
+__device__ __forceinline__ Tok col_shift(Tok t, int c) {
+  if (t.p) t.p = static_cast<char*>(t.p) + static_cast<int64_t>(c) * (t.code == kF32 ? 4 : 2);
+  return t;
+}
+
+template <bool BF>
+__global__ void __launch_bounds__(fwdho_vs::kThreads, 2)
+    fwd_ho_vs_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
+                     int G, float scale, bool staged, bool o_staged, bool vn_staged) {
+  using namespace mma16;
+  using fwdho_vs::kLdH;
+  extern __shared__ float smem[];
+  uint16_t* Kb = reinterpret_cast<uint16_t*>(smem);  // [2][64][kLdT]
+  uint16_t* Ws = Kb + 2 * kTok;                       // [64][kLdT]
+  uint16_t* Qs = Ws + kTok;                           // [64][kLdT]
+  uint16_t* Vn = Qs + kTok;                           // [64][kLdH]
+  uint16_t* Vg = Vn + fwdho_vs::kTokH;                // [64][kLdH]
+  uint16_t* Xs = Vg + fwdho_vs::kTokH;                // [128][kLdH]
+  float* gl = reinterpret_cast<float*>(Xs + fwdho_vs::kXsH);  // [64]
+  const int64_t pair = blockIdx.x >> 1;
+  const int x0 = 64 * static_cast<int>(blockIdx.x & 1);
+  const int64_t n = pair / HV;
+  const int hv = static_cast<int>(pair % HV), hk = hv / G;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 32 * (warp >> 2);
+  const int r0 = 16 * wr + gq, r1 = r0 + 8;
+  u = col_shift(u, x0);
+  vn = col_shift(vn, x0);
+  o = col_shift(o, x0);
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto issue_k = [&](int64_t ci) {
+    load_rows(Kb + (ci & 1) * kTok, kLdT, k, s.b, s.t0 + ci * L.BT, hk, chunk_len(ci), kD / 8);
+    cp_async_commit();
+  };
+  auto issue_wq = [&](int64_t ci) {
+    load_rows(Ws, kLdT, w, s.b, s.t0 + ci * L.BT, hv, chunk_len(ci), kD / 8);
+    load_rows(Qs, kLdT, q, s.b, s.t0 + ci * L.BT, hk, chunk_len(ci), kD / 8);
+    cp_async_commit();
+  };
+  float x[2][4][4];
+  load_state_frag(x, h0, sidx, x0);
+  if (nch > 0) {
+    issue_k(0);
+    issue_wq(0);
+  }
+  const uint16_t* ubase = static_cast<const uint16_t*>(u.p);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    // U's entries at this thread's Vn positions (zeros past len, as the tile loads give).
+    uint32_t ur[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = hr ? r1 : r0;
+        ur[j][hr] = r < len ? ld32(ubase + u.off(s.b, t0 + r, hv) + wc + 8 * j + 2 * tq) : 0u;
+      }
+    // The previous chunk's readers of the gates and of Xs (other than this warp's own o block)
+    // are behind its second barrier.
+    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    __syncwarp();  // this warp's o copy out of its Xs block is done before the block is rewritten
+    store_state16<BF>(x, Xs, kLdH, h.p, idx, x0, staged);  // X -> Xs (and the h snapshot's half)
+    cp_async_wait<0>();
+    __syncthreads();  // 1: this chunk's K, W, Q, Xs, the gates; the previous chunk is done
+    if (ci + 1 < nch) issue_k(ci + 1);  // the other K buffer: its last readers were the previous chunk's
+    const uint16_t* Ks = Kb + cur * kTok;
+    const float glast = gl[len - 1];
+    float oa[4][4];
+    {  // Vn = U - W Xs; O = diag(e^g) Q Xs.
+      float a[4][4];
+      zero(a);
+      zero(oa);
+      mm_xs2<BF, 4>(a, oa, Ws, Qs, kLdT, Xs, kLdH, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, xc = wc + 8 * j + 2 * tq;
+          const float v0 = h2f<BF>(static_cast<uint16_t>(ur[j][hr])) - a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(ur[j][hr] >> 16)) - a[j][2 * hr + 1];
+          if (vn.p && !vn_staged && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
+          *reinterpret_cast<uint32_t*>(Vn + r * kLdH + xc) = pack2<BF>(v0, v1);
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+          *reinterpret_cast<uint32_t*>(Vg + r * kLdH + xc) = pack2<BF>(f * v0, f * v1);
+        }
+      scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
+      if (vn.p && vn_staged) {
+        uint16_t* base = static_cast<uint16_t*>(vn.p);
+        warp_copy_rows16<16, 4>(Vn, kLdH, 16 * wr, wc, [&](int r) { return base + vn.off(s.b, t0 + r, hv); }, len,
+                                lane);
+      }
+    }
+    // P's row block 16 wr.. as A fragments: tile kt (columns 16 kt..) from the accumulators of its
+    // two n-tiles (c[0..1] row g, c[2..3] row g + 8: the A layout's a[0], a[1] and, for the
+    // second n-tile, a[2], a[3]). Tiles right of the diagonal block are not needed by P Vn.
+    uint32_t pf[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      if (kt > wr) break;
+      float pa[2][4];
+      zero(pa);
+      mm_xyt<BF, 2>(pa, Qs, kLdT, Ks, kLdT, 16 * wr, 16 * kt, kD, lane);
+      float pv[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = (e >> 1) ? r1 : r0, col = 16 * kt + 8 * j + 2 * tq + (e & 1);
+          pv[j][e] = (r < len && col <= r) ? pa[j][e] * exp_fast(gl[r] - gl[col]) : 0.0f;
+        }
+      pf[kt][0] = pack2<BF>(pv[0][0], pv[0][1]);
+      pf[kt][1] = pack2<BF>(pv[0][2], pv[0][3]);
+      pf[kt][2] = pack2<BF>(pv[1][0], pv[1][1]);
+      pf[kt][3] = pack2<BF>(pv[1][2], pv[1][3]);
+    }
+    if (g.p) {
+      const float eg = exp_fast(glast);
+      for_state_frag(x, [&](float& v, int, int) { v *= eg; });
+    }
+    __syncthreads();  // 2: Vn, Vg; W, Q and Xs are free
+    if (ci + 1 < nch) issue_wq(ci + 1);
+    state_tprod<BF>(x, Ks, Vg, kLdH, lane);
+    {  // O += P Vn (P's tiles 0..wr, Vn's fragments read transposed).
+      const int mi = lane >> 3, rr = lane & 7;
+      const uint16_t* ps = Vn + (rr + 8 * (mi & 1)) * kLdH + wc + 8 * (mi >> 1);
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+        if (kt > wr) break;
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          uint32_t rv[4];
+          ldsm_x4_t(rv, ps + 16 * kt * kLdH + 8 * j);
+          mma16816<BF>(oa[j], pf[kt], rv[0], rv[1]);
+          mma16816<BF>(oa[j + 1], pf[kt], rv[2], rv[3]);
+        }
+      }
+    }
+    if (o_staged) {
+      // Through rows 32 wr.. of the warp's own Xs block (Xs's readers are behind barrier 2).
+      store_warp_rows16<BF, 4>(oa, scale, Xs + 16 * wr * kLdH, kLdH, 16 * wr, wc, o, s.b, t0, hv, len, lane);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = wc + 8 * j + 2 * tq;
+        if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * oa[j][0], scale * oa[j][1]);
+        if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * oa[j][2], scale * oa[j][3]);
+      }
+    }
+  }
+  if (ht.p) store_state_frag(x, ht, sidx, x0);
+}
+
 // Whether the fused kernel takes these arguments (h and v_new, when defined, are written too): q
 // is fwd_o's q (KDA: qg), aqk KDA's Aqk (undefined for GDN).
 bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
@@ -1084,8 +1267,19 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
         a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
   };
   const bool bf = a.k.dtype() == DType::kBFloat16;
-  if (aqk.defined()) run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
-  else run(bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
+  if (aqk.defined()) {
+    run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
+  } else if (mma16::env_switch("FUSEDOPS_GDN_FWDHO_VSPLIT") != 0) {
+    auto kernel = bf ? fwd_ho_vs_kernel<true> : fwd_ho_vs_kernel<false>;
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, fwdho_vs::kSmem);
+    kernel<<<static_cast<unsigned>(2 * N * HV), fwdho_vs::kThreads, fwdho_vs::kSmem, stream_of(ctx)>>>(
+        tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), mat_of(a.h0), mat_of(a.h),
+        tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
+        static_cast<float>(scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0, o_staged,
+        a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
+  } else {
+    run(bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
+  }
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }

@@ -22,7 +22,7 @@ def emulate(s):
                   "float* smem = reinterpret_cast<float*>(g_emu_smem.data());")
     s = s.replace("extern __shared__ double dsmem[];",
                   "double* dsmem = reinterpret_cast<double*>(g_emu_smem.data());")
-    s = re.sub(r"(\w+)<<<(.+?)>>>\(", lambda m: f"emu_launch({m.group(1)}, {m.group(2)}, ", s,
+    s = re.sub(r"(\w+(?:<[^<>]*>)?)<<<(.+?)>>>\(", lambda m: f"emu_launch({m.group(1)}, {m.group(2)}, ", s,
                flags=re.S)
     s = s.replace("DeviceKind::kCUDA, 80", "DeviceKind::kCPU, 0")
     return emulate_ptx(s)
