@@ -1071,7 +1071,7 @@ __device__ __forceinline__ Tok col_shift(Tok t, int c) {
 template <bool BF>
 __global__ void __launch_bounds__(fwdho_vs::kThreads, 2)
     fwd_ho_vs_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
-                     int G, float scale, bool staged, bool o_staged, bool vn_staged) {
+                     int G, float scale, bool staged, bool o_staged, bool vn_staged, bool pf) {
   using namespace mma16;
   using fwdho_vs::kLdH;
   extern __shared__ float smem[];
@@ -1105,18 +1105,42 @@ __global__ void __launch_bounds__(fwdho_vs::kThreads, 2)
     load_rows(Qs, kLdT, q, s.b, s.t0 + ci * L.BT, hk, chunk_len(ci), kD / 8);
     cp_async_commit();
   };
+  // Chunk cj's rows into L2 ahead of their cp.async (W and Q are reloaded only once phase A is
+  // done, so without this their DRAM latency sits between the two phases): each thread one
+  // 128-byte line, this CTA the rows 2 i + h of K, W, Q (the other half's CTA takes the others)
+  // and its own half of U's.
+  auto prefetch = [&](int64_t cj) {
+    const int64_t t0 = s.t0 + cj * L.BT;
+    const int len = chunk_len(cj);
+    const uint16_t* p;
+    if (tid < 192) {
+      const int m = tid >> 6, r = 2 * ((tid & 63) >> 1) + (x0 >> 6), half = tid & 1;
+      if (r >= len) return;
+      p = m == 0   ? static_cast<const uint16_t*>(k.p) + k.off(s.b, t0 + r, hk)
+          : m == 1 ? static_cast<const uint16_t*>(w.p) + w.off(s.b, t0 + r, hv)
+                   : static_cast<const uint16_t*>(q.p) + q.off(s.b, t0 + r, hk);
+      p += 64 * half;
+    } else {
+      const int r = tid - 192;
+      if (r >= len) return;
+      p = static_cast<const uint16_t*>(u.p) + u.off(s.b, t0 + r, hv);
+    }
+    prefetch_l2(p);
+  };
   float x[2][4][4];
   load_state_frag(x, h0, sidx, x0);
   if (nch > 0) {
     issue_k(0);
     issue_wq(0);
   }
+  if (pf && nch > 1) prefetch(1);
   const uint16_t* ubase = static_cast<const uint16_t*>(u.p);
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int cur = static_cast<int>(ci & 1);
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = chunk_len(ci);
     const int64_t idx = (s.coff + ci) * HV + hv;
+    if (pf && ci + 2 < nch) prefetch(ci + 2);
     // U's entries at this thread's Vn positions (zeros past len, as the tile loads give).
     uint32_t ur[4][2];
 #pragma unroll
@@ -1276,7 +1300,8 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
         tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), mat_of(a.h0), mat_of(a.h),
         tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
         static_cast<float>(scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0, o_staged,
-        a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
+        a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()),
+        mma16::env_switch("FUSEDOPS_GDN_FWDHO_PREFETCH") != 0);
   } else {
     run(bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
   }
