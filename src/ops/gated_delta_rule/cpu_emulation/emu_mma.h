@@ -85,8 +85,6 @@ inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
 
-inline void prefetch_l2(const void*) {}
-
 inline float shfl_xor(float v, int mask) {
   EmuWarp& w = *g_emu_warp;
   const int lane = threadIdx.x % 32;
