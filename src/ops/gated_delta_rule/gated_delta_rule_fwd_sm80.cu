@@ -201,7 +201,8 @@ constexpr size_t kWuSmem = 2 * (2 * static_cast<size_t>(mma16::kTok) + 3 * kMaxB
 
 // The W, U products of one chunk on m16n8k16 (256 threads, after a barrier that made a's source,
 // cb, ce, Ks and Vs visible): the two scaled 16-bit copies Au = A diag(beta), Aw = A diag(beta e^g)
-// of a(i, j) (A's entry as float: 0 above the diagonal and in rows past the chunk), then U = Au V,
+// of A's entries (a(i, j, a0, a1) gives those at (i, j) and (i, j + 1), j even, as floats: 0 above
+// the diagonal and in rows past the chunk; a warp's calls cover one row), then U = Au V,
 // W = Aw K with fp32 register accumulators (A's row block m0 takes k < m0 + 16). With `staged`
 // (w and u 16-bit of the inputs' type with 16-byte aligned rows: tok16_ok) U goes through Vs and W
 // through Ks once their last readers are done, and out by 16-byte row stores; otherwise from the
@@ -212,11 +213,12 @@ __device__ __forceinline__ void wu_products(GetA&& a, uint16_t* Au, uint16_t* Aw
                                             const ChunkPos& c, int hv, bool staged) {
   using namespace mma16;
   const int tid = threadIdx.x;
-  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
-    const int i = e >> 6, j = e & 63;
-    const float x = a(i, j);
-    Au[i * kLdA + j] = f2h<BF>(x * cb[j]);
-    Aw[i * kLdA + j] = f2h<BF>(x * ce[j]);
+  for (int e = tid; e < kMaxBT * kMaxBT / 2; e += kThreads) {
+    const int i = e >> 5, j = (e & 31) << 1;
+    float a0, a1;
+    a(i, j, a0, a1);
+    *reinterpret_cast<uint32_t*>(Au + i * kLdA + j) = pack2<BF>(a0 * cb[j], a1 * cb[j + 1]);
+    *reinterpret_cast<uint32_t*>(Aw + i * kLdA + j) = pack2<BF>(a0 * ce[j], a1 * ce[j + 1]);
   }
   __syncthreads();
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
@@ -272,8 +274,13 @@ __global__ void __launch_bounds__(kThreads, 2) wu_mma_kernel(Tok k, Tok v, Tok b
   }
   cp_async_wait<0>();
   __syncthreads();
-  wu_products<BF>([&](int i, int j) { return j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f; }, Au, Aw, cb, ce, Ks, Vs,
-                  w, u, c, hv, staged);
+  wu_products<BF>(
+      [&](int i, int j, float& a0, float& a1) {
+        const uint32_t x = ld32(As + i * kLdA + j);
+        a0 = j <= i ? h2f<BF>(static_cast<uint16_t>(x)) : 0.0f;
+        a1 = j + 1 <= i ? h2f<BF>(static_cast<uint16_t>(x >> 16)) : 0.0f;
+      },
+      Au, Aw, cb, ce, Ks, Vs, w, u, c, hv, staged);
 }
 
 bool wu_mma_ok(const Context& ctx, const RecomputeWUFwdArgs& a) {
@@ -360,16 +367,15 @@ __global__ void __launch_bounds__(kThreads, 2) prep_fwd_mma_kernel(Tok k, Tok v,
                 [&](int r, int col, float x) { Ls[r * prep::kLdL + col] = col < r ? cb[r] * x : 0.0f; });
   __syncthreads();
   solve_blocked(Ls, prep::kLdL, X, Tb, kMaxBT / 16);
-  // A out (rows < len, zeros above the diagonal), two entries per thread step.
-  for (int e = tid; e < kMaxBT * kMaxBT / 2; e += kThreads) {
-    const int i = e >> 5, j = (e & 31) << 1;
-    if (i < len)
-      st2(A.p, A.code, A.off(c.b, c.t0 + i, hv) + j, j <= i ? X[i * prep::kLdL + j] : 0.0f,
-          j + 1 <= i ? X[i * prep::kLdL + j + 1] : 0.0f);
-  }
+  // A out (rows < len, zeros above the diagonal) as each pair of X is read for Au, Aw.
   wu_products<BF>(
-      [&](int i, int j) { return (i < len && j <= i) ? h2f<BF>(f2h<BF>(X[i * prep::kLdL + j])) : 0.0f; }, Au, Aw,
-      cb, ce, Ks, Vs, w, u, c, hv, staged);
+      [&](int i, int j, float& a0, float& a1) {
+        const float x0 = X[i * prep::kLdL + j], x1 = X[i * prep::kLdL + j + 1];
+        if (i < len) st2(A.p, A.code, A.off(c.b, c.t0 + i, hv) + j, j <= i ? x0 : 0.0f, j + 1 <= i ? x1 : 0.0f);
+        a0 = (i < len && j <= i) ? h2f<BF>(f2h<BF>(x0)) : 0.0f;
+        a1 = (i < len && j + 1 <= i) ? h2f<BF>(f2h<BF>(x1)) : 0.0f;
+      },
+      Au, Aw, cb, ce, Ks, Vs, w, u, c, hv, staged);
 }
 
 // Whether prep_fwd_mma_kernel takes these arguments (wu.A the output).

@@ -661,47 +661,43 @@ inline bool no_f64(std::initializer_list<const TensorView*> ts) {
 // chunk_kda_fwd_intra.
 constexpr int kLdT16 = 17;  // row stride of the [64][16] block stage of solve_blocked
 
-// c (a 16x8 m16n8k8 accumulator) += a b in about fp32 precision: three tf32 products of the
-// operands' high and low tf32 parts (hi lo + lo hi + hi hi; lo lo is below fp32's rounding).
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
-  uint32_t ah[4], al[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    ah[e] = to_tf32(a[e]);
-    al[e] = to_tf32(a[e] - __uint_as_float(ah[e]));
-  }
-  const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
-  const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
-  mma_tf32(c, al, bh0, bh1);
-  mma_tf32(c, ah, bl0, bl1);
-  mma_tf32(c, ah, bh0, bh1);
-}
-
-// One warp: c[nt] = A[0..16)[0..kd) . B[0..kd)[8 nt..8 nt+8) (a 16x16 block; fp32 operands in
-// shared memory, row strides lda, ldb; kd a multiple of 8) by mma_3xtf32.
-__device__ __forceinline__ void warp_mm16(float (&c)[2][4], const float* A, int lda, const float* B, int ldb, int kd,
-                                          int lane) {
+// One warp: c = A[0..16)[0..kd) . B[0..kd)[0..8) (fp32 operands in shared memory, row strides
+// lda, ldb; kd a multiple of 8) in about fp32 precision by three tf32 products of the operands'
+// high and low tf32 parts (hi hi, lo hi, hi lo; lo lo is below fp32's rounding), each into its own
+// m16n8k8 accumulator (three dependency chains of kd / 8 mma, not one of 3 kd / 8), added at the
+// end as hi hi + (lo hi + hi lo).
+__device__ __forceinline__ void warp_mm8(float (&c)[4], const float* A, int lda, const float* B, int ldb, int kd,
+                                         int lane) {
   const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+  float hh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, hl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int k0 = 0; k0 < kd; k0 += 8) {
     const float a[4] = {A[g * lda + k0 + t], A[(g + 8) * lda + k0 + t], A[g * lda + k0 + t + 4],
                         A[(g + 8) * lda + k0 + t + 4]};
+    const float b0 = B[(k0 + t) * ldb + g], b1 = B[(k0 + t + 4) * ldb + g];
+    uint32_t ah[4], al[4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-      mma_3xtf32(c[nt], a, B[(k0 + t) * ldb + 8 * nt + g], B[(k0 + t + 4) * ldb + 8 * nt + g]);
+    for (int e = 0; e < 4; ++e) {
+      ah[e] = to_tf32(a[e]);
+      al[e] = to_tf32(a[e] - __uint_as_float(ah[e]));
+    }
+    const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+    const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
+    mma_tf32(lh, al, bh0, bh1);
+    mma_tf32(hl, ah, bl0, bl1);
+    mma_tf32(hh, ah, bh0, bh1);
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] = hh[e] + (lh[e] + hl[e]);
 }
 
 // X = (I + L)^{-1} for the strictly lower triangular L (fp32 [64][ld] in shared memory, zero
 // outside j < i < 16 nb), into X (same stride): X's nb diagonal 16x16 blocks by forward
 // substitution in fp32 (warp b, lane c < 16 holding column c of block b in registers), then the
-// blocks below the diagonal by their distance s = 1 .. nb-1 from it, one warp per block:
+// blocks below the diagonal by their distance s = 1 .. nb-1 from it, two warps per block (one per
+// 8-column half: neither half of T or X_ij needs the other's):
 //   T_ij = sum_{m=j}^{i-1} L_im X_mj (staged in Tb, [64][kLdT16]),  X_ij = -X_ii T_ij,
-// both products on tensor cores in about fp32 precision (mma_3xtf32). Blocks above the diagonal
-// are not written. Needs 256 threads; ends with a barrier.
+// both products on tensor cores in about fp32 precision (warp_mm8). Blocks above the diagonal
+// are not written. Needs 256 threads (2 (nb - 1) <= 8 warps); ends with a barrier.
 __device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X, float* Tb, int nb) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp < nb && lane < 16) {
@@ -718,24 +714,20 @@ __device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X,
     }
   }
   __syncthreads();
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2, t = lane & 3, blk = warp >> 1, nc = 8 * (warp & 1);
   for (int s = 1; s < nb; ++s) {
-    if (warp < nb - s) {
-      const int i = s + warp, j = warp;
-      float c[2][4];
-      warp_mm16(c, Ls + 16 * i * ld + 16 * j, ld, X + 16 * j * ld + 16 * j, ld, 16 * s, lane);
-      float* tb = Tb + 16 * i * kLdT16;
+    if (blk < nb - s) {
+      const int i = s + blk, j = blk;
+      float c[4];
+      warp_mm8(c, Ls + 16 * i * ld + 16 * j, ld, X + 16 * j * ld + 16 * j + nc, ld, 16 * s, lane);
+      float* tb = Tb + 16 * i * kLdT16 + nc;  // this warp's 8 columns of T_ij
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tb[(g + 8 * (e >> 1)) * kLdT16 + 8 * nt + 2 * t + (e & 1)] = c[nt][e];
+      for (int e = 0; e < 4; ++e) tb[(g + 8 * (e >> 1)) * kLdT16 + 2 * t + (e & 1)] = c[e];
       __syncwarp();
-      warp_mm16(c, X + 16 * i * ld + 16 * i, ld, tb, kLdT16, 16, lane);
-      float* xo = X + 16 * i * ld + 16 * j;
+      warp_mm8(c, X + 16 * i * ld + 16 * i, ld, tb, kLdT16, 16, lane);
+      float* xo = X + 16 * i * ld + 16 * j + nc;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) xo[(g + 8 * (e >> 1)) * ld + 8 * nt + 2 * t + (e & 1)] = -c[nt][e];
+      for (int e = 0; e < 4; ++e) xo[(g + 8 * (e >> 1)) * ld + 2 * t + (e & 1)] = -c[e];
     }
     __syncthreads();
   }
