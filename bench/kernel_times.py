@@ -10,8 +10,8 @@ launch gaps included) per call.
 Scenarios (the report's shapes): hc_split (fwd+bwd, fp32 [32768, 24]), ce (fwd+bwd, bf16
 [8192, 128256]), chunk_loss / chunk_loss_mg (fwd+bwd, N=8192 H=4096 V=128256 bf16; default
 budget / caller's fp32 main_grad at 1 GiB chunks), mhc_pre (fwd, T=32768 n=4 C=4096 bf16),
-conv (causal_conv1d fwd, [4, 4096, 8192] W=4 silu bf16), gdn / gdn_fwd (B=8 T=4096 H=16 K=V=128
-bf16).
+conv (causal_conv1d fwd, [4, 4096, 8192] W=4 silu bf16), gdn / gdn_fwd and kda / kda_fwd
+(chunk_gated_delta_rule and chunk_kda fwd+bwd / fwd, B=8 T=4096 H=16 K=V=128 bf16).
 """
 
 from __future__ import annotations
@@ -107,31 +107,41 @@ def conv():
     return step
 
 
-def _gdn(backward: bool):
+def _linear_attention(backward: bool, kda: bool):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from la_timing import _inputs
 
     B, T, H, K = 8, 4096, 16, 128
-    inputs = _inputs(B, T, H, H, K, K, torch.bfloat16, False)
+    inputs = _inputs(B, T, H, H, K, K, torch.bfloat16, kda)
     leaves = [x.detach().clone().requires_grad_(backward) for x in inputs]
     do = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16)
+    op = fusedops.chunk_kda if kda else fusedops.chunk_gated_delta_rule
 
     def step():
-        o = fusedops.chunk_gated_delta_rule(*leaves, K ** -0.5)[0]
+        o = op(*leaves, K ** -0.5)[0]
         if backward:
             torch.autograd.grad(o, leaves, do)
     return step
 
 
 def gdn():
-    return _gdn(True)
+    return _linear_attention(True, False)
 
 
 def gdn_fwd():
-    return _gdn(False)
+    return _linear_attention(False, False)
 
 
-SCENARIOS = {f.__name__: f for f in (hc_split, ce, chunk_loss, chunk_loss_mg, mhc_pre, conv, gdn, gdn_fwd)}
+def kda():
+    return _linear_attention(True, True)
+
+
+def kda_fwd():
+    return _linear_attention(False, True)
+
+
+SCENARIOS = {f.__name__: f for f in (hc_split, ce, chunk_loss, chunk_loss_mg, mhc_pre, conv, gdn, gdn_fwd, kda,
+                                     kda_fwd)}
 
 
 def profile(name: str, calls: int = 5) -> None:
