@@ -1186,7 +1186,7 @@ constexpr size_t kWySmem = 2 * (4 * static_cast<size_t>(mma16::kTok) + 4 * kMaxB
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, Tok beta, Tok A, Tok g, Tok dW, Tok dU,
                                                                  Tok dk, Tok dv, Tok dbeta, Tok dg, Layout L, int G,
-                                                                 int accumulate) {
+                                                                 int accumulate, bool dv_staged, bool dk_staged) {
   using namespace mma16;
   extern __shared__ float smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
@@ -1345,11 +1345,19 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
       const float b0 = bs[r0], b1 = bs[r1];
       float u0, u1;
       row_dot<BF>(Vs, pa, r0, wn, tq, u0, u1);
+      if (dv_staged) {
+        // Through the warp's own [16][64] block of Vs (row_dot above was its last reader; the
+        // other warps read only their own blocks from here to the next value head's barrier).
+        __syncwarp();
+        scale_rows(pa, b0, b1);
+        store_warp_rows16<BF, 8>(pa, 1.0f, Vs, kLdT, wm, wn, dv, c.b, c.t0, hv, len, lane);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = wn + 8 * j + 2 * tq;
-        if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, b0 * pa[j][0], b0 * pa[j][1]);
-        if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, b1 * pa[j][2], b1 * pa[j][3]);
+        for (int j = 0; j < 8; ++j) {
+          const int col = wn + 8 * j + 2 * tq;
+          if (r0 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r0, hv) + col, b0 * pa[j][0], b0 * pa[j][1]);
+          if (r1 < len) st2(dv.p, dv.code, dv.off(c.b, c.t0 + r1, hv) + col, b1 * pa[j][2], b1 * pa[j][3]);
+        }
       }
       if (tq == 0) {
         rp[half * kMaxBT + r0] = u0;
@@ -1370,6 +1378,39 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
         dg.st_(c.b, c.t0 + i, hv, 0, old + (bs[i] * sb - sc + bs[i] * es[i] * rk));
       }
     }
+  }
+  if (dk_staged) {
+    // dk (16-bit, k's type) by 16-byte rows: the fp32 sums through Ks + Vs as one [64][kLdT] fp32
+    // tile, then per 8 columns old + sum (fp32) rounded once, as the pair stores below do.
+    __syncthreads();  // every warp is done with Ks and Vs
+    float* Ds = reinterpret_cast<float*>(Ks);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = wn + 8 * j + 2 * tq;
+      *reinterpret_cast<float2*>(Ds + r0 * kLdT + col) = float2{dka[j][0], dka[j][1]};
+      *reinterpret_cast<float2*>(Ds + r1 * kLdT + col) = float2{dka[j][2], dka[j][3]};
+    }
+    __syncthreads();
+    uint16_t* base = static_cast<uint16_t*>(dk.p);
+    for (int e = tid; e < len * (kD / 8); e += kThreads) {
+      const int r = e >> 4, col = (e & 15) << 3;
+      uint16_t* dst = base + dk.off(c.b, c.t0 + r, hk) + col;
+      const float4 s0 = *reinterpret_cast<const float4*>(Ds + r * kLdT + col);
+      const float4 s1 = *reinterpret_cast<const float4*>(Ds + r * kLdT + col + 4);
+      const float sum[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+      uint4 old = {0u, 0u, 0u, 0u};
+      if (accumulate) old = *reinterpret_cast<const uint4*>(dst);
+      const uint32_t ow[4] = {old.x, old.y, old.z, old.w};
+      uint32_t nw[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float a = accumulate ? h2f<BF>(static_cast<uint16_t>(ow[q])) : 0.0f;
+        const float b = accumulate ? h2f<BF>(static_cast<uint16_t>(ow[q] >> 16)) : 0.0f;
+        nw[q] = pack2<BF>(a + sum[2 * q], b + sum[2 * q + 1]);
+      }
+      *reinterpret_cast<uint4*>(dst) = uint4{nw[0], nw[1], nw[2], nw[3]};
+    }
+    return;
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -1412,7 +1453,8 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
         tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
-        static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0);
+        static_cast<int>(HV / H), a.accumulate_dk_dg ? 1 : 0, mma16::staged_out_ok(a.dv, a.dv, a.k.dtype()),
+        mma16::staged_out_ok(a.dk, a.dk, a.k.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
