@@ -1383,6 +1383,7 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
     // dk (16-bit, k's type) by 16-byte rows: the fp32 sums through Ks + Vs as one [64][kLdT] fp32
     // tile, then per 8 columns old + sum (fp32) rounded once, as the pair stores below do.
     __syncthreads();  // every warp is done with Ks and Vs
+    static_assert(sizeof(float) * kMaxBT * kLdT == 2 * sizeof(uint16_t) * kTok, "the fp32 tile is Ks and Vs");
     float* Ds = reinterpret_cast<float*>(Ks);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
