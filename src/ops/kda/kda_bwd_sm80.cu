@@ -703,10 +703,13 @@ constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kMaxBT) * kLdH + 3 * kSc *
 static_assert(2 * kMaxBT * kLdD * 4 <= 3 * kSc * kLdH * 2, "dA staging fits the scaled operands' space");
 }  // namespace bintra16
 
-template <bool BF>
+// kScan: the reverse chunk-local cumsum of dg fused behind (the top level's path): dgo (fp32) is
+// then the cumsum's output; each half's dg rows go there as before and the last two warps turn
+// them, in place, into their reverse sums (rev_scan_col) once the next barrier has published them.
+template <bool BF, bool kScan>
 __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
                                                                  Tok dq, Tok dk, Tok dbeta, Tok dg, Tok dqo, Tok dko,
-                                                                 Tok dbo, Tok dgo, Layout L, int G) {
+                                                                 Tok dbo, Tok dgo, Layout L, int G, double gscale) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
   using bintra16::kHalf;
@@ -776,9 +779,12 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
     for (int half = 0; half < 2; ++half) {
       const int y0 = kHalf * half;
       if (half == 1) {
-        __syncthreads();  // half 0's readers are done
+        __syncthreads();  // half 0's readers are done (and its dg rows are out)
         load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
         cp_async_commit();
+        if constexpr (kScan) {
+          if (tid >= kThreads - kHalf) rev_scan_col(dgo, c, hv, tid - (kThreads - kHalf), gscale);
+        }
         cp_async_wait<0>();
         gates_log2<kLdG>(Gs, tid);
       }
@@ -919,11 +925,14 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
         if (tq == 0) dbp[(2 * half + (warp >> 2)) * kMaxBT + m0 + gq + 8 * hr] = s;
       }
     }
-    __syncthreads();  // dbp
+    __syncthreads();  // dbp (and half 1's dg rows)
     if (tid < len)
       dbo.st_(c.b, c.t0 + tid, hv, 0,
               dbeta.ld(c.b, c.t0 + tid, hv, 0) + dbp[tid] + dbp[kMaxBT + tid] + dbp[2 * kMaxBT + tid] +
                   dbp[3 * kMaxBT + tid]);
+    if constexpr (kScan) {
+      if (tid >= kThreads - kHalf) rev_scan_col(dgo, c, hv, kHalf + tid - (kThreads - kHalf), gscale);
+    }
   }
 }
 
@@ -943,6 +952,43 @@ bool bintra_mma_ok(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   return true;
 }
 
+// bintra_mma_kernel over every chunk of a (bintra_mma_ok); with dg_final defined (fp32), dg's rows
+// go there, turned into their reverse chunk-local cumsum (scale gscale), instead of into a.dg_out.
+void launch_bintra_mma(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const TensorView& dg_final,
+                       double gscale) {
+  const char* op = "chunk_kda_bwd_intra";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), HV = a.gk.size(2);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
+  const bool bf = a.q.dtype() == DType::kBFloat16, scan = dg_final.defined();
+  auto k16 = scan ? (bf ? bintra_mma_kernel<true, true> : bintra_mma_kernel<false, true>)
+                  : (bf ? bintra_mma_kernel<true, false> : bintra_mma_kernel<false, false>);
+  allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, bintra16::kSmem);
+  k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, bintra16::kSmem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.dAqk), tok_of(a.dAkk), tok_of(a.dq),
+      tok_of(a.dk), tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dq_out), tok_of(a.dk_out), tok_of(a.dbeta_out),
+      tok_of(scan ? dg_final : a.dg_out), L, static_cast<int>(HV / H), gscale);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// kda::FusedIntraCumsumBwd: the reverse chunk-local cumsum of bwd_intra's dg run inside
+// bintra_mma_kernel (dg's rows go once to the cumsum's fp32 output and are summed there in place;
+// the workspace dg_out is not written). FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
+bool intra_cumsum_fused(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const ChunkLocalCumsumArgs& s) {
+  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
+  if (!s.reverse || s.chunk_size != a.chunk_size || s.g.data() != a.dg_out.data() || !s.out.defined() ||
+      s.out.dtype() != DType::kFloat32 || s.out.ndim() != 4 || !gdn::sm80::mma16::out2_ok(s.out))
+    return false;
+  for (int d = 0; d < 4; ++d)
+    if (s.out.size(d) != a.dg_out.size(d)) return false;
+  if (!bintra_mma_ok(ctx, a)) return false;
+  launch_bintra_mma(ctx, a, s.out, s.scale);
+  return true;
+}
+
 void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   const char* op = "chunk_kda_bwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -952,13 +998,7 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   if (NT == 0 || H == 0) return;
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
   if (bintra_mma_ok(ctx, a)) {
-    auto k16 = a.q.dtype() == DType::kBFloat16 ? bintra_mma_kernel<true> : bintra_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, bintra16::kSmem);
-    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, bintra16::kSmem, stream_of(ctx)>>>(
-        tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.dAqk), tok_of(a.dAkk), tok_of(a.dq),
-        tok_of(a.dk), tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dq_out), tok_of(a.dk_out), tok_of(a.dbeta_out),
-        tok_of(a.dg_out), L, static_cast<int>(HV / H));
-    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    launch_bintra_mma(ctx, a, TensorView(), 1.0);
     return;
   }
   auto kernel = bintra_kernel;
@@ -1169,7 +1209,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_bwd(c, a);
+  compose_bwd(c, a, intra_cumsum_fused);
 }
 
 bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {

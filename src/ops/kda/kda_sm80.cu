@@ -159,9 +159,13 @@ constexpr size_t kSmem = kBytes16 + 4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 
 static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "solve's buffers fit");
 }  // namespace intra16
 
-template <bool BF>
+// kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
+// written here from the raw fp32 gate graw (scan_gate_col, by the last two warps per half), and
+// gscale the cumsum's scale.
+template <bool BF, bool kScan>
 __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
-                                                                Layout L, int G, float scale) {
+                                                                Layout L, int G, float scale, Tok graw,
+                                                                double gscale) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
   using intra16::kHalf;
@@ -189,11 +193,14 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   for (int half = 0; half < 2; ++half) {
     const int y0 = kHalf * half;
     if (half == 1) __syncthreads();  // half 0's readers are done
-    load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
+    load_qkg_half<kLdH, kLdG, !kScan>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
     cp_async_commit();
     if (half == 0 && tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+    if constexpr (kScan) {
+      if (tid >= kThreads - kHalf) scan_gate_col<kLdG>(Gs, graw, gk, c, hv, y0, tid - (kThreads - kHalf), gscale);
+    }
     cp_async_wait<0>();
-    gates_log2<kLdG>(Gs, tid);
+    if constexpr (!kScan) gates_log2<kLdG>(Gs, tid);
     __syncthreads();
     // The scaled operands, eight channels per step (rows >= len stay zero: Q and K are zero there).
     for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
@@ -313,6 +320,49 @@ bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok32_ok(a.gk) && out2_ok(a.Aqk) && out2_ok(a.Akk);
 }
 
+// intra_mma_kernel over every chunk of a (intra_mma_ok); with graw defined, chunk_local_cumsum of
+// graw (scale gscale) into a.gk fused in front.
+void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const TensorView& graw, double gscale) {
+  const char* op = "chunk_kda_fwd_intra";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), HV = a.gk.size(2);
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
+  const bool bf = a.q.dtype() == DType::kBFloat16, scan = graw.defined();
+  auto k16 = scan ? (bf ? intra_mma_kernel<true, true> : intra_mma_kernel<false, true>)
+                  : (bf ? intra_mma_kernel<true, false> : intra_mma_kernel<false, false>);
+  allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
+  k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, intra16::kSmem, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
+      static_cast<int>(HV / H), static_cast<float>(a.scale), tok_of(graw), gscale);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// Same shape, strides and storage (the fused steps hand one tensor from one to the next).
+bool same_view(const TensorView& x, const TensorView& y) {
+  if (x.data() != y.data() || x.dtype() != y.dtype() || x.ndim() != y.ndim()) return false;
+  for (int d = 0; d < x.ndim(); ++d)
+    if (x.size(d) != y.size(d) || x.stride(d) != y.stride(d)) return false;
+  return true;
+}
+
+// kda::FusedCumsumIntraFwd: the forward chunk-local cumsum of an fp32 gate run inside
+// intra_mma_kernel (it reads raw g, writes g_cumsum, and uses it in place of reading it back).
+// FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
+bool cumsum_intra_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
+  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
+  if (s.reverse || s.chunk_size != a.chunk_size || !same_view(s.out, a.gk) || !s.g.defined() ||
+      s.g.ndim() != 4 || !gdn::sm80::mma16::tok32_ok(s.g))
+    return false;
+  for (int d = 0; d < 4; ++d)
+    if (s.g.size(d) != a.gk.size(d)) return false;
+  if (!intra_mma_ok(ctx, a)) return false;
+  launch_intra_mma(ctx, a, s.g, s.scale);
+  return true;
+}
+
 void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const char* op = "chunk_kda_fwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -322,12 +372,7 @@ void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
   if (intra_mma_ok(ctx, a)) {
-    auto k16 = a.q.dtype() == DType::kBFloat16 ? intra_mma_kernel<true> : intra_mma_kernel<false>;
-    allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
-    k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, intra16::kSmem, stream_of(ctx)>>>(
-        tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
-        static_cast<int>(HV / H), static_cast<float>(a.scale));
-    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    launch_intra_mma(ctx, a, TensorView(), 1.0);
     return;
   }
   intra_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
@@ -392,21 +437,26 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
 // A2 = Akk diag(beta) takes U's scale instead, so V is used as stored. W = Akk Tk and U = A2 V on
 // m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular). The
 // element-wise pass's gk and q pieces (eight rows per thread) are loaded together under the tile
-// copies, not one row per step (0.44 -> 0.365 ms at issue 7's shape, stop 19).
+// copies, not one row per step (0.44 -> 0.365 ms at issue 7's shape, stop 19). With `staged`,
+// W and U leave through each warp's own [16][64] block of a staging tile by 16-byte rows
+// (store_warp_rows16) and kg, qg as one 8-byte store of four channels per lane, so every store
+// instruction fills whole 32-byte sectors (the fragment pairs and 4-byte pairs fill half of each);
+// 69 KiB, still three CTAs per SM (registers bound them).
 namespace wu16 {
 using namespace gdn::sm80::mma16;
-constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
+constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
 }  // namespace wu16
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
-                                                             Tok u, Tok kg, Tok qg, Layout L, int G) {
+                                                             Tok u, Tok kg, Tok qg, Layout L, int G, int staged) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
   extern __shared__ float smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
   uint16_t* Vs = Ks + kTok;
-  uint16_t* As = Vs + kTok;
+  uint16_t* St = Vs + kTok;  // W's, then U's staging
+  uint16_t* As = St + kTok;
   uint16_t* A2 = As + kMaxBT * kLdA;
   float* bs = reinterpret_cast<float*>(A2 + kMaxBT * kLdA);
   const ChunkPos c = chunk_pos(L, blockIdx.x);
@@ -461,16 +511,29 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
       eg[x] = exp_fast(ga[x]);
     }
     const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
-    st2(kg.p, kg.code, ko, kf[0] * exp_fast(gla[0] - ga[0]), kf[1] * exp_fast(gla[1] - ga[1]));
-    st2(kg.p, kg.code, ko + 2, kf[2] * exp_fast(gla[2] - ga[2]), kf[3] * exp_fast(gla[3] - ga[3]));
+    float kgv[4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) kgv[x] = kf[x] * exp_fast(gla[x] - ga[x]);
+    if (staged) {
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(kg.p) + ko) =
+          make_uint2(pack2<BF>(kgv[0], kgv[1]), pack2<BF>(kgv[2], kgv[3]));
+    } else {
+      st2(kg.p, kg.code, ko, kgv[0], kgv[1]);
+      st2(kg.p, kg.code, ko + 2, kgv[2], kgv[3]);
+    }
     if (qg.p) {
       const uint32_t qw[2] = {qv.x, qv.y};
       float qf[4];
 #pragma unroll
       for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
       const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
-      st2(qg.p, qg.code, qo, qf[0], qf[1]);
-      st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
+      if (staged) {
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(qg.p) + qo) =
+            make_uint2(pack2<BF>(qf[0], qf[1]), pack2<BF>(qf[2], qf[3]));
+      } else {
+        st2(qg.p, qg.code, qo, qf[0], qf[1]);
+        st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
+      }
     }
     const float b = bs[r];
     *reinterpret_cast<uint2*>(Ks + r * kLdT + col) =
@@ -483,19 +546,28 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
   float acc[8][4];
   zero(acc);
   mm_xs<BF, 8>(acc, As, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, w, c.b, c.t0, hv, len, lane);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = wn + 8 * j + 2 * tq;
-    if (r0 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-    if (r1 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    for (int j = 0; j < 8; ++j) {
+      const int col = wn + 8 * j + 2 * tq;
+      if (r0 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+      if (r1 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    }
   }
   zero(acc);
   mm_xs<BF, 8>(acc, A2, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    __syncwarp();  // every lane's reads of W's staged block are done
+    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, u, c.b, c.t0, hv, len, lane);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = wn + 8 * j + 2 * tq;
-    if (r0 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-    if (r1 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    for (int j = 0; j < 8; ++j) {
+      const int col = wn + 8 * j + 2 * tq;
+      if (r0 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
+      if (r1 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
+    }
   }
 }
 
@@ -514,6 +586,14 @@ bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   return !a.qg.defined() || out2_ok(a.qg);
 }
 
+// wu_mma_kernel's `staged` stores: W, U, kg (and qg) all 16-bit of the inputs' type with 16-byte
+// aligned rows; FUSEDOPS_GDN_STAGED_STORES=0 keeps the pair stores.
+bool wu_staged_ok(const KdaRecomputeWUFwdArgs& a) {
+  using namespace gdn::sm80::mma16;
+  const DType dt = a.k.dtype();
+  return staged_out_ok(a.w, a.u, dt) && staged_out_ok(a.kg, a.qg.defined() ? a.qg : a.kg, dt);
+}
+
 void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   const char* op = "kda_recompute_w_u";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -528,7 +608,8 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wu16::kSmem);
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, wu16::kSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
-        tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(HV / H));
+        tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(HV / H),
+        wu_staged_ok(a) ? 1 : 0);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
@@ -1036,7 +1117,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a, state_out_fused);
+  compose_fwd(c, a, {state_out_fused, cumsum_intra_fused});
 }
 
 // ---------------------------------------------------------------------------------------------

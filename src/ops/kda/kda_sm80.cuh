@@ -14,12 +14,12 @@ constexpr int kRecRows = 32;            // state rows per thread of the recurren
 constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
 
 // The two intra kernels' 64-channel halves (chunk 64, 256 threads): q and k rows into [64][kLdH]
-// 16-bit tiles and gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >= len
-// zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces that
-// thread copied into g log2(e), for exp2_fast of their differences (a thread sees its own cp.async
-// results once waited for; the caller's barrier publishes them).
+// 16-bit tiles and (kG) gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >=
+// len zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces
+// that thread copied into g log2(e), for exp2_fast of their differences (a thread sees its own
+// cp.async results once waited for; the caller's barrier publishes them).
 constexpr int kIntraHalf = 64;
-template <int kLdH, int kLdG>
+template <int kLdH, int kLdG, bool kG = true>
 __device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float* Gs, const gdn::sm80::Tok& q,
                                               const gdn::sm80::Tok& k, const gdn::sm80::Tok& gk,
                                               const gdn::sm80::ChunkPos& c, int hk, int hv, int y0, int tid) {
@@ -36,11 +36,12 @@ __device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float*
     cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
     cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
   }
-  for (int e = tid; e < kMaxBT * (kIntraHalf / 4); e += kThreads) {
-    const int r = e >> 4, col = (e & 15) << 2;
-    const bool ok = r < c.len;
-    cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
-  }
+  if constexpr (kG)
+    for (int e = tid; e < kMaxBT * (kIntraHalf / 4); e += kThreads) {
+      const int r = e >> 4, col = (e & 15) << 2;
+      const bool ok = r < c.len;
+      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
+    }
 }
 template <int kLdG>
 __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
@@ -48,6 +49,57 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
     float* p = Gs + (e >> 4) * kLdG + ((e & 15) << 2);
 #pragma unroll
     for (int u = 0; u < 4; ++u) p[u] *= gdn::sm80::kLog2e;
+  }
+}
+
+// chunk_local_cumsum fused into the intra kernels, with its arithmetic (a running double sum, each
+// row's value scale * sum rounded to fp32 once; gdn's cumsum_kernel), so the values are its own.
+// Forward, thread `col` of a half: channel y0 + col of the raw fp32 gate g summed down the chunk's
+// rows into out (g_cumsum) and, times log2(e), into the half's gate tile Gs (rows >= len zero, as
+// load_qkg_half leaves them). Rows go 32 at a time, their loads issued before the first add.
+template <int kLdG>
+__device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g, const gdn::sm80::Tok& out,
+                                              const gdn::sm80::ChunkPos& c, int hv, int y0, int col,
+                                              double scale) {
+  using gdn::sm80::kMaxBT;
+  const float* src = static_cast<const float*>(g.p) + g.off(c.b, c.t0, hv) + y0 + col;
+  float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0, hv) + y0 + col;
+  const int n = c.len;
+  double acc = 0.0;
+  for (int i0 = 0; i0 < kMaxBT; i0 += 32) {
+    float x[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) x[j] = i0 + j < n ? src[(i0 + j) * g.st] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int i = i0 + j;
+      float v = 0.0f;
+      if (i < n) {
+        acc += x[j];
+        v = static_cast<float>(acc * scale);
+        dst[i * out.st] = v;
+      }
+      Gs[i * kLdG + col] = v * gdn::sm80::kLog2e;
+    }
+  }
+}
+// Backward, in place over channel ch of a chunk's fp32 rows of t: x_i <- scale * sum_{r >= i} x_r
+// (rows r < len), summed from the last row; every row is read before it is written.
+__device__ __forceinline__ void rev_scan_col(const gdn::sm80::Tok& t, const gdn::sm80::ChunkPos& c, int hv, int ch,
+                                             double scale) {
+  float* p = static_cast<float*>(t.p) + t.off(c.b, c.t0, hv) + ch;
+  const int n = c.len;
+  double acc = 0.0;
+  for (int i0 = 0; i0 < n; i0 += 32) {
+    float x[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) x[j] = i0 + j < n ? p[(n - 1 - i0 - j) * t.st] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      if (i0 + j >= n) break;
+      acc += x[j];
+      p[(n - 1 - i0 - j) * t.st] = static_cast<float>(acc * scale);
+    }
   }
 }
 

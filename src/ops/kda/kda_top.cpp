@@ -287,7 +287,7 @@ int64_t chunk_kda_bwd_workspace_size(const ChunkKdaBwdArgs& a) {
 
 namespace kda {
 
-void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FusedStateOutFwd fused_state_out) {
+void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FwdFusions fusions) {
   const Dims d = dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const FwdWork ws = carve_fwd(cv, d, a.use_gate_in_kernel);
@@ -308,23 +308,26 @@ void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FusedStateOutFwd 
   }
   const TensorView& cu = a.cu_seqlens;
   const TensorView& ci = a.chunk_indices;
-  chunk_local_cumsum(ctx, {g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0});
-  chunk_kda_fwd_intra(ctx, {q, k, a.g_cumsum, beta, a.Aqk, a.Akk, cu, ci, a.scale, a.chunk_size,
-                            a.safe_gate});
+  const ChunkLocalCumsumArgs sa{g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0};
+  const ChunkKdaFwdIntraArgs ia{q, k, a.g_cumsum, beta, a.Aqk, a.Akk, cu, ci, a.scale, a.chunk_size, a.safe_gate};
+  if (!fusions.cumsum_intra || !fusions.cumsum_intra(ctx, sa, ia)) {
+    chunk_local_cumsum(ctx, sa);
+    chunk_kda_fwd_intra(ctx, ia);
+  }
   // recompute_states, with its state recurrence and chunk_kda_fwd_o fused when the backend can.
   const ChunkGatedDeltaRuleFwdHArgs ha = recompute_w_u(ctx, q, k, a.v, beta, a.Akk, a.g_cumsum, a.initial_state,
                                                        a.final_state, ws.st, cu, ci, a.chunk_offsets, a.chunk_size);
   const ChunkKdaFwdOArgs oa{ws.st.qg, a.Aqk, ws.st.v_new, ws.st.h, a.o, cu, ci, a.scale};
-  if (fused_state_out) {
+  if (fusions.state_out) {
     ChunkGatedDeltaRuleFwdHArgs fa = ha;
     fa.h = fa.v_new = TensorView();
-    if (fused_state_out(ctx, fa, oa)) return;
+    if (fusions.state_out(ctx, fa, oa)) return;
   }
   chunk_gated_delta_rule_fwd_h(ctx, ha);
   chunk_kda_fwd_o(ctx, oa);
 }
 
-void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
+void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& a, FusedIntraCumsumBwd intra_cumsum) {
   const Dims d = bwd_dims(a);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const BwdWork ws = carve_bwd(cv, d, a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel,
@@ -343,18 +346,22 @@ void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
   chunk_kda_bwd_dAv(ctx, {a.Aqk, ws.st.v_new, a.dout, ws.dAqk, ws.dvl, cu, ci, a.scale});
   chunk_gated_delta_rule_bwd_dhu(ctx, {ws.st.qg, ws.st.kg, ws.st.w, a.dout, ws.dvl, TensorView(), gc,
                                        a.dht, ws.dh, a.dh0, ws.dv2, cu, a.chunk_offsets, a.scale, BT});
-  // K3, K4.
+  // K3.
   chunk_kda_bwd_wy_dqkg_fused(ctx, {q, k, a.v, ws.st.v_new, gc, beta, a.Akk, ws.st.h, ws.dh, a.dout,
                                     ws.dv2, ws.dq, ws.dk, a.dv, ws.dbeta, ws.dg, ws.dAkk, cu, ci,
                                     a.scale, BT});
   const TensorView dq = a.use_qk_l2norm_in_kernel ? ws.dqn : a.dq;
   const TensorView dk = a.use_qk_l2norm_in_kernel ? ws.dkn : a.dk;
   const TensorView dbeta = a.use_beta_sigmoid_in_kernel ? ws.dbeta_s : a.dbeta;
-  chunk_kda_bwd_intra(ctx, {q, k, gc, beta, ws.dAqk, ws.dAkk, ws.dq, ws.dk, ws.dbeta, ws.dg, dq, dk,
-                            dbeta, ws.dg, cu, ci, BT, a.safe_gate});
-  // K5: dg = reverse chunk-local vector cumsum; gate, sigmoid, l2norm backward.
+  // K4 and K5: dg = reverse chunk-local vector cumsum of K4's; then gate, sigmoid, l2norm backward.
   const TensorView dg = a.use_gate_in_kernel ? ws.dg_act : a.dg;
-  chunk_local_cumsum(ctx, {ws.dg, dg, cu, ci, BT, true, 1.0});
+  const ChunkKdaBwdIntraArgs ia{q, k, gc, beta, ws.dAqk, ws.dAkk, ws.dq, ws.dk, ws.dbeta, ws.dg, dq, dk,
+                                dbeta, ws.dg, cu, ci, BT, a.safe_gate};
+  const ChunkLocalCumsumArgs sa{ws.dg, dg, cu, ci, BT, true, 1.0};
+  if (!intra_cumsum || !intra_cumsum(ctx, ia, sa)) {
+    chunk_kda_bwd_intra(ctx, ia);
+    chunk_local_cumsum(ctx, sa);
+  }
   if (a.use_gate_in_kernel)
     kda_gate_bwd(ctx, {a.g, a.A_log, a.dt_bias, ws.dg_act, a.dg, a.dA_log, a.ddt_bias,
                        a.has_lower_bound, a.lower_bound});

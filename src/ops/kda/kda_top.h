@@ -15,7 +15,24 @@ namespace fusedops::kda {
 using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& h_args,
                                   const ChunkKdaFwdOArgs& o_args);
 
-void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& args, FusedStateOutFwd fused_state_out = nullptr);
-void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& args);
+// A backend's fused form of the forward's chunk-local gate cumsum and intra-chunk step
+// (chunk_local_cumsum from g into g_cumsum, then chunk_kda_fwd_intra reading g_cumsum): it writes
+// the cumsum's out and intra's outputs, the same values as the two steps, and returns true, or
+// returns false without writing anything when it does not take them.
+using FusedCumsumIntraFwd = bool (*)(const Context& ctx, const ChunkLocalCumsumArgs& cumsum_args,
+                                     const ChunkKdaFwdIntraArgs& intra_args);
+// The backward's counterpart: chunk_kda_bwd_intra, then the reverse chunk-local cumsum of its
+// dg_out into cumsum_args.out. Written: intra's outputs but dg_out, and cumsum_args.out (dg_out,
+// a workspace, may be left unwritten).
+using FusedIntraCumsumBwd = bool (*)(const Context& ctx, const ChunkKdaBwdIntraArgs& intra_args,
+                                     const ChunkLocalCumsumArgs& cumsum_args);
+
+struct FwdFusions {
+  FusedStateOutFwd state_out = nullptr;
+  FusedCumsumIntraFwd cumsum_intra = nullptr;
+};
+
+void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& args, FwdFusions fusions = {});
+void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& args, FusedIntraCumsumBwd intra_cumsum = nullptr);
 
 }  // namespace fusedops::kda

@@ -10,6 +10,7 @@
 
 #include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/kda.h"
+#include "src/ops/kda/kda_top.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
 
@@ -909,13 +910,16 @@ TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
   });
 }
 
-// The top-level forward of `in` on backend b (scale 0.5, initial state given; o, final state,
-// g_cumsum, Aqk and Akk poisoned first), its tensors kept alive in the run.
+// The top-level forward of `in` on backend b by `fwd` (chunk_kda_fwd, or a composition of its
+// steps; scale 0.5, initial state given; o, final state, g_cumsum, Aqk and Akk poisoned first),
+// its tensors kept alive in the run.
 struct KdaFwdRun {
   TestTensor q, k, v, g, beta, h0, o, ht, gc, Aqk, Akk, ws;
   ChunkKdaFwdArgs fa;
 };
-void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, const Index& ix, const Inputs& in) {
+template <class Fwd = void (*)(const Context&, const ChunkKdaFwdArgs&)>
+void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, const Index& ix, const Inputs& in,
+                 Fwd&& fwd = chunk_kda_fwd) {
   const DType adt = f32or(dt);
   auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
   r.q = T_(dt, tok(L, L.H, L.K), in.q);
@@ -938,7 +942,37 @@ void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, 
   fa.Akk = r.Akk.view();
   r.ws = TestTensor(DType::kUInt8, {chunk_kda_fwd_workspace_size(fa)}, b.device);
   fa.workspace = r.ws.view();
-  chunk_kda_fwd(b.ctx(), fa);
+  fwd(b.ctx(), fa);
+}
+
+// The top-level backward of the forward run fa on backend b by `bwd` (chunk_kda_bwd, or a
+// composition of its steps; dout and dht from `in`; outputs poisoned first).
+struct KdaBwdRun {
+  TestTensor dht, dO, dq, dk, dv, dg, db, dh0, ws;
+  ChunkKdaBwdArgs ba;
+};
+template <class Bwd>
+void run_kda_bwd(KdaBwdRun& r, const BackendCase& b, DType dt, const Layout& L, const Inputs& in,
+                 const ChunkKdaFwdArgs& fa, Bwd&& bwd) {
+  const DType adt = f32or(dt);
+  r.dht = tensor(adt, {L.N(), L.HV, L.K, L.V}, in.dht, b.device);
+  r.dO = tensor(dt, tok(L, L.HV, L.V), in.dO, b.device);
+  ChunkKdaBwdArgs& ba = r.ba;
+  ba.q = fa.q; ba.k = fa.k; ba.v = fa.v; ba.g = fa.g; ba.beta = fa.beta; ba.initial_state = fa.initial_state;
+  ba.g_cumsum = fa.g_cumsum; ba.Aqk = fa.Aqk; ba.Akk = fa.Akk;
+  ba.cu_seqlens = fa.cu_seqlens; ba.chunk_indices = fa.chunk_indices; ba.chunk_offsets = fa.chunk_offsets;
+  ba.scale = fa.scale; ba.chunk_size = fa.chunk_size; ba.dout = r.dO.view(); ba.dht = r.dht.view();
+  r.dq = poisoned(dt, tok(L, L.H, L.K), b.device);
+  r.dk = poisoned(dt, tok(L, L.H, L.K), b.device);
+  r.dv = poisoned(dt, tok(L, L.HV, L.V), b.device);
+  r.dg = poisoned(adt, tok(L, L.HV, L.K), b.device);
+  r.db = poisoned(adt, {L.B, L.T, L.HV}, b.device);
+  r.dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
+  ba.dq = r.dq.view(); ba.dk = r.dk.view(); ba.dv = r.dv.view(); ba.dg = r.dg.view(); ba.dbeta = r.db.view();
+  ba.dh0 = r.dh0.view();
+  r.ws = TestTensor(DType::kUInt8, {chunk_kda_bwd_workspace_size(ba)}, b.device);
+  ba.workspace = r.ws.view();
+  bwd(b.ctx(), ba);
 }
 
 // The top level: forward and backward against the recurrence oracle (base: the recurrence in dt).
@@ -947,25 +981,12 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
     const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 15, dt);
     const DType adt = f32or(dt);
-    auto T_ = [&](DType d, std::vector<int64_t> s, const Vec& v) { return tensor(d, s, v, b.device); };
     KdaFwdRun run;
     run_kda_fwd(run, b, dt, L, ix, in);
-    const ChunkKdaFwdArgs& fa = run.fa;
     const TestTensor &o = run.o, &ht = run.ht;
-    TestTensor dht = T_(adt, {L.N(), L.HV, L.K, L.V}, in.dht);
-    TestTensor dO = T_(dt, tok(L, L.HV, L.V), in.dO);
-    ChunkKdaBwdArgs ba;
-    ba.q = fa.q; ba.k = fa.k; ba.v = fa.v; ba.g = fa.g; ba.beta = fa.beta; ba.initial_state = fa.initial_state;
-    ba.g_cumsum = fa.g_cumsum; ba.Aqk = fa.Aqk; ba.Akk = fa.Akk;
-    ba.cu_seqlens = fa.cu_seqlens; ba.chunk_indices = fa.chunk_indices; ba.chunk_offsets = fa.chunk_offsets;
-    ba.scale = fa.scale; ba.chunk_size = fa.chunk_size; ba.dout = dO.view(); ba.dht = dht.view();
-    TestTensor dq = poisoned(dt, tok(L, L.H, L.K), b.device), dk = poisoned(dt, tok(L, L.H, L.K), b.device);
-    TestTensor dv = poisoned(dt, tok(L, L.HV, L.V), b.device), dg = poisoned(adt, tok(L, L.HV, L.K), b.device);
-    TestTensor db = poisoned(adt, {L.B, L.T, L.HV}, b.device), dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-    ba.dq = dq.view(); ba.dk = dk.view(); ba.dv = dv.view(); ba.dg = dg.view(); ba.dbeta = db.view(); ba.dh0 = dh0.view();
-    TestTensor wsb(DType::kUInt8, {chunk_kda_bwd_workspace_size(ba)}, b.device);
-    ba.workspace = wsb.view();
-    chunk_kda_bwd(b.ctx(), ba);
+    KdaBwdRun br;
+    run_kda_bwd(br, b, dt, L, in, run.fa, chunk_kda_bwd);
+    const TestTensor &dq = br.dq, &dk = br.dk, &dv = br.dv, &dg = br.dg, &db = br.db, &dh0 = br.dh0;
     const RecOut r64 = o_recurrent(in, L, 0.5, true, true, kExact), rb = o_recurrent(in, L, 0.5, true, true, Rd{dt});
     expect_close("o", o, rb.o, r64.o, dt);
     expect_close("ht", ht, rb.ht, r64.ht, adt);
@@ -978,10 +999,35 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
   });
 }
 
-// The top level's o and final state are bitwise those of its state recurrence and output
+// Every output of the top level, forward and backward, is bitwise that of kda::compose_fwd /
+// compose_bwd without a backend's fused steps (each sub-operator its own launch on the same
+// backend): the CUDA backend's fusions (cumsum into the intra kernels, state recurrence with the
+// output) change no value.
+TEST(KdaTop, ForwardAndBackwardEqualTheirUnfusedCompositionBitwise) {
+  for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    if (b.id == "ref") return;
+    const Index ix = make_index(L, b.device);
+    const Inputs in = make_inputs(L, 17, dt);
+    KdaFwdRun fused, plain;
+    run_kda_fwd(fused, b, dt, L, ix, in);
+    run_kda_fwd(plain, b, dt, L, ix, in, [](const Context& c, const ChunkKdaFwdArgs& a) { kda::compose_fwd(c, a); });
+    for (auto [x, y] : {std::pair{&fused.o, &plain.o}, std::pair{&fused.ht, &plain.ht}, std::pair{&fused.gc, &plain.gc},
+                        std::pair{&fused.Aqk, &plain.Aqk}, std::pair{&fused.Akk, &plain.Akk}})
+      EXPECT_EQ(x->bytes(), y->bytes());
+    KdaBwdRun fb, pb;
+    run_kda_bwd(fb, b, dt, L, in, fused.fa, chunk_kda_bwd);
+    run_kda_bwd(pb, b, dt, L, in, fused.fa, [](const Context& c, const ChunkKdaBwdArgs& a) { kda::compose_bwd(c, a); });
+    for (auto [x, y] : {std::pair{&fb.dq, &pb.dq}, std::pair{&fb.dk, &pb.dk}, std::pair{&fb.dv, &pb.dv},
+                        std::pair{&fb.dg, &pb.dg}, std::pair{&fb.db, &pb.db}, std::pair{&fb.dh0, &pb.dh0}})
+      EXPECT_EQ(x->bytes(), y->bytes());
+  });
+}
+
+// The top level's saved g_cumsum, Aqk and Akk are bitwise those of chunk_local_cumsum and
+// chunk_kda_fwd_intra, and its o and final state those of its state recurrence and output
 // sub-operators (chunk_gated_delta_rule_fwd_h in the gk form, chunk_kda_fwd_o) run on the
-// intermediates kda_recompute_w_u_fwd gives from its Akk and g_cumsum: a backend's fused
-// state-and-output kernel (CUDA's, at K = V = 128 in 16 bits) must round as they do.
+// intermediates kda_recompute_w_u_fwd gives from its Akk and g_cumsum: a backend's fused kernels
+// (CUDA's cumsum-and-intra and state-and-output, at K = V = 128 in 16 bits) must round as they do.
 TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
   for_each_case("chunk_kda", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
     if (b.id == "ref") return;
@@ -992,6 +1038,14 @@ TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
     run_kda_fwd(run, b, dt, L, ix, in);
     const ChunkKdaFwdArgs& fa = run.fa;
     const TestTensor &o = run.o, &ht = run.ht;
+    TestTensor gc2 = poisoned(adt, tok(L, L.HV, L.K), b.device);
+    chunk_local_cumsum(b.ctx(), {fa.g, gc2.view(), fa.cu_seqlens, fa.chunk_indices, L.BT, false, 1.0});
+    EXPECT_EQ(run.gc.bytes(), gc2.bytes());
+    TestTensor Aqk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+    chunk_kda_fwd_intra(b.ctx(), {fa.q, fa.k, gc2.view(), fa.beta, Aqk2.view(), Akk2.view(), fa.cu_seqlens,
+                                  fa.chunk_indices, fa.scale, L.BT});
+    EXPECT_EQ(run.Aqk.bytes(), Aqk2.bytes());
+    EXPECT_EQ(run.Akk.bytes(), Akk2.bytes());
     TestTensor w = poisoned(dt, tok(L, L.HV, L.K), b.device), u = poisoned(dt, tok(L, L.HV, L.V), b.device);
     TestTensor kg = poisoned(dt, tok(L, L.HV, L.K), b.device), qg = poisoned(dt, tok(L, L.HV, L.K), b.device);
     kda_recompute_w_u_fwd(b.ctx(), {fa.q, fa.k, fa.v, fa.beta, fa.Akk, fa.g_cumsum, w.view(), u.view(), kg.view(),
