@@ -54,9 +54,13 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
 
 // chunk_local_cumsum fused into the intra kernels, with its arithmetic (a running double sum, each
 // row's value scale * sum rounded to fp32 once; gdn's cumsum_kernel), so the values are its own.
+// The running sum is the only dependent chain: a batch's loads, conversions to double, adds, and
+// rounded stores are each issued straight (rows past len add 0 and their stores are predicated
+// off), not one branch per row (branch per row: the fused intra kernels were 1.5x slower).
 // Forward, thread `col` of a half: channel y0 + col of the raw fp32 gate g summed down the chunk's
 // rows into out (g_cumsum) and, times log2(e), into the half's gate tile Gs (rows >= len zero, as
-// load_qkg_half leaves them). Rows go 32 at a time, their loads issued before the first add.
+// load_qkg_half leaves them). Rows go kScanRows at a time, their loads issued before the first add.
+constexpr int kScanRows = 16;
 template <int kLdG>
 __device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g, const gdn::sm80::Tok& out,
                                               const gdn::sm80::ChunkPos& c, int hv, int y0, int col,
@@ -66,20 +70,18 @@ __device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g
   float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0, hv) + y0 + col;
   const int n = c.len;
   double acc = 0.0;
-  for (int i0 = 0; i0 < kMaxBT; i0 += 32) {
-    float x[32];
+#pragma unroll 1
+  for (int i0 = 0; i0 < kMaxBT; i0 += kScanRows) {
+    float x[kScanRows];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) x[j] = i0 + j < n ? src[(i0 + j) * g.st] : 0.0f;
+    for (int j = 0; j < kScanRows; ++j) x[j] = i0 + j < n ? src[(i0 + j) * g.st] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kScanRows; ++j) {
       const int i = i0 + j;
-      float v = 0.0f;
-      if (i < n) {
-        acc += x[j];
-        v = static_cast<float>(acc * scale);
-        dst[i * out.st] = v;
-      }
-      Gs[i * kLdG + col] = v * gdn::sm80::kLog2e;
+      acc += static_cast<double>(x[j]);
+      const float v = static_cast<float>(acc * scale);
+      if (i < n) dst[i * out.st] = v;
+      Gs[i * kLdG + col] = i < n ? v * gdn::sm80::kLog2e : 0.0f;
     }
   }
 }
@@ -87,18 +89,20 @@ __device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g
 // (rows r < len), summed from the last row; every row is read before it is written.
 __device__ __forceinline__ void rev_scan_col(const gdn::sm80::Tok& t, const gdn::sm80::ChunkPos& c, int hv, int ch,
                                              double scale) {
+  using gdn::sm80::kMaxBT;
   float* p = static_cast<float*>(t.p) + t.off(c.b, c.t0, hv) + ch;
   const int n = c.len;
   double acc = 0.0;
-  for (int i0 = 0; i0 < n; i0 += 32) {
-    float x[32];
+#pragma unroll 1
+  for (int i0 = 0; i0 < kMaxBT; i0 += kScanRows) {
+    float x[kScanRows];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) x[j] = i0 + j < n ? p[(n - 1 - i0 - j) * t.st] : 0.0f;
+    for (int j = 0; j < kScanRows; ++j) x[j] = i0 + j < n ? p[(n - 1 - i0 - j) * t.st] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      if (i0 + j >= n) break;
-      acc += x[j];
-      p[(n - 1 - i0 - j) * t.st] = static_cast<float>(acc * scale);
+    for (int j = 0; j < kScanRows; ++j) {
+      acc += static_cast<double>(x[j]);
+      const float v = static_cast<float>(acc * scale);
+      if (i0 + j < n) p[(n - 1 - i0 - j) * t.st] = v;
     }
   }
 }
