@@ -160,8 +160,8 @@ static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "sol
 }  // namespace intra16
 
 // kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
-// written here from the raw fp32 gate graw (scan_gate_col, by the last two warps per half), and
-// gscale the cumsum's scale.
+// written here from the raw fp32 gate graw (loaded as gk would be, then scan_gate_col by the last
+// two warps per half between two barriers), and gscale the cumsum's scale.
 template <bool BF, bool kScan>
 __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
                                                                 Layout L, int G, float scale, Tok graw,
@@ -193,14 +193,16 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   for (int half = 0; half < 2; ++half) {
     const int y0 = kHalf * half;
     if (half == 1) __syncthreads();  // half 0's readers are done
-    load_qkg_half<kLdH, kLdG, !kScan>(Qs, Ks, Gs, q, k, gk, c, hk, hv, y0, tid);
+    load_qkg_half<kLdH, kLdG>(Qs, Ks, Gs, q, k, kScan ? graw : gk, c, hk, hv, y0, tid);
     cp_async_commit();
     if (half == 0 && tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
-    if constexpr (kScan) {
-      if (tid >= kThreads - kHalf) scan_gate_col<kLdG>(Gs, graw, gk, c, hv, y0, tid - (kThreads - kHalf), gscale);
-    }
     cp_async_wait<0>();
-    if constexpr (!kScan) gates_log2<kLdG>(Gs, tid);
+    if constexpr (kScan) {
+      __syncthreads();  // the raw gate half
+      if (tid >= kThreads - kHalf) scan_gate_col<kLdG>(Gs, gk, c, hv, y0, tid - (kThreads - kHalf), gscale);
+    } else {
+      gates_log2<kLdG>(Gs, tid);
+    }
     __syncthreads();
     // The scaled operands, eight channels per step (rows >= len stay zero: Q and K are zero there).
     for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {

@@ -54,29 +54,26 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
 
 // chunk_local_cumsum fused into the intra kernels, with its arithmetic (a running double sum, each
 // row's value scale * sum rounded to fp32 once; gdn's cumsum_kernel), so the values are its own.
-// The running sum is the only dependent chain: a batch's loads, conversions to double, adds, and
-// rounded stores are each issued straight (rows past len add 0 and their stores are predicated
-// off), not one branch per row (branch per row: the fused intra kernels were 1.5x slower).
-// Forward, thread `col` of a half: channel y0 + col of the raw fp32 gate g summed down the chunk's
-// rows into out (g_cumsum) and, times log2(e), into the half's gate tile Gs (rows >= len zero, as
-// load_qkg_half leaves them). Rows go kScanRows at a time, their loads issued before the first add.
-constexpr int kScanRows = 16;
+// The running sum is the only dependent chain; rows past len add 0 and their stores are predicated
+// off, no branch per row. Forward, thread `col` of a half, once the raw fp32 gate half is in Gs
+// (load_qkg_half, rows >= len zero) and a barrier has published it: channel y0 + col summed down
+// the chunk's rows, written to out (g_cumsum) and, times log2(e), back into Gs (the caller's next
+// barrier publishes it). Reading the raw gate from global memory here instead, 16 rows per round
+// trip by two warps, left the other six waiting at the barrier: intra 799 -> 1208 us (5236171).
 template <int kLdG>
-__device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g, const gdn::sm80::Tok& out,
-                                              const gdn::sm80::ChunkPos& c, int hv, int y0, int col,
-                                              double scale) {
+__device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& out, const gdn::sm80::ChunkPos& c,
+                                              int hv, int y0, int col, double scale) {
   using gdn::sm80::kMaxBT;
-  const float* src = static_cast<const float*>(g.p) + g.off(c.b, c.t0, hv) + y0 + col;
   float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0, hv) + y0 + col;
   const int n = c.len;
   double acc = 0.0;
 #pragma unroll 1
-  for (int i0 = 0; i0 < kMaxBT; i0 += kScanRows) {
-    float x[kScanRows];
+  for (int i0 = 0; i0 < kMaxBT; i0 += 16) {
+    float x[16];
 #pragma unroll
-    for (int j = 0; j < kScanRows; ++j) x[j] = i0 + j < n ? src[(i0 + j) * g.st] : 0.0f;
+    for (int j = 0; j < 16; ++j) x[j] = Gs[(i0 + j) * kLdG + col];
 #pragma unroll
-    for (int j = 0; j < kScanRows; ++j) {
+    for (int j = 0; j < 16; ++j) {
       const int i = i0 + j;
       acc += static_cast<double>(x[j]);
       const float v = static_cast<float>(acc * scale);
@@ -85,8 +82,10 @@ __device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& g
     }
   }
 }
-// Backward, in place over channel ch of a chunk's fp32 rows of t: x_i <- scale * sum_{r >= i} x_r
-// (rows r < len), summed from the last row; every row is read before it is written.
+// Backward, in place over channel ch of a chunk's fp32 rows of t (written by other threads of the
+// block before a barrier): x_i <- scale * sum_{r >= i} x_r (rows r < len), summed from the last
+// row; kRows rows per round trip, all loaded before their first add.
+template <int kRows>
 __device__ __forceinline__ void rev_scan_col(const gdn::sm80::Tok& t, const gdn::sm80::ChunkPos& c, int hv, int ch,
                                              double scale) {
   using gdn::sm80::kMaxBT;
@@ -94,12 +93,12 @@ __device__ __forceinline__ void rev_scan_col(const gdn::sm80::Tok& t, const gdn:
   const int n = c.len;
   double acc = 0.0;
 #pragma unroll 1
-  for (int i0 = 0; i0 < kMaxBT; i0 += kScanRows) {
-    float x[kScanRows];
+  for (int i0 = 0; i0 < kMaxBT; i0 += kRows) {
+    float x[kRows];
 #pragma unroll
-    for (int j = 0; j < kScanRows; ++j) x[j] = i0 + j < n ? p[(n - 1 - i0 - j) * t.st] : 0.0f;
+    for (int j = 0; j < kRows; ++j) x[j] = i0 + j < n ? p[(n - 1 - i0 - j) * t.st] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < kScanRows; ++j) {
+    for (int j = 0; j < kRows; ++j) {
       acc += static_cast<double>(x[j]);
       const float v = static_cast<float>(acc * scale);
       if (i0 + j < n) p[(n - 1 - i0 - j) * t.st] = v;
