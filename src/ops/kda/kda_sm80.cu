@@ -493,13 +493,6 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
   if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
   cp_async_wait<0>();
   __syncthreads();
-  // A lower triangular (diagonal included) and A2 = A diag(beta).
-  for (int e = tid; e < kMaxBT * kMaxBT; e += kThreads) {
-    const int i = e >> 6, j = e & 63;
-    const float a = j <= i ? h2f<BF>(As[i * kLdA + j]) : 0.0f;
-    As[i * kLdA + j] = j <= i ? As[i * kLdA + j] : uint16_t{0};
-    A2[i * kLdA + j] = f2h<BF>(a * bs[j]);
-  }
   // kg, qg and Tk, four channels per step.
   const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
   auto row = [&](int r, const float4& g4, const uint2& qv) {
@@ -544,6 +537,24 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
 #pragma unroll
   for (int st = 0; st < kSteps; ++st)
     if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
+  // A lower triangular (diagonal included) and A2 = A diag(beta), eight entries (16 bytes) per step
+  // (after the rows: their prefetched gk and q pieces are dead by then).
+  for (int e = tid; e < kMaxBT * kMaxBT / 8; e += kThreads) {
+    const int i = e >> 3, j0 = (e & 7) << 3;
+    const uint4 raw = *reinterpret_cast<const uint4*>(As + i * kLdA + j0);
+    const uint32_t rw[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t am[4], a2[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int j = j0 + 2 * t;
+      const uint16_t lo = j <= i ? static_cast<uint16_t>(rw[t]) : uint16_t{0};
+      const uint16_t hi = j + 1 <= i ? static_cast<uint16_t>(rw[t] >> 16) : uint16_t{0};
+      am[t] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      a2[t] = pack2<BF>(h2f<BF>(lo) * bs[j], h2f<BF>(hi) * bs[j + 1]);
+    }
+    *reinterpret_cast<uint4*>(As + i * kLdA + j0) = uint4{am[0], am[1], am[2], am[3]};
+    *reinterpret_cast<uint4*>(A2 + i * kLdA + j0) = uint4{a2[0], a2[1], a2[2], a2[3]};
+  }
   __syncthreads();  // A, A2, Tk
   float acc[8][4];
   zero(acc);
