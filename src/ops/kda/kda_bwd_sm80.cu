@@ -992,14 +992,14 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   const char* op = "chunk_kda_bwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
-  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
-  if (NT == 0 || H == 0) return;
-  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
   if (bintra_mma_ok(ctx, a)) {
     launch_bintra_mma(ctx, a, TensorView(), 1.0);
     return;
   }
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  if (NT == 0 || H == 0) return;
+  FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
   auto kernel = bintra_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kIntraSmem);
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kIntraSmem, stream_of(ctx)>>>(

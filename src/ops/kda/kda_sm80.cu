@@ -369,14 +369,14 @@ void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const char* op = "chunk_kda_fwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3), HV = a.gk.size(2);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
-  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
-  if (NT == 0 || HV == 0) return;
-  FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
   if (intra_mma_ok(ctx, a)) {
     launch_intra_mma(ctx, a, TensorView(), 1.0);
     return;
   }
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, TensorView(), a.q.dtype());
+  const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
+  if (NT == 0 || HV == 0) return;
+  FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
   intra_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
       static_cast<int>(K), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
-  const int r0 = wm + (lane >> 2), r1 = r0 + 8;
+  const int r0 = wm + (lane >> 2);
   load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
   load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
   load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
@@ -562,12 +562,7 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
   if (staged) {
     store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, w, c.b, c.t0, hv, len, lane);
   } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = wn + 8 * j + 2 * tq;
-      if (r0 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-      if (r1 < len) st2(w.p, w.code, w.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-    }
+    store_rows2<8>(acc, w, c.b, c.t0, hv, r0, wn, tq, len);
   }
   zero(acc);
   mm_xs<BF, 8>(acc, A2, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
@@ -575,12 +570,7 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
     __syncwarp();  // every lane's reads of W's staged block are done
     store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, u, c.b, c.t0, hv, len, lane);
   } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = wn + 8 * j + 2 * tq;
-      if (r0 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r0, hv) + col, acc[j][0], acc[j][1]);
-      if (r1 < len) st2(u.p, u.code, u.off(c.b, c.t0 + r1, hv) + col, acc[j][2], acc[j][3]);
-    }
+    store_rows2<8>(acc, u, c.b, c.t0, hv, r0, wn, tq, len);
   }
 }
 

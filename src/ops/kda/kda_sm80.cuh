@@ -14,12 +14,12 @@ constexpr int kRecRows = 32;            // state rows per thread of the recurren
 constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
 
 // The two intra kernels' 64-channel halves (chunk 64, 256 threads): q and k rows into [64][kLdH]
-// 16-bit tiles and (kG) gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >=
-// len zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces
-// that thread copied into g log2(e), for exp2_fast of their differences (a thread sees its own
-// cp.async results once waited for; the caller's barrier publishes them).
+// 16-bit tiles and gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >= len
+// zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces that
+// thread copied into g log2(e), for exp2_fast of their differences (a thread sees its own cp.async
+// results once waited for; the caller's barrier publishes them).
 constexpr int kIntraHalf = 64;
-template <int kLdH, int kLdG, bool kG = true>
+template <int kLdH, int kLdG>
 __device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float* Gs, const gdn::sm80::Tok& q,
                                               const gdn::sm80::Tok& k, const gdn::sm80::Tok& gk,
                                               const gdn::sm80::ChunkPos& c, int hk, int hv, int y0, int tid) {
@@ -36,12 +36,11 @@ __device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float*
     cp_async16(Qs + r * kLdH + col, qb + q.off(c.b, t, hk) + y0 + col, ok);
     cp_async16(Ks + r * kLdH + col, kb + k.off(c.b, t, hk) + y0 + col, ok);
   }
-  if constexpr (kG)
-    for (int e = tid; e < kMaxBT * (kIntraHalf / 4); e += kThreads) {
-      const int r = e >> 4, col = (e & 15) << 2;
-      const bool ok = r < c.len;
-      cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
-    }
+  for (int e = tid; e < kMaxBT * (kIntraHalf / 4); e += kThreads) {
+    const int r = e >> 4, col = (e & 15) << 2;
+    const bool ok = r < c.len;
+    cp_async16(Gs + r * kLdG + col, gb + gk.off(c.b, c.t0 + (ok ? r : 0), hv) + y0 + col, ok);
+  }
 }
 template <int kLdG>
 __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
