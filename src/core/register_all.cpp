@@ -44,6 +44,9 @@ void register_all_backends(Registry& r) {
   register_gated_delta_rule_cuda_sm80(r);
   register_kda_cuda_sm80(r);
 #endif
+#ifdef FUSEDOPS_WITH_SM90
+  register_gated_delta_rule_cuda_sm90(r);
+#endif
 }
 
 }  // namespace fusedops

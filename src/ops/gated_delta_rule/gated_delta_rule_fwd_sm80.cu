@@ -1286,6 +1286,14 @@ bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& 
   return aqk.defined() && launch_state_out(ctx, a, qg, aqk, o, aqk.size(3), scale);
 }
 
+bool prepare_fused_fwd(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size) {
+  return prep_fused(ctx, a, chunk_size);
+}
+bool state_out_fused_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  return state_out_fused(ctx, a, b);
+}
+bool top_fwd_supported(const ChunkGatedDeltaRuleFwdArgs& a) { return sup_top(a); }
+
 }  // namespace fusedops::gdn::sm80
 
 namespace fusedops {

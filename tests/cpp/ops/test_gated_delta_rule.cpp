@@ -1516,10 +1516,13 @@ TEST(ChunkGatedDeltaRule, RepeatedBackwardIsBitwiseEqual) {
 // With W, U, h and Vnew kept, the top-level forward's o, final state, h and Vnew are bitwise those
 // of chunk_gated_delta_rule_fwd_h and chunk_fwd_o called on its W, U and A-derived inputs: a
 // backend's fused state-and-output kernel (CUDA's, at K = V = 128 in 16 bits) must round and
-// accumulate as the sub-operators do. The third shape has 128 (sequence, value head) pairs, enough
-// for CUDA's default choice to take that kernel on a GPU of up to 146 SMs (the other two take it
-// only when FUSEDOPS_GDN_FUSED_HO=1 forces it).
-TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
+// accumulate as the sub-operators do. cuda_sm90's kernel (wgmma) rounds at the same points but its
+// tensor cores may sum inside a product in another order, so it is held to the sub-operators
+// (cuda_sm80's) within rounding instead: RMS-relative difference under 2^-8 (bf16) / 2^-11 (fp16),
+// where any misplaced tile or missed term gives O(1). The third shape has 128 (sequence, value
+// head) pairs, enough for CUDA's default choice to take the fused kernel on a GPU of up to 146 SMs
+// (the other two take it only when FUSEDOPS_GDN_FUSED_HO=1 forces it).
+TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperators) {
   int checked = 0;
   for (const auto& b : runnable_backends("chunk_gated_delta_rule", Direction::kForward))
     for (DType dt : {DType::kBFloat16, DType::kFloat16})
@@ -1561,14 +1564,23 @@ TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
         TestTensor o2 = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev), ht2 = poisoned(DType::kFloat32, {s.N(), s.HV, s.K, s.V}, dev);
         TestTensor h2 = poisoned(dt, {s.cu.empty() ? s.B : 1, NT / (s.cu.empty() ? s.B : 1), s.HV, s.K, s.V}, dev);
         TestTensor vn2 = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev);
-        chunk_gated_delta_rule_fwd_h(b.ctx(), {fa.k, fa.w, fa.u, fa.g_cumsum, TensorView(), fa.initial_state, h2.view(),
-                                               vn2.view(), ht2.view(), fa.cu_seqlens, fa.chunk_offsets, 64});
-        chunk_fwd_o(b.ctx(), {fa.q, fa.k, vn2.view(), h2.view(), fa.g_cumsum, o2.view(), fa.cu_seqlens, fa.chunk_indices,
-                              fa.scale, 64});
-        EXPECT_EQ(out.bytes(), o2.bytes());
-        EXPECT_EQ(ht.bytes(), ht2.bytes());
-        EXPECT_EQ(h.bytes(), h2.bytes());
-        EXPECT_EQ(vn.bytes(), vn2.bytes());
+        const bool sm90 = b.id == "cuda_sm90";  // whose sub-operators are cuda_sm80's
+        Context sub = b.ctx();
+        if (sm90) sub.backend = "cuda_sm80";
+        chunk_gated_delta_rule_fwd_h(sub, {fa.k, fa.w, fa.u, fa.g_cumsum, TensorView(), fa.initial_state, h2.view(),
+                                           vn2.view(), ht2.view(), fa.cu_seqlens, fa.chunk_offsets, 64});
+        chunk_fwd_o(sub, {fa.q, fa.k, vn2.view(), h2.view(), fa.g_cumsum, o2.view(), fa.cu_seqlens, fa.chunk_indices,
+                          fa.scale, 64});
+        if (sm90) {
+          const double bound = dt == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
+          for (auto [x, y] : {std::pair{&out, &o2}, std::pair{&ht, &ht2}, std::pair{&h, &h2}, std::pair{&vn, &vn2}})
+            EXPECT_LT(rms_relative_error(x->to_double(), y->to_double()), bound);
+        } else {
+          EXPECT_EQ(out.bytes(), o2.bytes());
+          EXPECT_EQ(ht.bytes(), ht2.bytes());
+          EXPECT_EQ(h.bytes(), h2.bytes());
+          EXPECT_EQ(vn.bytes(), vn2.bytes());
+        }
         ++checked;
       }
   EXPECT_GT(checked, 0);

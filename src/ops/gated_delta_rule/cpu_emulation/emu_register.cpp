@@ -2,7 +2,10 @@
 #include <climits>
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
-namespace fusedops { void register_gated_delta_rule_cuda_sm80(Registry& r); }
+namespace fusedops {
+void register_gated_delta_rule_cuda_sm80(Registry& r);
+void register_gated_delta_rule_cuda_sm90(Registry& r);
+}
 using namespace fusedops;
 namespace {
 void l2f(const Context& c, const L2NormFwdArgs& a) { Context d = c; d.backend = "cpu"; l2norm_fwd(d, a); }
@@ -11,6 +14,7 @@ struct Init {
   Init() {
     Registry& r = Registry::instance();
     register_gated_delta_rule_cuda_sm80(r);
+    register_gated_delta_rule_cuda_sm90(r);
     BackendSpec s{"cuda_sm80", DeviceKind::kCPU, 0, INT_MAX, {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, 20};
     r.add<L2NormFwdArgs>("l2norm", Direction::kForward, s, nullptr, l2f);
     r.add<L2NormBwdArgs>("l2norm", Direction::kBackward, s, nullptr, l2b);

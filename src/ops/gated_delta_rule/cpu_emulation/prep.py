@@ -20,17 +20,21 @@ def emulate(s):
     <<<...>>> launches through emu_launch, the backend registered as a CPU one, PTX as calls."""
     s = s.replace("extern __shared__ float smem[];",
                   "float* smem = reinterpret_cast<float*>(g_emu_smem.data());")
+    s = s.replace("extern __shared__ __align__(1024) uint8_t smem_raw[];",
+                  "uint8_t* smem_raw = g_emu_smem.data();")
     s = s.replace("extern __shared__ double dsmem[];",
                   "double* dsmem = reinterpret_cast<double*>(g_emu_smem.data());")
     s = re.sub(r"(\w+(?:<[^<>]*>)?)<<<(.+?)>>>\(", lambda m: f"emu_launch({m.group(1)}, {m.group(2)}, ", s,
                flags=re.S)
     s = s.replace("DeviceKind::kCUDA, 80", "DeviceKind::kCPU, 0")
+    s = s.replace("DeviceKind::kCUDA, 90, 90", "DeviceKind::kCPU, 0, INT_MAX")
     return emulate_ptx(s)
 
 
 if __name__ == "__main__":
     src, dst = sys.argv[1], sys.argv[2]
     os.makedirs(dst, exist_ok=True)
-    for f in ["gdn_sm80.cuh", "gated_delta_rule_fwd_sm80.cu", "gated_delta_rule_bwd_sm80.cu"]:
+    for f in ["gdn_sm80.cuh", "gated_delta_rule_fwd_sm80.cu", "gated_delta_rule_bwd_sm80.cu",
+              "gated_delta_rule_fwd_sm90.cu"]:
         s = emulate(open(os.path.join(src, f)).read())
         open(os.path.join(dst, f.replace(".cu", ".cpp") if f.endswith(".cu") else f), "w").write(s)

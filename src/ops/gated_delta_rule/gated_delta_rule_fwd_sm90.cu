@@ -1,0 +1,338 @@
+// Gated delta rule, CUDA backend cuda_sm90 (sm_90a only): the top level's state recurrence and
+// output (chunk_gated_delta_rule_fwd_h then chunk_fwd_o) as one kernel on Hopper's warpgroup
+// products (wgmma, gdn_wgmma_sm90.cuh). Everything else of the top level, forward and backward,
+// is cuda_sm80's (the sub-operator entry points stay cuda_sm80).
+//
+// Why (bench/NOTES.md, GPU stops 20 and 26): cuda_sm80's fused kernel (fwd_ho_mma_kernel) spends
+// its time on shared-memory traffic, not on the tensor cores (L1/shared pipe 64% busy, tensor pipe
+// 23%): on mma.sync every warp of a 64-row product reads its B fragments itself. wgmma reads each
+// operand once per warpgroup from shared memory, with no ldmatrix.
+//
+// One CTA of four warpgroups per (sequence, value head), K = V = 128, chunk 64, the scalar gate g
+// or none. The fp32 state X [128][128] lives in registers: warpgroup wg holds the quadrant rows
+// 64 (wg % 2).., columns 64 (wg / 2)... Per chunk (tiles K, W, Q, U loaded by cp.async one chunk
+// ahead into the other of two buffers):
+//   Xs = X in 16 bits (and the h snapshot, when the caller keeps it);           barrier
+//   warpgroups 0, 1: Vn = U - W Xs on columns 64 wg.. (Vn into U's tile, Vg = diag(e^{g_last - g})
+//     Vn beside it) and P = M>= . Gamma . Q K^T on P's columns 32 wg..;
+//   warpgroups 2, 3: O = diag(e^g) Q Xs on columns 64 (wg - 2)..;               barrier
+//   all: X = e^{g_last} X + K^T Vg on their quadrant; warpgroups 2, 3: O += P Vn, o = scale O.
+// Work per warpgroup and chunk: 0, 1: 64x64x128 + 64x32x128 + 64x64x64 multiply-adds; 2, 3:
+// 64x64x128 + 2 x 64x64x64 (1.05 M each). Values are rounded where cuda_sm80's kernel rounds them
+// (Xs, Vn, Vg, P in the input type), but the tensor cores' summation order inside a product may
+// differ from mma.sync's, so o is not bitwise cuda_sm80's.
+#include <climits>
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh"
+
+namespace fusedops::gdn::sm90 {
+namespace {
+
+using sm80::Layout;
+using sm80::Mat;
+using sm80::SeqPos;
+using sm80::Tok;
+
+constexpr int kHoThreads = 512;
+constexpr int kD = 128;                              // K = V
+constexpr int kBT = 64;                              // chunk
+constexpr uint32_t kTileB = kBT * kD * 2;            // a swizzled [64][128] 16-bit token tile
+constexpr uint32_t kBufB = 4 * kTileB;               // K, W, Q, U
+constexpr uint32_t kXsB = kD * kD * 2;               // the 16-bit state [128][128]
+constexpr uint32_t kPB = kBT * kBT * 2;              // P [64][64]
+constexpr size_t kHoSmem = 1024 + 2 * kBufB + kXsB + kTileB + kPB + 2 * kBT * sizeof(float);
+
+// Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), 128 columns, into the swizzled
+// tile dst by cp.async (rows >= len as zeros). All threads take part; the caller commits.
+__device__ __forceinline__ void load_tile(uint8_t* dst, const Tok& t, int64_t b, int64_t t0, int64_t head, int len) {
+  const uint16_t* base = static_cast<const uint16_t*>(t.p);
+  for (int e = threadIdx.x; e < kBT * (kD / 8); e += blockDim.x) {
+    const int r = e >> 4, c = (e & 15) << 3;
+    const bool ok = r < len;
+    sm80::cp_async16(dst + sw_off(kBT, r, c), base + t.off(b, t0 + (ok ? r : 0), head) + c, ok);
+  }
+}
+
+// Descriptors: a K-major [64][128] tile at k16 step kk (columns 16 kk..), and an MN-major tile
+// from `start` (the first of the step's 16 reduction rows).
+__device__ __forceinline__ uint64_t kmajor(const uint8_t* tile, int kk) {
+  return desc_sw128(tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32, 16, 1024);
+}
+__device__ __forceinline__ uint64_t mnmajor(const uint8_t* start) { return desc_sw128(start, 8192, 1024); }
+
+template <bool BF>
+__global__ void __launch_bounds__(kHoThreads, 1)
+    fwd_ho_wg_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
+                     int G, float scale, bool o_staged) {
+  using sm80::exp_fast;
+  using sm80::mma16::pack2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* buf = sm;                 // [2] x (K, W, Q, U)
+  uint8_t* Xs = buf + 2 * kBufB;     // [128 (K)][128 (V)]
+  uint8_t* Vg = Xs + kXsB;           // [64][128]
+  uint8_t* Ps = Vg + kTileB;         // [64][64]
+  float* gls = reinterpret_cast<float*>(Ps + kPB);  // [2][64] gates
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const SeqPos s = sm80::seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  // The warpgroup index through a shuffle, so that the compiler sees it uniform across each warp
+  // (wgmma in a branch it cannot prove warp-uniform is serialized).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int xr = 64 * (wg & 1) + 16 * wq + gq;  // the state rows of this thread: xr, xr + 8
+  const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
+  const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk products
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto issue = [&](int64_t ci) {
+    uint8_t* Kb = buf + (ci & 1) * kBufB;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    load_tile(Kb, k, s.b, t0, hk, len);
+    load_tile(Kb + kTileB, w, s.b, t0, hv, len);
+    load_tile(Kb + 2 * kTileB, q, s.b, t0, hk, len);
+    load_tile(Kb + 3 * kTileB, u, s.b, t0, hv, len);
+    sm80::cp_async_commit();
+  };
+  float x[32];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
+      x[4 * j + e] = h0.p ? sm80::ldf(h0.p, h0.code, at) : 0.0f;
+    }
+  if (nch > 0) issue(0);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    // No barrier first: the previous chunk's readers of Xs (its first products) and of this gate
+    // buffer (two chunks ago) are behind the previous chunk's second barrier.
+    float* gl = gls + cur * kBT;
+    if (tid < kBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    uint16_t* snap = h.p ? static_cast<uint16_t*>(h.p) + idx * (kD * kD) : nullptr;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = xr + 8 * hr, col = xc + 8 * j;
+        const uint32_t pk = pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+        *reinterpret_cast<uint32_t*>(Xs + sw_off(kD, row, col)) = pk;
+        if (snap) *reinterpret_cast<uint32_t*>(snap + row * kD + col) = pk;
+      }
+    sm80::cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
+    if (ci + 1 < nch) issue(ci + 1);
+    uint8_t* Kb = buf + cur * kBufB;
+    const uint8_t* Ks = Kb;
+    const uint8_t* Ws = Kb + kTileB;
+    uint8_t* Qs = Kb + 2 * kTileB;
+    uint8_t* Us = Kb + 3 * kTileB;  // U, then Vn in place
+    const float glast = gl[len - 1];
+    float oa[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) oa[i] = 0.0f;
+    if (wg < 2) {
+      float a[32], pa[16];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) a[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) pa[i] = 0.0f;
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_n64<BF, 0, 1>(a, kmajor(Ws, kk), mnmajor(Xs + wg * (kXsB / 2) + kk * 2048), kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_n32<BF, 0, 0>(pa, kmajor(Qs, kk), kmajor(Ks + 32 * wg * 128, kk), kk > 0);
+      wg_commit();
+      wg_wait<0>();
+      fence_regs(a);
+      fence_regs(pa);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = 64 * wg + 8 * j + 2 * tq;
+          const uint32_t off = sw_off(kBT, r, col);
+          const uint32_t uu = *reinterpret_cast<const uint32_t*>(Us + off);
+          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - a[4 * j + 2 * hr];
+          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[4 * j + 2 * hr + 1];
+          if (vn.p && r < len) sm80::mma16::st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + col, v0, v1);
+          *reinterpret_cast<uint32_t*>(Us + off) = pack2<BF>(v0, v1);
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+          *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = 32 * wg + 8 * j + 2 * tq;
+          const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
+          const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
+          *reinterpret_cast<uint32_t*>(Ps + sw_off(kBT, r, col)) = pack2<BF>(p0, p1);
+        }
+    } else {
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_n64<BF, 0, 1>(oa, kmajor(Qs, kk), mnmajor(Xs + (wg - 2) * (kXsB / 2) + kk * 2048), kk > 0);
+      wg_commit();
+      wg_wait<0>();
+      fence_regs(oa);
+      const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        oa[4 * j] *= e0, oa[4 * j + 1] *= e0;
+        oa[4 * j + 2] *= e1, oa[4 * j + 3] *= e1;
+      }
+    }
+    if (g.p) {
+      const float f = exp_fast(glast);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) x[i] *= f;
+    }
+    fence_async_smem();
+    __syncthreads();  // Vn, Vg, P
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBT / 16; ++kk)
+      wgmma_n64<BF, 1, 1>(x, mnmajor(Ks + (wg & 1) * (kTileB / 2) + kk * 2048),
+                          mnmajor(Vg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+    if (wg >= 2) {
+#pragma unroll
+      for (int kk = 0; kk < kBT / 16; ++kk)
+        wgmma_n64<BF, 0, 1>(oa, desc_sw128(Ps + kk * 32, 16, 1024),
+                            mnmajor(Us + (wg - 2) * (kTileB / 2) + kk * 2048), 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    fence_regs(x);
+    fence_regs(oa);
+    if (wg >= 2) {
+      const int cb = 64 * (wg - 2);
+      if (o_staged) {
+        // o through this warp's rows of Q's tile (Q's last readers were before the barrier above),
+        // then 16-byte row stores.
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = hr ? r1 : r0, col = cb + 8 * j + 2 * tq;
+            *reinterpret_cast<uint32_t*>(Qs + sw_off(kBT, r, col)) =
+                pack2<BF>(scale * oa[4 * j + 2 * hr], scale * oa[4 * j + 2 * hr + 1]);
+          }
+        __syncwarp();
+        uint16_t* base = static_cast<uint16_t*>(o.p);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = lane + 32 * i, r = 16 * wq + (e >> 3), c = cb + 8 * (e & 7);
+          if (r < len)
+            *reinterpret_cast<uint4*>(base + o.off(s.b, t0 + r, hv) + c) =
+                *reinterpret_cast<const uint4*>(Qs + sw_off(kBT, r, c));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int col = cb + 8 * j + 2 * tq;
+          if (r0 < len)
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * oa[4 * j], scale * oa[4 * j + 1]);
+          if (r1 < len)
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * oa[4 * j + 2],
+                             scale * oa[4 * j + 3]);
+        }
+      }
+    }
+  }
+  if (ht.p) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
+        sm80::stf(ht.p, ht.code, at, x[4 * j + e]);
+      }
+  }
+}
+
+// Whether the kernel takes these arguments: GDN's scalar gate (or none), K = V = 128, chunk 64,
+// 16-bit inputs; one CTA per (sequence, value head) and per SM, so taken, as cuda_sm80's fused
+// kernel, when those pairs fill at least 7/8 of the SMs (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the
+// choice). FUSEDOPS_GDN_WGMMA=0 leaves the step to cuda_sm80.
+bool state_out_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  using namespace sm80::mma16;
+  const int force = env_switch("FUSEDOPS_GDN_FUSED_HO");
+  if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
+  const DType dt = a.k.dtype();
+  if (a.gk.defined() || a.chunk_size != kBT || b.chunk_size != kBT || a.k.size(3) != kD || a.u.size(3) != kD)
+    return false;
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < kHoSmem) return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(b.q, dt) || !out2_ok(b.o))
+    return false;
+  if (a.h.defined() && !state16_ok(a.h, dt)) return false;
+  if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
+  for (const TensorView* t : {&a.h0, &a.ht})
+    if (t->defined() && !t->is_contiguous()) return false;
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  return force == 1 || N * a.u.size(2) * 8 >= sm80::sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+}
+
+// compose_fwd's fused state-and-output hook: this kernel where it applies, else cuda_sm80's.
+bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
+  if (!state_out_ok(ctx, a, b)) return sm80::state_out_fused_fwd(ctx, a, b);
+  const char* op = "chunk_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return true;
+  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  const bool o_staged = sm80::mma16::staged_out_ok(b.o, b.o, a.k.dtype());
+  auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_wg_kernel<true> : fwd_ho_wg_kernel<false>;
+  sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
+  kernel<<<static_cast<unsigned>(N * HV), kHoThreads, kHoSmem, sm80::stream_of(ctx)>>>(
+      sm80::tok_of(b.q), sm80::tok_of(a.k), sm80::tok_of(a.w), sm80::tok_of(a.u), sm80::tok_of(a.g),
+      sm80::mat_of(a.h0), sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), sm80::tok_of(b.o), L,
+      static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(b.scale), o_staged);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  return true;
+}
+
+void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";  // the sub-operators
+  compose_fwd(c, a, sm80::prepare_fused_fwd, state_out);
+}
+
+void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) { sm80::top_bwd_run(ctx, a); }
+bool sup_fwd(const ChunkGatedDeltaRuleFwdArgs& a) { return sm80::top_fwd_supported(a); }
+bool sup_bwd(const ChunkGatedDeltaRuleBwdArgs& a) { return sm80::top_bwd_supported(a); }
+
+}  // namespace
+}  // namespace fusedops::gdn::sm90
+
+namespace fusedops {
+
+// The top level only, both directions (the backward is cuda_sm80's, registered here too so that
+// a caller forcing cuda_sm90 gets a whole operator).
+void register_gated_delta_rule_cuda_sm90(Registry& r) {
+  const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
+                      {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
+  r.add<ChunkGatedDeltaRuleFwdArgs>("chunk_gated_delta_rule", Direction::kForward, s, gdn::sm90::sup_fwd,
+                                    gdn::sm90::top_fwd);
+  r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, s, gdn::sm90::sup_bwd,
+                                    gdn::sm90::top_bwd);
+}
+
+}  // namespace fusedops
