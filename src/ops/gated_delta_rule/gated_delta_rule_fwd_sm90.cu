@@ -100,6 +100,13 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     load_tile(Kb + kTileB, w, s.b, t0, hv, len);
     load_tile(Kb + 2 * kTileB, q, s.b, t0, hk, len);
     load_tile(Kb + 3 * kTileB, u, s.b, t0, hv, len);
+    // The chunk's gates ride with its tiles (fp32; zeros past len or without a gate), so that no
+    // global load sits between the chunks.
+    if (tid < kBT) {
+      const bool ok = g.p && tid < len;
+      cp_async4(gls + (ci & 1) * kBT + tid, static_cast<const float*>(g.p ? g.p : q.p) + (ok ? g.off(s.b, t0 + tid, hv) : 0),
+                ok);
+    }
     sm80::cp_async_commit();
   };
   float x[32];
@@ -116,10 +123,9 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
-    // No barrier first: the previous chunk's readers of Xs (its first products) and of this gate
-    // buffer (two chunks ago) are behind the previous chunk's second barrier.
-    float* gl = gls + cur * kBT;
-    if (tid < kBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    // No barrier first: the previous chunk's readers of Xs (its first products) are behind its
+    // second barrier. The gates came with the tiles (their buffer's last readers: two chunks ago).
+    const float* gl = gls + cur * kBT;
     uint16_t* snap = h.p ? static_cast<uint16_t*>(h.p) + idx * (kD * kD) : nullptr;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -153,13 +159,13 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_n64<BF, 0, 1>(a, kmajor(Ws, kk), mnmajor(Xs + wg * (kXsB / 2) + kk * 2048), kk > 0);
+      wg_commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_n32<BF, 0, 0>(pa, kmajor(Qs, kk), kmajor(Ks + 32 * wg * 128, kk), kk > 0);
       wg_commit();
-      wg_wait<0>();
+      wg_wait<1>();  // W Xs done; Q K^T still running under the Vn epilogue
       fence_regs(a);
-      fence_regs(pa);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -174,6 +180,8 @@ __global__ void __launch_bounds__(kHoThreads, 1)
           const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
           *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
         }
+      wg_wait<0>();
+      fence_regs(pa);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -210,13 +218,14 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     for (int kk = 0; kk < kBT / 16; ++kk)
       wgmma_n64<BF, 1, 1>(x, mnmajor(Ks + (wg & 1) * (kTileB / 2) + kk * 2048),
                           mnmajor(Vg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+    wg_commit();
     if (wg >= 2) {
 #pragma unroll
       for (int kk = 0; kk < kBT / 16; ++kk)
         wgmma_n64<BF, 0, 1>(oa, desc_sw128(Ps + kk * 32, 16, 1024),
                             mnmajor(Us + (wg - 2) * (kTileB / 2) + kk * 2048), 1);
+      wg_commit();
     }
-    wg_commit();
     wg_wait<0>();
     fence_regs(x);
     fence_regs(oa);
@@ -275,6 +284,8 @@ bool state_out_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, cons
   const int force = env_switch("FUSEDOPS_GDN_FUSED_HO");
   if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
   const DType dt = a.k.dtype();
+  if (a.g.defined() && (a.g.dtype() != DType::kFloat32 || reinterpret_cast<uintptr_t>(a.g.data()) % 4 != 0))
+    return false;  // the gates load by 4-byte cp.async
   if (a.gk.defined() || a.chunk_size != kBT || b.chunk_size != kBT || a.k.size(3) != kD || a.u.size(3) != kD)
     return false;
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;

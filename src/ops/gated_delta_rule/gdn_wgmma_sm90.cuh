@@ -39,6 +39,12 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* start, uint32_t lbo, 
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
+// 4 bytes global -> shared by cp.async (zeros when !valid; src must still be a valid address).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 // Before the first wgmma of a batch (orders the accumulator registers' earlier writes), after
 // the batch's issue (closes a group) and waiting for all but N groups.
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -23,6 +23,10 @@ inline uint64_t desc_sw128(const void* start, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+inline void cp_async4(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 4);
+  else std::memset(dst, 0, 4);
+}
 inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N>
