@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     sm80::cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
-    if (ci + 1 < nch) issue(ci + 1);
+    // The next chunk's tiles go into the other buffer (its last readers, the previous chunk's
+    // products, are done); issued below once this chunk's first products are under way.
     uint8_t* Kb = buf + cur * kBufB;
     const uint8_t* Ks = Kb;
     const uint8_t* Ws = Kb + kTileB;
@@ -164,6 +165,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_n32<BF, 0, 0>(pa, kmajor(Qs, kk), kmajor(Ks + 32 * wg * 128, kk), kk > 0);
       wg_commit();
+      if (ci + 1 < nch) issue(ci + 1);
       wg_wait<1>();  // W Xs done; Q K^T still running under the Vn epilogue
       fence_regs(a);
 #pragma unroll
@@ -197,6 +199,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
       for (int kk = 0; kk < kD / 16; ++kk)
         wgmma_n64<BF, 0, 1>(oa, kmajor(Qs, kk), mnmajor(Xs + (wg - 2) * (kXsB / 2) + kk * 2048), kk > 0);
       wg_commit();
+      if (ci + 1 < nch) issue(ci + 1);
       wg_wait<0>();
       fence_regs(oa);
       const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
