@@ -14,12 +14,12 @@
 // ahead into the other of two buffers):
 //   Xs = X in 16 bits (and the h snapshot, when the caller keeps it);           barrier
 //   warpgroups 0, 1: Vn = U - W Xs on columns 64 wg.. (Vn into U's tile, Vg = diag(e^{g_last - g})
-//     Vn beside it) and P = M>= . Gamma . Q K^T on P's columns 32 wg..;
-//   warpgroups 2, 3: O = diag(e^g) Q Xs on columns 64 (wg - 2)..;               barrier
+//     Vn beside it); warpgroups 2, 3: O = diag(e^g) Q Xs on columns 64 (wg - 2)..;
+//   every warpgroup: P = M>= . Gamma . Q K^T on P's columns 16 wg..;            barrier
 //   all: X = e^{g_last} X + K^T Vg on their quadrant; warpgroups 2, 3: O += P Vn, o = scale O.
-// Work per warpgroup and chunk: 0, 1: 64x64x128 + 64x32x128 + 64x64x64 multiply-adds; 2, 3:
-// 64x64x128 + 2 x 64x64x64 (1.05 M each). Values are rounded where cuda_sm80's kernel rounds them
-// (Xs, Vn, Vg, P in the input type), but the tensor cores' summation order inside a product may
+// Products per warpgroup and chunk: 64x64x128 + 64x16x128 + 64x64x64 multiply-adds, and 64x64x64
+// more on 2, 3. Values are rounded where cuda_sm80's kernel rounds them (Xs, Vn, Vg, P in the
+// input type), but the tensor cores' summation order inside a product may
 // differ from mma.sync's, so o is not bitwise cuda_sm80's.
 #include <climits>
 #include <cmath>
@@ -49,23 +49,35 @@ constexpr uint32_t kXsB = kD * kD * 2;               // the 16-bit state [128][1
 constexpr uint32_t kPB = kBT * kBT * 2;              // P [64][64]
 constexpr size_t kHoSmem = 1024 + 2 * kBufB + kXsB + kTileB + kPB + 2 * kBT * sizeof(float);
 
-// Rows 0..63 of a 16-bit token-major tensor at (b, t0.., head), 128 columns, into the swizzled
-// tile dst by cp.async (rows >= len as zeros). All threads take part; the caller commits.
-__device__ __forceinline__ void load_tile(uint8_t* dst, const Tok& t, int64_t b, int64_t t0, int64_t head, int len) {
-  const uint16_t* base = static_cast<const uint16_t*>(t.p);
-  for (int e = threadIdx.x; e < kBT * (kD / 8); e += blockDim.x) {
-    const int r = e >> 4, c = (e & 15) << 3;
-    const bool ok = r < len;
-    sm80::cp_async16(dst + sw_off(kBT, r, c), base + t.off(b, t0 + (ok ? r : 0), head) + c, ok);
+// This thread's two 16-byte units of a [64][128] token tile (512 threads: rows tid / 16 and
+// tid / 16 + 32, columns 8 (tid % 16)..): the source row pointer at the sequence's first token,
+// advanced by whole chunks, so that a chunk's loads cost a few instructions each (at a full
+// address computation per unit, the loads were 30% of the kernel's instructions).
+// (The token stride stays in the kernel's parameters: a register copy of it pushed the kernel to
+// 128 registers and a spill.)
+struct TileSrc {
+  const uint16_t* p0;  // the sequence's first token, at this thread's columns (a valid address)
+  __device__ __forceinline__ void init(const Tok& t, int64_t b, int64_t t0, int64_t head, int lc) {
+    p0 = static_cast<const uint16_t*>(t.p) + t.off(b, t0, head) + lc;
   }
-}
+  // Chunk ci's units (rows lr, lr + 32; token stride st) into the tile `tile` (offsets so0 / so1);
+  // rows at or past len read as zeros (their source address stays p0, inside the tensor).
+  __device__ __forceinline__ void load(uint8_t* tile, uint32_t so0, uint32_t so1, int64_t ci, int lr, int len,
+                                       int64_t st) const {
+    const uint16_t* r0 = p0 + (ci * kBT + lr) * st;
+    sm80::cp_async16(tile + so0, lr < len ? r0 : p0, lr < len);
+    sm80::cp_async16(tile + so1, lr + 32 < len ? r0 + 32 * st : p0, lr + 32 < len);
+  }
+};
 
 // Descriptors: a K-major [64][128] tile at k16 step kk (columns 16 kk..), and an MN-major tile
 // from `start` (the first of the step's 16 reduction rows).
-__device__ __forceinline__ uint64_t kmajor(const uint8_t* tile, int kk) {
-  return desc_sw128(tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32, 16, 1024);
+// (Shared addresses as 32-bit integers from one base, so that each descriptor is an add and a
+// shift of constants: built from generic pointers, they took ~10 uniform instructions each.)
+__device__ __forceinline__ uint64_t kmajor(uint32_t tile, int kk) {
+  return desc_at(tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32, 16, 1024);
 }
-__device__ __forceinline__ uint64_t mnmajor(const uint8_t* start) { return desc_sw128(start, 8192, 1024); }
+__device__ __forceinline__ uint64_t mnmajor(uint32_t start) { return desc_at(start, 8192, 1024); }
 
 template <bool BF>
 __global__ void __launch_bounds__(kHoThreads, 1)
@@ -75,6 +87,8 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   using sm80::mma16::pack2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t sa = smem_addr(sm);  // 1024-aligned
+  const uint32_t aXs = sa + 2 * kBufB, aVg = aXs + kXsB, aP = aVg + kTileB;
   uint8_t* buf = sm;                 // [2] x (K, W, Q, U)
   uint8_t* Xs = buf + 2 * kBufB;     // [128 (K)][128 (V)]
   uint8_t* Vg = Xs + kXsB;           // [64][128]
@@ -92,20 +106,26 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
   const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk products
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  const int lr = tid >> 4, lc = (tid & 15) << 3;
+  const uint32_t so0 = sw_off(kBT, lr, lc), so1 = sw_off(kBT, lr + 32, lc);
+  TileSrc ks, ws, qs, us;
+  ks.init(k, s.b, s.t0, hk, lc);
+  ws.init(w, s.b, s.t0, hv, lc);
+  qs.init(q, s.b, s.t0, hk, lc);
+  us.init(u, s.b, s.t0, hv, lc);
+  const float* gsrc = g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + (tid & (kBT - 1)), hv) : nullptr;
   auto issue = [&](int64_t ci) {
     uint8_t* Kb = buf + (ci & 1) * kBufB;
-    const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
-    load_tile(Kb, k, s.b, t0, hk, len);
-    load_tile(Kb + kTileB, w, s.b, t0, hv, len);
-    load_tile(Kb + 2 * kTileB, q, s.b, t0, hk, len);
-    load_tile(Kb + 3 * kTileB, u, s.b, t0, hv, len);
+    ks.load(Kb, so0, so1, ci, lr, len, k.st);
+    ws.load(Kb + kTileB, so0, so1, ci, lr, len, w.st);
+    qs.load(Kb + 2 * kTileB, so0, so1, ci, lr, len, q.st);
+    us.load(Kb + 3 * kTileB, so0, so1, ci, lr, len, u.st);
     // The chunk's gates ride with its tiles (fp32; zeros past len or without a gate), so that no
     // global load sits between the chunks.
     if (tid < kBT) {
-      const bool ok = g.p && tid < len;
-      cp_async4(gls + (ci & 1) * kBT + tid, static_cast<const float*>(g.p ? g.p : q.p) + (ok ? g.off(s.b, t0 + tid, hv) : 0),
-                ok);
+      const bool ok = gsrc && tid < len;
+      cp_async4(gls + (ci & 1) * kBT + tid, ok ? static_cast<const void*>(gsrc + ci * kBT * g.st) : ks.p0, ok);
     }
     sm80::cp_async_commit();
   };
@@ -142,73 +162,67 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     // The next chunk's tiles go into the other buffer (its last readers, the previous chunk's
     // products, are done); issued below once this chunk's first products are under way.
     uint8_t* Kb = buf + cur * kBufB;
-    const uint8_t* Ks = Kb;
-    const uint8_t* Ws = Kb + kTileB;
     uint8_t* Qs = Kb + 2 * kTileB;
     uint8_t* Us = Kb + 3 * kTileB;  // U, then Vn in place
+    // The same tiles as shared addresses, for the descriptors.
+    const uint32_t aK = sa + cur * kBufB, aW = aK + kTileB, aQ = aK + 2 * kTileB, aU = aK + 3 * kTileB;
     const float glast = gl[len - 1];
-    float oa[32];
+    // Phase 1, the same products on every warpgroup: acc = W Xs (0, 1: Vn's columns 64 wg..) or
+    // Q Xs (2, 3: O's columns 64 (wg - 2)..), and P's columns 16 wg.. = Q K^T.
+    float acc[32], pa[8];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) oa[i] = 0.0f;
-    if (wg < 2) {
-      float a[32], pa[16];
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) a[i] = 0.0f;
+    for (int i = 0; i < 8; ++i) pa[i] = 0.0f;
+    const int nb = wg & 1;  // the column block of Vn or O
+    wg_fence();
 #pragma unroll
-      for (int i = 0; i < 16; ++i) pa[i] = 0.0f;
-      wg_fence();
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_n64<BF, 0, 1>(acc, kmajor(wg < 2 ? aW : aQ, kk), mnmajor(aXs + nb * (kXsB / 2) + kk * 2048), kk > 0);
+    wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n64<BF, 0, 1>(a, kmajor(Ws, kk), mnmajor(Xs + wg * (kXsB / 2) + kk * 2048), kk > 0);
-      wg_commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n32<BF, 0, 0>(pa, kmajor(Qs, kk), kmajor(Ks + 32 * wg * 128, kk), kk > 0);
-      wg_commit();
-      if (ci + 1 < nch) issue(ci + 1);
-      wg_wait<1>();  // W Xs done; Q K^T still running under the Vn epilogue
-      fence_regs(a);
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_n16<BF, 0, 0>(pa, kmajor(aQ, kk), kmajor(aK + 16 * wg * 128, kk), kk > 0);
+    wg_commit();
+    if (ci + 1 < nch) issue(ci + 1);
+    wg_wait<1>();  // acc done; Q K^T still running under its epilogue
+    fence_regs(acc);
+    if (wg < 2) {  // Vn = U - W Xs into U's tile, Vg beside it
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = hr ? r1 : r0, col = 64 * wg + 8 * j + 2 * tq;
+          const int r = hr ? r1 : r0, col = 64 * nb + 8 * j + 2 * tq;
           const uint32_t off = sw_off(kBT, r, col);
           const uint32_t uu = *reinterpret_cast<const uint32_t*>(Us + off);
-          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - a[4 * j + 2 * hr];
-          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[4 * j + 2 * hr + 1];
+          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
+          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
           if (vn.p && r < len) sm80::mma16::st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + col, v0, v1);
           *reinterpret_cast<uint32_t*>(Us + off) = pack2<BF>(v0, v1);
           const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
           *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
         }
-      wg_wait<0>();
-      fence_regs(pa);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = hr ? r1 : r0, col = 32 * wg + 8 * j + 2 * tq;
-          const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
-          const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
-          *reinterpret_cast<uint32_t*>(Ps + sw_off(kBT, r, col)) = pack2<BF>(p0, p1);
-        }
-    } else {
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n64<BF, 0, 1>(oa, kmajor(Qs, kk), mnmajor(Xs + (wg - 2) * (kXsB / 2) + kk * 2048), kk > 0);
-      wg_commit();
-      if (ci + 1 < nch) issue(ci + 1);
-      wg_wait<0>();
-      fence_regs(oa);
+    }
+    wg_wait<0>();
+    fence_regs(pa);
+    if (wg >= 2) {  // O = diag(e^g) Q Xs (after the last wait: acc may not be redefined while
+                    // a wgmma batch is in flight, or the compiler serializes them all)
       const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        oa[4 * j] *= e0, oa[4 * j + 1] *= e0;
-        oa[4 * j + 2] *= e1, oa[4 * j + 3] *= e1;
+        acc[4 * j] *= e0, acc[4 * j + 1] *= e0;
+        acc[4 * j + 2] *= e1, acc[4 * j + 3] *= e1;
       }
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = hr ? r1 : r0, col = 16 * wg + 8 * j + 2 * tq;
+        const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
+        const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
+        *reinterpret_cast<uint32_t*>(Ps + sw_off(kBT, r, col)) = pack2<BF>(p0, p1);
+      }
     if (g.p) {
       const float f = exp_fast(glast);
 #pragma unroll
@@ -219,21 +233,20 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < kBT / 16; ++kk)
-      wgmma_n64<BF, 1, 1>(x, mnmajor(Ks + (wg & 1) * (kTileB / 2) + kk * 2048),
-                          mnmajor(Vg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+      wgmma_n64<BF, 1, 1>(x, mnmajor(aK + (wg & 1) * (kTileB / 2) + kk * 2048),
+                          mnmajor(aVg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
     wg_commit();
-    if (wg >= 2) {
+    if (wg >= 2) {  // O += P Vn
 #pragma unroll
       for (int kk = 0; kk < kBT / 16; ++kk)
-        wgmma_n64<BF, 0, 1>(oa, desc_sw128(Ps + kk * 32, 16, 1024),
-                            mnmajor(Us + (wg - 2) * (kTileB / 2) + kk * 2048), 1);
+        wgmma_n64<BF, 0, 1>(acc, desc_at(aP + kk * 32, 16, 1024), mnmajor(aU + nb * (kTileB / 2) + kk * 2048), 1);
       wg_commit();
     }
     wg_wait<0>();
     fence_regs(x);
-    fence_regs(oa);
+    fence_regs(acc);
     if (wg >= 2) {
-      const int cb = 64 * (wg - 2);
+      const int cb = 64 * nb;
       if (o_staged) {
         // o through this warp's rows of Q's tile (Q's last readers were before the barrier above),
         // then 16-byte row stores.
@@ -243,7 +256,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
           for (int hr = 0; hr < 2; ++hr) {
             const int r = hr ? r1 : r0, col = cb + 8 * j + 2 * tq;
             *reinterpret_cast<uint32_t*>(Qs + sw_off(kBT, r, col)) =
-                pack2<BF>(scale * oa[4 * j + 2 * hr], scale * oa[4 * j + 2 * hr + 1]);
+                pack2<BF>(scale * acc[4 * j + 2 * hr], scale * acc[4 * j + 2 * hr + 1]);
           }
         __syncwarp();
         uint16_t* base = static_cast<uint16_t*>(o.p);
@@ -259,10 +272,10 @@ __global__ void __launch_bounds__(kHoThreads, 1)
         for (int j = 0; j < 8; ++j) {
           const int col = cb + 8 * j + 2 * tq;
           if (r0 < len)
-            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * oa[4 * j], scale * oa[4 * j + 1]);
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * acc[4 * j], scale * acc[4 * j + 1]);
           if (r1 < len)
-            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * oa[4 * j + 2],
-                             scale * oa[4 * j + 3]);
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * acc[4 * j + 2],
+                             scale * acc[4 * j + 3]);
         }
       }
     }

@@ -33,8 +33,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // bytes, groups of 8 rows `sbo` bytes apart (a k16 step moves the start 32 bytes along the row);
 // MN-major: 8 reduction rows of 128 bytes (64 M or N elements) per group, groups `sbo` apart, the
 // next 64 M or N elements `lbo` bytes on.
-__device__ __forceinline__ uint64_t desc_sw128(const void* start, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = smem_addr(start);
+// `a` is the start's shared address (smem_addr).
+__device__ __forceinline__ uint64_t desc_at(uint32_t a, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
@@ -63,7 +63,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (+)= A B for m64n64k16 / m64n32k16 (scale_d = 0: d = A B). kTA / kTB: 0 for a K-major
+// d (+)= A B for m64n64k16 / m64n32k16 / m64n16k16 (scale_d = 0: d = A B). kTA / kTB: 0 for a K-major
 // operand, 1 for an MN-major one; kBF16 picks bf16 or fp16 operands.
 template <bool kBF16, int kTA, int kTB>
 __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
@@ -102,6 +102,27 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t da, uint64_t 
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
         "%16, %17, p, 1, 1, %19, %20;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(kTA), "n"(kTB));
+  }
+}
+
+template <bool kBF16, int kTA, int kTB>
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (kBF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(kTA), "n"(kTB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "l"(da), "l"(db), "r"(scale_d), "n"(kTA), "n"(kTB));
   }
 }

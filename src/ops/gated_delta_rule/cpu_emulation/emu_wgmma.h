@@ -18,8 +18,7 @@ inline uint32_t sw_off(int R, int r, int c) {
 inline uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - g_emu_smem.data());
 }
-inline uint64_t desc_sw128(const void* start, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = smem_addr(start);
+inline uint64_t desc_at(uint32_t a, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
@@ -70,6 +69,11 @@ inline void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
 template <bool kBF16, int kTA, int kTB>
 inline void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
   emu_wgmma<kBF16, kTA, kTB, 32>(d, da, db, scale_d);
+}
+
+template <bool kBF16, int kTA, int kTB>
+inline void wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  emu_wgmma<kBF16, kTA, kTB, 16>(d, da, db, scale_d);
 }
 
 }  // namespace fusedops::gdn::sm90
