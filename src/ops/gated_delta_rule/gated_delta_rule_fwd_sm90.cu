@@ -70,14 +70,16 @@ struct TileSrc {
   }
 };
 
-// Descriptors: a K-major [64][128] tile at k16 step kk (columns 16 kk..), and an MN-major tile
-// from `start` (the first of the step's 16 reduction rows).
-// (Shared addresses as 32-bit integers from one base, so that each descriptor is an add and a
-// shift of constants: built from generic pointers, they took ~10 uniform instructions each.)
-__device__ __forceinline__ uint64_t kmajor(uint32_t tile, int kk) {
-  return desc_at(tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32, 16, 1024);
+// Descriptors from the low words kLo / mLo of the shared base (K-major / MN-major): a K-major
+// [64][128] tile at byte offset `tile` from the base, at k16 step kk (columns 16 kk..), and an
+// MN-major operand whose step starts at byte offset `start`.
+constexpr uint32_t kDescHi = desc_hi(1024);
+__device__ __forceinline__ uint64_t kmajor(uint32_t kLo, uint32_t tile, int kk) {
+  return desc_make(kLo + ((tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32) >> 4), kDescHi);
 }
-__device__ __forceinline__ uint64_t mnmajor(uint32_t start) { return desc_at(start, 8192, 1024); }
+__device__ __forceinline__ uint64_t mnmajor(uint32_t mLo, uint32_t start) {
+  return desc_make(mLo + (start >> 4), kDescHi);
+}
 
 template <bool BF>
 __global__ void __launch_bounds__(kHoThreads, 1)
@@ -88,7 +90,9 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const uint32_t sa = smem_addr(sm);  // 1024-aligned
-  const uint32_t aXs = sa + 2 * kBufB, aVg = aXs + kXsB, aP = aVg + kTileB;
+  const uint32_t kLo = desc_lo(sa, 16), mLo = desc_lo(sa, 8192);
+  // Byte offsets from sm of Xs, Vg, P (for the descriptors).
+  constexpr uint32_t aXs = 2 * kBufB, aVg = aXs + kXsB, aP = aVg + kTileB;
   uint8_t* buf = sm;                 // [2] x (K, W, Q, U)
   uint8_t* Xs = buf + 2 * kBufB;     // [128 (K)][128 (V)]
   uint8_t* Vg = Xs + kXsB;           // [64][128]
@@ -164,8 +168,8 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     uint8_t* Kb = buf + cur * kBufB;
     uint8_t* Qs = Kb + 2 * kTileB;
     uint8_t* Us = Kb + 3 * kTileB;  // U, then Vn in place
-    // The same tiles as shared addresses, for the descriptors.
-    const uint32_t aK = sa + cur * kBufB, aW = aK + kTileB, aQ = aK + 2 * kTileB, aU = aK + 3 * kTileB;
+    // The same tiles as byte offsets from sm, for the descriptors.
+    const uint32_t aK = cur * kBufB, aW = aK + kTileB, aQ = aK + 2 * kTileB, aU = aK + 3 * kTileB;
     const float glast = gl[len - 1];
     // Phase 1, the same products on every warpgroup: acc = W Xs (0, 1: Vn's columns 64 wg..) or
     // Q Xs (2, 3: O's columns 64 (wg - 2)..), and P's columns 16 wg.. = Q K^T.
@@ -178,11 +182,11 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma_n64<BF, 0, 1>(acc, kmajor(wg < 2 ? aW : aQ, kk), mnmajor(aXs + nb * (kXsB / 2) + kk * 2048), kk > 0);
+      wgmma_n64<BF, 0, 1>(acc, kmajor(kLo, wg < 2 ? aW : aQ, kk), mnmajor(mLo, aXs + nb * (kXsB / 2) + kk * 2048), kk > 0);
     wg_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma_n16<BF, 0, 0>(pa, kmajor(aQ, kk), kmajor(aK + 16 * wg * 128, kk), kk > 0);
+      wgmma_n16<BF, 0, 0>(pa, kmajor(kLo, aQ, kk), kmajor(kLo, aK + 16 * wg * 128, kk), kk > 0);
     wg_commit();
     if (ci + 1 < nch) issue(ci + 1);
     wg_wait<1>();  // acc done; Q K^T still running under its epilogue
@@ -233,13 +237,14 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < kBT / 16; ++kk)
-      wgmma_n64<BF, 1, 1>(x, mnmajor(aK + (wg & 1) * (kTileB / 2) + kk * 2048),
-                          mnmajor(aVg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+      wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aK + (wg & 1) * (kTileB / 2) + kk * 2048),
+                          mnmajor(mLo, aVg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
     wg_commit();
     if (wg >= 2) {  // O += P Vn
 #pragma unroll
       for (int kk = 0; kk < kBT / 16; ++kk)
-        wgmma_n64<BF, 0, 1>(acc, desc_at(aP + kk * 32, 16, 1024), mnmajor(aU + nb * (kTileB / 2) + kk * 2048), 1);
+        wgmma_n64<BF, 0, 1>(acc, desc_make(kLo + ((aP + kk * 32) >> 4), kDescHi),
+                            mnmajor(mLo, aU + nb * (kTileB / 2) + kk * 2048), 1);
       wg_commit();
     }
     wg_wait<0>();

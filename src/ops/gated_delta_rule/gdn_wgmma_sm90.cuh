@@ -29,14 +29,19 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// A shared-memory matrix descriptor in the 128-byte swizzle mode. K-major operands: rows of 128
-// bytes, groups of 8 rows `sbo` bytes apart (a k16 step moves the start 32 bytes along the row);
-// MN-major: 8 reduction rows of 128 bytes (64 M or N elements) per group, groups `sbo` apart, the
-// next 64 M or N elements `lbo` bytes on.
-// `a` is the start's shared address (smem_addr).
-__device__ __forceinline__ uint64_t desc_at(uint32_t a, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+// A shared-memory matrix descriptor in the 128-byte swizzle mode, as its two 32-bit words. K-major
+// operands: rows of 128 bytes, groups of 8 rows `sbo` bytes apart (a k16 step moves the start 32
+// bytes along the row); MN-major: 8 reduction rows of 128 bytes (64 M or N elements) per group,
+// groups `sbo` apart, the next 64 M or N elements `lbo` bytes on. The low word holds the start
+// address (shared address a, 16-byte aligned, under 256 KiB) / 16 in its low 14 bits, so a
+// descriptor at a + off is desc_lo(a, lbo) + off / 16: one add per product in an unrolled loop
+// (built whole each time, a descriptor took ~10 uniform instructions).
+__device__ __forceinline__ uint32_t desc_lo(uint32_t a, uint32_t lbo) {
+  return ((a >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+constexpr uint32_t desc_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3FFF) | (1u << 30); }
+__device__ __forceinline__ uint64_t desc_make(uint32_t lo, uint32_t hi) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 // 4 bytes global -> shared by cp.async (zeros when !valid; src must still be a valid address).

@@ -18,10 +18,9 @@ inline uint32_t sw_off(int R, int r, int c) {
 inline uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - g_emu_smem.data());
 }
-inline uint64_t desc_at(uint32_t a, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
+inline uint32_t desc_lo(uint32_t a, uint32_t lbo) { return ((a >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16); }
+constexpr uint32_t desc_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3FFF) | (1u << 30); }
+inline uint64_t desc_make(uint32_t lo, uint32_t hi) { return (static_cast<uint64_t>(hi) << 32) | lo; }
 inline void cp_async4(void* dst, const void* src, bool valid) {
   if (valid) std::memcpy(dst, src, 4);
   else std::memset(dst, 0, 4);
