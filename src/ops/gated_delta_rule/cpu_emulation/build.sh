@@ -1,7 +1,8 @@
 #!/bin/bash
-# Runs the cuda_sm80 GDN kernels on the CPU (one std::thread per CUDA thread, std::barrier for
-# __syncthreads, NaN-poisoned dynamic shared memory) under the family's C++ tests, registered as
-# CPU backends named cuda_sm80 and cuda_sm90 (the wgmma kernel through emu_wgmma.h). A test aid for machines without a GPU; not part of the build.
+# Runs the cuda_sm80 and cuda_sm90 GDN kernels on the CPU (one std::thread per CUDA thread,
+# std::barrier for __syncthreads, NaN-poisoned dynamic shared memory, wgmma through emu_wgmma.h)
+# under the family's C++ tests, registered as CPU backends of those names. A test aid for machines
+# without a GPU; not part of the build.
 # Usage: build.sh BUILD_DIR (a CPU build with libfusedops.a, e.g. build/dev-NAME) [gtest filter]
 set -e
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)

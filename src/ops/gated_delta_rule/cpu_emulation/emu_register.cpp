@@ -1,4 +1,5 @@
-// Registers the emulated cuda_sm80 GDN kernels (and an l2norm alias forwarding to cpu) as CPU backends.
+// Registers the emulated cuda_sm80 / cuda_sm90 GDN kernels (and an l2norm alias forwarding to cpu) as CPU
+// backends.
 #include <climits>
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
