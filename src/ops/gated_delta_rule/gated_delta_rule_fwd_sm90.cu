@@ -23,6 +23,7 @@
 // differ from mma.sync's, so o is not bitwise cuda_sm80's.
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
@@ -109,7 +110,15 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   const int xr = 64 * (wg & 1) + 16 * wq + gq;  // the state rows of this thread: xr, xr + 8
   const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
   const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk products
+  // Every row this thread touches in a fragment (xr, xr + 8, r0, r1) is gq mod 8, so the swizzled
+  // byte offset of its pair at column c0 + 8 j + 2 tq (c0 a multiple of 64) is
+  // rowbase + ((j << 4) ^ gx): one XOR with a constant per pair (sw_off per pair was ~25% of the
+  // kernel's instructions).
+  const uint32_t gx = static_cast<uint32_t>(gq) << 4;
+  const uint32_t xsb0 = (wg >> 1) * (kXsB / 2) + xr * 128 + 4 * tq, xsb1 = xsb0 + 8 * 128;  // Xs rows xr, xr + 8
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  const int nb = wg & 1;  // the column block of Vn or O
+  const uint32_t tb0 = nb * (kTileB / 2) + r0 * 128 + 4 * tq, tb1 = tb0 + 8 * 128;  // token-tile rows r0, r1
   const int lr = tid >> 4, lc = (tid & 15) << 3;
   const uint32_t so0 = sw_off(kBT, lr, lc), so1 = sw_off(kBT, lr + 32, lc);
   TileSrc ks, ws, qs, us;
@@ -150,16 +159,21 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     // No barrier first: the previous chunk's readers of Xs (its first products) are behind its
     // second barrier. The gates came with the tiles (their buffer's last readers: two chunks ago).
     const float* gl = gls + cur * kBT;
-    uint16_t* snap = h.p ? static_cast<uint16_t*>(h.p) + idx * (kD * kD) : nullptr;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int row = xr + 8 * hr, col = xc + 8 * j;
-        const uint32_t pk = pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
-        *reinterpret_cast<uint32_t*>(Xs + sw_off(kD, row, col)) = pk;
-        if (snap) *reinterpret_cast<uint32_t*>(snap + row * kD + col) = pk;
-      }
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<uint32_t*>(Xs + ((hr ? xsb1 : xsb0) + ((j << 4) ^ gx))) =
+            pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+    if (h.p) {  // the h snapshot
+      uint16_t* snap = static_cast<uint16_t*>(h.p) + idx * (kD * kD);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          *reinterpret_cast<uint32_t*>(snap + (xr + 8 * hr) * kD + xc + 8 * j) =
+              pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+    }
     sm80::cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
@@ -178,7 +192,6 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) pa[i] = 0.0f;
-    const int nb = wg & 1;  // the column block of Vn or O
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
@@ -191,21 +204,29 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     if (ci + 1 < nch) issue(ci + 1);
     wg_wait<1>();  // acc done; Q K^T still running under its epilogue
     fence_regs(acc);
-    if (wg < 2) {  // Vn = U - W Xs into U's tile, Vg beside it
+    if (wg < 2) {  // Vn = U - W Xs into U's tile, Vg beside it (v_new too when kept)
+      const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
+      const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
+      auto vn_rows = [&](auto keep) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = hr ? r1 : r0, col = 64 * nb + 8 * j + 2 * tq;
-          const uint32_t off = sw_off(kBT, r, col);
-          const uint32_t uu = *reinterpret_cast<const uint32_t*>(Us + off);
-          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
-          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
-          if (vn.p && r < len) sm80::mma16::st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + col, v0, v1);
-          *reinterpret_cast<uint32_t*>(Us + off) = pack2<BF>(v0, v1);
-          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
-          *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
-        }
+          for (int hr = 0; hr < 2; ++hr) {
+            const uint32_t off = (hr ? tb1 : tb0) + ((j << 4) ^ gx);
+            const uint32_t uu = *reinterpret_cast<const uint32_t*>(Us + off);
+            const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
+            const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
+            if constexpr (decltype(keep)::value) {
+              const int r = hr ? r1 : r0;
+              if (r < len) sm80::mma16::st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + 64 * nb + 8 * j + 2 * tq, v0, v1);
+            }
+            *reinterpret_cast<uint32_t*>(Us + off) = pack2<BF>(v0, v1);
+            const float f = hr ? f1 : f0;
+            *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
+          }
+      };
+      if (vn.p) vn_rows(std::true_type{});
+      else vn_rows(std::false_type{});
     }
     wg_wait<0>();
     fence_regs(pa);
@@ -225,7 +246,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
         const int r = hr ? r1 : r0, col = 16 * wg + 8 * j + 2 * tq;
         const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
         const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
-        *reinterpret_cast<uint32_t*>(Ps + sw_off(kBT, r, col)) = pack2<BF>(p0, p1);
+        *reinterpret_cast<uint32_t*>(Ps + (r * 128 + 4 * tq + (((2 * wg + j) << 4) ^ gx))) = pack2<BF>(p0, p1);
       }
     if (g.p) {
       const float f = exp_fast(glast);
@@ -258,11 +279,9 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = hr ? r1 : r0, col = cb + 8 * j + 2 * tq;
-            *reinterpret_cast<uint32_t*>(Qs + sw_off(kBT, r, col)) =
+          for (int hr = 0; hr < 2; ++hr)
+            *reinterpret_cast<uint32_t*>(Qs + ((hr ? tb1 : tb0) + ((j << 4) ^ gx))) =
                 pack2<BF>(scale * acc[4 * j + 2 * hr], scale * acc[4 * j + 2 * hr + 1]);
-          }
         __syncwarp();
         uint16_t* base = static_cast<uint16_t*>(o.p);
 #pragma unroll
