@@ -1861,7 +1861,6 @@ bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
 
 }  // namespace
 
-void top_bwd_run(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) { top_bwd(ctx, a); }
 bool top_bwd_supported(const ChunkGatedDeltaRuleBwdArgs& a) { return sup_top(a); }
 
 }  // namespace fusedops::gdn::sm80

@@ -31,9 +31,14 @@
 #include "src/ops/gated_delta_rule/gdn_backends.h"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_wg_sm90.cuh"
 #include "src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh"
 
 namespace fusedops::gdn::sm90 {
+
+// The top-level backward (gated_delta_rule_bwd_sm90.cu).
+void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a);
+
 namespace {
 
 using sm80::Layout;
@@ -42,45 +47,9 @@ using sm80::SeqPos;
 using sm80::Tok;
 
 constexpr int kHoThreads = 512;
-constexpr int kD = 128;                              // K = V
-constexpr int kBT = 64;                              // chunk
-constexpr uint32_t kTileB = kBT * kD * 2;            // a swizzled [64][128] 16-bit token tile
 constexpr uint32_t kBufB = 4 * kTileB;               // K, W, Q, U
-constexpr uint32_t kXsB = kD * kD * 2;               // the 16-bit state [128][128]
 constexpr uint32_t kPB = kBT * kBT * 2;              // P [64][64]
 constexpr size_t kHoSmem = 1024 + 2 * kBufB + kXsB + kTileB + kPB + 2 * kBT * sizeof(float);
-
-// This thread's two 16-byte units of a [64][128] token tile (512 threads: rows tid / 16 and
-// tid / 16 + 32, columns 8 (tid % 16)..): the source row pointer at the sequence's first token,
-// advanced by whole chunks, so that a chunk's loads cost a few instructions each (at a full
-// address computation per unit, the loads were 30% of the kernel's instructions).
-// (The token stride stays in the kernel's parameters: a register copy of it pushed the kernel to
-// 128 registers and a spill.)
-struct TileSrc {
-  const uint16_t* p0;  // the sequence's first token, at this thread's columns (a valid address)
-  __device__ __forceinline__ void init(const Tok& t, int64_t b, int64_t t0, int64_t head, int lc) {
-    p0 = static_cast<const uint16_t*>(t.p) + t.off(b, t0, head) + lc;
-  }
-  // Chunk ci's units (rows lr, lr + 32; token stride st) into the tile `tile` (offsets so0 / so1);
-  // rows at or past len read as zeros (their source address stays p0, inside the tensor).
-  __device__ __forceinline__ void load(uint8_t* tile, uint32_t so0, uint32_t so1, int64_t ci, int lr, int len,
-                                       int64_t st) const {
-    const uint16_t* r0 = p0 + (ci * kBT + lr) * st;
-    sm80::cp_async16(tile + so0, lr < len ? r0 : p0, lr < len);
-    sm80::cp_async16(tile + so1, lr + 32 < len ? r0 + 32 * st : p0, lr + 32 < len);
-  }
-};
-
-// Descriptors from the low words kLo / mLo of the shared base (K-major / MN-major): a K-major
-// [64][128] tile at byte offset `tile` from the base, at k16 step kk (columns 16 kk..), and an
-// MN-major operand whose step starts at byte offset `start`.
-constexpr uint32_t kDescHi = desc_hi(1024);
-__device__ __forceinline__ uint64_t kmajor(uint32_t kLo, uint32_t tile, int kk) {
-  return desc_make(kLo + ((tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32) >> 4), kDescHi);
-}
-__device__ __forceinline__ uint64_t mnmajor(uint32_t mLo, uint32_t start) {
-  return desc_make(mLo + (start >> 4), kDescHi);
-}
 
 template <bool BF>
 __global__ void __launch_bounds__(kHoThreads, 1)
@@ -366,7 +335,6 @@ void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   compose_fwd(c, a, sm80::prepare_fused_fwd, state_out);
 }
 
-void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) { sm80::top_bwd_run(ctx, a); }
 bool sup_fwd(const ChunkGatedDeltaRuleFwdArgs& a) { return sm80::top_fwd_supported(a); }
 bool sup_bwd(const ChunkGatedDeltaRuleBwdArgs& a) { return sm80::top_bwd_supported(a); }
 
@@ -375,8 +343,8 @@ bool sup_bwd(const ChunkGatedDeltaRuleBwdArgs& a) { return sm80::top_bwd_support
 
 namespace fusedops {
 
-// The top level only, both directions (the backward is cuda_sm80's, registered here too so that
-// a caller forcing cuda_sm90 gets a whole operator).
+// The top level only, both directions (the backward's state recurrences on wgmma, its other steps
+// cuda_sm80's).
 void register_gated_delta_rule_cuda_sm90(Registry& r) {
   const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
                       {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};

@@ -307,7 +307,8 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedP
   chunk_fwd_o(ctx, oa);
 }
 
-void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
+void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateFwdHook state_fwd,
+                 StateDhuHook state_dhu) {
   const TopDims d = bwd_dims(a);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const BwdWork ws = carve_bwd(cv, d, a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel, a.use_qk_l2norm_in_kernel,
@@ -326,13 +327,15 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   const TensorView& vn = kept ? a.v_new : ws.v_new;
   if (!kept) {
     recompute_w_u_fwd(ctx, {k, a.v, beta, a.A, gc, ws.w, ws.u, cu, ci});
-    chunk_gated_delta_rule_fwd_h(ctx, {k, ws.w, ws.u, gc, TensorView(), a.initial_state, ws.h, ws.v_new,
-                                       TensorView(), cu, a.chunk_offsets, BT});
+    const ChunkGatedDeltaRuleFwdHArgs ha{k, ws.w, ws.u, gc, TensorView(), a.initial_state, ws.h, ws.v_new,
+                                         TensorView(), cu, a.chunk_offsets, BT};
+    if (!state_fwd || !state_fwd(ctx, ha)) chunk_gated_delta_rule_fwd_h(ctx, ha);
   }
   // B2, B3.
   chunk_bwd_dv_local(ctx, {q, k, a.dout, gc, ws.dvl, cu, ci, a.scale, BT});
-  chunk_gated_delta_rule_bwd_dhu(ctx, {q, k, w, a.dout, ws.dvl, gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,
-                                       a.chunk_offsets, a.scale, BT});
+  const ChunkGatedDeltaRuleBwdDhuArgs da{q, k, w, a.dout, ws.dvl, gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,
+                                         a.chunk_offsets, a.scale, BT};
+  if (!state_dhu || !state_dhu(ctx, da)) chunk_gated_delta_rule_bwd_dhu(ctx, da);
   // B4, B5 (dk and dg accumulate).
   const TensorView dq = a.use_qk_l2norm_in_kernel ? ws.dqn : a.dq;
   const TensorView dk = a.use_qk_l2norm_in_kernel ? ws.dkn : a.dk;

@@ -30,6 +30,12 @@ using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleF
 // F2-F4 / F5-F6.
 void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, FusedPrepareFwd fused_prepare = nullptr,
                  FusedStateOutFwd fused_state_out = nullptr);
-void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args);
+// A backend's kernels for the backward's state recurrences (B1: chunk_gated_delta_rule_fwd_h,
+// B3: chunk_gated_delta_rule_bwd_dhu), given the sub-operator's arguments: each writes what they
+// name and returns true, or returns false without writing anything when it does not take them.
+using StateFwdHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
+using StateDhuHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
+void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args, StateFwdHook state_fwd = nullptr,
+                 StateDhuHook state_dhu = nullptr);
 
 }  // namespace fusedops::gdn

@@ -459,12 +459,11 @@ bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& 
                          const TensorView& aqk, const TensorView& o, double scale);
 
 // What the cuda_sm90 top level (gated_delta_rule_fwd_sm90.cu) takes from this backend: the fused
-// prepare step, the fused state-and-output step (both as compose_fwd's hooks), the backward, and
-// the supports() predicates of both directions.
+// prepare step, the fused state-and-output step (both as compose_fwd's hooks) and the supports()
+// predicates of both directions.
 bool prepare_fused_fwd(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size);
 bool state_out_fused_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b);
 bool top_fwd_supported(const ChunkGatedDeltaRuleFwdArgs& a);
-void top_bwd_run(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a);
 bool top_bwd_supported(const ChunkGatedDeltaRuleBwdArgs& a);
 
 }  // namespace fusedops::gdn::sm80

@@ -1586,6 +1586,37 @@ TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperators) {
   EXPECT_GT(checked, 0);
 }
 
+// cuda_sm90's backward runs its two state recurrences (B1's fwd_h, B3's dhu) on wgmma, the rest
+// on cuda_sm80's kernels, so its gradients agree with cuda_sm80's within rounding: RMS-relative
+// difference under 2^-7 (bf16) / 2^-10 (fp16), where a misplaced tile or a missed term gives
+// O(1). Shapes: two value heads per q/k head, varlen, and 128 (sequence, value head) pairs (the
+// kernels' default choice on a GPU of up to 146 SMs; the others take them when
+// FUSEDOPS_GDN_WG_STATE=1 forces it). The float64-oracle tests hold both to the truth.
+TEST(ChunkGatedDeltaRule, Sm90BackwardEqualsSm80sWithinRounding) {
+  const BackendCase* sm80 = nullptr;
+  const BackendCase* sm90 = nullptr;
+  const auto backends = runnable_backends("chunk_gated_delta_rule", Direction::kBackward);
+  for (const auto& b : backends) {
+    if (b.id == "cuda_sm80") sm80 = &b;
+    if (b.id == "cuda_sm90") sm90 = &b;
+  }
+  if (!sm80 || !sm90) GTEST_SKIP() << "needs the cuda_sm80 and cuda_sm90 backends (an sm_90 GPU)";
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}},
+                           Shape{64, 70, 1, 2, 128, 128, {}}}) {
+      SCOPED_TRACE(dtype_name(dt) + (s.cu.empty() ? " fixed B=" + std::to_string(s.B) : " varlen"));
+      Opts o;
+      o.l2 = o.gate = true;
+      const Data d = make_data(s, o, 23, dt);
+      const Result a = run_chunk(*sm90, dt, s, o, d, 0.2), b = run_chunk(*sm80, dt, s, o, d, 0.2);
+      const double bound = dt == DType::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+      for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv},
+                          std::pair{&a.dg, &b.dg}, std::pair{&a.dbeta, &b.dbeta}, std::pair{&a.dh0, &b.dh0},
+                          std::pair{&a.dA, &b.dA}, std::pair{&a.dbias, &b.dbias}})
+        EXPECT_LT(rms_relative_error(x->to_double(), y->to_double()), bound);
+    }
+}
+
 TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {
   const Context ctx = Context::cpu();
   const Shape s{2, 8, 2, 4, 8, 8, {}};

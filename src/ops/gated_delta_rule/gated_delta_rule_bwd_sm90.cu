@@ -1,0 +1,332 @@
+// Gated delta rule, CUDA backend cuda_sm90 (sm_90a only): the top-level backward's two state
+// recurrences on Hopper's warpgroup products (wgmma, gdn_wgmma_sm90.cuh):
+//   B1, the forward recurrence recomputed for the backward (chunk_gated_delta_rule_fwd_h: the h
+//       snapshots and Vnew), and
+//   B3, the reverse recurrence of the state gradient (chunk_gated_delta_rule_bwd_dhu: the dh
+//       snapshots, dv2 and dh0).
+// Everything else of the backward is cuda_sm80's (compose_bwd with these two as its hooks; the
+// sub-operator entry points stay cuda_sm80).
+//
+// Why (bench/NOTES.md, GPU stops 28-29): cuda_sm80's kernels for these steps (fwd_h_mma_kernel
+// 308 µs, dhu_mma_kernel 428 µs at B=8 T=4096 H=16 K=V=128 bf16) read every B fragment once per
+// warp through ldmatrix; the forward's wgmma kernel (fwd_ho_wg_kernel) does the recurrence and
+// the output together in 237 µs.
+//
+// One kernel for both, state_wg_kernel<BF, DHU>: one CTA of four warpgroups per (sequence, value
+// head), K = V = 128, chunk 64, GDN's scalar gate g (fp32) or none. The fp32 state X [128][128]
+// (h, or dh) lives in the warpgroups' wgmma accumulators, warpgroup wg holding rows 64 (wg % 2)..,
+// columns 64 (wg / 2)... Per chunk (tiles loaded by cp.async one chunk ahead into the other of two
+// buffers; DHU walks the chunks in reverse):
+//   Xs = X in 16 bits;                                                         barrier
+//   the snapshot (h or dh) from Xs by 16-byte rows, under the first product;
+//   every warpgroup, its 32 columns 32 wg.. of the chunk's [64][128] product:
+//     forward: Vn = U - W Xs, Vg = diag(e^{g_last - g}) Vn (Vn in U's tile for the Vnew stores);
+//     DHU:     dv2 = dV + diag(e^{g_last - g}) K Xs (in dV's tile for its stores), S = -dv2;
+//              and dO's rows scaled in place by scale e^g;
+//   X = e^{g_last} X;                                                          barrier
+//   forward: X += K^T Vg;  DHU: X += Q^T (diag(scale e^g) dO) + W^T S; Vnew / dv2 by 16-byte rows.
+// Values are rounded where cuda_sm80's kernels round them (Xs, Vg / -dv2, the scaled dO in the
+// input type); only the summation order inside a tensor-core product may differ.
+#include <climits>
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/gated_delta_rule/gdn_backends.h"
+#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_wg_sm90.cuh"
+#include "src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh"
+
+namespace fusedops::gdn::sm90 {
+namespace {
+
+using sm80::Layout;
+using sm80::Mat;
+using sm80::SeqPos;
+using sm80::Tok;
+
+constexpr int kStThreads = 512;
+// Tiles per chunk buffer: forward K, W, U; DHU K, Q, W, dV, dO.
+template <bool DHU>
+constexpr int kTiles = DHU ? 5 : 3;
+template <bool DHU>
+constexpr size_t kStSmem = 1024 + 2 * kTiles<DHU> * static_cast<size_t>(kTileB) + kXsB + kTileB + 2 * kBT * sizeof(float);
+
+// Arguments: the four or five token tiles (t0..t4: forward k, w, u; DHU k, q, w, dv, dout), the
+// gate, the state in (h0 / dht) and out (ht / dh0), the 16-bit snapshots (h / dh) and the
+// chunk output (Vnew / dv2).
+template <bool BF, bool DHU>
+__global__ void __launch_bounds__(kStThreads, 1)
+    state_wg_kernel(Tok t0k, Tok t1, Tok t2, Tok t3, Tok t4, Tok g, Mat x_in, Mat snap, Tok vout, Mat x_out,
+                    Layout L, int HV, int G, float scale) {
+  using sm80::exp_fast;
+  using sm80::mma16::pack2;
+  constexpr int NTL = kTiles<DHU>;
+  constexpr uint32_t kBufB = NTL * kTileB;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t sa = smem_addr(sm);  // 1024-aligned
+  const uint32_t kLo = desc_lo(sa, 16), mLo = desc_lo(sa, 8192);
+  constexpr uint32_t aXs = 2 * kBufB, aS = aXs + kXsB;
+  uint8_t* buf = sm;              // [2] x the chunk's tiles
+  uint8_t* Xs = buf + 2 * kBufB;  // [128 (K)][128 (V)]
+  uint8_t* Ss = Xs + kXsB;        // Vg (forward) or -dv2 (DHU), [64][128]
+  float* gls = reinterpret_cast<float*>(Ss + kTileB);  // [2][64] gates
+  // Tile slots in a buffer.
+  constexpr int sK = 0, sQ = 1, sW = DHU ? 2 : 1, sV = DHU ? 3 : 2, sO = 4;  // sV: U or dV
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const SeqPos s = sm80::seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int xr = 64 * (wg & 1) + 16 * wq + gq;  // the state rows of this thread: xr, xr + 8
+  const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
+  const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk product
+  // Every row this thread touches in a fragment is gq mod 8: a pair's swizzled offset is a row
+  // base plus one XOR with a constant (as in fwd_ho_wg_kernel).
+  const uint32_t gx = static_cast<uint32_t>(gq) << 4;
+  const uint32_t xsb0 = (wg >> 1) * (kXsB / 2) + xr * 128 + 4 * tq, xsb1 = xsb0 + 8 * 128;
+  // The product's columns 32 wg..: block wg / 2 of the token tile, 16-byte chunks 4 (wg % 2) + j.
+  const uint32_t tb0 = (wg >> 1) * (kTileB / 2) + r0 * 128 + 4 * tq, tb1 = tb0 + 8 * 128;
+  const uint32_t cj = (wg & 1) * 64;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  const int lr = tid >> 4, lc = (tid & 15) << 3;
+  const uint32_t so0 = sw_off(kBT, lr, lc), so1 = sw_off(kBT, lr + 32, lc);
+  const uint32_t xo = sw_off(kD, lr, lc);  // Xs rows lr + 32 i at xo + 32 i * 128
+  TileSrc src[NTL];
+  src[sK].init(t0k, s.b, s.t0, hk, lc);
+  if constexpr (DHU) {
+    src[sQ].init(t1, s.b, s.t0, hk, lc);
+    src[sW].init(t2, s.b, s.t0, hv, lc);
+    src[sV].init(t3, s.b, s.t0, hv, lc);
+    src[sO].init(t4, s.b, s.t0, hv, lc);
+  } else {
+    src[sW].init(t1, s.b, s.t0, hv, lc);
+    src[sV].init(t2, s.b, s.t0, hv, lc);
+  }
+  const int64_t st[5] = {t0k.st, t1.st, t2.st, t3.st, t4.st};
+  const float* gsrc = g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + (tid & (kBT - 1)), hv) : nullptr;
+  auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto issue = [&](int64_t ci, int slot) {
+    uint8_t* b = buf + slot * kBufB;
+    const int len = chunk_len(ci);
+#pragma unroll
+    for (int i = 0; i < NTL; ++i) src[i].load(b + i * kTileB, so0, so1, ci, lr, len, st[i]);
+    if (tid < kBT) {
+      const bool ok = gsrc && tid < len;
+      cp_async4(gls + slot * kBT + tid, ok ? static_cast<const void*>(gsrc + ci * kBT * g.st) : src[sK].p0, ok);
+    }
+    sm80::cp_async_commit();
+  };
+  float x[32];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
+      x[4 * j + e] = x_in.p ? sm80::ldf(x_in.p, x_in.code, at) : 0.0f;
+    }
+  if (nch > 0) issue(DHU ? nch - 1 : 0, 0);
+  for (int64_t it = 0; it < nch; ++it) {
+    const int64_t ci = DHU ? nch - 1 - it : it;
+    const int cur = static_cast<int>(it & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    const float* gl = gls + cur * kBT;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<uint32_t*>(Xs + ((hr ? xsb1 : xsb0) + ((j << 4) ^ gx))) =
+            pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+    sm80::cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();  // this chunk's tiles and gates, Xs; every thread is past the previous chunk
+    uint8_t* Cb = buf + cur * kBufB;
+    uint8_t* Vt = Cb + sV * kTileB;  // U or dV; the chunk's Vn / dv2 in place
+    const uint32_t aC = cur * kBufB;
+    const float glast = gl[len - 1];
+    // Phase 1: acc = A Xs on the columns 32 wg.. (A = W forward, K for DHU).
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_n32<BF, 0, 1>(acc, kmajor(kLo, aC + (DHU ? sK : sW) * kTileB, kk),
+                          mnmajor(mLo, aXs + (wg >> 1) * (kXsB / 2) + cj + kk * 2048), kk > 0);
+    wg_commit();
+    if (it + 1 < nch) issue(DHU ? ci - 1 : ci + 1, cur ^ 1);
+    if (snap.p) {  // the h / dh snapshot, 16-byte rows from Xs
+      uint16_t* dst = static_cast<uint16_t*>(snap.p) + idx * (kD * kD) + lc;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint4*>(dst + (lr + 32 * i) * kD) = *reinterpret_cast<const uint4*>(Xs + xo + 32 * i * 128);
+    }
+    if constexpr (DHU) {  // dO rows times scale e^g, in place (read by the second products)
+      uint8_t* Ot = Cb + sO * kTileB;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = lr + 32 * hr;
+        const float e = g.p ? scale * exp_fast(gl[r]) : scale;
+        uint4 v = *reinterpret_cast<const uint4*>(Ot + (hr ? so1 : so0));
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          w[i] = pack2<BF>(e * sm80::h2f<BF>(static_cast<uint16_t>(w[i])), e * sm80::h2f<BF>(static_cast<uint16_t>(w[i] >> 16)));
+        *reinterpret_cast<uint4*>(Ot + (hr ? so1 : so0)) = v;
+      }
+    }
+    wg_wait<0>();
+    fence_regs(acc);
+    {
+      const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
+      const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
+          const uint32_t vv = *reinterpret_cast<const uint32_t*>(Vt + off);
+          const float a0 = acc[4 * j + 2 * hr], a1 = acc[4 * j + 2 * hr + 1];
+          const float f = hr ? f1 : f0;
+          if constexpr (DHU) {  // dv2 = dV + f K Xs; S = -dv2
+            const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) + f * a0;
+            const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) + f * a1;
+            *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+            *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(-v0, -v1);
+          } else {  // Vn = U - W Xs; Vg = f Vn
+            const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) - a0;
+            const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) - a1;
+            *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+            *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
+          }
+        }
+    }
+    if (g.p) {
+      const float f = exp_fast(glast);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) x[i] *= f;
+    }
+    fence_async_smem();
+    __syncthreads();  // S, the scaled dO, Vt
+    // Phase 2 on this warpgroup's quadrant: X += K^T Vg (forward) or Q^T dO' + W^T S (DHU).
+    wg_fence();
+    if constexpr (DHU) {
+#pragma unroll
+      for (int kk = 0; kk < kBT / 16; ++kk)
+        wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aC + sQ * kTileB + (wg & 1) * (kTileB / 2) + kk * 2048),
+                            mnmajor(mLo, aC + sO * kTileB + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBT / 16; ++kk)
+      wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aC + (DHU ? sW : sK) * kTileB + (wg & 1) * (kTileB / 2) + kk * 2048),
+                          mnmajor(mLo, aS + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+    wg_commit();
+    if (vout.p) {  // Vnew / dv2 by 16-byte rows from their tile
+      uint16_t* base = static_cast<uint16_t*>(vout.p) + lc;
+      if (lr < len)
+        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Vt + so0);
+      if (lr + 32 < len)
+        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Vt + so1);
+    }
+    wg_wait<0>();
+    fence_regs(x);
+  }
+  if (x_out.p) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
+        sm80::stf(x_out.p, x_out.code, at, x[4 * j + e]);
+      }
+  }
+}
+
+// What both kernels need: FUSEDOPS_GDN_WGMMA and FUSEDOPS_GDN_WG_STATE not "0", 16-bit inputs,
+// GDN's scalar gate in fp32 (4-byte cp.async) or none, chunk 64, K = V = 128, the shared memory;
+// one CTA per (sequence, value head) and per SM, so taken by default when those pairs fill at
+// least 7/8 of the SMs (FUSEDOPS_GDN_WG_STATE=1 forces it).
+bool common_ok(const Context& ctx, DType dt, const TensorView& gate, const TensorView& gk, int64_t BT, int64_t K,
+               int64_t V, int64_t states, size_t smem) {
+  using namespace sm80::mma16;
+  const int force = env_switch("FUSEDOPS_GDN_WG_STATE");
+  if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
+  if (gate.defined() && (gate.dtype() != DType::kFloat32 || reinterpret_cast<uintptr_t>(gate.data()) % 4 != 0))
+    return false;
+  if (gk.defined() || BT != kBT || K != kD || V != kD) return false;
+  if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < smem) return false;
+  return force == 1 || states * 8 >= sm80::sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+}
+
+bool ends_ok(const TensorView& a, const TensorView& b) {
+  return (!a.defined() || a.is_contiguous()) && (!b.defined() || b.is_contiguous());
+}
+
+template <bool DHU>
+void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV, int64_t Hk, const Layout& L,
+            Tok a, Tok b, Tok c, Tok d, Tok e, Tok g, Mat xin, Mat snap, Tok vout, Mat xout, float scale) {
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  if (N * HV == 0) return;
+  auto kernel = dt == DType::kBFloat16 ? state_wg_kernel<true, DHU> : state_wg_kernel<false, DHU>;
+  sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kStSmem<DHU>);
+  kernel<<<static_cast<unsigned>(N * HV), kStThreads, kStSmem<DHU>, sm80::stream_of(ctx)>>>(
+      a, b, c, d, e, g, xin, snap, vout, xout, L, static_cast<int>(HV), static_cast<int>(HV / Hk), scale);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// compose_bwd's hook for B1: the forward recurrence (h, Vnew; ht when asked).
+bool state_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  using namespace sm80::mma16;
+  const DType dt = a.k.dtype();
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  if (!common_ok(ctx, dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2), kStSmem<false>))
+    return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt)) return false;
+  if ((a.h.defined() && !state16_ok(a.h, dt)) || (a.v_new.defined() && !tok16_ok(a.v_new, dt))) return false;
+  if (!ends_ok(a.h0, a.ht)) return false;
+  const int64_t B = a.k.size(0), T = a.k.size(1);
+  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  launch<false>(ctx, "chunk_gated_delta_rule_fwd_h", dt, N, a.u.size(2), a.k.size(2), L, sm80::tok_of(a.k),
+                sm80::tok_of(a.w), sm80::tok_of(a.u), Tok(), Tok(), sm80::tok_of(a.g), sm80::mat_of(a.h0),
+                sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), 1.0f);
+  return true;
+}
+
+// compose_bwd's hook for B3: the state gradient's reverse recurrence (dh, dv2; dh0 when asked).
+bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
+  using namespace sm80::mma16;
+  const DType dt = a.k.dtype();
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  if (!common_ok(ctx, dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.dout.size(3), N * a.dout.size(2),
+                 kStSmem<true>))
+    return false;
+  for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
+    if (!tok16_ok(*t, dt)) return false;
+  if ((a.dh.defined() && !state16_ok(a.dh, dt)) || (a.dv2.defined() && !tok16_ok(a.dv2, dt))) return false;
+  if (!ends_ok(a.dht, a.dh0)) return false;
+  const int64_t B = a.k.size(0), T = a.k.size(1);
+  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  launch<true>(ctx, "chunk_gated_delta_rule_bwd_dhu", dt, N, a.dout.size(2), a.k.size(2), L, sm80::tok_of(a.k),
+               sm80::tok_of(a.q), sm80::tok_of(a.w), sm80::tok_of(a.dv), sm80::tok_of(a.dout), sm80::tok_of(a.g),
+               sm80::mat_of(a.dht), sm80::mat_of(a.dh), sm80::tok_of(a.dv2), sm80::mat_of(a.dh0),
+               static_cast<float>(a.scale));
+  return true;
+}
+
+}  // namespace
+
+// The top-level backward of cuda_sm90: cuda_sm80's sub-operators with the two recurrences above.
+void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
+  Context c = ctx;
+  c.backend = "cuda_sm80";  // the sub-operators
+  compose_bwd(c, a, state_fwd, state_dhu);
+}
+
+}  // namespace fusedops::gdn::sm90
