@@ -2,8 +2,8 @@
 // recurrences on Hopper's warpgroup products (wgmma, gdn_wgmma_sm90.cuh):
 //   B1, the forward recurrence recomputed for the backward (chunk_gated_delta_rule_fwd_h: the h
 //       snapshots and Vnew), and
-//   B3, the reverse recurrence of the state gradient (chunk_gated_delta_rule_bwd_dhu: the dh
-//       snapshots, dv2 and dh0).
+//   B2 + B3, the chunk-local dv (chunk_bwd_dv_local, never stored) and the reverse recurrence of
+//       the state gradient (chunk_gated_delta_rule_bwd_dhu: the dh snapshots, dv2 and dh0).
 // Everything else of the backward is cuda_sm80's (compose_bwd with these two as its hooks; the
 // sub-operator entry points stay cuda_sm80).
 //
@@ -21,12 +21,16 @@
 //   the snapshot (h or dh) from Xs by 16-byte rows, under the first product;
 //   every warpgroup, its 32 columns 32 wg.. of the chunk's [64][128] product:
 //     forward: Vn = U - W Xs, Vg = diag(e^{g_last - g}) Vn (Vn in U's tile for the Vnew stores);
-//     DHU:     dv2 = dV + diag(e^{g_last - g}) K Xs (in dV's tile for its stores), S = -dv2;
-//              and dO's rows scaled in place by scale e^g;
+//     DHU:     acc = diag(e^{g_last - g}) K Xs, and P^T = scale (M<= . Gamma^T . K Q^T) (16-wide
+//              column slices; in the input type, as chunk_bwd_dv_local rounds it);   barrier
+//              acc += P^T dO (= dv2, into a staging tile for its stores), S = -dv2; Q's rows
+//              scaled in place by scale e^g;
 //   X = e^{g_last} X;                                                          barrier
-//   forward: X += K^T Vg;  DHU: X += Q^T (diag(scale e^g) dO) + W^T S; Vnew / dv2 by 16-byte rows.
-// Values are rounded where cuda_sm80's kernels round them (Xs, Vg / -dv2, the scaled dO in the
-// input type); only the summation order inside a tensor-core product may differ.
+//   forward: X += K^T Vg;  DHU: X += (diag(scale e^g) Q)^T dO + W^T S; Vnew / dv2 by 16-byte rows.
+// Values are rounded where cuda_sm80's kernels round them (Xs, Vg / -dv2, P^T in the input type),
+// except that dv_local's output is never rounded (it stays in the accumulator) and the scale
+// e^g lands on Q's rows instead of dO's; the summation order inside a tensor-core product may
+// differ too.
 #include <climits>
 #include <cmath>
 
@@ -48,18 +52,21 @@ using sm80::SeqPos;
 using sm80::Tok;
 
 constexpr int kStThreads = 512;
-// Tiles per chunk buffer: forward K, W, U; DHU K, Q, W, dV, dO.
+// Tiles per chunk buffer: forward K, W, U; DHU K, Q, W, dO. DHU also has dv2's staging tile and
+// P^T [64][64].
 template <bool DHU>
-constexpr int kTiles = DHU ? 5 : 3;
+constexpr int kTiles = DHU ? 4 : 3;
+constexpr uint32_t kPB = kBT * kBT * 2;
 template <bool DHU>
-constexpr size_t kStSmem = 1024 + 2 * kTiles<DHU> * static_cast<size_t>(kTileB) + kXsB + kTileB + 2 * kBT * sizeof(float);
+constexpr size_t kStSmem = 1024 + 2 * kTiles<DHU> * static_cast<size_t>(kTileB) + kXsB + kTileB +
+                           (DHU ? kTileB + kPB : 0) + 2 * kBT * sizeof(float);
 
-// Arguments: the four or five token tiles (t0..t4: forward k, w, u; DHU k, q, w, dv, dout), the
+// Arguments: the three or four token tiles (t0..t3: forward k, w, u; DHU k, q, w, dout), the
 // gate, the state in (h0 / dht) and out (ht / dh0), the 16-bit snapshots (h / dh) and the
 // chunk output (Vnew / dv2).
 template <bool BF, bool DHU>
 __global__ void __launch_bounds__(kStThreads, 1)
-    state_wg_kernel(Tok t0k, Tok t1, Tok t2, Tok t3, Tok t4, Tok g, Mat x_in, Mat snap, Tok vout, Mat x_out,
+    state_wg_kernel(Tok t0k, Tok t1, Tok t2, Tok t3, Tok g, Mat x_in, Mat snap, Tok vout, Mat x_out,
                     Layout L, int HV, int G, float scale) {
   using sm80::exp_fast;
   using sm80::mma16::pack2;
@@ -69,13 +76,15 @@ __global__ void __launch_bounds__(kStThreads, 1)
   uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const uint32_t sa = smem_addr(sm);  // 1024-aligned
   const uint32_t kLo = desc_lo(sa, 16), mLo = desc_lo(sa, 8192);
-  constexpr uint32_t aXs = 2 * kBufB, aS = aXs + kXsB;
+  constexpr uint32_t aXs = 2 * kBufB, aS = aXs + kXsB, aP = aS + 2 * kTileB;
   uint8_t* buf = sm;              // [2] x the chunk's tiles
   uint8_t* Xs = buf + 2 * kBufB;  // [128 (K)][128 (V)]
   uint8_t* Ss = Xs + kXsB;        // Vg (forward) or -dv2 (DHU), [64][128]
-  float* gls = reinterpret_cast<float*>(Ss + kTileB);  // [2][64] gates
+  uint8_t* D2 = Ss + kTileB;      // DHU: dv2 [64][128] for its stores
+  uint8_t* Ps = D2 + kTileB;      // DHU: P^T [64][64]
+  float* gls = reinterpret_cast<float*>(DHU ? Ps + kPB : D2);  // [2][64] gates
   // Tile slots in a buffer.
-  constexpr int sK = 0, sQ = 1, sW = DHU ? 2 : 1, sV = DHU ? 3 : 2, sO = 4;  // sV: U or dV
+  constexpr int sK = 0, sQ = 1, sW = DHU ? 2 : 1, sU = 2, sO = 3;
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = sm80::seq_pos(L, n);
@@ -101,13 +110,12 @@ __global__ void __launch_bounds__(kStThreads, 1)
   if constexpr (DHU) {
     src[sQ].init(t1, s.b, s.t0, hk, lc);
     src[sW].init(t2, s.b, s.t0, hv, lc);
-    src[sV].init(t3, s.b, s.t0, hv, lc);
-    src[sO].init(t4, s.b, s.t0, hv, lc);
+    src[sO].init(t3, s.b, s.t0, hv, lc);
   } else {
     src[sW].init(t1, s.b, s.t0, hv, lc);
-    src[sV].init(t2, s.b, s.t0, hv, lc);
+    src[sU].init(t2, s.b, s.t0, hv, lc);
   }
-  const int64_t st[5] = {t0k.st, t1.st, t2.st, t3.st, t4.st};
+  const int64_t st[4] = {t0k.st, t1.st, t2.st, t3.st};
   const float* gsrc = g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + (tid & (kBT - 1)), hv) : nullptr;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
   auto issue = [&](int64_t ci, int slot) {
@@ -147,11 +155,12 @@ __global__ void __launch_bounds__(kStThreads, 1)
     fence_async_smem();
     __syncthreads();  // this chunk's tiles and gates, Xs; every thread is past the previous chunk
     uint8_t* Cb = buf + cur * kBufB;
-    uint8_t* Vt = Cb + sV * kTileB;  // U or dV; the chunk's Vn / dv2 in place
+    uint8_t* Vt = DHU ? D2 : Cb + sU * kTileB;  // Vn in U's tile (forward), dv2's staging tile (DHU)
     const uint32_t aC = cur * kBufB;
     const float glast = gl[len - 1];
-    // Phase 1: acc = A Xs on the columns 32 wg.. (A = W forward, K for DHU).
-    float acc[16];
+    // Phase 1: acc = A Xs on the columns 32 wg.. (A = W forward, K for DHU); DHU also
+    // pa = (K Q^T)'s columns 16 wg.. (P^T's rows are key tokens, its columns query tokens).
+    float acc[16], pa[8];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
     wg_fence();
@@ -159,6 +168,14 @@ __global__ void __launch_bounds__(kStThreads, 1)
     for (int kk = 0; kk < kD / 16; ++kk)
       wgmma_n32<BF, 0, 1>(acc, kmajor(kLo, aC + (DHU ? sK : sW) * kTileB, kk),
                           mnmajor(mLo, aXs + (wg >> 1) * (kXsB / 2) + cj + kk * 2048), kk > 0);
+    if constexpr (DHU) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pa[i] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_n16<BF, 0, 0>(pa, kmajor(kLo, aC + sK * kTileB, kk), kmajor(kLo, aC + sQ * kTileB + 16 * wg * 128, kk),
+                            kk > 0);
+    }
     wg_commit();
     if (it + 1 < nch) issue(DHU ? ci - 1 : ci + 1, cur ^ 1);
     if (snap.p) {  // the h / dh snapshot, 16-byte rows from Xs
@@ -167,44 +184,74 @@ __global__ void __launch_bounds__(kStThreads, 1)
       for (int i = 0; i < 4; ++i)
         *reinterpret_cast<uint4*>(dst + (lr + 32 * i) * kD) = *reinterpret_cast<const uint4*>(Xs + xo + 32 * i * 128);
     }
-    if constexpr (DHU) {  // dO rows times scale e^g, in place (read by the second products)
-      uint8_t* Ot = Cb + sO * kTileB;
+    wg_wait<0>();
+    fence_regs(acc);
+    const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
+    const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
+    if constexpr (DHU) {
+      // chunk_bwd_dv_local's P^T: P^T[j][i] = scale (q_i . k_j) e^{g_i - g_j} for j <= i < len, in
+      // the input type; then acc = f K Xs + P^T dO on this warpgroup's columns (= dv2).
+      fence_regs(pa);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[4 * j] *= f0, acc[4 * j + 1] *= f0;
+        acc[4 * j + 2] *= f1, acc[4 * j + 3] *= f1;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = 16 * wg + 8 * jj + 2 * tq;
+          const float gr = gl[r];
+          const float p0 = (col < len && col >= r) ? scale * pa[4 * jj + 2 * hr] * (g.p ? exp_fast(gl[col] - gr) : 1.0f) : 0.0f;
+          const float p1 =
+              (col + 1 < len && col + 1 >= r) ? scale * pa[4 * jj + 2 * hr + 1] * (g.p ? exp_fast(gl[col + 1] - gr) : 1.0f) : 0.0f;
+          *reinterpret_cast<uint32_t*>(Ps + (r * 128 + 4 * tq + (((2 * wg + jj) << 4) ^ gx))) = pack2<BF>(p0, p1);
+        }
+      fence_async_smem();
+      __syncthreads();  // P^T; every warpgroup's K Q^T is done (Q may be scaled now)
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBT / 16; ++kk)
+        wgmma_n32<BF, 0, 1>(acc, desc_make(kLo + ((aP + kk * 32) >> 4), kDescHi),
+                            mnmajor(mLo, aC + sO * kTileB + (wg >> 1) * (kTileB / 2) + cj + kk * 2048), 1);
+      wg_commit();
+      // Q's rows times scale e^g in place (X += (diag(scale e^g) Q)^T dO below).
+      uint8_t* Qt = Cb + sQ * kTileB;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = lr + 32 * hr;
         const float e = g.p ? scale * exp_fast(gl[r]) : scale;
-        uint4 v = *reinterpret_cast<const uint4*>(Ot + (hr ? so1 : so0));
+        uint4 v = *reinterpret_cast<const uint4*>(Qt + (hr ? so1 : so0));
         uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           w[i] = pack2<BF>(e * sm80::h2f<BF>(static_cast<uint16_t>(w[i])), e * sm80::h2f<BF>(static_cast<uint16_t>(w[i] >> 16)));
-        *reinterpret_cast<uint4*>(Ot + (hr ? so1 : so0)) = v;
+        *reinterpret_cast<uint4*>(Qt + (hr ? so1 : so0)) = v;
       }
-    }
-    wg_wait<0>();
-    fence_regs(acc);
-    {
-      const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
-      const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
+      wg_wait<0>();
+      fence_regs(acc);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
+        for (int hr = 0; hr < 2; ++hr) {  // dv2 = dvl + f K Xs; S = -dv2
+          const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
+          const float v0 = acc[4 * j + 2 * hr], v1 = acc[4 * j + 2 * hr + 1];
+          *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+          *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(-v0, -v1);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // Vn = U - W Xs; Vg = f Vn
           const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
           const uint32_t vv = *reinterpret_cast<const uint32_t*>(Vt + off);
-          const float a0 = acc[4 * j + 2 * hr], a1 = acc[4 * j + 2 * hr + 1];
           const float f = hr ? f1 : f0;
-          if constexpr (DHU) {  // dv2 = dV + f K Xs; S = -dv2
-            const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) + f * a0;
-            const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) + f * a1;
-            *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
-            *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(-v0, -v1);
-          } else {  // Vn = U - W Xs; Vg = f Vn
-            const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) - a0;
-            const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) - a1;
-            *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
-            *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
-          }
+          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) - acc[4 * j + 2 * hr];
+          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) - acc[4 * j + 2 * hr + 1];
+          *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+          *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
         }
     }
     if (g.p) {
@@ -213,8 +260,8 @@ __global__ void __launch_bounds__(kStThreads, 1)
       for (int i = 0; i < 32; ++i) x[i] *= f;
     }
     fence_async_smem();
-    __syncthreads();  // S, the scaled dO, Vt
-    // Phase 2 on this warpgroup's quadrant: X += K^T Vg (forward) or Q^T dO' + W^T S (DHU).
+    __syncthreads();  // S, the scaled Q, Vt
+    // Phase 2 on this warpgroup's quadrant: X += K^T Vg (forward) or Q'^T dO + W^T S (DHU).
     wg_fence();
     if constexpr (DHU) {
 #pragma unroll
@@ -271,13 +318,13 @@ bool ends_ok(const TensorView& a, const TensorView& b) {
 
 template <bool DHU>
 void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV, int64_t Hk, const Layout& L,
-            Tok a, Tok b, Tok c, Tok d, Tok e, Tok g, Mat xin, Mat snap, Tok vout, Mat xout, float scale) {
+            Tok a, Tok b, Tok c, Tok d, Tok g, Mat xin, Mat snap, Tok vout, Mat xout, float scale) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   if (N * HV == 0) return;
   auto kernel = dt == DType::kBFloat16 ? state_wg_kernel<true, DHU> : state_wg_kernel<false, DHU>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kStSmem<DHU>);
   kernel<<<static_cast<unsigned>(N * HV), kStThreads, kStSmem<DHU>, sm80::stream_of(ctx)>>>(
-      a, b, c, d, e, g, xin, snap, vout, xout, L, static_cast<int>(HV), static_cast<int>(HV / Hk), scale);
+      a, b, c, d, g, xin, snap, vout, xout, L, static_cast<int>(HV), static_cast<int>(HV / Hk), scale);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
@@ -294,12 +341,13 @@ bool state_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const int64_t B = a.k.size(0), T = a.k.size(1);
   const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
   launch<false>(ctx, "chunk_gated_delta_rule_fwd_h", dt, N, a.u.size(2), a.k.size(2), L, sm80::tok_of(a.k),
-                sm80::tok_of(a.w), sm80::tok_of(a.u), Tok(), Tok(), sm80::tok_of(a.g), sm80::mat_of(a.h0),
+                sm80::tok_of(a.w), sm80::tok_of(a.u), Tok(), sm80::tok_of(a.g), sm80::mat_of(a.h0),
                 sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), 1.0f);
   return true;
 }
 
-// compose_bwd's hook for B3: the state gradient's reverse recurrence (dh, dv2; dh0 when asked).
+// compose_bwd's hook for B2 + B3: chunk_bwd_dv_local's dvl and the state gradient's reverse
+// recurrence (dh, dv2; dh0 when asked); a.dv is undefined (dvl never reaches memory).
 bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
@@ -307,14 +355,15 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   if (!common_ok(ctx, dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.dout.size(3), N * a.dout.size(2),
                  kStSmem<true>))
     return false;
-  for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
+  if (a.dv.defined()) return false;
+  for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout})
     if (!tok16_ok(*t, dt)) return false;
   if ((a.dh.defined() && !state16_ok(a.dh, dt)) || (a.dv2.defined() && !tok16_ok(a.dv2, dt))) return false;
   if (!ends_ok(a.dht, a.dh0)) return false;
   const int64_t B = a.k.size(0), T = a.k.size(1);
   const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
   launch<true>(ctx, "chunk_gated_delta_rule_bwd_dhu", dt, N, a.dout.size(2), a.k.size(2), L, sm80::tok_of(a.k),
-               sm80::tok_of(a.q), sm80::tok_of(a.w), sm80::tok_of(a.dv), sm80::tok_of(a.dout), sm80::tok_of(a.g),
+               sm80::tok_of(a.q), sm80::tok_of(a.w), sm80::tok_of(a.dout), sm80::tok_of(a.g),
                sm80::mat_of(a.dht), sm80::mat_of(a.dh), sm80::tok_of(a.dv2), sm80::mat_of(a.dh0),
                static_cast<float>(a.scale));
   return true;

@@ -332,10 +332,13 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateF
     if (!state_fwd || !state_fwd(ctx, ha)) chunk_gated_delta_rule_fwd_h(ctx, ha);
   }
   // B2, B3.
-  chunk_bwd_dv_local(ctx, {q, k, a.dout, gc, ws.dvl, cu, ci, a.scale, BT});
-  const ChunkGatedDeltaRuleBwdDhuArgs da{q, k, w, a.dout, ws.dvl, gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,
-                                         a.chunk_offsets, a.scale, BT};
-  if (!state_dhu || !state_dhu(ctx, da)) chunk_gated_delta_rule_bwd_dhu(ctx, da);
+  ChunkGatedDeltaRuleBwdDhuArgs da{q, k, w, a.dout, TensorView(), gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,
+                                   a.chunk_offsets, a.scale, BT};
+  if (!state_dhu || !state_dhu(ctx, da)) {  // the hook computes dvl itself when it takes the step
+    chunk_bwd_dv_local(ctx, {q, k, a.dout, gc, ws.dvl, cu, ci, a.scale, BT});
+    da.dv = ws.dvl;
+    chunk_gated_delta_rule_bwd_dhu(ctx, da);
+  }
   // B4, B5 (dk and dg accumulate).
   const TensorView dq = a.use_qk_l2norm_in_kernel ? ws.dqn : a.dq;
   const TensorView dk = a.use_qk_l2norm_in_kernel ? ws.dkn : a.dk;
