@@ -89,15 +89,9 @@ __global__ void __launch_bounds__(kStThreads, 1)
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = sm80::seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int xr = 64 * (wg & 1) + 16 * wq + gq;  // the state rows of this thread: xr, xr + 8
-  const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
-  const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk product
-  // Every row this thread touches in a fragment is gq mod 8: a pair's swizzled offset is a row
-  // base plus one XOR with a constant (as in fwd_ho_wg_kernel).
-  const uint32_t gx = static_cast<uint32_t>(gq) << 4;
-  const uint32_t xsb0 = (wg >> 1) * (kXsB / 2) + xr * 128 + 4 * tq, xsb1 = xsb0 + 8 * 128;
+  const WgThread th = wg_thread();  // this thread's state and token rows (gdn_wg_sm90.cuh)
+  const int tid = th.tid, wg = th.wg, tq = th.tq, r0 = th.r0, r1 = th.r1;
+  const uint32_t gx = th.gx;
   // The product's columns 32 wg..: block wg / 2 of the token tile, 16-byte chunks 4 (wg % 2) + j.
   const uint32_t tb0 = (wg >> 1) * (kTileB / 2) + r0 * 128 + 4 * tq, tb1 = tb0 + 8 * 128;
   const uint32_t cj = (wg & 1) * 64;
@@ -130,13 +124,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
     sm80::cp_async_commit();
   };
   float x[32];
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
-      x[4 * j + e] = x_in.p ? sm80::ldf(x_in.p, x_in.code, at) : 0.0f;
-    }
+  load_state(x, x_in, sidx, th);
   if (nch > 0) issue(DHU ? nch - 1 : 0, 0);
   for (int64_t it = 0; it < nch; ++it) {
     const int64_t ci = DHU ? nch - 1 - it : it;
@@ -145,12 +133,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
     const int len = chunk_len(ci);
     const int64_t idx = (s.coff + ci) * HV + hv;
     const float* gl = gls + cur * kBT;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-        *reinterpret_cast<uint32_t*>(Xs + ((hr ? xsb1 : xsb0) + ((j << 4) ^ gx))) =
-            pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+    state_to_xs<BF>(Xs, x, th);
     sm80::cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();  // this chunk's tiles and gates, Xs; every thread is past the previous chunk
@@ -284,15 +267,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
     wg_wait<0>();
     fence_regs(x);
   }
-  if (x_out.p) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
-        sm80::stf(x_out.p, x_out.code, at, x[4 * j + e]);
-      }
-  }
+  if (x_out.p) store_state(x, x_out, sidx, th);
 }
 
 // What both kernels need: FUSEDOPS_GDN_WGMMA and FUSEDOPS_GDN_WG_STATE not "0", 16-bit inputs,

@@ -72,19 +72,9 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = sm80::seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
-  // The warpgroup index through a shuffle, so that the compiler sees it uniform across each warp
-  // (wgmma in a branch it cannot prove warp-uniform is serialized).
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int xr = 64 * (wg & 1) + 16 * wq + gq;  // the state rows of this thread: xr, xr + 8
-  const int xc = 64 * (wg >> 1) + 2 * tq;       // and columns xc + 8 j (+ 1)
-  const int r0 = 16 * wq + gq, r1 = r0 + 8;     // token rows of the chunk products
-  // Every row this thread touches in a fragment (xr, xr + 8, r0, r1) is gq mod 8, so the swizzled
-  // byte offset of its pair at column c0 + 8 j + 2 tq (c0 a multiple of 64) is
-  // rowbase + ((j << 4) ^ gx): one XOR with a constant per pair (sw_off per pair was ~25% of the
-  // kernel's instructions).
-  const uint32_t gx = static_cast<uint32_t>(gq) << 4;
-  const uint32_t xsb0 = (wg >> 1) * (kXsB / 2) + xr * 128 + 4 * tq, xsb1 = xsb0 + 8 * 128;  // Xs rows xr, xr + 8
+  const WgThread th = wg_thread();  // this thread's state and token rows (gdn_wg_sm90.cuh)
+  const int tid = th.tid, wg = th.wg, wq = th.wq, lane = th.lane, tq = th.tq, r0 = th.r0, r1 = th.r1;
+  const uint32_t gx = th.gx;
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   const int nb = wg & 1;  // the column block of Vn or O
   const uint32_t tb0 = nb * (kTileB / 2) + r0 * 128 + 4 * tq, tb1 = tb0 + 8 * 128;  // token-tile rows r0, r1
@@ -112,13 +102,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     sm80::cp_async_commit();
   };
   float x[32];
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
-      x[4 * j + e] = h0.p ? sm80::ldf(h0.p, h0.code, at) : 0.0f;
-    }
+  load_state(x, h0, sidx, th);
   if (nch > 0) issue(0);
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int cur = static_cast<int>(ci & 1);
@@ -128,19 +112,14 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     // No barrier first: the previous chunk's readers of Xs (its first products) are behind its
     // second barrier. The gates came with the tiles (their buffer's last readers: two chunks ago).
     const float* gl = gls + cur * kBT;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-        *reinterpret_cast<uint32_t*>(Xs + ((hr ? xsb1 : xsb0) + ((j << 4) ^ gx))) =
-            pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+    state_to_xs<BF>(Xs, x, th);
     if (h.p) {  // the h snapshot
       uint16_t* snap = static_cast<uint16_t*>(h.p) + idx * (kD * kD);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
-          *reinterpret_cast<uint32_t*>(snap + (xr + 8 * hr) * kD + xc + 8 * j) =
+          *reinterpret_cast<uint32_t*>(snap + (th.xr + 8 * hr) * kD + th.xc + 8 * j) =
               pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
     }
     sm80::cp_async_wait<0>();
@@ -273,15 +252,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
       }
     }
   }
-  if (ht.p) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(xr + 8 * (e >> 1)) * kD + xc + 8 * j + (e & 1);
-        sm80::stf(ht.p, ht.code, at, x[4 * j + e]);
-      }
-  }
+  if (ht.p) store_state(x, ht, sidx, th);
 }
 
 // Whether the kernel takes these arguments: GDN's scalar gate (or none), K = V = 128, chunk 64,

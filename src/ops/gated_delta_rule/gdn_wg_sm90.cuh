@@ -50,4 +50,65 @@ __device__ __forceinline__ uint64_t mnmajor(uint32_t mLo, uint32_t start) {
   return desc_make(mLo + (start >> 4), kDescHi);
 }
 
+// A thread of a 512-thread CTA of four warpgroups holding the fp32 state X [128][128] in m64n64
+// accumulators (warpgroup wg: rows 64 (wg % 2).., columns 64 (wg / 2)..): rows xr, xr + 8 and
+// columns xc + 8 j (+ 1) of X, token rows r0, r1 of a chunk product. Every row it touches in a
+// fragment is gq mod 8, so the swizzled byte offset of its pair at column c0 + 8 j + 2 tq (c0 a
+// multiple of 64) is a row base plus ((j << 4) ^ gx): one XOR with a constant per pair (sw_off per
+// pair was ~25% of the kernels' instructions). xs0 / xs1: Xs's row bases for rows xr, xr + 8.
+struct WgThread {
+  int tid, wg, wq, lane, gq, tq, xr, xc, r0, r1;
+  uint32_t gx, xs0, xs1;
+};
+__device__ __forceinline__ WgThread wg_thread() {
+  WgThread t;
+  t.tid = threadIdx.x;
+  // The warpgroup index through a shuffle, so that the compiler sees it uniform across each warp
+  // (wgmma in a branch it cannot prove warp-uniform is serialized).
+  t.wg = __shfl_sync(0xffffffffu, t.tid >> 7, 0);
+  t.wq = (t.tid >> 5) & 3;
+  t.lane = t.tid & 31;
+  t.gq = t.lane >> 2;
+  t.tq = t.lane & 3;
+  t.xr = 64 * (t.wg & 1) + 16 * t.wq + t.gq;
+  t.xc = 64 * (t.wg >> 1) + 2 * t.tq;
+  t.r0 = 16 * t.wq + t.gq;
+  t.r1 = t.r0 + 8;
+  t.gx = static_cast<uint32_t>(t.gq) << 4;
+  t.xs0 = (t.wg >> 1) * (kXsB / 2) + t.xr * 128 + 4 * t.tq;
+  t.xs1 = t.xs0 + 8 * 128;
+  return t;
+}
+
+// This thread's part of state sidx ([.., 128, 128] fp32 or 16-bit, m.p null: zeros) into x, and back.
+__device__ __forceinline__ void load_state(float (&x)[32], const sm80::Mat& m, int64_t sidx, const WgThread& t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(t.xr + 8 * (e >> 1)) * kD + t.xc + 8 * j + (e & 1);
+      x[4 * j + e] = m.p ? sm80::ldf(m.p, m.code, at) : 0.0f;
+    }
+}
+__device__ __forceinline__ void store_state(const float (&x)[32], const sm80::Mat& m, int64_t sidx,
+                                            const WgThread& t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t at = sidx * (kD * kD) + static_cast<int64_t>(t.xr + 8 * (e >> 1)) * kD + t.xc + 8 * j + (e & 1);
+      sm80::stf(m.p, m.code, at, x[4 * j + e]);
+    }
+}
+// x in 16 bits into the swizzled Xs [128][128].
+template <bool BF>
+__device__ __forceinline__ void state_to_xs(uint8_t* Xs, const float (&x)[32], const WgThread& t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+      *reinterpret_cast<uint32_t*>(Xs + ((hr ? t.xs1 : t.xs0) + ((j << 4) ^ t.gx))) =
+          sm80::mma16::pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
+}
+
 }  // namespace fusedops::gdn::sm90
