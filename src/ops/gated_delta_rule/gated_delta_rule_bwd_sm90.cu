@@ -270,27 +270,6 @@ __global__ void __launch_bounds__(kStThreads, 1)
   if (x_out.p) store_state(x, x_out, sidx, th);
 }
 
-// What both kernels need: FUSEDOPS_GDN_WGMMA and FUSEDOPS_GDN_WG_STATE not "0", 16-bit inputs,
-// GDN's scalar gate in fp32 (4-byte cp.async) or none, chunk 64, K = V = 128, the shared memory;
-// one CTA per (sequence, value head) and per SM, so taken by default when those pairs fill at
-// least 7/8 of the SMs (FUSEDOPS_GDN_WG_STATE=1 forces it).
-bool common_ok(const Context& ctx, DType dt, const TensorView& gate, const TensorView& gk, int64_t BT, int64_t K,
-               int64_t V, int64_t states, size_t smem) {
-  using namespace sm80::mma16;
-  const int force = env_switch("FUSEDOPS_GDN_WG_STATE");
-  if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
-  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
-  if (gate.defined() && (gate.dtype() != DType::kFloat32 || reinterpret_cast<uintptr_t>(gate.data()) % 4 != 0))
-    return false;
-  if (gk.defined() || BT != kBT || K != kD || V != kD) return false;
-  if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < smem) return false;
-  return force == 1 || states * 8 >= sm80::sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
-}
-
-bool ends_ok(const TensorView& a, const TensorView& b) {
-  return (!a.defined() || a.is_contiguous()) && (!b.defined() || b.is_contiguous());
-}
-
 template <bool DHU>
 void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV, int64_t Hk, const Layout& L,
             Tok a, Tok b, Tok c, Tok d, Tok g, Mat xin, Mat snap, Tok vout, Mat xout, float scale) {
@@ -308,7 +287,8 @@ bool state_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  if (!common_ok(ctx, dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2), kStSmem<false>))
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3),
+                   N * a.u.size(2), kStSmem<false>))
     return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt)) return false;
   if ((a.h.defined() && !state16_ok(a.h, dt)) || (a.v_new.defined() && !tok16_ok(a.v_new, dt))) return false;
@@ -327,8 +307,8 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  if (!common_ok(ctx, dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.dout.size(3), N * a.dout.size(2),
-                 kStSmem<true>))
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.dout.size(3),
+                   N * a.dout.size(2), kStSmem<true>))
     return false;
   if (a.dv.defined()) return false;
   for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout})

@@ -261,23 +261,17 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 // choice). FUSEDOPS_GDN_WGMMA=0 leaves the step to cuda_sm80.
 bool state_out_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
   using namespace sm80::mma16;
-  const int force = env_switch("FUSEDOPS_GDN_FUSED_HO");
-  if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
   const DType dt = a.k.dtype();
-  if (a.g.defined() && (a.g.dtype() != DType::kFloat32 || reinterpret_cast<uintptr_t>(a.g.data()) % 4 != 0))
-    return false;  // the gates load by 4-byte cp.async
-  if (a.gk.defined() || a.chunk_size != kBT || b.chunk_size != kBT || a.k.size(3) != kD || a.u.size(3) != kD)
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  if (b.chunk_size != kBT ||
+      !wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3),
+                   N * a.u.size(2), kHoSmem))
     return false;
-  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
-  if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < kHoSmem) return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(b.q, dt) || !out2_ok(b.o))
     return false;
   if (a.h.defined() && !state16_ok(a.h, dt)) return false;
   if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
-  for (const TensorView* t : {&a.h0, &a.ht})
-    if (t->defined() && !t->is_contiguous()) return false;
-  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  return force == 1 || N * a.u.size(2) * 8 >= sm80::sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+  return ends_ok(a.h0, a.ht);
 }
 
 // compose_fwd's fused state-and-output hook: this kernel where it applies, else cuda_sm80's.
