@@ -153,7 +153,10 @@ constexpr int kLdG = kHalf + 4;    // fp32 [64][68] gate half
 constexpr int kLdF = kMaxBT + 1;   // fp32 [64][65] score tiles
 constexpr int kKnRows = 96;        // K scaled to the references r = 16, 32, 48: 16 + 32 + 48 rows
 constexpr int kTri = 136;          // entries j <= i of a 16x16 diagonal block
-constexpr size_t kBytes16 = 2 * static_cast<size_t>(2 * kMaxBT + 2 * kMaxBT + kKnRows) * kLdH;
+// The diagonal blocks on mma (bf16 only) while every channel's gate spans at most this many log2
+// units over a block's valid rows: both scaled operands then stay within 2^+-64 of q, k.
+constexpr float kDiagSpan = 64.0f;
+constexpr size_t kBytes16 = 2 * static_cast<size_t>(2 * kMaxBT + 2 * kMaxBT + kKnRows + kMaxBT) * kLdH;
 constexpr size_t kSmem = kBytes16 + 4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
 // solve_blocked's X [64][kLdF] and [64][17] stage reuse the 16-bit tiles.
 static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "solve's buffers fit");
@@ -178,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   uint16_t* Ks = Qs + kMaxBT * kLdH;
   uint16_t* QKr = Ks + kMaxBT * kLdH;       // [128][kLdH]: Q, then K, rows scaled by e^{g - g_r}
   uint16_t* Kn = QKr + 2 * kMaxBT * kLdH;  // [96][kLdH]: for I = 1..3, K rows j < 16 I scaled by e^{g_16I - g}
-  float* Gs = reinterpret_cast<float*>(Kn + intra16::kKnRows * kLdH);  // [64][kLdG]
+  uint16_t* Kd = Kn + intra16::kKnRows * kLdH;  // [64][kLdH]: K rows j scaled by e^{g_r - g_j}, r = j & ~15
+  float* Gs = reinterpret_cast<float*>(Kd + kMaxBT * kLdH);  // [64][kLdG]
   float* Aq = Gs + kMaxBT * kLdG;  // [64][kLdF]
   float* Ak = Aq + kMaxBT * kLdF;  // [64][kLdF], then L
   float* bs = Ak + kMaxBT * kLdF;
@@ -186,10 +190,12 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
   const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
   if (len == 0) return;
   const int warp = tid >> 5, lane = tid & 31;
-  // Warp w's off-diagonal tiles t = w and w + 8 (< 12): pair t / 2 of (1,0) (2,0) (2,1) (3,0)
-  // (3,1) (3,2), of Q (t even) or K (t odd).
-  float acc[2][2][4];
-  for (int u = 0; u < 2; ++u) zero(acc[u]);
+  // Warp w's tiles t = w, w + 8, w + 16 (< 20), of Q (t even) or K (t odd): t < 12 the
+  // off-diagonal pair t / 2 of (1,0) (2,0) (2,1) (3,0) (3,1) (3,2); t >= 12 the diagonal block
+  // (t - 12) / 2 on mma, in the halves that take it.
+  float acc[3][2][4];
+  for (int u = 0; u < 3; ++u) zero(acc[u]);
+  bool ew_any = false, mma_any = false;  // some half summed the diagonal blocks element-wise / on mma
   for (int half = 0; half < 2; ++half) {
     const int y0 = kHalf * half;
     if (half == 1) __syncthreads();  // half 0's readers are done
@@ -204,6 +210,21 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
       gates_log2<kLdG>(Gs, tid);
     }
     __syncthreads();
+    // The diagonal blocks of this half on mma (bf16) unless some channel's gate spans more than
+    // kDiagSpan over a block's valid rows: thread (block tid / 64, channel tid % 64).
+    bool ew = true;
+    if constexpr (BF) {
+      static_assert(kThreads == 4 * kHalf, "one thread per (diagonal block, channel)");
+      const int r0 = 16 * (tid >> 6), y = tid & 63, n = min(16, len - r0);
+      float lo = 0.0f, hi = 0.0f;
+      if (n > 0) lo = hi = Gs[r0 * kLdG + y];
+      for (int i = 1; i < n; ++i) {
+        const float x = Gs[(r0 + i) * kLdG + y];
+        lo = fminf(lo, x);
+        hi = fmaxf(hi, x);
+      }
+      ew = __syncthreads_or(hi - lo > intra16::kDiagSpan) != 0;
+    }
     // The scaled operands, eight channels per step (rows >= len stay zero: Q and K are zero there).
     for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {
       const int i = e >> 3, y = (e & 7) << 3, r = i & ~15;
@@ -211,6 +232,10 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
       exp2_diff8(d, Gs + i * kLdG + y, Gs + r * kLdG + y, 1.0f);
       mul8_store<BF>(QKr + i * kLdH + y, Qs + i * kLdH + y, d);
       mul8_store<BF>(QKr + (kMaxBT + i) * kLdH + y, Ks + i * kLdH + y, d);
+      if (!ew) {  // the diagonal blocks' right factor: K rows times e^{g_r - g}
+        exp2_diff8(d, Gs + r * kLdG + y, Gs + i * kLdG + y, 1.0f);
+        mul8_store<BF>(Kd + i * kLdH + y, Ks + i * kLdH + y, d);
+      }
     }
     for (int e = tid; e < intra16::kKnRows * (kHalf / 8); e += kThreads) {
       const int row = e >> 3, y = (e & 7) << 3;
@@ -223,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
     // p = 136 blk + i (i + 1) / 2 + j (i, j within the block). The first 512 go one per thread and
     // pass over the half's 64 channels; the last 32 take eight lanes each, eight channels per lane,
     // summed by a fixed shuffle tree, so every warp does the same 2 1/8 passes. The second half
-    // adds to the first's sums; entries j > i are never written, nor read unmasked.
+    // adds to the first's sums; entries j > i are never written, nor read unmasked. A half on mma
+    // (!ew) skips this; its sums join at the end.
     auto diag = [&](int p, int ya, int yb, float& sq, float& sk) {
       const int blk = p / kTri, u = p - kTri * blk;
       int il = 0;
@@ -249,47 +275,60 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
       return i * kLdF + j;
     };
     static_assert(4 * kTri == 2 * kThreads + kThreads / 8, "the diagonal entries fill 2 1/8 passes");
-    for (int p = tid; p < 2 * kThreads; p += kThreads) {
-      float sq, sk;
-      const int o = diag(p, 0, kHalf, sq, sk);
-      Aq[o] = half ? Aq[o] + sq : sq;
-      Ak[o] = half ? Ak[o] + sk : sk;
-    }
-    {
-      const int ya = (tid & 7) * (kHalf / 8);
-      float sq, sk;
-      const int o = diag(2 * kThreads + (tid >> 3), ya, ya + kHalf / 8, sq, sk);
+    if (ew) {
+      for (int p = tid; p < 2 * kThreads; p += kThreads) {
+        float sq, sk;
+        const int o = diag(p, 0, kHalf, sq, sk);
+        Aq[o] = ew_any ? Aq[o] + sq : sq;
+        Ak[o] = ew_any ? Ak[o] + sk : sk;
+      }
+      {
+        const int ya = (tid & 7) * (kHalf / 8);
+        float sq, sk;
+        const int o = diag(2 * kThreads + (tid >> 3), ya, ya + kHalf / 8, sq, sk);
 #pragma unroll
-      for (int m = 1; m < 8; m <<= 1) {
-        sq += shfl_xor(sq, m);
-        sk += shfl_xor(sk, m);
-      }
-      if ((tid & 7) == 0) {
-        Aq[o] = half ? Aq[o] + sq : sq;
-        Ak[o] = half ? Ak[o] + sk : sk;
+        for (int m = 1; m < 8; m <<= 1) {
+          sq += shfl_xor(sq, m);
+          sk += shfl_xor(sk, m);
+        }
+        if ((tid & 7) == 0) {
+          Aq[o] = ew_any ? Aq[o] + sq : sq;
+          Ak[o] = ew_any ? Ak[o] + sk : sk;
+        }
       }
     }
+    ew_any |= ew;
+    mma_any |= !ew;
     __syncthreads();  // QKr, Kn
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < 3; ++u) {
       const int t = warp + 8 * u;
-      if (t >= 12) break;
-      const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
-      const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdH;
-      mm_xyt<BF, 2>(acc[u], QKr, kLdH, KnI, kLdH, (t & 1) * kMaxBT + 16 * I, 16 * J, kHalf, lane);
+      if (t >= 20) break;
+      if (t < 12) {
+        const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
+        const uint16_t* KnI = Kn + (I == 1 ? 0 : I == 2 ? 16 : 48) * kLdH;
+        mm_xyt<BF, 2>(acc[u], QKr, kLdH, KnI, kLdH, (t & 1) * kMaxBT + 16 * I, 16 * J, kHalf, lane);
+      } else if (!ew) {
+        const int I = (t - 12) >> 1;
+        mm_xyt<BF, 2>(acc[u], QKr, kLdH, Kd, kLdH, (t & 1) * kMaxBT + 16 * I, 16 * I, kHalf, lane);
+      }
     }
   }
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
+  for (int u = 0; u < 3; ++u) {
     const int t = warp + 8 * u;
-    if (t >= 12) break;
-    const int p = t >> 1, I = p == 0 ? 1 : p < 3 ? 2 : 3, J = p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
+    if (t >= 20 || (t >= 12 && !mma_any)) break;
+    const int p = t >> 1, I = t >= 12 ? (t - 12) >> 1 : p == 0 ? 1 : p < 3 ? 2 : 3;
+    const int J = t >= 12 ? I : p == 0 ? 0 : p < 3 ? p - 1 : p - 3;
+    const bool add = t >= 12 && ew_any;  // a diagonal block also summed element-wise in a half
     float* out = (t & 1) ? Ak : Aq;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        out[(16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1)] = acc[u][jj][e];
+      for (int e = 0; e < 4; ++e) {
+        float* o = out + (16 * I + (lane >> 2) + 8 * (e >> 1)) * kLdF + 16 * J + 8 * jj + 2 * (lane & 3) + (e & 1);
+        *o = add ? *o + acc[u][jj][e] : acc[u][jj][e];
+      }
   }
   __syncthreads();  // Aq, Ak
   // Aqk out, two columns per store; L = diag(beta) Ak, strictly lower, in place (zero elsewhere).

@@ -700,6 +700,50 @@ TEST(KdaSubops, FwdIntraAndRecomputeWU) {
   });
 }
 
+// Gates that decay fast inside a 16-row block: channels below K / 2 lose ~2.5 nats a step (a
+// block spans ~54 log2 units, the bf16 CUDA kernel's diagonal blocks stay on mma with factors up
+// to 2^54), and in the second 16-row block of every chunk one upper channel loses 6 nats a step (a
+// span past 64: that half of that chunk goes element-wise). Aqk and Akk against the oracle, every
+// backend and dtype, varlen with partial chunks.
+TEST(KdaSubops, FwdIntraWithFastDecayingGates) {
+  int checked = 0;
+  for (const auto& b : runnable_backends("chunk_kda_fwd_intra", Direction::kForward))
+    for (DType dt : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+      if (!backend_takes("chunk_kda_fwd_intra", Direction::kForward, b.id, dt)) continue;
+      SCOPED_TRACE(b.id + "/" + dtype_name(dt));
+      const Layout L{1, 230, 1, 2, 128, 128, 64, {0, 71, 230}};
+      Inputs in = make_inputs(L, 23, dt);
+      for (int64_t t = 0; t < L.T; ++t)
+        for (int64_t h = 0; h < L.HV; ++h)
+          for (int64_t c = 0; c < L.K; ++c) {
+            double& g = in.graw[(t * L.HV + h) * L.K + c];
+            const int64_t row = (t < 71 ? t : t - 71) % 64;
+            if (c < L.K / 2) g = -2.5 + 0.1 * std::sin(0.37 * static_cast<double>(t + c));
+            if (c == L.K - 3 && row >= 16 && row < 32) g = -6.0;
+          }
+      in.graw = stored(in.graw, f32or(dt));
+      in.gk = stored(o_cumsum(in.graw, L), f32or(dt));
+      const Index ix = make_index(L, b.device);
+      TestTensor q = tensor(dt, tok(L, L.H, L.K), in.q, b.device), k = tensor(dt, tok(L, L.H, L.K), in.k, b.device);
+      TestTensor gk = tensor(f32or(dt), tok(L, L.HV, L.K), in.gk, b.device);
+      TestTensor beta = tensor(f32or(dt), {L.B, L.T, L.HV}, in.beta, b.device);
+      TestTensor Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
+      chunk_kda_fwd_intra(b.ctx(), {q.view(), k.view(), gk.view(), beta.view(), Aqk.view(), Akk.view(), ix.cuv(),
+                                    ix.civ(), 0.6, L.BT});
+      const auto r64 = o_intra(in, L, 0.6, kExact), rb = o_intra(in, L, 0.6, Rd{f32or(dt)});
+      expect_close("Aqk", Aqk, stored(rb.first, dt), r64.first, dt);
+      expect_close("Akk", Akk, stored(rb.second, dt), r64.second, dt);
+      // And in the RMS: within twice the error of the fp32-accumulated oracle stored in dt (the
+      // max-abs tolerance above is loose against these small entries).
+      const double eq = rms_relative_error(stored(rb.first, dt), r64.first);
+      const double ek = rms_relative_error(stored(rb.second, dt), r64.second);
+      EXPECT_LE(rms_relative_error(Aqk.to_double(), r64.first), 2 * eq + 1e-9) << "Aqk base rms-rel " << eq;
+      EXPECT_LE(rms_relative_error(Akk.to_double(), r64.second), 2 * ek + 1e-9) << "Akk base rms-rel " << ek;
+      ++checked;
+    }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(KdaSubops, FwdOAndBwdDAv) {
   for_each_case("chunk_kda_fwd_o", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
     const Index ix = make_index(L, b.device);

@@ -32,6 +32,18 @@ struct EmuWarp {
 inline thread_local EmuWarp* g_emu_warp = nullptr;
 inline std::vector<unsigned char> g_emu_smem;
 inline void __syncthreads() { g_emu_bar->arrive_and_wait(); }
+// Blocks run one at a time, so one flag serves; the third barrier keeps the reset before any
+// thread's next call.
+inline int g_emu_or = 0;
+inline int __syncthreads_or(int p) {
+  if (p) __atomic_store_n(&g_emu_or, 1, __ATOMIC_SEQ_CST);
+  __syncthreads();
+  const int r = __atomic_load_n(&g_emu_or, __ATOMIC_SEQ_CST);
+  __syncthreads();
+  if (threadIdx.x == 0) __atomic_store_n(&g_emu_or, 0, __ATOMIC_SEQ_CST);
+  __syncthreads();
+  return r;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { g_emu_warp->bar->arrive_and_wait(); }
 #define __global__
 #define __device__
