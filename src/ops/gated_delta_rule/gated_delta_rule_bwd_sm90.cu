@@ -270,6 +270,215 @@ __global__ void __launch_bounds__(kStThreads, 1)
   if (x_out.p) store_state(x, x_out, sidx, th);
 }
 
+// B1 with recompute_w_u_fwd inside (FUSEDOPS_GDN_WG_WU=0 keeps them apart): per chunk, W =
+// (A diag(beta e^g)) K and U = (A diag(beta)) V from the saved A (as wu_mma_kernel builds its Au /
+// Aw), W into a tile for W Xs and out to memory (the later steps read it), U kept in registers;
+// then the recurrence as in state_wg_kernel<BF, false>. Each thread builds its own 16-byte unit of
+// Au / Aw from its own cp.async of A right after its wait, with the chunk's gates and betas loaded
+// two chunks ahead (three slots), so no barrier is added for it; one barrier is added between the
+// W / U products and W Xs.
+constexpr uint32_t kWuBufB = 2 * kTileB + kPB;  // K, V, A [64][64]
+constexpr size_t kWuSmem = 1024 + 2 * static_cast<size_t>(kWuBufB) + kXsB + 2 * kTileB + 2 * kPB + 3 * 2 * kBT * sizeof(float);
+
+template <bool BF>
+__global__ void __launch_bounds__(kStThreads, 1)
+    state_wu_wg_kernel(Tok k, Tok v, Tok A, Tok beta, Tok g, Mat x_in, Mat snap, Tok vout, Tok wout, Mat x_out,
+                       Layout L, int HV, int G) {
+  using sm80::exp_fast;
+  using sm80::mma16::pack2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t sa = smem_addr(sm);  // 1024-aligned
+  const uint32_t kLo = desc_lo(sa, 16), mLo = desc_lo(sa, 8192);
+  constexpr uint32_t aXs = 2 * kWuBufB, aS = aXs + kXsB, aWt = aS + kTileB, aAu = aWt + kTileB, aAw = aAu + kPB;
+  uint8_t* Xs = sm + aXs;
+  uint8_t* Ss = sm + aS;    // Vg
+  uint8_t* Wt = sm + aWt;   // W [64][128]
+  uint8_t* Au = sm + aAu;   // A diag(beta) [64][64]
+  uint8_t* Aw = sm + aAw;   // A diag(beta e^g)
+  float* gbs = reinterpret_cast<float*>(sm + aAw + kPB);  // [3] x (gates [64], betas [64])
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const SeqPos s = sm80::seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const WgThread th = wg_thread();
+  const int tid = th.tid, wg = th.wg, tq = th.tq, r0 = th.r0, r1 = th.r1;
+  const uint32_t gx = th.gx;
+  const uint32_t tb0 = (wg >> 1) * (kTileB / 2) + r0 * 128 + 4 * tq, tb1 = tb0 + 8 * 128;
+  const uint32_t cj = (wg & 1) * 64;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  const int lr = tid >> 4, lc = (tid & 15) << 3;
+  const uint32_t so0 = sw_off(kBT, lr, lc), so1 = sw_off(kBT, lr + 32, lc);
+  const uint32_t xo = sw_off(kD, lr, lc);
+  const int ar = tid >> 3, ac = (tid & 7) << 3;  // this thread's 16-byte unit of A: row ar, columns ac..
+  const uint32_t ao = sw_off(kBT, ar, ac);
+  TileSrc ks, vs;
+  ks.init(k, s.b, s.t0, hk, lc);
+  vs.init(v, s.b, s.t0, hv, lc);
+  const uint16_t* ap0 = static_cast<const uint16_t*>(A.p) + A.off(s.b, s.t0, hv) + ac;
+  // Threads 0..63 load the gates, 64..127 the betas (fp32, 4 bytes each).
+  const float* gbsrc = tid < kBT ? (g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + tid, hv) : nullptr)
+                                 : static_cast<const float*>(beta.p) + beta.off(s.b, s.t0 + (tid & (kBT - 1)), hv);
+  const int64_t gbst = tid < kBT ? g.st : beta.st;
+  auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto issue_tiles = [&](int64_t ci, int slot) {
+    uint8_t* b = sm + slot * kWuBufB;
+    const int len = chunk_len(ci);
+    ks.load(b, so0, so1, ci, lr, len, k.st);
+    vs.load(b + kTileB, so0, so1, ci, lr, len, v.st);
+    const bool ok = ar < len;
+    sm80::cp_async16(b + 2 * kTileB + ao, ok ? ap0 + (ci * kBT + ar) * A.st : ap0, ok);
+  };
+  auto issue_gb = [&](int64_t ci, int slot3) {
+    if (tid < 2 * kBT) {
+      const bool ok = gbsrc && (tid & (kBT - 1)) < chunk_len(ci);
+      cp_async4(gbs + slot3 * 2 * kBT + tid, ok ? static_cast<const void*>(gbsrc + ci * kBT * gbst) : ks.p0, ok);
+    }
+  };
+  float x[32];
+  load_state(x, x_in, sidx, th);
+  if (nch > 0) {
+    issue_gb(0, 0);
+    sm80::cp_async_commit();
+    sm80::cp_async_wait<0>();
+    __syncthreads();  // chunk 0's gates and betas
+    issue_tiles(0, 0);
+    if (nch > 1) issue_gb(1, 1);
+    sm80::cp_async_commit();
+  }
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    const float* gl = gbs + static_cast<int>(ci % 3) * 2 * kBT;  // visible since the previous chunk's barriers
+    const float* bl = gl + kBT;
+    uint8_t* Cb = sm + cur * kWuBufB;
+    const uint32_t aC = cur * kWuBufB;
+    state_to_xs<BF>(Xs, x, th);
+    sm80::cp_async_wait<0>();  // this thread's units of chunk ci (and the gates of ci + 1)
+    {  // this thread's units of Au, Aw (A's upper triangle read as zeros)
+      uint4 a = *reinterpret_cast<const uint4*>(Cb + 2 * kTileB + ao);
+      const uint32_t* aw32 = reinterpret_cast<const uint32_t*>(&a);
+      uint4 pu, pw;
+      uint32_t* pu32 = reinterpret_cast<uint32_t*>(&pu);
+      uint32_t* pw32 = reinterpret_cast<uint32_t*>(&pw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = ac + 2 * i;
+        const float a0 = j <= ar ? sm80::h2f<BF>(static_cast<uint16_t>(aw32[i])) : 0.0f;
+        const float a1 = j + 1 <= ar ? sm80::h2f<BF>(static_cast<uint16_t>(aw32[i] >> 16)) : 0.0f;
+        const float b0 = bl[j], b1 = bl[j + 1];
+        const float e0 = (g.p && j < len) ? b0 * exp_fast(gl[j]) : b0;
+        const float e1 = (g.p && j + 1 < len) ? b1 * exp_fast(gl[j + 1]) : b1;
+        pu32[i] = pack2<BF>(a0 * b0, a1 * b1);
+        pw32[i] = pack2<BF>(a0 * e0, a1 * e1);
+      }
+      *reinterpret_cast<uint4*>(Au + ao) = pu;
+      *reinterpret_cast<uint4*>(Aw + ao) = pw;
+    }
+    fence_async_smem();
+    __syncthreads();  // this chunk's tiles, Au, Aw, Xs; every thread is past the previous chunk
+    const float glast = gl[len - 1];
+    float wa[16], ua[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) wa[i] = ua[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBT / 16; ++kk)
+      wgmma_n32<BF, 0, 1>(wa, desc_make(kLo + ((aAw + kk * 32) >> 4), kDescHi),
+                          mnmajor(mLo, aC + (wg >> 1) * (kTileB / 2) + cj + kk * 2048), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kBT / 16; ++kk)
+      wgmma_n32<BF, 0, 1>(ua, desc_make(kLo + ((aAu + kk * 32) >> 4), kDescHi),
+                          mnmajor(mLo, aC + kTileB + (wg >> 1) * (kTileB / 2) + cj + kk * 2048), kk > 0);
+    wg_commit();
+    if (ci + 1 < nch) {
+      issue_tiles(ci + 1, cur ^ 1);
+      if (ci + 2 < nch) issue_gb(ci + 2, static_cast<int>((ci + 2) % 3));
+      sm80::cp_async_commit();
+    }
+    if (snap.p) {
+      uint16_t* dst = static_cast<uint16_t*>(snap.p) + idx * (kD * kD) + lc;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint4*>(dst + (lr + 32 * i) * kD) = *reinterpret_cast<const uint4*>(Xs + xo + 32 * i * 128);
+    }
+    wg_wait<0>();
+    fence_regs(wa);
+    fence_regs(ua);
+    uint32_t up[8];  // U in the input type, as recompute_w_u_fwd stores it
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
+        *reinterpret_cast<uint32_t*>(Wt + off) = pack2<BF>(wa[4 * j + 2 * hr], wa[4 * j + 2 * hr + 1]);
+        up[2 * j + hr] = pack2<BF>(ua[4 * j + 2 * hr], ua[4 * j + 2 * hr + 1]);
+      }
+    fence_async_smem();
+    __syncthreads();  // W
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_n32<BF, 0, 1>(acc, kmajor(kLo, aWt, kk), mnmajor(mLo, aXs + (wg >> 1) * (kXsB / 2) + cj + kk * 2048),
+                          kk > 0);
+    wg_commit();
+    if (wout.p) {  // W by 16-byte rows
+      uint16_t* base = static_cast<uint16_t*>(wout.p) + lc;
+      if (lr < len)
+        *reinterpret_cast<uint4*>(base + wout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Wt + so0);
+      if (lr + 32 < len)
+        *reinterpret_cast<uint4*>(base + wout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Wt + so1);
+    }
+    wg_wait<0>();
+    fence_regs(acc);
+    uint8_t* Vt = Cb + kTileB;  // Vn in V's tile (its readers, the U products, are done)
+    {
+      const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
+      const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {  // Vn = U - W Xs; Vg = f Vn
+          const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
+          const uint32_t uu = up[2 * j + hr];
+          const float f = hr ? f1 : f0;
+          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
+          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
+          *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+          *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
+        }
+    }
+    if (g.p) {
+      const float f = exp_fast(glast);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) x[i] *= f;
+    }
+    fence_async_smem();
+    __syncthreads();  // Vg, Vn
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBT / 16; ++kk)
+      wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aC + (wg & 1) * (kTileB / 2) + kk * 2048),
+                          mnmajor(mLo, aS + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+    wg_commit();
+    if (vout.p) {
+      uint16_t* base = static_cast<uint16_t*>(vout.p) + lc;
+      if (lr < len)
+        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Vt + so0);
+      if (lr + 32 < len)
+        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Vt + so1);
+    }
+    wg_wait<0>();
+    fence_regs(x);
+  }
+  if (x_out.p) store_state(x, x_out, sidx, th);
+}
+
 template <bool DHU>
 void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV, int64_t Hk, const Layout& L,
             Tok a, Tok b, Tok c, Tok d, Tok g, Mat xin, Mat snap, Tok vout, Mat xout, float scale) {
@@ -282,8 +491,9 @@ void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV,
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
-// compose_bwd's hook for B1: the forward recurrence (h, Vnew; ht when asked).
-bool state_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+// compose_bwd's hook for B1: W and U from the saved A, then the forward recurrence (h, Vnew; ht
+// when asked): state_wu_wg_kernel where it applies, else recompute_w_u_fwd and state_wg_kernel.
+bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGatedDeltaRuleFwdHArgs& a) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
@@ -295,9 +505,29 @@ bool state_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   if (!ends_ok(a.h0, a.ht)) return false;
   const int64_t B = a.k.size(0), T = a.k.size(1);
   const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
-  launch<false>(ctx, "chunk_gated_delta_rule_fwd_h", dt, N, a.u.size(2), a.k.size(2), L, sm80::tok_of(a.k),
-                sm80::tok_of(a.w), sm80::tok_of(a.u), Tok(), sm80::tok_of(a.g), sm80::mat_of(a.h0),
-                sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), 1.0f);
+  const bool fused = env_switch("FUSEDOPS_GDN_WG_WU") != 0 && wu.A.defined() && wu.A.size(3) == kBT &&
+                     tok16_ok(wu.A, dt) && tok16_ok(wu.v, dt) && wu.beta.defined() &&
+                     wu.beta.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(wu.beta.data()) % 4 == 0 &&
+                     wu.k.data() == a.k.data() && wu.w.data() == a.w.data() &&
+                     sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) >= kWuSmem;
+  if (!fused) {
+    recompute_w_u_fwd(ctx, wu);
+    launch<false>(ctx, "chunk_gated_delta_rule_fwd_h", dt, N, a.u.size(2), a.k.size(2), L, sm80::tok_of(a.k),
+                  sm80::tok_of(a.w), sm80::tok_of(a.u), Tok(), sm80::tok_of(a.g), sm80::mat_of(a.h0),
+                  sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), 1.0f);
+    return true;
+  }
+  const char* op = "chunk_gated_delta_rule_fwd_h";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t HV = a.u.size(2);
+  if (N * HV == 0) return true;
+  auto kernel = dt == DType::kBFloat16 ? state_wu_wg_kernel<true> : state_wu_wg_kernel<false>;
+  sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWuSmem);
+  kernel<<<static_cast<unsigned>(N * HV), kStThreads, kWuSmem, sm80::stream_of(ctx)>>>(
+      sm80::tok_of(a.k), sm80::tok_of(wu.v), sm80::tok_of(wu.A), sm80::tok_of(wu.beta), sm80::tok_of(a.g),
+      sm80::mat_of(a.h0), sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::tok_of(a.w), sm80::mat_of(a.ht), L,
+      static_cast<int>(HV), static_cast<int>(HV / a.k.size(2)));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }
 

@@ -326,10 +326,13 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateF
   const TensorView& h = kept ? a.h : ws.h;
   const TensorView& vn = kept ? a.v_new : ws.v_new;
   if (!kept) {
-    recompute_w_u_fwd(ctx, {k, a.v, beta, a.A, gc, ws.w, ws.u, cu, ci});
+    const RecomputeWUFwdArgs wa{k, a.v, beta, a.A, gc, ws.w, ws.u, cu, ci};
     const ChunkGatedDeltaRuleFwdHArgs ha{k, ws.w, ws.u, gc, TensorView(), a.initial_state, ws.h, ws.v_new,
                                          TensorView(), cu, a.chunk_offsets, BT};
-    if (!state_fwd || !state_fwd(ctx, ha)) chunk_gated_delta_rule_fwd_h(ctx, ha);
+    if (!state_fwd || !state_fwd(ctx, wa, ha)) {
+      recompute_w_u_fwd(ctx, wa);
+      chunk_gated_delta_rule_fwd_h(ctx, ha);
+    }
   }
   // B2, B3.
   ChunkGatedDeltaRuleBwdDhuArgs da{q, k, w, a.dout, TensorView(), gc, TensorView(), a.dht, ws.dh, a.dh0, ws.dv2, cu,

@@ -31,11 +31,12 @@ using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleF
 void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, FusedPrepareFwd fused_prepare = nullptr,
                  FusedStateOutFwd fused_state_out = nullptr);
 // A backend's kernels for the backward's state recurrences, given the sub-operator's arguments:
-// B1 (chunk_gated_delta_rule_fwd_h), and B2 + B3 (chunk_bwd_dv_local then
+// B1 (recompute_w_u_fwd then chunk_gated_delta_rule_fwd_h: the hook runs both), and B2 + B3 (chunk_bwd_dv_local then
 // chunk_gated_delta_rule_bwd_dhu: the hook gets dhu's arguments with dv undefined and computes the
 // local dv itself). Each writes what its arguments name and returns true, or returns false
 // without writing anything when it does not take them.
-using StateFwdHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
+using StateFwdHook = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& wu_args,
+                              const ChunkGatedDeltaRuleFwdHArgs& args);
 using StateDhuHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args, StateFwdHook state_fwd = nullptr,
                  StateDhuHook state_dhu = nullptr);
