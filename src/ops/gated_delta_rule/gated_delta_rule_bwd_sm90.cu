@@ -316,10 +316,10 @@ __global__ void __launch_bounds__(kStThreads, 1)
   ks.init(k, s.b, s.t0, hk, lc);
   vs.init(v, s.b, s.t0, hv, lc);
   const uint16_t* ap0 = static_cast<const uint16_t*>(A.p) + A.off(s.b, s.t0, hv) + ac;
-  // Threads 0..63 load the gates, 64..127 the betas (fp32, 4 bytes each).
-  const float* gbsrc = tid < kBT ? (g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + tid, hv) : nullptr)
-                                 : static_cast<const float*>(beta.p) + beta.off(s.b, s.t0 + (tid & (kBT - 1)), hv);
-  const int64_t gbst = tid < kBT ? g.st : beta.st;
+  // Threads 0..63 load the gates (fp32, by cp.async two chunks ahead), 64..127 the betas (any
+  // dtype: a plain load two chunks ahead, kept in a register and stored one chunk later).
+  const float* gsrc = (tid < kBT && g.p) ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + tid, hv) : nullptr;
+  const bool bthread = tid >= kBT && tid < 2 * kBT;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
   auto issue_tiles = [&](int64_t ci, int slot) {
     uint8_t* b = sm + slot * kWuBufB;
@@ -329,22 +329,29 @@ __global__ void __launch_bounds__(kStThreads, 1)
     const bool ok = ar < len;
     sm80::cp_async16(b + 2 * kTileB + ao, ok ? ap0 + (ci * kBT + ar) * A.st : ap0, ok);
   };
-  auto issue_gb = [&](int64_t ci, int slot3) {
-    if (tid < 2 * kBT) {
-      const bool ok = gbsrc && (tid & (kBT - 1)) < chunk_len(ci);
-      cp_async4(gbs + slot3 * 2 * kBT + tid, ok ? static_cast<const void*>(gbsrc + ci * kBT * gbst) : ks.p0, ok);
+  auto issue_g = [&](int64_t ci, int slot3) {
+    if (tid < kBT) {
+      const bool ok = gsrc && tid < chunk_len(ci);
+      cp_async4(gbs + slot3 * 2 * kBT + tid, ok ? static_cast<const void*>(gsrc + ci * kBT * g.st) : ks.p0, ok);
     }
   };
+  auto load_beta = [&](int64_t ci) {
+    const int r = tid - kBT;
+    return r < chunk_len(ci) ? beta.ld(s.b, s.t0 + ci * kBT + r, hv, 0) : 0.0f;
+  };
+  float bpend = 0.0f;  // a beta thread's beta of chunk ci + 1 during chunk ci
   float x[32];
   load_state(x, x_in, sidx, th);
   if (nch > 0) {
-    issue_gb(0, 0);
+    issue_g(0, 0);
     sm80::cp_async_commit();
+    if (bthread) gbs[tid] = load_beta(0);
     sm80::cp_async_wait<0>();
     __syncthreads();  // chunk 0's gates and betas
     issue_tiles(0, 0);
-    if (nch > 1) issue_gb(1, 1);
+    if (nch > 1) issue_g(1, 1);
     sm80::cp_async_commit();
+    if (bthread && nch > 1) bpend = load_beta(1);
   }
   for (int64_t ci = 0; ci < nch; ++ci) {
     const int cur = static_cast<int>(ci & 1);
@@ -395,8 +402,12 @@ __global__ void __launch_bounds__(kStThreads, 1)
     wg_commit();
     if (ci + 1 < nch) {
       issue_tiles(ci + 1, cur ^ 1);
-      if (ci + 2 < nch) issue_gb(ci + 2, static_cast<int>((ci + 2) % 3));
+      if (ci + 2 < nch) issue_g(ci + 2, static_cast<int>((ci + 2) % 3));
       sm80::cp_async_commit();
+      if (bthread) {  // chunk ci + 1's beta into its slot (read from chunk ci + 1 on, after this chunk's barriers)
+        gbs[static_cast<int>((ci + 1) % 3) * 2 * kBT + tid] = bpend;
+        if (ci + 2 < nch) bpend = load_beta(ci + 2);
+      }
     }
     if (snap.p) {
       uint16_t* dst = static_cast<uint16_t*>(snap.p) + idx * (kD * kD) + lc;
@@ -507,7 +518,6 @@ bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGate
   const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
   const bool fused = env_switch("FUSEDOPS_GDN_WG_WU") != 0 && wu.A.defined() && wu.A.size(3) == kBT &&
                      tok16_ok(wu.A, dt) && tok16_ok(wu.v, dt) && wu.beta.defined() &&
-                     wu.beta.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(wu.beta.data()) % 4 == 0 &&
                      wu.k.data() == a.k.data() && wu.w.data() == a.w.data() &&
                      sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) >= kWuSmem;
   if (!fused) {

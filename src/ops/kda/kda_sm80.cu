@@ -132,6 +132,136 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
   }
 }
 
+namespace wu16 {
+using namespace gdn::sm80::mma16;
+constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
+}  // namespace wu16
+
+// One chunk's (c, value head hv, key head hk) recompute on wu16::kSmem bytes of shared memory at
+// smem (wu_mma_kernel's body; intra_mma_kernel's with kWU runs it after its own steps).
+template <bool BF>
+__device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k, const Tok& v, const Tok& beta, const Tok& Akk,
+                         const Tok& gk, const Tok& w, const Tok& u, const Tok& kg, const Tok& qg, const ChunkPos& c,
+                         int hv, int hk, int staged) {
+  using namespace gdn::sm80;
+  using namespace gdn::sm80::mma16;
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
+  uint16_t* Vs = Ks + kTok;
+  uint16_t* St = Vs + kTok;  // W's, then U's staging
+  uint16_t* As = St + kTok;
+  uint16_t* A2 = As + kMaxBT * kLdA;
+  float* bs = reinterpret_cast<float*>(A2 + kMaxBT * kLdA);
+  const int len = c.len, tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
+  const int r0 = wm + (lane >> 2);
+  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
+  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
+  load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
+  cp_async_commit();
+  // The element-wise pass's rows rw + 8 st and channels col..col+3: their gk and q pieces are all
+  // loaded here, under the tile copies.
+  const float* gb = static_cast<const float*>(gk.p);
+  const uint16_t* qb = static_cast<const uint16_t*>(q.p);
+  const int col = 4 * lane, rw = warp;
+  constexpr int kSteps = kMaxBT / (kThreads / 32);
+  float4 gpf[kSteps];
+  uint2 qpf[kSteps];
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    const int r = rw + 8 * st;
+    gpf[st] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    qpf[st] = make_uint2(0u, 0u);
+    if (r < len) {
+      gpf[st] = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
+      if (qg.p) qpf[st] = *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col);
+    }
+  }
+  const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + col);
+  if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
+  cp_async_wait<0>();
+  __syncthreads();
+  // kg, qg and Tk, four channels per step.
+  const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
+  auto row = [&](int r, const float4& g4, const uint2& qv) {
+    const float ga[4] = {g4.x, g4.y, g4.z, g4.w};
+    const uint2 kv = *reinterpret_cast<const uint2*>(Ks + r * kLdT + col);
+    const uint32_t kw[2] = {kv.x, kv.y};
+    float kf[4], eg[4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
+      eg[x] = exp_fast(ga[x]);
+    }
+    const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
+    float kgv[4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) kgv[x] = kf[x] * exp_fast(gla[x] - ga[x]);
+    if (staged) {
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(kg.p) + ko) =
+          make_uint2(pack2<BF>(kgv[0], kgv[1]), pack2<BF>(kgv[2], kgv[3]));
+    } else {
+      st2(kg.p, kg.code, ko, kgv[0], kgv[1]);
+      st2(kg.p, kg.code, ko + 2, kgv[2], kgv[3]);
+    }
+    if (qg.p) {
+      const uint32_t qw[2] = {qv.x, qv.y};
+      float qf[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
+      const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
+      if (staged) {
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(qg.p) + qo) =
+            make_uint2(pack2<BF>(qf[0], qf[1]), pack2<BF>(qf[2], qf[3]));
+      } else {
+        st2(qg.p, qg.code, qo, qf[0], qf[1]);
+        st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
+      }
+    }
+    const float b = bs[r];
+    *reinterpret_cast<uint2*>(Ks + r * kLdT + col) =
+        make_uint2(pack2<BF>(b * eg[0] * kf[0], b * eg[1] * kf[1]), pack2<BF>(b * eg[2] * kf[2], b * eg[3] * kf[3]));
+  };
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st)
+    if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
+  // A lower triangular (diagonal included) and A2 = A diag(beta), eight entries (16 bytes) per step
+  // (after the rows: their prefetched gk and q pieces are dead by then).
+  for (int e = tid; e < kMaxBT * kMaxBT / 8; e += kThreads) {
+    const int i = e >> 3, j0 = (e & 7) << 3;
+    const uint4 raw = *reinterpret_cast<const uint4*>(As + i * kLdA + j0);
+    const uint32_t rw[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t am[4], a2[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int j = j0 + 2 * t;
+      const uint16_t lo = j <= i ? static_cast<uint16_t>(rw[t]) : uint16_t{0};
+      const uint16_t hi = j + 1 <= i ? static_cast<uint16_t>(rw[t] >> 16) : uint16_t{0};
+      am[t] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      a2[t] = pack2<BF>(h2f<BF>(lo) * bs[j], h2f<BF>(hi) * bs[j + 1]);
+    }
+    *reinterpret_cast<uint4*>(As + i * kLdA + j0) = uint4{am[0], am[1], am[2], am[3]};
+    *reinterpret_cast<uint4*>(A2 + i * kLdA + j0) = uint4{a2[0], a2[1], a2[2], a2[3]};
+  }
+  __syncthreads();  // A, A2, Tk
+  float acc[8][4];
+  zero(acc);
+  mm_xs<BF, 8>(acc, As, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, w, c.b, c.t0, hv, len, lane);
+  } else {
+    store_rows2<8>(acc, w, c.b, c.t0, hv, r0, wn, tq, len);
+  }
+  zero(acc);
+  mm_xs<BF, 8>(acc, A2, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
+  if (staged) {
+    __syncwarp();  // every lane's reads of W's staged block are done
+    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, u, c.b, c.t0, hv, len, lane);
+  } else {
+    store_rows2<8>(acc, u, c.b, c.t0, hv, r0, wn, tq, len);
+  }
+}
+
 // chunk_kda_fwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q, k, Aqk and Akk
 // bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_INTRA_MMA=0 keeps intra_kernel).
 // CTA of 8 warps per (chunk, value head). The reference-row split of the per-channel decay, with
@@ -165,10 +295,14 @@ static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "sol
 // kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
 // written here from the raw fp32 gate graw (loaded as gk would be, then scan_gate_col by the last
 // two warps per half between two barriers), and gscale the cumsum's scale.
-template <bool BF, bool kScan>
+// kWU: kda_recompute_w_u fused behind (the top level's path): wu_chunk on the same chunk once
+// Akk is out, reading back Akk, g_cumsum and the chunk's q, k (now mostly L2 hits) and v, writing
+// w, u, kg, qg (wu_mma_kernel's values: the same code).
+template <bool BF, bool kScan, bool kWU>
 __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
                                                                 Layout L, int G, float scale, Tok graw,
-                                                                double gscale) {
+                                                                double gscale, Tok v, Tok w, Tok u, Tok kg, Tok qg,
+                                                                int staged) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
   using intra16::kHalf;
@@ -351,6 +485,12 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
     st2(Akk.p, Akk.code, Akk.off(c.b, c.t0 + i, hv) + j, j <= i ? X[i * kLdF + j] : 0.0f,
         j < i ? X[i * kLdF + j + 1] : 0.0f);
   }
+  if constexpr (kWU) {
+    static_assert(wu16::kSmem <= intra16::kSmem, "the recompute fits in the intra kernel's shared memory");
+    __threadfence();  // Akk (and g_cumsum) out before the recompute reads them back by cp.async.cg
+    __syncthreads();  // and every reader of the shared memory above is done
+    wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hk, staged);
+  }
 }
 
 bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
@@ -362,8 +502,16 @@ bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
 }
 
 // intra_mma_kernel over every chunk of a (intra_mma_ok); with graw defined, chunk_local_cumsum of
-// graw (scale gscale) into a.gk fused in front.
-void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const TensorView& graw, double gscale) {
+// graw (scale gscale) into a.gk fused in front; with wu, kda_recompute_w_u (wu_mma_ok) behind.
+bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a);
+bool wu_staged_ok(const KdaRecomputeWUFwdArgs& a);
+template <bool BF>
+auto intra_variant(bool scan, bool wu) {
+  return scan ? (wu ? intra_mma_kernel<BF, true, true> : intra_mma_kernel<BF, true, false>)
+              : (wu ? intra_mma_kernel<BF, false, true> : intra_mma_kernel<BF, false, false>);
+}
+void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const TensorView& graw, double gscale,
+                      const KdaRecomputeWUFwdArgs* wu = nullptr) {
   const char* op = "chunk_kda_fwd_intra";
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), HV = a.gk.size(2);
@@ -372,12 +520,14 @@ void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const T
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
   const bool bf = a.q.dtype() == DType::kBFloat16, scan = graw.defined();
-  auto k16 = scan ? (bf ? intra_mma_kernel<true, true> : intra_mma_kernel<false, true>)
-                  : (bf ? intra_mma_kernel<true, false> : intra_mma_kernel<false, false>);
+  auto k16 = bf ? intra_variant<true>(scan, wu != nullptr) : intra_variant<false>(scan, wu != nullptr);
   allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
+  const KdaRecomputeWUFwdArgs none{};
+  const KdaRecomputeWUFwdArgs& x = wu ? *wu : none;
   k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, intra16::kSmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
-      static_cast<int>(HV / H), static_cast<float>(a.scale), tok_of(graw), gscale);
+      static_cast<int>(HV / H), static_cast<float>(a.scale), tok_of(graw), gscale, tok_of(x.v), tok_of(x.w),
+      tok_of(x.u), tok_of(x.kg), tok_of(x.qg), wu && wu_staged_ok(*wu) ? 1 : 0);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
@@ -392,15 +542,29 @@ bool same_view(const TensorView& x, const TensorView& y) {
 // kda::FusedCumsumIntraFwd: the forward chunk-local cumsum of an fp32 gate run inside
 // intra_mma_kernel (it reads raw g, writes g_cumsum, and uses it in place of reading it back).
 // FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
-bool cumsum_intra_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
+bool cumsum_intra_ok(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
   if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
   if (s.reverse || s.chunk_size != a.chunk_size || !same_view(s.out, a.gk) || !s.g.defined() ||
       s.g.ndim() != 4 || !gdn::sm80::mma16::tok32_ok(s.g))
     return false;
   for (int d = 0; d < 4; ++d)
     if (s.g.size(d) != a.gk.size(d)) return false;
-  if (!intra_mma_ok(ctx, a)) return false;
+  return intra_mma_ok(ctx, a);
+}
+bool cumsum_intra_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
+  if (!cumsum_intra_ok(ctx, s, a)) return false;
   launch_intra_mma(ctx, a, s.g, s.scale);
+  return true;
+}
+// kda::FusedCumsumIntraWUFwd: the same with kda_recompute_w_u on intra's Akk behind, in the same
+// kernel (FUSEDOPS_KDA_FUSED_WU=0 keeps it a launch of its own).
+bool cumsum_intra_wu_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a,
+                           const KdaRecomputeWUFwdArgs& wa) {
+  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_WU") == 0 || !cumsum_intra_ok(ctx, s, a)) return false;
+  if (!same_view(wa.Akk, a.Akk) || !same_view(wa.gk, a.gk) || !same_view(wa.k, a.k) || !same_view(wa.q, a.q) ||
+      !same_view(wa.beta, a.beta) || !wa.q.defined() || wa.v.size(2) != a.gk.size(2) || !wu_mma_ok(ctx, wa))
+    return false;
+  launch_intra_mma(ctx, a, s.g, s.scale, &wa);
   return true;
 }
 
@@ -483,134 +647,14 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
 // (store_warp_rows16) and kg, qg as one 8-byte store of four channels per lane, so every store
 // instruction fills whole 32-byte sectors (the fragment pairs and 4-byte pairs fill half of each);
 // 69 KiB, still three CTAs per SM (registers bound them).
-namespace wu16 {
-using namespace gdn::sm80::mma16;
-constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
-}  // namespace wu16
-
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
                                                              Tok u, Tok kg, Tok qg, Layout L, int G, int staged) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
   extern __shared__ float smem[];
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
-  uint16_t* Vs = Ks + kTok;
-  uint16_t* St = Vs + kTok;  // W's, then U's staging
-  uint16_t* As = St + kTok;
-  uint16_t* A2 = As + kMaxBT * kLdA;
-  float* bs = reinterpret_cast<float*>(A2 + kMaxBT * kLdA);
-  const ChunkPos c = chunk_pos(L, blockIdx.x);
-  const int hv = blockIdx.y, hk = hv / G, len = c.len, tid = threadIdx.x;
-  if (len == 0) return;
-  const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-  const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
-  const int r0 = wm + (lane >> 2);
-  load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
-  load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
-  load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
-  cp_async_commit();
-  // The element-wise pass's rows rw + 8 st and channels col..col+3: their gk and q pieces are all
-  // loaded here, under the tile copies.
-  const float* gb = static_cast<const float*>(gk.p);
-  const uint16_t* qb = static_cast<const uint16_t*>(q.p);
-  const int col = 4 * lane, rw = warp;
-  constexpr int kSteps = kMaxBT / (kThreads / 32);
-  float4 gpf[kSteps];
-  uint2 qpf[kSteps];
-#pragma unroll
-  for (int st = 0; st < kSteps; ++st) {
-    const int r = rw + 8 * st;
-    gpf[st] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    qpf[st] = make_uint2(0u, 0u);
-    if (r < len) {
-      gpf[st] = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + r, hv) + col);
-      if (qg.p) qpf[st] = *reinterpret_cast<const uint2*>(qb + q.off(c.b, c.t0 + r, hk) + col);
-    }
-  }
-  const float4 gl = *reinterpret_cast<const float4*>(gb + gk.off(c.b, c.t0 + len - 1, hv) + col);
-  if (tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
-  cp_async_wait<0>();
-  __syncthreads();
-  // kg, qg and Tk, four channels per step.
-  const float gla[4] = {gl.x, gl.y, gl.z, gl.w};
-  auto row = [&](int r, const float4& g4, const uint2& qv) {
-    const float ga[4] = {g4.x, g4.y, g4.z, g4.w};
-    const uint2 kv = *reinterpret_cast<const uint2*>(Ks + r * kLdT + col);
-    const uint32_t kw[2] = {kv.x, kv.y};
-    float kf[4], eg[4];
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      kf[x] = h2f<BF>(static_cast<uint16_t>(kw[x >> 1] >> (16 * (x & 1))));
-      eg[x] = exp_fast(ga[x]);
-    }
-    const int64_t ko = kg.off(c.b, c.t0 + r, hv) + col;
-    float kgv[4];
-#pragma unroll
-    for (int x = 0; x < 4; ++x) kgv[x] = kf[x] * exp_fast(gla[x] - ga[x]);
-    if (staged) {
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(kg.p) + ko) =
-          make_uint2(pack2<BF>(kgv[0], kgv[1]), pack2<BF>(kgv[2], kgv[3]));
-    } else {
-      st2(kg.p, kg.code, ko, kgv[0], kgv[1]);
-      st2(kg.p, kg.code, ko + 2, kgv[2], kgv[3]);
-    }
-    if (qg.p) {
-      const uint32_t qw[2] = {qv.x, qv.y};
-      float qf[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) qf[x] = h2f<BF>(static_cast<uint16_t>(qw[x >> 1] >> (16 * (x & 1)))) * eg[x];
-      const int64_t qo = qg.off(c.b, c.t0 + r, hv) + col;
-      if (staged) {
-        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(qg.p) + qo) =
-            make_uint2(pack2<BF>(qf[0], qf[1]), pack2<BF>(qf[2], qf[3]));
-      } else {
-        st2(qg.p, qg.code, qo, qf[0], qf[1]);
-        st2(qg.p, qg.code, qo + 2, qf[2], qf[3]);
-      }
-    }
-    const float b = bs[r];
-    *reinterpret_cast<uint2*>(Ks + r * kLdT + col) =
-        make_uint2(pack2<BF>(b * eg[0] * kf[0], b * eg[1] * kf[1]), pack2<BF>(b * eg[2] * kf[2], b * eg[3] * kf[3]));
-  };
-#pragma unroll
-  for (int st = 0; st < kSteps; ++st)
-    if (rw + 8 * st < len) row(rw + 8 * st, gpf[st], qpf[st]);
-  // A lower triangular (diagonal included) and A2 = A diag(beta), eight entries (16 bytes) per step
-  // (after the rows: their prefetched gk and q pieces are dead by then).
-  for (int e = tid; e < kMaxBT * kMaxBT / 8; e += kThreads) {
-    const int i = e >> 3, j0 = (e & 7) << 3;
-    const uint4 raw = *reinterpret_cast<const uint4*>(As + i * kLdA + j0);
-    const uint32_t rw[4] = {raw.x, raw.y, raw.z, raw.w};
-    uint32_t am[4], a2[4];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int j = j0 + 2 * t;
-      const uint16_t lo = j <= i ? static_cast<uint16_t>(rw[t]) : uint16_t{0};
-      const uint16_t hi = j + 1 <= i ? static_cast<uint16_t>(rw[t] >> 16) : uint16_t{0};
-      am[t] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-      a2[t] = pack2<BF>(h2f<BF>(lo) * bs[j], h2f<BF>(hi) * bs[j + 1]);
-    }
-    *reinterpret_cast<uint4*>(As + i * kLdA + j0) = uint4{am[0], am[1], am[2], am[3]};
-    *reinterpret_cast<uint4*>(A2 + i * kLdA + j0) = uint4{a2[0], a2[1], a2[2], a2[3]};
-  }
-  __syncthreads();  // A, A2, Tk
-  float acc[8][4];
-  zero(acc);
-  mm_xs<BF, 8>(acc, As, kLdA, Ks, kLdT, wm, wn, 0, wm + 16, lane);
-  if (staged) {
-    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, w, c.b, c.t0, hv, len, lane);
-  } else {
-    store_rows2<8>(acc, w, c.b, c.t0, hv, r0, wn, tq, len);
-  }
-  zero(acc);
-  mm_xs<BF, 8>(acc, A2, kLdA, Vs, kLdT, wm, wn, 0, wm + 16, lane);
-  if (staged) {
-    __syncwarp();  // every lane's reads of W's staged block are done
-    store_warp_rows16<BF, 8>(acc, 1.0f, St, kLdT, wm, wn, u, c.b, c.t0, hv, len, lane);
-  } else {
-    store_rows2<8>(acc, u, c.b, c.t0, hv, r0, wn, tq, len);
-  }
+  const ChunkPos c = gdn::sm80::chunk_pos(L, blockIdx.x);
+  if (c.len == 0) return;
+  const int hv = blockIdx.y;
+  wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hv / G, staged);
 }
 
 // True when kda_recompute_w_u can take wu_mma_kernel (see there).
@@ -1159,7 +1203,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a, {state_out_fused, cumsum_intra_fused});
+  compose_fwd(c, a, {state_out_fused, cumsum_intra_fused, cumsum_intra_wu_fused});
 }
 
 // ---------------------------------------------------------------------------------------------

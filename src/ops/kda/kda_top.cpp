@@ -249,13 +249,22 @@ Context with_backend(const Context& ctx, const char* backend) {
 // W, U, kg, qg from the saved Akk, then h and v_new (and ht) by the gk state recurrence.
 // Recomputes w, u, kg and qg into ws and returns the state recurrence's arguments
 // (chunk_gated_delta_rule_fwd_h in its gk form) over them, writing ws.h and ws.v_new.
+KdaRecomputeWUFwdArgs wu_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
+                              const TensorView& Akk, const TensorView& gc, const StateWork& ws, const TensorView& cu,
+                              const TensorView& ci) {
+  return {q, k, v, beta, Akk, gc, ws.w, ws.u, ws.kg, ws.qg, cu, ci};
+}
+ChunkGatedDeltaRuleFwdHArgs state_args(const TensorView& gc, const TensorView& h0, const TensorView& ht,
+                                       const StateWork& ws, const TensorView& cu, const TensorView& co, int64_t BT) {
+  return {ws.kg, ws.w, ws.u, TensorView(), gc, h0, ws.h, ws.v_new, ht, cu, co, BT};
+}
 ChunkGatedDeltaRuleFwdHArgs recompute_w_u(const Context& ctx, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& beta, const TensorView& Akk,
                                           const TensorView& gc, const TensorView& h0, const TensorView& ht,
                                           const StateWork& ws, const TensorView& cu, const TensorView& ci,
                                           const TensorView& co, int64_t BT) {
-  kda_recompute_w_u_fwd(ctx, {q, k, v, beta, Akk, gc, ws.w, ws.u, ws.kg, ws.qg, cu, ci});
-  return {ws.kg, ws.w, ws.u, TensorView(), gc, h0, ws.h, ws.v_new, ht, cu, co, BT};
+  kda_recompute_w_u_fwd(ctx, wu_args(q, k, v, beta, Akk, gc, ws, cu, ci));
+  return state_args(gc, h0, ht, ws, cu, co, BT);
 }
 
 void recompute_states(const Context& ctx, const TensorView& q, const TensorView& k,
@@ -310,13 +319,19 @@ void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& a, FwdFusions fusion
   const TensorView& ci = a.chunk_indices;
   const ChunkLocalCumsumArgs sa{g, a.g_cumsum, cu, ci, a.chunk_size, false, 1.0};
   const ChunkKdaFwdIntraArgs ia{q, k, a.g_cumsum, beta, a.Aqk, a.Akk, cu, ci, a.scale, a.chunk_size, a.safe_gate};
-  if (!fusions.cumsum_intra || !fusions.cumsum_intra(ctx, sa, ia)) {
-    chunk_local_cumsum(ctx, sa);
-    chunk_kda_fwd_intra(ctx, ia);
+  // cumsum, intra and the w/u recompute (all three in one step, or the first two, where the backend can).
+  const KdaRecomputeWUFwdArgs wa = wu_args(q, k, a.v, beta, a.Akk, a.g_cumsum, ws.st, cu, ci);
+  const bool wu_done = fusions.cumsum_intra_wu && fusions.cumsum_intra_wu(ctx, sa, ia, wa);
+  if (!wu_done) {
+    if (!fusions.cumsum_intra || !fusions.cumsum_intra(ctx, sa, ia)) {
+      chunk_local_cumsum(ctx, sa);
+      chunk_kda_fwd_intra(ctx, ia);
+    }
+    kda_recompute_w_u_fwd(ctx, wa);
   }
-  // recompute_states, with its state recurrence and chunk_kda_fwd_o fused when the backend can.
-  const ChunkGatedDeltaRuleFwdHArgs ha = recompute_w_u(ctx, q, k, a.v, beta, a.Akk, a.g_cumsum, a.initial_state,
-                                                       a.final_state, ws.st, cu, ci, a.chunk_offsets, a.chunk_size);
+  // The state recurrence, and chunk_kda_fwd_o fused with it when the backend can.
+  const ChunkGatedDeltaRuleFwdHArgs ha =
+      state_args(a.g_cumsum, a.initial_state, a.final_state, ws.st, cu, a.chunk_offsets, a.chunk_size);
   const ChunkKdaFwdOArgs oa{ws.st.qg, a.Aqk, ws.st.v_new, ws.st.h, a.o, cu, ci, a.scale};
   if (fusions.state_out) {
     ChunkGatedDeltaRuleFwdHArgs fa = ha;

@@ -21,6 +21,10 @@ using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleF
 // returns false without writing anything when it does not take them.
 using FusedCumsumIntraFwd = bool (*)(const Context& ctx, const ChunkLocalCumsumArgs& cumsum_args,
                                      const ChunkKdaFwdIntraArgs& intra_args);
+// The same with kda_recompute_w_u (wu_args, reading intra's Akk and the cumsum's out) behind: all
+// three steps' outputs written and true, or nothing written and false.
+using FusedCumsumIntraWUFwd = bool (*)(const Context& ctx, const ChunkLocalCumsumArgs& cumsum_args,
+                                       const ChunkKdaFwdIntraArgs& intra_args, const KdaRecomputeWUFwdArgs& wu_args);
 // The backward's counterpart: chunk_kda_bwd_intra, then the reverse chunk-local cumsum of its
 // dg_out into cumsum_args.out. Written: intra's outputs but dg_out, and cumsum_args.out (dg_out,
 // a workspace, may be left unwritten).
@@ -30,6 +34,7 @@ using FusedIntraCumsumBwd = bool (*)(const Context& ctx, const ChunkKdaBwdIntraA
 struct FwdFusions {
   FusedStateOutFwd state_out = nullptr;
   FusedCumsumIntraFwd cumsum_intra = nullptr;
+  FusedCumsumIntraWUFwd cumsum_intra_wu = nullptr;
 };
 
 void compose_fwd(const Context& ctx, const ChunkKdaFwdArgs& args, FwdFusions fusions = {});

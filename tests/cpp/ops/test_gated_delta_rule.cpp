@@ -955,6 +955,7 @@ struct Shape {
 
 struct Opts {
   bool l2 = false, gate = false, sig = false, neg = false, h0 = true, dht = true;
+  bool beta16 = false;  // beta (and dbeta) in the 16-bit input type instead of fp32 (run_chunk)
   int64_t BT = 64;
   double gate_scale = 1.0;  // multiplies the per-step log decays
 };
@@ -1245,7 +1246,8 @@ Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, 
   const int64_t n = s.B * s.T;
   TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
   TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
-  TestTensor g = tensor(f32, {s.B, s.T, s.HV}, d.g, dev), beta = tensor(f32, {s.B, s.T, s.HV}, d.beta, dev);
+  const DType bdt = o.beta16 ? dt : f32;
+  TestTensor g = tensor(f32, {s.B, s.T, s.HV}, d.g, dev), beta = tensor(bdt, {s.B, s.T, s.HV}, d.beta, dev);
   TestTensor h0 = o.h0 ? tensor(f32, {s.N(), s.HV, s.K, s.V}, d.h0, dev) : TestTensor();
   TestTensor Alog = tensor(f32, {s.HV}, d.A_log, dev), bias = tensor(f32, {s.HV}, d.dt_bias, dev);
   Result r;
@@ -1297,7 +1299,7 @@ Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, 
   r.dk = poisoned(dt, {s.B, s.T, s.H, s.K}, dev);
   r.dv = poisoned(dt, {s.B, s.T, s.HV, s.V}, dev);
   r.dg = poisoned(f32, {s.B, s.T, s.HV}, dev);
-  r.dbeta = poisoned(f32, {s.B, s.T, s.HV}, dev);
+  r.dbeta = poisoned(bdt, {s.B, s.T, s.HV}, dev);
   r.dh0 = poisoned(f32, {s.N(), s.HV, s.K, s.V}, dev);
   ba.dq = r.dq.view(); ba.dk = r.dk.view(); ba.dv = r.dv.view(); ba.dg = r.dg.view(); ba.dbeta = r.dbeta.view();
   ba.dh0 = o.h0 ? r.dh0.view() : TensorView();
@@ -1601,20 +1603,24 @@ TEST(ChunkGatedDeltaRule, Sm90BackwardEqualsSm80sWithinRounding) {
     if (b.id == "cuda_sm90") sm90 = &b;
   }
   if (!sm80 || !sm90) GTEST_SKIP() << "needs the cuda_sm80 and cuda_sm90 backends (an sm_90 GPU)";
+  // beta in fp32 and in the input type (the w/u-in-B1 kernel loads either).
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
     for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}},
-                           Shape{64, 70, 1, 2, 128, 128, {}}}) {
-      SCOPED_TRACE(dtype_name(dt) + (s.cu.empty() ? " fixed B=" + std::to_string(s.B) : " varlen"));
-      Opts o;
-      o.l2 = o.gate = true;
-      const Data d = make_data(s, o, 23, dt);
-      const Result a = run_chunk(*sm90, dt, s, o, d, 0.2), b = run_chunk(*sm80, dt, s, o, d, 0.2);
-      const double bound = dt == DType::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
-      for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv},
-                          std::pair{&a.dg, &b.dg}, std::pair{&a.dbeta, &b.dbeta}, std::pair{&a.dh0, &b.dh0},
-                          std::pair{&a.dA, &b.dA}, std::pair{&a.dbias, &b.dbias}})
-        EXPECT_LT(rms_relative_error(x->to_double(), y->to_double()), bound);
-    }
+                           Shape{64, 70, 1, 2, 128, 128, {}}})
+      for (bool beta16 : {false, true}) {
+        SCOPED_TRACE(dtype_name(dt) + (s.cu.empty() ? " fixed B=" + std::to_string(s.B) : " varlen") +
+                     (beta16 ? ", 16-bit beta" : ", fp32 beta"));
+        Opts o;
+        o.l2 = o.gate = true;
+        o.beta16 = beta16;
+        const Data d = make_data(s, o, 23, dt);
+        const Result a = run_chunk(*sm90, dt, s, o, d, 0.2), b = run_chunk(*sm80, dt, s, o, d, 0.2);
+        const double bound = dt == DType::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+        for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv},
+                            std::pair{&a.dg, &b.dg}, std::pair{&a.dbeta, &b.dbeta}, std::pair{&a.dh0, &b.dh0},
+                            std::pair{&a.dA, &b.dA}, std::pair{&a.dbias, &b.dbias}})
+          EXPECT_LT(rms_relative_error(x->to_double(), y->to_double()), bound);
+      }
 }
 
 TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {

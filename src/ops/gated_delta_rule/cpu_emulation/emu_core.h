@@ -1,6 +1,7 @@
 // CPU emulation of the CUDA features the cuda_sm80 GDN and KDA kernels use (see the build.sh of
 // each family). Test aid only.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +33,7 @@ struct EmuWarp {
 inline thread_local EmuWarp* g_emu_warp = nullptr;
 inline std::vector<unsigned char> g_emu_smem;
 inline void __syncthreads() { g_emu_bar->arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 // Blocks run one at a time, so one flag serves; the third barrier keeps the reset before any
 // thread's next call.
 inline int g_emu_or = 0;
