@@ -49,12 +49,17 @@ using sm80::Tok;
 constexpr int kHoThreads = 512;
 constexpr uint32_t kBufB = 4 * kTileB;               // K, W, Q, U
 constexpr uint32_t kPB = kBT * kBT * 2;              // P [64][64]
-constexpr size_t kHoSmem = 1024 + 2 * kBufB + kXsB + kTileB + kPB + 2 * kBT * sizeof(float);
+constexpr size_t kHoSmem = 1024 + 2 * kBufB + kXsB + kTileB + kPB + 2 * kD * sizeof(float);
 
-template <bool BF>
+// KDA (chunk_kda's state recurrence and chunk_kda_fwd_o, the gk form): the tiles K and Q hold kg
+// and qg, g is the per-channel g_cumsum [B,T,HV,128] (fp32) and aqk the stored Aqk (scale in it).
+// Then Vg is not used (kg carries e^{g_last - g}) and its tile holds P = M>= . Aqk, loaded with
+// the chunk's tiles (two buffers); X = diag(e^{g_last}) X + kg^T Vn; O = scale qg Xs + P Vn; the
+// gate buffer holds each chunk's last row of g (128 channels) instead of its 64 scalar gates.
+template <bool BF, bool KDA>
 __global__ void __launch_bounds__(kHoThreads, 1)
     fwd_ho_wg_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Mat h0, Mat h, Tok vn, Mat ht, Tok o, Layout L, int HV,
-                     int G, float scale, bool o_staged) {
+                     int G, float scale, bool o_staged, Tok aqk) {
   using sm80::exp_fast;
   using sm80::mma16::pack2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -67,7 +72,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   uint8_t* Xs = buf + 2 * kBufB;     // [128 (K)][128 (V)]
   uint8_t* Vg = Xs + kXsB;           // [64][128]
   uint8_t* Ps = Vg + kTileB;         // [64][64]
-  float* gls = reinterpret_cast<float*>(Ps + kPB);  // [2][64] gates
+  float* gls = reinterpret_cast<float*>(Ps + kPB);  // [2][64] gates (KDA: [2][128], a row of g)
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = sm80::seq_pos(L, n);
@@ -86,6 +91,8 @@ __global__ void __launch_bounds__(kHoThreads, 1)
   qs.init(q, s.b, s.t0, hk, lc);
   us.init(u, s.b, s.t0, hv, lc);
   const float* gsrc = g.p ? static_cast<const float*>(g.p) + g.off(s.b, s.t0 + (tid & (kBT - 1)), hv) : nullptr;
+  const int pr = tid >> 3, pc = (tid & 7) << 3;  // KDA: this thread's 16-byte unit of P (row pr, columns pc..)
+  const uint32_t po = pr * 128 + (((pc >> 3) ^ (pr & 7)) << 4);
   auto issue = [&](int64_t ci) {
     uint8_t* Kb = buf + (ci & 1) * kBufB;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
@@ -95,7 +102,14 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     us.load(Kb + 3 * kTileB, so0, so1, ci, lr, len, u.st);
     // The chunk's gates ride with its tiles (fp32; zeros past len or without a gate), so that no
     // global load sits between the chunks.
-    if (tid < kBT) {
+    if constexpr (KDA) {  // the last row of g, and Aqk's rows into P's buffer (rows >= len zero)
+      if (tid < kD / 4)
+        sm80::cp_async16(gls + (ci & 1) * kD + 4 * tid,
+                         static_cast<const float*>(g.p) + g.off(s.b, s.t0 + ci * kBT + len - 1, hv) + 4 * tid, true);
+      const bool ok = pr < len;
+      const uint16_t* ap = static_cast<const uint16_t*>(aqk.p) + aqk.off(s.b, s.t0 + ci * kBT + (ok ? pr : 0), hv) + pc;
+      sm80::cp_async16(Vg + (ci & 1) * kPB + po, ap, ok);
+    } else if (tid < kBT) {
       const bool ok = gsrc && tid < len;
       cp_async4(gls + (ci & 1) * kBT + tid, ok ? static_cast<const void*>(gsrc + ci * kBT * g.st) : ks.p0, ok);
     }
@@ -111,7 +125,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     const int64_t idx = (s.coff + ci) * HV + hv;
     // No barrier first: the previous chunk's readers of Xs (its first products) are behind its
     // second barrier. The gates came with the tiles (their buffer's last readers: two chunks ago).
-    const float* gl = gls + cur * kBT;
+    const float* gl = gls + cur * (KDA ? kD : kBT);
     state_to_xs<BF>(Xs, x, th);
     if (h.p) {  // the h snapshot
       uint16_t* snap = static_cast<uint16_t*>(h.p) + idx * (kD * kD);
@@ -123,6 +137,14 @@ __global__ void __launch_bounds__(kHoThreads, 1)
               pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
     }
     sm80::cp_async_wait<0>();
+    if constexpr (KDA) {  // P = M>= . Aqk: this thread's unit, columns past its row to zero
+      if (pc + 7 > pr) {
+        uint16_t* pu = reinterpret_cast<uint16_t*>(Vg + cur * kPB + po);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (pc + e > pr) pu[e] = 0;
+      }
+    }
     fence_async_smem();
     __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
     // The next chunk's tiles go into the other buffer (its last readers, the previous chunk's
@@ -132,7 +154,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     uint8_t* Us = Kb + 3 * kTileB;  // U, then Vn in place
     // The same tiles as byte offsets from sm, for the descriptors.
     const uint32_t aK = cur * kBufB, aW = aK + kTileB, aQ = aK + 2 * kTileB, aU = aK + 3 * kTileB;
-    const float glast = gl[len - 1];
+    const float glast = KDA ? 0.0f : gl[len - 1];
     // Phase 1, the same products on every warpgroup: acc = W Xs (0, 1: Vn's columns 64 wg..) or
     // Q Xs (2, 3: O's columns 64 (wg - 2)..), and P's columns 16 wg.. = Q K^T.
     float acc[32], pa[8];
@@ -145,12 +167,15 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     for (int kk = 0; kk < kD / 16; ++kk)
       wgmma_n64<BF, 0, 1>(acc, kmajor(kLo, wg < 2 ? aW : aQ, kk), mnmajor(mLo, aXs + nb * (kXsB / 2) + kk * 2048), kk > 0);
     wg_commit();
+    if constexpr (!KDA) {
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma_n16<BF, 0, 0>(pa, kmajor(kLo, aQ, kk), kmajor(kLo, aK + 16 * wg * 128, kk), kk > 0);
-    wg_commit();
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_n16<BF, 0, 0>(pa, kmajor(kLo, aQ, kk), kmajor(kLo, aK + 16 * wg * 128, kk), kk > 0);
+      wg_commit();
+    }
     if (ci + 1 < nch) issue(ci + 1);
-    wg_wait<1>();  // acc done; Q K^T still running under its epilogue
+    if constexpr (KDA) wg_wait<0>();
+    else wg_wait<1>();  // acc done; Q K^T still running under its epilogue
     fence_regs(acc);
     if (wg < 2) {  // Vn = U - W Xs into U's tile, Vg beside it (v_new too when kept)
       const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
@@ -169,37 +194,53 @@ __global__ void __launch_bounds__(kHoThreads, 1)
               if (r < len) sm80::mma16::st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + 64 * nb + 8 * j + 2 * tq, v0, v1);
             }
             *reinterpret_cast<uint32_t*>(Us + off) = pack2<BF>(v0, v1);
-            const float f = hr ? f1 : f0;
-            *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
+            if constexpr (!KDA) {
+              const float f = hr ? f1 : f0;
+              *reinterpret_cast<uint32_t*>(Vg + off) = pack2<BF>(f * v0, f * v1);
+            }
           }
       };
       if (vn.p) vn_rows(std::true_type{});
       else vn_rows(std::false_type{});
     }
-    wg_wait<0>();
-    fence_regs(pa);
-    if (wg >= 2) {  // O = diag(e^g) Q Xs (after the last wait: acc may not be redefined while
-                    // a wgmma batch is in flight, or the compiler serializes them all)
-      const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
+    if constexpr (KDA) {
+      if (wg >= 2) {  // O = scale qg Xs (P carries its scale)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[i] *= scale;
+      }
+      // X = diag(e^{g_last}) X: this thread's rows xr, xr + 8.
+      const float f0 = exp_fast(gl[th.xr]), f1 = exp_fast(gl[th.xr + 8]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        acc[4 * j] *= e0, acc[4 * j + 1] *= e0;
-        acc[4 * j + 2] *= e1, acc[4 * j + 3] *= e1;
+        x[4 * j] *= f0, x[4 * j + 1] *= f0;
+        x[4 * j + 2] *= f1, x[4 * j + 3] *= f1;
       }
-    }
+    } else {
+      wg_wait<0>();
+      fence_regs(pa);
+      if (wg >= 2) {  // O = diag(e^g) Q Xs (after the last wait: acc may not be redefined while
+                      // a wgmma batch is in flight, or the compiler serializes them all)
+        const float e0 = exp_fast(gl[r0]), e1 = exp_fast(gl[r1]);
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = hr ? r1 : r0, col = 16 * wg + 8 * j + 2 * tq;
-        const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
-        const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
-        *reinterpret_cast<uint32_t*>(Ps + (r * 128 + 4 * tq + (((2 * wg + j) << 4) ^ gx))) = pack2<BF>(p0, p1);
+        for (int j = 0; j < 8; ++j) {
+          acc[4 * j] *= e0, acc[4 * j + 1] *= e0;
+          acc[4 * j + 2] *= e1, acc[4 * j + 3] *= e1;
+        }
       }
-    if (g.p) {
-      const float f = exp_fast(glast);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) x[i] *= f;
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = 16 * wg + 8 * j + 2 * tq;
+          const float p0 = (r < len && col <= r) ? pa[4 * j + 2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
+          const float p1 = (r < len && col + 1 <= r) ? pa[4 * j + 2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
+          *reinterpret_cast<uint32_t*>(Ps + (r * 128 + 4 * tq + (((2 * wg + j) << 4) ^ gx))) = pack2<BF>(p0, p1);
+        }
+      if (g.p) {
+        const float f = exp_fast(glast);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) x[i] *= f;
+      }
     }
     fence_async_smem();
     __syncthreads();  // Vn, Vg, P
@@ -207,12 +248,13 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBT / 16; ++kk)
       wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aK + (wg & 1) * (kTileB / 2) + kk * 2048),
-                          mnmajor(mLo, aVg + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
+                          mnmajor(mLo, (KDA ? aU : aVg) + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
     wg_commit();
     if (wg >= 2) {  // O += P Vn
+      const uint32_t aPc = KDA ? aVg + cur * kPB : aP;
 #pragma unroll
       for (int kk = 0; kk < kBT / 16; ++kk)
-        wgmma_n64<BF, 0, 1>(acc, desc_make(kLo + ((aP + kk * 32) >> 4), kDescHi),
+        wgmma_n64<BF, 0, 1>(acc, desc_make(kLo + ((aPc + kk * 32) >> 4), kDescHi),
                             mnmajor(mLo, aU + nb * (kTileB / 2) + kk * 2048), 1);
       wg_commit();
     }
@@ -221,6 +263,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
     fence_regs(acc);
     if (wg >= 2) {
       const int cb = 64 * nb;
+      const float os = KDA ? 1.0f : scale;  // KDA's O is scaled already
       if (o_staged) {
         // o through this warp's rows of Q's tile (Q's last readers were before the barrier above),
         // then 16-byte row stores.
@@ -229,7 +272,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr)
             *reinterpret_cast<uint32_t*>(Qs + ((hr ? tb1 : tb0) + ((j << 4) ^ gx))) =
-                pack2<BF>(scale * acc[4 * j + 2 * hr], scale * acc[4 * j + 2 * hr + 1]);
+                pack2<BF>(os * acc[4 * j + 2 * hr], os * acc[4 * j + 2 * hr + 1]);
         __syncwarp();
         uint16_t* base = static_cast<uint16_t*>(o.p);
 #pragma unroll
@@ -244,10 +287,10 @@ __global__ void __launch_bounds__(kHoThreads, 1)
         for (int j = 0; j < 8; ++j) {
           const int col = cb + 8 * j + 2 * tq;
           if (r0 < len)
-            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, scale * acc[4 * j], scale * acc[4 * j + 1]);
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, os * acc[4 * j], os * acc[4 * j + 1]);
           if (r1 < len)
-            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, scale * acc[4 * j + 2],
-                             scale * acc[4 * j + 3]);
+            sm80::mma16::st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, os * acc[4 * j + 2],
+                             os * acc[4 * j + 3]);
         }
       }
     }
@@ -284,15 +327,51 @@ bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const C
   if (N * HV == 0) return true;
   const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
   const bool o_staged = sm80::mma16::staged_out_ok(b.o, b.o, a.k.dtype());
-  auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_wg_kernel<true> : fwd_ho_wg_kernel<false>;
+  auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_wg_kernel<true, false> : fwd_ho_wg_kernel<false, false>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
   kernel<<<static_cast<unsigned>(N * HV), kHoThreads, kHoSmem, sm80::stream_of(ctx)>>>(
       sm80::tok_of(b.q), sm80::tok_of(a.k), sm80::tok_of(a.w), sm80::tok_of(a.u), sm80::tok_of(a.g),
       sm80::mat_of(a.h0), sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), sm80::tok_of(b.o), L,
-      static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(b.scale), o_staged);
+      static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(b.scale), o_staged, Tok());
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }
+
+}  // namespace
+
+// KDA's state recurrence (its gk form: a.k = kg, a.gk = g_cumsum) and chunk_kda_fwd_o in the same
+// kernel (fwd_ho_wg_kernel<BF, true>): taken under the conditions of GDN's (FUSEDOPS_GDN_FUSED_HO,
+// FUSEDOPS_GDN_WGMMA; K = V = 128, chunk 64, 16-bit, enough (sequence, head) pairs) with the gate
+// in fp32 rows of 16 bytes and Aqk 16-bit; false, with nothing written, otherwise.
+bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
+                   const TensorView& aqk, const TensorView& o, double scale) {
+  using namespace sm80::mma16;
+  const DType dt = a.k.dtype();
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  if (a.g.defined() || !a.gk.defined() || !aqk.defined() || aqk.size(3) != kBT || a.gk.size(3) != kD) return false;
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, TensorView(), TensorView(), a.chunk_size, a.k.size(3),
+                   a.u.size(3), N * a.u.size(2), kHoSmem))
+    return false;
+  if (!tok32_ok(a.gk) || !tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(qg, dt) ||
+      !tok16_ok(aqk, dt) || !out2_ok(o) || a.h.defined() || a.v_new.defined() || !ends_ok(a.h0, a.ht))
+    return false;
+  const char* op = "chunk_kda";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
+  if (N * HV == 0) return true;
+  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  const bool o_staged = staged_out_ok(o, o, dt);
+  auto kernel = dt == DType::kBFloat16 ? fwd_ho_wg_kernel<true, true> : fwd_ho_wg_kernel<false, true>;
+  sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
+  kernel<<<static_cast<unsigned>(N * HV), kHoThreads, kHoSmem, sm80::stream_of(ctx)>>>(
+      sm80::tok_of(qg), sm80::tok_of(a.k), sm80::tok_of(a.w), sm80::tok_of(a.u), sm80::tok_of(a.gk),
+      sm80::mat_of(a.h0), Mat(), Tok(), sm80::mat_of(a.ht), sm80::tok_of(o), L,
+      static_cast<int>(HV), static_cast<int>(HV / Hk), static_cast<float>(scale), o_staged, sm80::tok_of(aqk));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  return true;
+}
+
+namespace {
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   Context c = ctx;

@@ -1203,7 +1203,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";
-  compose_fwd(c, a, {state_out_fused, cumsum_intra_fused, cumsum_intra_wu_fused});
+  compose_fwd(c, a, fwd_fusions());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1240,6 +1240,10 @@ bool sup_top(const ChunkKdaFwdArgs& a) {
 }
 
 }  // namespace
+
+FwdFusions fwd_fusions() { return {state_out_fused, cumsum_intra_fused, cumsum_intra_wu_fused}; }
+bool top_fwd_supported(const ChunkKdaFwdArgs& a) { return sup_top(a); }
+
 }  // namespace fusedops::kda::sm80
 
 namespace fusedops {

@@ -5,8 +5,10 @@
 #include <cstdint>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/ops/kda.h"
 #include "src/ops/gated_delta_rule/gdn_sm80.cuh"
 #include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/kda/kda_top.h"
 
 namespace fusedops::kda::sm80 {
 
@@ -133,5 +135,10 @@ __device__ __forceinline__ void mul8_store(uint16_t* dst, const uint16_t* src, c
 
 // Registers the backward-direction kernels of kda_bwd_sm80.cu.
 void register_bwd(Registry& r);
+
+// The top-level forward's fused steps (compose_fwd's hooks) of this backend, and whether its top
+// level takes a call (kda_sm90.cu's forward is this one with another state-and-output hook).
+FwdFusions fwd_fusions();
+bool top_fwd_supported(const ChunkKdaFwdArgs& a);
 
 }  // namespace fusedops::kda::sm80

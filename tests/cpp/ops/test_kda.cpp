@@ -1072,9 +1072,17 @@ TEST(KdaTop, ForwardAndBackwardEqualTheirUnfusedCompositionBitwise) {
 // sub-operators (chunk_gated_delta_rule_fwd_h in the gk form, chunk_kda_fwd_o) run on the
 // intermediates kda_recompute_w_u_fwd gives from its Akk and g_cumsum: a backend's fused kernels
 // (CUDA's cumsum-and-intra and state-and-output, at K = V = 128 in 16 bits) must round as they do.
+// cuda_sm90's state-and-output kernel (wgmma; its sub-operators are cuda_sm80's) rounds at the
+// same points but its tensor cores may sum inside a product in another order: in 16 bits its o and
+// final state are held to the sub-operators' within rounding (RMS-relative difference under 2^-8
+// bf16 / 2^-11 fp16, where a misplaced tile or a missed term gives O(1)). The test shapes have few
+// (sequence, head) pairs: FUSEDOPS_GDN_FUSED_HO=1 makes that kernel take them.
 TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
   for_each_case("chunk_kda", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
     if (b.id == "ref") return;
+    const bool sm90 = b.id == "cuda_sm90";
+    Context sub = b.ctx();
+    if (sm90) sub.backend = "cuda_sm80";
     const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 16, dt);
     const DType adt = f32or(dt);
@@ -1083,16 +1091,16 @@ TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
     const ChunkKdaFwdArgs& fa = run.fa;
     const TestTensor &o = run.o, &ht = run.ht;
     TestTensor gc2 = poisoned(adt, tok(L, L.HV, L.K), b.device);
-    chunk_local_cumsum(b.ctx(), {fa.g, gc2.view(), fa.cu_seqlens, fa.chunk_indices, L.BT, false, 1.0});
+    chunk_local_cumsum(sub, {fa.g, gc2.view(), fa.cu_seqlens, fa.chunk_indices, L.BT, false, 1.0});
     EXPECT_EQ(run.gc.bytes(), gc2.bytes());
     TestTensor Aqk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device);
-    chunk_kda_fwd_intra(b.ctx(), {fa.q, fa.k, gc2.view(), fa.beta, Aqk2.view(), Akk2.view(), fa.cu_seqlens,
+    chunk_kda_fwd_intra(sub, {fa.q, fa.k, gc2.view(), fa.beta, Aqk2.view(), Akk2.view(), fa.cu_seqlens,
                                   fa.chunk_indices, fa.scale, L.BT});
     EXPECT_EQ(run.Aqk.bytes(), Aqk2.bytes());
     EXPECT_EQ(run.Akk.bytes(), Akk2.bytes());
     TestTensor w = poisoned(dt, tok(L, L.HV, L.K), b.device), u = poisoned(dt, tok(L, L.HV, L.V), b.device);
     TestTensor kg = poisoned(dt, tok(L, L.HV, L.K), b.device), qg = poisoned(dt, tok(L, L.HV, L.K), b.device);
-    kda_recompute_w_u_fwd(b.ctx(), {fa.q, fa.k, fa.v, fa.beta, fa.Akk, fa.g_cumsum, w.view(), u.view(), kg.view(),
+    kda_recompute_w_u_fwd(sub, {fa.q, fa.k, fa.v, fa.beta, fa.Akk, fa.g_cumsum, w.view(), u.view(), kg.view(),
                                     qg.view(), fa.cu_seqlens, fa.chunk_indices});
     int64_t nt = (L.T + L.BT - 1) / L.BT;  // chunks per batch row, or in all (varlen; from the host copy)
     if (!L.cu.empty()) {
@@ -1102,12 +1110,18 @@ TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
     TestTensor h = poisoned(dt, {L.cu.empty() ? L.B : 1, nt, L.HV, L.K, L.V}, b.device);
     TestTensor vn = poisoned(dt, tok(L, L.HV, L.V), b.device), o2 = poisoned(dt, tok(L, L.HV, L.V), b.device);
     TestTensor ht2 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-    chunk_gated_delta_rule_fwd_h(b.ctx(), {kg.view(), w.view(), u.view(), TensorView(), fa.g_cumsum, fa.initial_state,
+    chunk_gated_delta_rule_fwd_h(sub, {kg.view(), w.view(), u.view(), TensorView(), fa.g_cumsum, fa.initial_state,
                                            h.view(), vn.view(), ht2.view(), fa.cu_seqlens, fa.chunk_offsets, L.BT});
-    chunk_kda_fwd_o(b.ctx(), {qg.view(), fa.Aqk, vn.view(), h.view(), o2.view(), fa.cu_seqlens, fa.chunk_indices,
+    chunk_kda_fwd_o(sub, {qg.view(), fa.Aqk, vn.view(), h.view(), o2.view(), fa.cu_seqlens, fa.chunk_indices,
                               fa.scale});
-    EXPECT_EQ(o.bytes(), o2.bytes());
-    EXPECT_EQ(ht.bytes(), ht2.bytes());
+    if (sm90 && (dt == DType::kBFloat16 || dt == DType::kFloat16)) {
+      const double bound = dt == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
+      EXPECT_LT(rms_relative_error(o.to_double(), o2.to_double()), bound);
+      EXPECT_LT(rms_relative_error(ht.to_double(), ht2.to_double()), bound);
+    } else {
+      EXPECT_EQ(o.bytes(), o2.bytes());
+      EXPECT_EQ(ht.bytes(), ht2.bytes());
+    }
   });
 }
 

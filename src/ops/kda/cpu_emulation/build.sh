@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs the cuda_sm80 KDA kernels (with the gated_delta_rule cuda_sm80 kernels the KDA pipeline
+# Runs the cuda_sm80 KDA kernels and cuda_sm90's forward (with the gated_delta_rule kernels the KDA pipeline
 # dispatches to) on the CPU: one std::thread per CUDA thread, std::barrier for __syncthreads,
 # NaN-poisoned dynamic shared memory, launch-limit checks; registered as a CPU backend named
 # cuda_sm80 and run under tests/cpp/ops/test_kda.cpp. A test aid for machines without a GPU; not
@@ -26,11 +26,13 @@ G=$ROOT/src/ops/gated_delta_rule
 K=$ROOT/src/ops/kda
 mkdir -p $OUT/shadow/src/ops/gated_delta_rule
 cp $G/cpu_emulation/emu_mma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_mma_sm80.cuh  # the GDN 16-bit kernels' PTX layer
+cp $G/cpu_emulation/emu_wgmma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh  # and the sm90 kernels' (wgmma)
 python3 $HERE/prep.py $OUT/shadow $G/gdn_sm80.cuh $G/gdn_tc_sm80.cuh $G/gated_delta_rule_fwd_sm80.cu $G/gated_delta_rule_bwd_sm80.cu \
-  $K/kda_sm80.cuh $K/kda_sm80.cu $K/kda_bwd_sm80.cu
+  $K/kda_sm80.cuh $K/kda_sm80.cu $K/kda_bwd_sm80.cu $G/gated_delta_rule_fwd_sm90.cu $G/gated_delta_rule_bwd_sm90.cu $K/kda_sm90.cu
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
 OBJS=""
-for f in gated_delta_rule/gated_delta_rule_fwd_sm80 gated_delta_rule/gated_delta_rule_bwd_sm80 kda/kda_sm80 kda/kda_bwd_sm80; do
+for f in gated_delta_rule/gated_delta_rule_fwd_sm80 gated_delta_rule/gated_delta_rule_bwd_sm80 kda/kda_sm80 kda/kda_bwd_sm80 \
+         gated_delta_rule/gated_delta_rule_fwd_sm90 gated_delta_rule/gated_delta_rule_bwd_sm90 kda/kda_sm90; do
   o=$OUT/$(basename $f).o
   if [ ! -f $o ] || [ $OUT/shadow/src/ops/$f.cpp -nt $o ] || [ $OUT/shadow/src/ops/kda/kda_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_tc_sm80.cuh -nt $o ]; then
     $CXX -c $OUT/shadow/src/ops/$f.cpp -o $o

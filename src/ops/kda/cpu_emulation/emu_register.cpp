@@ -7,6 +7,7 @@
 namespace fusedops {
 void register_gated_delta_rule_cuda_sm80(Registry& r);
 void register_kda_cuda_sm80(Registry& r);
+void register_kda_cuda_sm90(Registry& r);
 }  // namespace fusedops
 using namespace fusedops;
 namespace {
@@ -25,6 +26,7 @@ struct Init {
     Registry& r = Registry::instance();
     register_gated_delta_rule_cuda_sm80(r);
     register_kda_cuda_sm80(r);
+    register_kda_cuda_sm90(r);  // chunk_kda's forward with the wgmma state-and-output kernel
     BackendSpec s{"cuda_sm80", DeviceKind::kCPU, 0, INT_MAX,
                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, 20};
     r.add<L2NormFwdArgs>("l2norm", Direction::kForward, s, nullptr, l2f);
