@@ -1238,6 +1238,9 @@ bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
 
 }  // namespace
 
+void top_bwd_entry(const Context& ctx, const ChunkKdaBwdArgs& a) { top_bwd(ctx, a); }
+bool top_bwd_supported(const ChunkKdaBwdArgs& a) { return sup_top_bwd(a); }
+
 void register_bwd(Registry& r) {
   const BackendSpec s = gdn::sm80::spec();
   const auto B = Direction::kBackward;

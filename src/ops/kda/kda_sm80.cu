@@ -138,11 +138,14 @@ constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA)
 }  // namespace wu16
 
 // One chunk's (c, value head hv, key head hk) recompute on wu16::kSmem bytes of shared memory at
-// smem (wu_mma_kernel's body; intra_mma_kernel's with kWU runs it after its own steps).
+// smem (wu_mma_kernel's body; intra_mma_kernel's with kWU runs it after its own steps). With Xa,
+// Akk comes from that fp32 tile (row stride ldx, below wu16's A tiles: the intra kernel's solve
+// output) rounded as the stores to Akk round it, instead of from memory.
 template <bool BF>
-__device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k, const Tok& v, const Tok& beta, const Tok& Akk,
-                         const Tok& gk, const Tok& w, const Tok& u, const Tok& kg, const Tok& qg, const ChunkPos& c,
-                         int hv, int hk, int staged) {
+__device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k, const Tok& v, const Tok& beta,
+                                         const Tok& Akk, const Tok& gk, const Tok& w, const Tok& u, const Tok& kg,
+                                         const Tok& qg, const ChunkPos& c, int hv, int hk, int staged,
+                                         const float* Xa = nullptr, int ldx = 0) {
   using namespace gdn::sm80;
   using namespace gdn::sm80::mma16;
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
@@ -155,9 +158,17 @@ __device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k
   const int warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int wm = 16 * (warp & 3), wn = 64 * (warp >> 2);
   const int r0 = wm + (lane >> 2);
+  if (Xa) {  // As from Xa: the values the rows i < len of Akk got (j <= i), zeros elsewhere
+    for (int e = tid; e < kMaxBT * (kMaxBT / 2); e += kThreads) {
+      const int i = e >> 5, j = (e & 31) << 1;
+      const float a0 = j <= i ? Xa[i * ldx + j] : 0.0f, a1 = j < i ? Xa[i * ldx + j + 1] : 0.0f;
+      *reinterpret_cast<uint32_t*>(As + i * kLdA + j) = i < len ? pack2<BF>(a0, a1) : 0u;
+    }
+    __syncthreads();  // Xa is read: the K tile lands on it
+  }
   load_rows(Ks, kLdT, k, c.b, c.t0, hk, len, kD / 8);
   load_rows(Vs, kLdT, v, c.b, c.t0, hv, len, kD / 8);
-  load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
+  if (!Xa) load_rows(As, kLdA, Akk, c.b, c.t0, hv, len, kMaxBT / 8);
   cp_async_commit();
   // The element-wise pass's rows rw + 8 st and channels col..col+3: their gk and q pieces are all
   // loaded here, under the tile copies.
@@ -486,10 +497,12 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
         j < i ? X[i * kLdF + j + 1] : 0.0f);
   }
   if constexpr (kWU) {
+    // The recompute's A tiles lie past X and its stage (dead 16-bit tiles); it takes Akk from X and
+    // reads g_cumsum (written above by this block's threads, before several barriers) from memory.
     static_assert(wu16::kSmem <= intra16::kSmem, "the recompute fits in the intra kernel's shared memory");
-    __threadfence();  // Akk (and g_cumsum) out before the recompute reads them back by cp.async.cg
-    __syncthreads();  // and every reader of the shared memory above is done
-    wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hk, staged);
+    static_assert(2 * 3 * static_cast<size_t>(kTok) >= 4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16),
+                  "wu_chunk's A tiles start past X and the solve's stage");
+    wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hk, staged, X, kLdF);
   }
 }
 

@@ -140,5 +140,8 @@ void register_bwd(Registry& r);
 // level takes a call (kda_sm90.cu's forward is this one with another state-and-output hook).
 FwdFusions fwd_fusions();
 bool top_fwd_supported(const ChunkKdaFwdArgs& a);
+// The top-level backward (kda_bwd_sm80.cu), which kda_sm90.cu registers as its own.
+void top_bwd_entry(const Context& ctx, const ChunkKdaBwdArgs& a);
+bool top_bwd_supported(const ChunkKdaBwdArgs& a);
 
 }  // namespace fusedops::kda::sm80

@@ -3,7 +3,8 @@
 // Hopper's warpgroup products: the gated delta rule's kernel fwd_ho_wg_kernel in its KDA form
 // (gated_delta_rule_fwd_sm90.cu). Where that kernel does not take the call (shapes, dtypes, too
 // few (sequence, head) pairs), cuda_sm80's fused kernel runs. Every other step, the sub-operator
-// entry points and the backward stay cuda_sm80's.
+// entry points and the backward stay cuda_sm80's (the backward is registered under this name too,
+// so that a caller who names the backend gets both directions).
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -31,11 +32,13 @@ void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
 
 namespace fusedops {
 
-// The top-level forward only (the backward is cuda_sm80's).
+// The top level, both directions (the backward is cuda_sm80's).
 void register_kda_cuda_sm90(Registry& r) {
   const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
                       {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
   r.add<ChunkKdaFwdArgs>("chunk_kda", Direction::kForward, s, kda::sm80::top_fwd_supported, kda::sm90::top_fwd);
+  r.add<ChunkKdaBwdArgs>("chunk_kda", Direction::kBackward, s, kda::sm80::top_bwd_supported,
+                         kda::sm80::top_bwd_entry);
 }
 
 }  // namespace fusedops

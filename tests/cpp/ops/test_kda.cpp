@@ -1047,20 +1047,34 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
 // compose_bwd without a backend's fused steps (each sub-operator its own launch on the same
 // backend): the CUDA backend's fusions (cumsum into the intra kernels, state recurrence with the
 // output) change no value.
+// cuda_sm90 (whose sub-operators are cuda_sm80's) is composed of cuda_sm80's sub-operators, and
+// its wgmma state-and-output kernel, when it takes the call (FUSEDOPS_GDN_FUSED_HO=1 at these
+// shapes), holds o and the final state to them within rounding in 16 bits (as in the test below).
 TEST(KdaTop, ForwardAndBackwardEqualTheirUnfusedCompositionBitwise) {
   for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
     if (b.id == "ref") return;
+    const bool sm90 = b.id == "cuda_sm90";
+    auto sub = [](Context c) {
+      if (c.backend == "cuda_sm90") c.backend = "cuda_sm80";
+      return c;
+    };
     const Index ix = make_index(L, b.device);
     const Inputs in = make_inputs(L, 17, dt);
     KdaFwdRun fused, plain;
     run_kda_fwd(fused, b, dt, L, ix, in);
-    run_kda_fwd(plain, b, dt, L, ix, in, [](const Context& c, const ChunkKdaFwdArgs& a) { kda::compose_fwd(c, a); });
-    for (auto [x, y] : {std::pair{&fused.o, &plain.o}, std::pair{&fused.ht, &plain.ht}, std::pair{&fused.gc, &plain.gc},
-                        std::pair{&fused.Aqk, &plain.Aqk}, std::pair{&fused.Akk, &plain.Akk}})
+    run_kda_fwd(plain, b, dt, L, ix, in,
+                [&](const Context& c, const ChunkKdaFwdArgs& a) { kda::compose_fwd(sub(c), a); });
+    const bool within = sm90 && (dt == DType::kBFloat16 || dt == DType::kFloat16);
+    for (auto [x, y] : {std::pair{&fused.o, &plain.o}, std::pair{&fused.ht, &plain.ht}}) {
+      if (within) EXPECT_LT(rms_relative_error(x->to_double(), y->to_double()), dt == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048);
+      else EXPECT_EQ(x->bytes(), y->bytes());
+    }
+    for (auto [x, y] : {std::pair{&fused.gc, &plain.gc}, std::pair{&fused.Aqk, &plain.Aqk}, std::pair{&fused.Akk, &plain.Akk}})
       EXPECT_EQ(x->bytes(), y->bytes());
     KdaBwdRun fb, pb;
     run_kda_bwd(fb, b, dt, L, in, fused.fa, chunk_kda_bwd);
-    run_kda_bwd(pb, b, dt, L, in, fused.fa, [](const Context& c, const ChunkKdaBwdArgs& a) { kda::compose_bwd(c, a); });
+    run_kda_bwd(pb, b, dt, L, in, fused.fa,
+                [&](const Context& c, const ChunkKdaBwdArgs& a) { kda::compose_bwd(sub(c), a); });
     for (auto [x, y] : {std::pair{&fb.dq, &pb.dq}, std::pair{&fb.dk, &pb.dk}, std::pair{&fb.dv, &pb.dv},
                         std::pair{&fb.dg, &pb.dg}, std::pair{&fb.db, &pb.db}, std::pair{&fb.dh0, &pb.dh0}})
       EXPECT_EQ(x->bytes(), y->bytes());
