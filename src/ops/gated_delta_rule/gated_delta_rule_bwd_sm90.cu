@@ -64,6 +64,37 @@ constexpr size_t kStSmem = 1024 + 2 * kTiles<DHU> * static_cast<size_t>(kTileB) 
 // Arguments: the three or four token tiles (t0..t3: forward k, w, u; DHU k, q, w, dout), the
 // gate, the state in (h0 / dht) and out (ht / dh0), the 16-bit snapshots (h / dh) and the
 // chunk output (Vnew / dv2).
+// This thread's two 16-byte units (rows lr, lr + 32 at columns lc..; those below len) of a
+// swizzled [64][128] tile (offsets so0 / so1) to the token rows t0.. of t.
+__device__ __forceinline__ void tile_rows_out(const Tok& t, const uint8_t* tile, uint32_t so0, uint32_t so1, int lr,
+                                              int lc, int len, int64_t b, int64_t t0, int hv) {
+  uint16_t* base = static_cast<uint16_t*>(t.p) + lc;
+  if (lr < len) *reinterpret_cast<uint4*>(base + t.off(b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(tile + so0);
+  if (lr + 32 < len)
+    *reinterpret_cast<uint4*>(base + t.off(b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(tile + so1);
+}
+
+// B1's epilogue of the first product on this thread's pairs of an m64n32 slice (columns cj..):
+// Vn = U - acc into Vt and Vg = f Vn into Sg (f0 / f1 for token rows r0 / r1), U's packed pair at
+// byte offset off (pair j, row half hr) given by u(off, j, hr).
+template <bool BF, class UPair>
+__device__ __forceinline__ void vn_vg(uint8_t* Vt, uint8_t* Sg, uint32_t tb0, uint32_t tb1, uint32_t cj, uint32_t gx,
+                                      float f0, float f1, const float (&acc)[16], UPair&& u) {
+  using sm80::mma16::pack2;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
+      const uint32_t uu = u(off, j, hr);
+      const float f = hr ? f1 : f0;
+      const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
+      const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
+      *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
+      *reinterpret_cast<uint32_t*>(Sg + off) = pack2<BF>(f * v0, f * v1);
+    }
+}
+
 template <bool BF, bool DHU>
 __global__ void __launch_bounds__(kStThreads, 1)
     state_wg_kernel(Tok t0k, Tok t1, Tok t2, Tok t3, Tok g, Mat x_in, Mat snap, Tok vout, Mat x_out,
@@ -223,19 +254,9 @@ __global__ void __launch_bounds__(kStThreads, 1)
           *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
           *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(-v0, -v1);
         }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {  // Vn = U - W Xs; Vg = f Vn
-          const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
-          const uint32_t vv = *reinterpret_cast<const uint32_t*>(Vt + off);
-          const float f = hr ? f1 : f0;
-          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(vv)) - acc[4 * j + 2 * hr];
-          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(vv >> 16)) - acc[4 * j + 2 * hr + 1];
-          *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
-          *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
-        }
+    } else {  // U in Vt's tile
+      vn_vg<BF>(Vt, Ss, tb0, tb1, cj, gx, f0, f1, acc,
+                [&](uint32_t off, int, int) { return *reinterpret_cast<const uint32_t*>(Vt + off); });
     }
     if (g.p) {
       const float f = exp_fast(glast);
@@ -257,13 +278,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
       wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aC + (DHU ? sW : sK) * kTileB + (wg & 1) * (kTileB / 2) + kk * 2048),
                           mnmajor(mLo, aS + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
     wg_commit();
-    if (vout.p) {  // Vnew / dv2 by 16-byte rows from their tile
-      uint16_t* base = static_cast<uint16_t*>(vout.p) + lc;
-      if (lr < len)
-        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Vt + so0);
-      if (lr + 32 < len)
-        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Vt + so1);
-    }
+    if (vout.p) tile_rows_out(vout, Vt, so0, so1, lr, lc, len, s.b, t0, hv);  // Vnew / dv2 from their tile
     wg_wait<0>();
     fence_regs(x);
   }
@@ -438,31 +453,14 @@ __global__ void __launch_bounds__(kStThreads, 1)
       wgmma_n32<BF, 0, 1>(acc, kmajor(kLo, aWt, kk), mnmajor(mLo, aXs + (wg >> 1) * (kXsB / 2) + cj + kk * 2048),
                           kk > 0);
     wg_commit();
-    if (wout.p) {  // W by 16-byte rows
-      uint16_t* base = static_cast<uint16_t*>(wout.p) + lc;
-      if (lr < len)
-        *reinterpret_cast<uint4*>(base + wout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Wt + so0);
-      if (lr + 32 < len)
-        *reinterpret_cast<uint4*>(base + wout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Wt + so1);
-    }
+    if (wout.p) tile_rows_out(wout, Wt, so0, so1, lr, lc, len, s.b, t0, hv);  // W
     wg_wait<0>();
     fence_regs(acc);
     uint8_t* Vt = Cb + kTileB;  // Vn in V's tile (its readers, the U products, are done)
     {
       const float f0 = (g.p && r0 < len) ? exp_fast(glast - gl[r0]) : 1.0f;
       const float f1 = (g.p && r1 < len) ? exp_fast(glast - gl[r1]) : 1.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {  // Vn = U - W Xs; Vg = f Vn
-          const uint32_t off = (hr ? tb1 : tb0) + ((cj + (j << 4)) ^ gx);
-          const uint32_t uu = up[2 * j + hr];
-          const float f = hr ? f1 : f0;
-          const float v0 = sm80::h2f<BF>(static_cast<uint16_t>(uu)) - acc[4 * j + 2 * hr];
-          const float v1 = sm80::h2f<BF>(static_cast<uint16_t>(uu >> 16)) - acc[4 * j + 2 * hr + 1];
-          *reinterpret_cast<uint32_t*>(Vt + off) = pack2<BF>(v0, v1);
-          *reinterpret_cast<uint32_t*>(Ss + off) = pack2<BF>(f * v0, f * v1);
-        }
+      vn_vg<BF>(Vt, Ss, tb0, tb1, cj, gx, f0, f1, acc, [&](uint32_t, int j, int hr) { return up[2 * j + hr]; });
     }
     if (g.p) {
       const float f = exp_fast(glast);
@@ -477,13 +475,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
       wgmma_n64<BF, 1, 1>(x, mnmajor(mLo, aC + (wg & 1) * (kTileB / 2) + kk * 2048),
                           mnmajor(mLo, aS + (wg >> 1) * (kTileB / 2) + kk * 2048), 1);
     wg_commit();
-    if (vout.p) {
-      uint16_t* base = static_cast<uint16_t*>(vout.p) + lc;
-      if (lr < len)
-        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr, hv)) = *reinterpret_cast<const uint4*>(Vt + so0);
-      if (lr + 32 < len)
-        *reinterpret_cast<uint4*>(base + vout.off(s.b, t0 + lr + 32, hv)) = *reinterpret_cast<const uint4*>(Vt + so1);
-    }
+    if (vout.p) tile_rows_out(vout, Vt, so0, so1, lr, lc, len, s.b, t0, hv);
     wg_wait<0>();
     fence_regs(x);
   }
