@@ -500,8 +500,9 @@ bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGate
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3),
-                   N * a.u.size(2), kStSmem<false>))
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2),
+                   kStSmem<false>) ||
+      !scalar_gate_ok(a.g, a.gk))
     return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt)) return false;
   if ((a.h.defined() && !state16_ok(a.h, dt)) || (a.v_new.defined() && !tok16_ok(a.v_new, dt))) return false;
@@ -539,8 +540,9 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.dout.size(3),
-                   N * a.dout.size(2), kStSmem<true>))
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_WG_STATE", dt, a.chunk_size, a.k.size(3), a.dout.size(3),
+                   N * a.dout.size(2), kStSmem<true>) ||
+      !scalar_gate_ok(a.g, a.gk))
     return false;
   if (a.dv.defined()) return false;
   for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout})

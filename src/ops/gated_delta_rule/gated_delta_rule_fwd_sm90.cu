@@ -307,8 +307,9 @@ bool state_out_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, cons
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
   if (b.chunk_size != kBT ||
-      !wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, a.g, a.gk, a.chunk_size, a.k.size(3), a.u.size(3),
-                   N * a.u.size(2), kHoSmem))
+      !wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2),
+                   kHoSmem) ||
+      !scalar_gate_ok(a.g, a.gk))
     return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(b.q, dt) || !out2_ok(b.o))
     return false;
@@ -349,8 +350,8 @@ bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, con
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
   if (a.g.defined() || !a.gk.defined() || !aqk.defined() || aqk.size(3) != kBT || a.gk.size(3) != kD) return false;
-  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, TensorView(), TensorView(), a.chunk_size, a.k.size(3),
-                   a.u.size(3), N * a.u.size(2), kHoSmem))
+  if (!wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2),
+                   kHoSmem))
     return false;
   if (!tok32_ok(a.gk) || !tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(qg, dt) ||
       !tok16_ok(aqk, dt) || !out2_ok(o) || a.h.defined() || a.v_new.defined() || !ends_ok(a.h0, a.ht))

@@ -112,21 +112,24 @@ __device__ __forceinline__ void state_to_xs(uint8_t* Xs, const float (&x)[32], c
 }
 
 // Host side: what every kernel of one CTA per (sequence, value head) needs. `env` (=1 forces the
-// kernel, =0 turns it off) and FUSEDOPS_GDN_WGMMA (=0 turns every one off); 16-bit inputs; GDN's
-// scalar gate in fp32 (4-byte cp.async) or none, no per-channel gate; chunk 64, K = V = 128; `smem`
-// bytes of shared memory; by default, `states` (sequences x value heads) filling at least 7/8 of
-// the SMs (one CTA per SM).
-inline bool wg_state_ok(const Context& ctx, const char* env, DType dt, const TensorView& gate, const TensorView& gk,
-                        int64_t BT, int64_t K, int64_t V, int64_t states, size_t smem) {
+// kernel, =0 turns it off) and FUSEDOPS_GDN_WGMMA (=0 turns every one off); 16-bit inputs; chunk
+// 64, K = V = 128; `smem` bytes of shared memory; by default, `states` (sequences x value heads)
+// filling at least 7/8 of the SMs (one CTA per SM). The gate is each caller's own check
+// (scalar_gate_ok for GDN's; KDA's per-channel gate in the KDA form of the forward kernel).
+inline bool wg_state_ok(const Context& ctx, const char* env, DType dt, int64_t BT, int64_t K, int64_t V,
+                        int64_t states, size_t smem) {
   using sm80::mma16::env_switch;
   const int force = env_switch(env);
   if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
-  if (gate.defined() && (gate.dtype() != DType::kFloat32 || reinterpret_cast<uintptr_t>(gate.data()) % 4 != 0))
-    return false;
-  if (gk.defined() || BT != kBT || K != kD || V != kD) return false;
+  if (BT != kBT || K != kD || V != kD) return false;
   if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < smem) return false;
   return force == 1 || states * 8 >= sm80::sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+}
+// GDN's scalar gate in fp32 (4-byte cp.async) or none, and no per-channel gate.
+inline bool scalar_gate_ok(const TensorView& gate, const TensorView& gk) {
+  return !gk.defined() &&
+         (!gate.defined() || (gate.dtype() == DType::kFloat32 && reinterpret_cast<uintptr_t>(gate.data()) % 4 == 0));
 }
 // The initial and final states, when given, contiguous.
 inline bool ends_ok(const TensorView& a, const TensorView& b) {

@@ -306,9 +306,10 @@ static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "sol
 // kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
 // written here from the raw fp32 gate graw (loaded as gk would be, then scan_gate_col by the last
 // two warps per half between two barriers), and gscale the cumsum's scale.
-// kWU: kda_recompute_w_u fused behind (the top level's path): wu_chunk on the same chunk once
-// Akk is out, reading back Akk, g_cumsum and the chunk's q, k (now mostly L2 hits) and v, writing
-// w, u, kg, qg (wu_mma_kernel's values: the same code).
+// kWU (with kScan only: the top level's path): kda_recompute_w_u fused behind, wu_chunk on the same
+// chunk once Akk is out, taking Akk from the solve's fp32 tile and reading g_cumsum and the chunk's
+// q, k (now mostly L2 hits) and v from memory, writing w, u, kg, qg (wu_mma_kernel's values: the
+// same code).
 template <bool BF, bool kScan, bool kWU>
 __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok Aqk, Tok Akk,
                                                                 Layout L, int G, float scale, Tok graw,
@@ -519,9 +520,8 @@ bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
 bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a);
 bool wu_staged_ok(const KdaRecomputeWUFwdArgs& a);
 template <bool BF>
-auto intra_variant(bool scan, bool wu) {
-  return scan ? (wu ? intra_mma_kernel<BF, true, true> : intra_mma_kernel<BF, true, false>)
-              : (wu ? intra_mma_kernel<BF, false, true> : intra_mma_kernel<BF, false, false>);
+auto intra_variant(bool scan, bool wu) {  // the w/u recompute only behind the scan (the top level)
+  return wu ? intra_mma_kernel<BF, true, true> : scan ? intra_mma_kernel<BF, true, false> : intra_mma_kernel<BF, false, false>;
 }
 void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const TensorView& graw, double gscale,
                       const KdaRecomputeWUFwdArgs* wu = nullptr) {
@@ -533,6 +533,7 @@ void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const T
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
   const bool bf = a.q.dtype() == DType::kBFloat16, scan = graw.defined();
+  FUSEDOPS_REQUIRE(!wu || scan, kValue, op, "the fused w/u recompute runs behind the fused cumsum only");
   auto k16 = bf ? intra_variant<true>(scan, wu != nullptr) : intra_variant<false>(scan, wu != nullptr);
   allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
   const KdaRecomputeWUFwdArgs none{};

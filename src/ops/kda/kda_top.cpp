@@ -246,18 +246,19 @@ Context with_backend(const Context& ctx, const char* backend) {
   return c;
 }
 
-// W, U, kg, qg from the saved Akk, then h and v_new (and ht) by the gk state recurrence.
-// Recomputes w, u, kg and qg into ws and returns the state recurrence's arguments
-// (chunk_gated_delta_rule_fwd_h in its gk form) over them, writing ws.h and ws.v_new.
+// kda_recompute_w_u_fwd's arguments: W, U, kg, qg into ws from the saved Akk.
 KdaRecomputeWUFwdArgs wu_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& beta,
                               const TensorView& Akk, const TensorView& gc, const StateWork& ws, const TensorView& cu,
                               const TensorView& ci) {
   return {q, k, v, beta, Akk, gc, ws.w, ws.u, ws.kg, ws.qg, cu, ci};
 }
+// The gk state recurrence's arguments (chunk_gated_delta_rule_fwd_h) over ws's W, U, kg, writing
+// ws.h and ws.v_new (and ht).
 ChunkGatedDeltaRuleFwdHArgs state_args(const TensorView& gc, const TensorView& h0, const TensorView& ht,
                                        const StateWork& ws, const TensorView& cu, const TensorView& co, int64_t BT) {
   return {ws.kg, ws.w, ws.u, TensorView(), gc, h0, ws.h, ws.v_new, ht, cu, co, BT};
 }
+// W, U, kg, qg from the saved Akk, then the state recurrence's arguments over them.
 ChunkGatedDeltaRuleFwdHArgs recompute_w_u(const Context& ctx, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& beta, const TensorView& Akk,
                                           const TensorView& gc, const TensorView& h0, const TensorView& ht,
