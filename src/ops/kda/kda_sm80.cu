@@ -305,7 +305,8 @@ static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "sol
 
 // kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
 // written here from the raw fp32 gate graw (loaded as gk would be, then scan_gate_col by the last
-// two warps per half between two barriers), and gscale the cumsum's scale.
+// two warps per half between two barriers, then gate_block_out by every thread), and gscale the
+// cumsum's scale.
 // kWU (with kScan only: the top level's path): kda_recompute_w_u fused behind, wu_chunk on the same
 // chunk once Akk is out, taking Akk from the solve's fp32 tile and reading g_cumsum and the chunk's
 // q, k (now mostly L2 hits) and v from memory, writing w, u, kg, qg (wu_mma_kernel's values: the
@@ -349,27 +350,30 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
     cp_async_commit();
     if (half == 0 && tid < kMaxBT) bs[tid] = tid < len ? beta.ld(c.b, c.t0 + tid, hv, 0) : 0.0f;
     cp_async_wait<0>();
-    if constexpr (kScan) {
-      __syncthreads();  // the raw gate half
-      if (tid >= kThreads - kHalf) scan_gate_col<kLdG>(Gs, gk, c, hv, y0, tid - (kThreads - kHalf), gscale);
-    } else {
-      gates_log2<kLdG>(Gs, tid);
-    }
-    __syncthreads();
+    static_assert(kThreads == 4 * kHalf, "one thread per (16-row block, channel)");
     // The diagonal blocks of this half on mma (bf16) unless some channel's gate spans more than
     // kDiagSpan over a block's valid rows: thread (block tid / 64, channel tid % 64).
     bool ew = true;
-    if constexpr (BF) {
-      static_assert(kThreads == 4 * kHalf, "one thread per (diagonal block, channel)");
-      const int r0 = 16 * (tid >> 6), y = tid & 63, n = min(16, len - r0);
-      float lo = 0.0f, hi = 0.0f;
-      if (n > 0) lo = hi = Gs[r0 * kLdG + y];
-      for (int i = 1; i < n; ++i) {
-        const float x = Gs[(r0 + i) * kLdG + y];
-        lo = fminf(lo, x);
-        hi = fmaxf(hi, x);
+    if constexpr (kScan) {
+      __syncthreads();  // the raw gate half
+      if (tid >= kThreads - kHalf) scan_gate_col<kLdG>(Gs, len, tid - (kThreads - kHalf), gscale);
+      __syncthreads();  // the cumulated half
+      const float span = gate_block_out<kLdG>(Gs, gk, c, hv, y0, tid);
+      ew = __syncthreads_or(span > intra16::kDiagSpan) != 0 || !BF;
+    } else {
+      gates_log2<kLdG>(Gs, tid);
+      __syncthreads();
+      if constexpr (BF) {
+        const int r0 = 16 * (tid >> 6), y = tid & 63, n = min(16, len - r0);
+        float lo = 0.0f, hi = 0.0f;
+        if (n > 0) lo = hi = Gs[r0 * kLdG + y];
+        for (int i = 1; i < n; ++i) {
+          const float x = Gs[(r0 + i) * kLdG + y];
+          lo = fminf(lo, x);
+          hi = fmaxf(hi, x);
+        }
+        ew = __syncthreads_or(hi - lo > intra16::kDiagSpan) != 0;
       }
-      ew = __syncthreads_or(hi - lo > intra16::kDiagSpan) != 0;
     }
     // The scaled operands, eight channels per step (rows >= len stay zero: Q and K are zero there).
     for (int e = tid; e < kMaxBT * (kHalf / 8); e += kThreads) {

@@ -55,18 +55,16 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
 
 // chunk_local_cumsum fused into the intra kernels, with its arithmetic (a running double sum, each
 // row's value scale * sum rounded to fp32 once; gdn's cumsum_kernel), so the values are its own.
-// The running sum is the only dependent chain; rows past len add 0 and their stores are predicated
-// off, no branch per row. Forward, thread `col` of a half, once the raw fp32 gate half is in Gs
-// (load_qkg_half, rows >= len zero) and a barrier has published it: channel y0 + col summed down
-// the chunk's rows, written to out (g_cumsum) and, times log2(e), back into Gs (the caller's next
-// barrier publishes it). Reading the raw gate from global memory here instead, 16 rows per round
-// trip by two warps, left the other six waiting at the barrier: intra 799 -> 1208 us (5236171).
+// The running sum is the only dependent chain; rows past len add 0 and are written 0, no branch per
+// row. Forward, thread `col` of a half, once the raw fp32 gate half is in Gs (load_qkg_half, rows
+// >= len zero) and a barrier has published it: channel col summed down the chunk's rows, each row's
+// fp32 value written back into Gs; nothing else on the chain. The caller, after its next barrier,
+// stores g_cumsum and scales Gs to log2 units with all its threads (gate_block_out). Reading the raw
+// gate from global memory here instead, 16 rows per round trip by two warps, left the other six
+// waiting at the barrier: intra 799 -> 1208 us (5236171).
 template <int kLdG>
-__device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& out, const gdn::sm80::ChunkPos& c,
-                                              int hv, int y0, int col, double scale) {
+__device__ __forceinline__ void scan_gate_col(float* Gs, int n, int col, double scale) {
   using gdn::sm80::kMaxBT;
-  float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0, hv) + y0 + col;
-  const int n = c.len;
   double acc = 0.0;
 #pragma unroll 1
   for (int i0 = 0; i0 < kMaxBT; i0 += 16) {
@@ -75,13 +73,31 @@ __device__ __forceinline__ void scan_gate_col(float* Gs, const gdn::sm80::Tok& o
     for (int j = 0; j < 16; ++j) x[j] = Gs[(i0 + j) * kLdG + col];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int i = i0 + j;
       acc += static_cast<double>(x[j]);
-      const float v = static_cast<float>(acc * scale);
-      if (i < n) dst[i * out.st] = v;
-      Gs[i * kLdG + col] = i < n ? v * gdn::sm80::kLog2e : 0.0f;
+      Gs[(i0 + j) * kLdG + col] = i0 + j < n ? static_cast<float>(acc * scale) : 0.0f;
     }
   }
+}
+// Then thread (16-row block tid / 64, channel tid % 64) of the 256: its block's rows < len of that
+// channel stored to out (g_cumsum, channel y0 + col; a warp's 32 channels of a row are one 128-byte
+// store) and scaled in place to log2 units; returns the scaled gate's span (max - min) over those
+// rows, for the diagonal blocks' mma test.
+template <int kLdG>
+__device__ __forceinline__ float gate_block_out(float* Gs, const gdn::sm80::Tok& out, const gdn::sm80::ChunkPos& c,
+                                                int hv, int y0, int tid) {
+  const int r0 = 16 * (tid >> 6), col = tid & 63, n = min(16, c.len - r0);
+  float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0 + r0, hv) + y0 + col;
+  float lo = 0.0f, hi = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    float* g = Gs + (r0 + i) * kLdG + col;
+    const float v = *g;
+    dst[static_cast<int64_t>(i) * out.st] = v;
+    const float x = v * gdn::sm80::kLog2e;
+    *g = x;
+    lo = i == 0 ? x : fminf(lo, x);
+    hi = i == 0 ? x : fmaxf(hi, x);
+  }
+  return hi - lo;
 }
 // Backward, in place over channel ch of a chunk's fp32 rows of t (written by other threads of the
 // block before a barrier): x_i <- scale * sum_{r >= i} x_r (rows r < len), summed from the last
