@@ -560,11 +560,12 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 
 }  // namespace
 
-// The top-level backward of cuda_sm90: cuda_sm80's sub-operators with the two recurrences above.
+// The top-level backward of cuda_sm90: cuda_sm80's sub-operators with the two recurrences above
+// and chunk_bwd_dqkwg on wgmma (gated_delta_rule_bwd_dqkwg_sm90.cu).
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   Context c = ctx;
   c.backend = "cuda_sm80";  // the sub-operators
-  compose_bwd(c, a, state_fwd, state_dhu);
+  compose_bwd(c, a, state_fwd, state_dhu, dqkwg_wg);
 }
 
 }  // namespace fusedops::gdn::sm90

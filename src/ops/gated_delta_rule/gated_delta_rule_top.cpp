@@ -308,7 +308,7 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a, FusedP
 }
 
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateFwdHook state_fwd,
-                 StateDhuHook state_dhu) {
+                 StateDhuHook state_dhu, DqkwgHook dqkwg) {
   const TopDims d = bwd_dims(a);
   Carver cv(static_cast<char*>(a.workspace.defined() ? a.workspace.data() : nullptr), ctx.device);
   const BwdWork ws = carve_bwd(cv, d, a.use_gate_in_kernel, a.use_beta_sigmoid_in_kernel, a.use_qk_l2norm_in_kernel,
@@ -345,7 +345,8 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateF
   // B4, B5 (dk and dg accumulate).
   const TensorView dq = a.use_qk_l2norm_in_kernel ? ws.dqn : a.dq;
   const TensorView dk = a.use_qk_l2norm_in_kernel ? ws.dkn : a.dk;
-  chunk_bwd_dqkwg(ctx, {q, k, vn, a.dout, h, ws.dh, w, ws.dv2, gc, dq, dk, ws.dw, ws.dg_part, cu, ci, a.scale, BT});
+  const ChunkBwdDqkwgArgs qa{q, k, vn, a.dout, h, ws.dh, w, ws.dv2, gc, dq, dk, ws.dw, ws.dg_part, cu, ci, a.scale, BT};
+  if (!dqkwg || !dqkwg(ctx, qa)) chunk_bwd_dqkwg(ctx, qa);
   const TensorView dbeta = a.use_beta_sigmoid_in_kernel ? ws.dbeta : a.dbeta;
   prepare_wy_repr_bwd(ctx, {k, a.v, beta, a.A, gc, ws.dw, ws.dv2, dk, a.dv, dbeta, ws.dg_part, cu,
                             ci, true});

@@ -38,8 +38,11 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, Fus
 using StateFwdHook = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& wu_args,
                               const ChunkGatedDeltaRuleFwdHArgs& args);
 using StateDhuHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
+// And B4 (chunk_bwd_dqkwg) on a backend's own kernel: writes what the arguments name and returns
+// true, or returns false without writing anything.
+using DqkwgHook = bool (*)(const Context& ctx, const ChunkBwdDqkwgArgs& args);
 void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args, StateFwdHook state_fwd = nullptr,
-                 StateDhuHook state_dhu = nullptr);
+                 StateDhuHook state_dhu = nullptr, DqkwgHook dqkwg = nullptr);
 
 namespace sm90 {
 // cuda_sm90's state-and-output kernel in KDA's gk form (gated_delta_rule_fwd_sm90.cu, used by
@@ -49,6 +52,9 @@ namespace sm90 {
 // undefined).
 bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
                    const TensorView& aqk, const TensorView& o, double scale);
+// cuda_sm90's chunk_bwd_dqkwg on wgmma (gated_delta_rule_bwd_dqkwg_sm90.cu), compose_bwd's dqkwg
+// hook in its top-level backward.
+bool dqkwg_wg(const Context& ctx, const ChunkBwdDqkwgArgs& a);
 }  // namespace sm90
 
 }  // namespace fusedops::gdn

@@ -1588,11 +1588,12 @@ TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperators) {
   EXPECT_GT(checked, 0);
 }
 
-// cuda_sm90's backward runs its two state recurrences (B1's fwd_h, B3's dhu) on wgmma, the rest
-// on cuda_sm80's kernels, so its gradients agree with cuda_sm80's within rounding: RMS-relative
-// difference under 2^-7 (bf16) / 2^-10 (fp16), where a misplaced tile or a missed term gives
-// O(1). Shapes: two value heads per q/k head, varlen, and 128 (sequence, value head) pairs (the
-// kernels' default choice on a GPU of up to 146 SMs; the others take them when
+// cuda_sm90's backward runs its two state recurrences (B1's fwd_h, B3's dhu) and, with one value
+// head per q/k head, chunk_bwd_dqkwg on wgmma, the rest on cuda_sm80's kernels, so its gradients
+// agree with cuda_sm80's within rounding: RMS-relative difference under 2^-7 (bf16) / 2^-10
+// (fp16), where a misplaced tile or a missed term gives O(1). Shapes: two value heads per q/k head
+// (dqkwg stays cuda_sm80's), one (dqkwg on wgmma), varlen, and 128 (sequence, value head) pairs
+// (the state kernels' default choice on a GPU of up to 146 SMs; the others take them when
 // FUSEDOPS_GDN_WG_STATE=1 forces it). The float64-oracle tests hold both to the truth.
 TEST(ChunkGatedDeltaRule, Sm90BackwardEqualsSm80sWithinRounding) {
   const BackendCase* sm80 = nullptr;
@@ -1605,8 +1606,8 @@ TEST(ChunkGatedDeltaRule, Sm90BackwardEqualsSm80sWithinRounding) {
   if (!sm80 || !sm90) GTEST_SKIP() << "needs the cuda_sm80 and cuda_sm90 backends (an sm_90 GPU)";
   // beta in fp32 and in the input type (the w/u-in-B1 kernel loads either).
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
-    for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}},
-                           Shape{64, 70, 1, 2, 128, 128, {}}})
+    for (const Shape& s : {Shape{2, 200, 1, 2, 128, 128, {}}, Shape{2, 200, 1, 1, 128, 128, {}},
+                           Shape{1, 300, 1, 1, 128, 128, {0, 130, 300}}, Shape{64, 70, 1, 2, 128, 128, {}}})
       for (bool beta16 : {false, true}) {
         SCOPED_TRACE(dtype_name(dt) + (s.cu.empty() ? " fixed B=" + std::to_string(s.B) : " varlen") +
                      (beta16 ? ", 16-bit beta" : ", fp32 beta"));

@@ -25,12 +25,12 @@ namespace fusedops::cuda { class DeviceGuard { public: DeviceGuard(const char*, 
 EOH
 python3 $HERE/prep.py $ROOT/src/ops/gated_delta_rule $OUT/shadow/src/ops/gated_delta_rule
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
-for f in fwd_sm80 bwd_sm80 fwd_sm90 bwd_sm90; do
+for f in fwd_sm80 bwd_sm80 fwd_sm90 bwd_sm90 bwd_dqkwg_sm90; do
   $CXX -c $OUT/shadow/src/ops/gated_delta_rule/gated_delta_rule_$f.cpp -o $OUT/emu_$f.o
 done
 $CXX -c $HERE/emu_register.cpp -o $OUT/emu_register.o
 $CXX -O2 -c $ROOT/tests/cpp/ops/test_gated_delta_rule.cpp -o $OUT/test_gdn.o
 BLAS=$(grep -o "BLAS_openblas_LIBRARY:FILEPATH=.*" $B/CMakeCache.txt | cut -d= -f2)
-g++ -o $OUT/emu_tests $OUT/test_gdn.o $OUT/emu_register.o $OUT/emu_fwd_sm80.o $OUT/emu_bwd_sm80.o $OUT/emu_fwd_sm90.o $OUT/emu_bwd_sm90.o $B/libfusedops.a \
+g++ -o $OUT/emu_tests $OUT/test_gdn.o $OUT/emu_register.o $OUT/emu_fwd_sm80.o $OUT/emu_bwd_sm80.o $OUT/emu_fwd_sm90.o $OUT/emu_bwd_sm90.o $OUT/emu_bwd_dqkwg_sm90.o $B/libfusedops.a \
   -lgtest_main -lgtest -fopenmp -lpthread $BLAS
 $OUT/emu_tests --gtest_filter="${2:-GatedDeltaRule*:ChunkGatedDeltaRule*:FusedRecurrentGatedDeltaRule*}"

@@ -35,6 +35,6 @@ if __name__ == "__main__":
     src, dst = sys.argv[1], sys.argv[2]
     os.makedirs(dst, exist_ok=True)
     for f in ["gdn_sm80.cuh", "gated_delta_rule_fwd_sm80.cu", "gated_delta_rule_bwd_sm80.cu",
-              "gated_delta_rule_fwd_sm90.cu", "gated_delta_rule_bwd_sm90.cu"]:
+              "gated_delta_rule_fwd_sm90.cu", "gated_delta_rule_bwd_sm90.cu", "gated_delta_rule_bwd_dqkwg_sm90.cu"]:
         s = emulate(open(os.path.join(src, f)).read())
         open(os.path.join(dst, f.replace(".cu", ".cpp") if f.endswith(".cu") else f), "w").write(s)

@@ -28,11 +28,11 @@ mkdir -p $OUT/shadow/src/ops/gated_delta_rule
 cp $G/cpu_emulation/emu_mma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_mma_sm80.cuh  # the GDN 16-bit kernels' PTX layer
 cp $G/cpu_emulation/emu_wgmma.h $OUT/shadow/src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh  # and the sm90 kernels' (wgmma)
 python3 $HERE/prep.py $OUT/shadow $G/gdn_sm80.cuh $G/gdn_tc_sm80.cuh $G/gated_delta_rule_fwd_sm80.cu $G/gated_delta_rule_bwd_sm80.cu \
-  $K/kda_sm80.cuh $K/kda_sm80.cu $K/kda_bwd_sm80.cu $G/gated_delta_rule_fwd_sm90.cu $G/gated_delta_rule_bwd_sm90.cu $K/kda_sm90.cu
+  $K/kda_sm80.cuh $K/kda_sm80.cu $K/kda_bwd_sm80.cu $G/gated_delta_rule_fwd_sm90.cu $G/gated_delta_rule_bwd_sm90.cu $G/gated_delta_rule_bwd_dqkwg_sm90.cu $K/kda_sm90.cu
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
 OBJS=""
 for f in gated_delta_rule/gated_delta_rule_fwd_sm80 gated_delta_rule/gated_delta_rule_bwd_sm80 kda/kda_sm80 kda/kda_bwd_sm80 \
-         gated_delta_rule/gated_delta_rule_fwd_sm90 gated_delta_rule/gated_delta_rule_bwd_sm90 kda/kda_sm90; do
+         gated_delta_rule/gated_delta_rule_fwd_sm90 gated_delta_rule/gated_delta_rule_bwd_sm90 gated_delta_rule/gated_delta_rule_bwd_dqkwg_sm90 kda/kda_sm90; do
   o=$OUT/$(basename $f).o
   if [ ! -f $o ] || [ $OUT/shadow/src/ops/$f.cpp -nt $o ] || [ $OUT/shadow/src/ops/kda/kda_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_sm80.cuh -nt $o ] || [ $OUT/shadow/src/ops/gated_delta_rule/gdn_tc_sm80.cuh -nt $o ]; then
     $CXX -c $OUT/shadow/src/ops/$f.cpp -o $o
