@@ -718,3 +718,29 @@ def test_state_v_first_is_a_transpose(device, recurrent):
     torch.testing.assert_close(dh1, dh2.transpose(-1, -2), rtol=0, atol=0)
     with pytest.raises(ValueError, match="not both"):
         fn(x["q"], x["k"], x["v"], x["g"], x["beta"], state_v_first=True, transpose_state_layout=True)
+
+
+def test_cuda_graph_capture_of_forward_and_backward_matches_eager():
+    """chunk_kda's forward and backward replay from one CUDA graph (no host synchronization;
+    workspaces from PyTorch's allocator) and give bitwise the eager outputs and gradients on new
+    inputs. B * HV = 128 pairs and K = V = 128 in bf16 take the fused and (on an H200) wgmma
+    kernels; T = 160 ends in a partial chunk."""
+    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    from tests.common.cuda_graph import assert_replay_matches_eager
+    B, T, H, D = 8, 160, 16, 128
+    gen = torch.Generator(device="cuda").manual_seed(4)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    def fresh():
+        return [rnd(B, T, H, D).bfloat16(), F.normalize(rnd(B, T, H, D), dim=-1).bfloat16(),
+                rnd(B, T, H, D).bfloat16(), F.logsigmoid(rnd(B, T, H, D) + 2), torch.sigmoid(rnd(B, T, H)),
+                rnd(B, T, H, D).bfloat16()]
+
+    def step(x):
+        o, _ = fusedops.chunk_kda(*x[:5], scale=D ** -0.5)
+        return (o, *torch.autograd.grad(o, x[:5], x[5]))
+
+    assert_replay_matches_eager(fresh, 5, step)

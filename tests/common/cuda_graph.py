@@ -1,0 +1,33 @@
+"""CUDA-graph capture of a forward + backward step (tests of the GPU operators)."""
+from __future__ import annotations
+
+import torch
+
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+         torch.float16: torch.int16}
+
+
+def assert_replay_matches_eager(fresh, n_leaves, step):
+    """Captures `step(static)` (a forward and its autograd backward; returns tensors) into a CUDA
+    graph after two warm-up steps on a side stream, copies new inputs `fresh()` into the captured
+    ones, replays, and asserts that every output is bitwise the eager step's on the new inputs.
+    `fresh()` returns the inputs (the first `n_leaves` are the differentiable leaves)."""
+    static = [t.clone().requires_grad_(i < n_leaves) for i, t in enumerate(fresh())]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(static)
+    with torch.no_grad():
+        for s, n in zip(static, fresh()):
+            s.copy_(n)
+    graph.replay()
+    eager = step(static)
+    torch.cuda.synchronize()
+    assert len(captured) == len(eager)
+    for i, (a, b) in enumerate(zip(captured, eager)):
+        assert torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype])), f"output {i}"
