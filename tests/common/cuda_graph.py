@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
          torch.float16: torch.int16}
@@ -31,3 +32,25 @@ def assert_replay_matches_eager(fresh, n_leaves, step):
     assert len(captured) == len(eager)
     for i, (a, b) in enumerate(zip(captured, eager)):
         assert torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype])), f"output {i}"
+
+
+def assert_linear_attention_replay_matches_eager(op, per_channel_gate, seed, B=8, T=160, H=16, D=128):
+    """assert_replay_matches_eager for a chunked linear-attention op `op(q, k, v, g, beta, scale=)`
+    returning (o, final_state): bf16 q, k (unit rows), v and dO, fp32 log-sigmoid gates (per head,
+    or per channel when per_channel_gate) and betas; the step is o and the gradients of the five."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    def fresh():
+        gate = (B, T, H, D) if per_channel_gate else (B, T, H)
+        return [rnd(B, T, H, D).bfloat16(), F.normalize(rnd(B, T, H, D), dim=-1).bfloat16(),
+                rnd(B, T, H, D).bfloat16(), F.logsigmoid(rnd(*gate) + 2), torch.sigmoid(rnd(B, T, H)),
+                rnd(B, T, H, D).bfloat16()]
+
+    def step(x):
+        o, _ = op(*x[:5], scale=D ** -0.5)
+        return (o, *torch.autograd.grad(o, x[:5], x[5]))
+
+    assert_replay_matches_eager(fresh, 5, step)

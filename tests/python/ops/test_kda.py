@@ -727,20 +727,5 @@ def test_cuda_graph_capture_of_forward_and_backward_matches_eager():
     kernels; T = 160 ends in a partial chunk."""
     if not torch.cuda.is_available() or not fusedops.built_with_cuda():
         pytest.skip("needs a CUDA device and a CUDA build")
-    from tests.common.cuda_graph import assert_replay_matches_eager
-    B, T, H, D = 8, 160, 16, 128
-    gen = torch.Generator(device="cuda").manual_seed(4)
-
-    def rnd(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen)
-
-    def fresh():
-        return [rnd(B, T, H, D).bfloat16(), F.normalize(rnd(B, T, H, D), dim=-1).bfloat16(),
-                rnd(B, T, H, D).bfloat16(), F.logsigmoid(rnd(B, T, H, D) + 2), torch.sigmoid(rnd(B, T, H)),
-                rnd(B, T, H, D).bfloat16()]
-
-    def step(x):
-        o, _ = fusedops.chunk_kda(*x[:5], scale=D ** -0.5)
-        return (o, *torch.autograd.grad(o, x[:5], x[5]))
-
-    assert_replay_matches_eager(fresh, 5, step)
+    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
+    assert_linear_attention_replay_matches_eager(fusedops.chunk_kda, per_channel_gate=True, seed=4)
