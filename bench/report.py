@@ -11,7 +11,11 @@ the same run, speed-up over PyTorch eager, peak extra memory and first-call late
                            [--dtype bf16] [--json PATH] [--plot PATH] [--reps N]
 
 Exits 1 when a fusedops result fails its correctness check or raises (baselines that fail are
-reported, not fatal), 2 on bad arguments.
+reported, not fatal), 2 on bad arguments. fusedops' first calls run at every case before anything
+else; each other implementation's run just before its case is timed. With --json the file is
+rewritten after every finished case ("complete": false until the end), so that a run cut short
+keeps its finished cases. A peer's first call can spend minutes compiling and autotuning each new
+shape.
 """
 
 from __future__ import annotations
@@ -367,6 +371,15 @@ def write_plot(path, results):
 # --------------------------------------------------------------------------------------------
 
 
+def write_json(path_arg, results) -> Path:
+    path = Path(path_arg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     t_start = time.perf_counter()
@@ -433,7 +446,6 @@ def main(argv=None) -> int:
     out(f"torch {torch.__version__}, fusedops {fusedops.__version__} "
         f"commit {git['commit'] or 'unknown'}{' (dirty tree)' if git['dirty'] else ''}")
 
-    # First calls, fusedops before anything else so that nothing has warmed it.
     inputs = {}
     records = {}
     for ci, c in enumerate(cases):
@@ -442,8 +454,6 @@ def main(argv=None) -> int:
             for p in common.PASSES:
                 records[(ci, impl.name, p)] = {"impl": impl.name, "pass": p, "status": impl.status,
                                                "note": impl.note}
-    order = sorted(((ci, impl) for ci, c in enumerate(cases) for impl in c.impls if impl.available),
-                   key=lambda t: (t[1].name != "fusedops", t[0]))
     dynamo_imported_by = None
     # Warm PyTorch itself (allocator, kernels of the ops every implementation uses, autograd's
     # engine and its device threads) so that the first calls below measure the implementations,
@@ -454,7 +464,8 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
-    for ci, impl in order:
+    def first_calls(ci, impl):
+        nonlocal dynamo_imported_by
         if impl.setup:
             t_setup = time.perf_counter()
             try:
@@ -465,7 +476,7 @@ def main(argv=None) -> int:
                 for p in common.PASSES:
                     records[(ci, impl.name, p)]["status"] = impl.status
                 progress.shrink(2 * len(common.PASSES))
-                continue
+                return
         for p in common.PASSES:
             rec = records[(ci, impl.name, p)]
             try:
@@ -481,6 +492,14 @@ def main(argv=None) -> int:
             except Exception as e:
                 rec["status"], rec["error"] = "error", short_error(e)
             progress.step(f"first call: {cases[ci].label}: {impl.name} {p}")
+
+    # fusedops' first calls at every case before anything else, so that nothing has warmed it; each
+    # peer's just before its case is timed, so that a run cut short (a peer's compilation can take
+    # minutes per shape) keeps the cases it finished.
+    for ci, c in enumerate(cases):
+        for impl in c.impls:
+            if impl.available and impl.name == "fusedops":
+                first_calls(ci, impl)
 
     cbw = common.copy_bandwidth(device, args.quick)
     copy_bw = cbw["bytes_per_s"]
@@ -511,8 +530,9 @@ def main(argv=None) -> int:
             "memory_method": ("torch.cuda.max_memory_allocated delta after reset_peak_memory_stats"
                               if device.type == "cuda" else common.CPU_MEMORY_METHOD),
             "first_call": "first call of each implementation at each case in this process "
-                          "(fusedops first, after one small PyTorch autograd step warmed PyTorch "
-                          "itself); fwd+bwd after the fwd's first call",
+                          "(fusedops' at every case first, after one small PyTorch autograd step "
+                          "warmed PyTorch itself; each other implementation's just before its case "
+                          "is timed); fwd+bwd after the fwd's first call",
             "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR") if device.type == "cuda" else None,
         },
         "cases": [],
@@ -521,6 +541,9 @@ def main(argv=None) -> int:
     fusedops_ok = True
     for ci, c in enumerate(cases):
         t_case = time.perf_counter()
+        for impl in c.impls:
+            if impl.available and impl.name != "fusedops":
+                first_calls(ci, impl)
         case_records = {(name, p): rec for (i, name, p), rec in records.items() if i == ci}
         info = run_case_checks_and_timing(common, c, inputs[ci], case_records, timer, device,
                                           progress)
@@ -542,6 +565,8 @@ def main(argv=None) -> int:
             "fusedops_backend": info["backend"], "checked_rows": info["ref_rows"],
             "results": list(case_records.values()),
         })
+        if args.json:  # every finished case, in case the run is cut short (complete: false)
+            write_json(args.json, {**results, "complete": False})
     progress.stop()
 
     results["ok"] = fusedops_ok
@@ -582,10 +607,7 @@ def main(argv=None) -> int:
         f"wall time {wall:.1f} s")
 
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1, default=str) + "\n")
-        out(f"wrote {path}")
+        out(f"wrote {write_json(args.json, {**results, 'complete': True})}")
     if args.plot:
         write_plot(args.plot, results)
         out(f"wrote {args.plot}")
