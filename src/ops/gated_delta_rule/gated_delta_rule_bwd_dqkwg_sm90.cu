@@ -44,12 +44,6 @@ constexpr uint32_t kTilesB = oDs + kDsB;
 // gl [64], rs [2][64], cs [4][64], red [8], redk [8].
 constexpr size_t kDqSmem = 1024 + kTilesB + 4 * (7 * static_cast<size_t>(kBT) + 2 * (kDqThreads / 32));
 
-// K-major descriptor of rows n0.. of a [R][128] tile at byte offset `tile`, k16 step kk.
-template <int R>
-__device__ __forceinline__ uint64_t kmaj(uint32_t kLo, uint32_t tile, int n0, int kk) {
-  return desc_make(kLo + ((tile + n0 * 128 + (kk >> 2) * (R * 128) + (kk & 3) * 32) >> 4), kDescHi);
-}
-
 // Rows 0..63 of a 16-bit token-major tensor (rows >= len zero) into a swizzled [64][128] tile.
 __device__ __forceinline__ void load_tile(uint8_t* dst, const Tok& t, const ChunkPos& c, int head, int tid) {
   const uint16_t* base = static_cast<const uint16_t*>(t.p);
@@ -147,6 +141,16 @@ __global__ void __launch_bounds__(kDqThreads, 2)
   const uint32_t gx = static_cast<uint32_t>(gq) << 4;
   // Pair offsets in a [64][128] tile at columns 64 wg + 8 j + 2 tq: rb0 / rb1 + ((j << 4) ^ gx).
   const uint32_t rb0 = wg * (kTileB / 2) + r0 * 128 + 4 * tq, rb1 = rb0 + 8 * 128;
+  // acc = T Hs^T on this warpgroup's 64 columns (T the [64][128] tile at byte offset aT; Hs h or dh).
+  auto times_state_t = [&](float(&acc)[32], uint32_t aT) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_n64<BF, 0, 0>(acc, kmajor(kLo, aT, kk), kmajor<kD>(kLo, oH, kk, 64 * wg), kk > 0);
+    wg_commit();
+    wg_wait<0>();
+    fence_regs(acc);
+  };
   float dqa[32], dka[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) dqa[i] = dka[i] = 0.0f;
@@ -173,8 +177,8 @@ __global__ void __launch_bounds__(kDqThreads, 2)
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_n16<BF, 0, 0>(pa, kmaj<kBT>(kLo, oQ, 0, kk), kmaj<kBT>(kLo, oK, 32 * wg + 16 * hh, kk), kk > 0);
-        wgmma_n16<BF, 0, 0>(sa, kmaj<kBT>(kLo, oO, 0, kk), kmaj<kBT>(kLo, oV, 32 * wg + 16 * hh, kk), kk > 0);
+        wgmma_n16<BF, 0, 0>(pa, kmajor(kLo, oQ, kk), kmajor(kLo, oK, kk, 32 * wg + 16 * hh), kk > 0);
+        wgmma_n16<BF, 0, 0>(sa, kmajor(kLo, oO, kk), kmajor(kLo, oV, kk, 32 * wg + 16 * hh), kk > 0);
       }
       wg_commit();
       wg_wait<0>();
@@ -211,13 +215,7 @@ __global__ void __launch_bounds__(kDqThreads, 2)
     // A = dO h^T: the gate term scale e^g rowsum(Q . A), then dq += scale e^g A.
     {
       float aq[32];
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n64<BF, 0, 0>(aq, kmaj<kBT>(kLo, oO, 0, kk), kmaj<kD>(kLo, oH, 64 * wg, kk), kk > 0);
-      wg_commit();
-      wg_wait<0>();
-      fence_regs(aq);
+      times_state_t(aq, oO);
       const float e0 = r0 < len ? scale * exp_fast(gl[r0]) : 0.0f, e1 = r1 < len ? scale * exp_fast(gl[r1]) : 0.0f;
       float s0, s1;
       row_dot_sw<BF>(Qs, rb0, rb1, gx, aq, s0, s1);
@@ -240,7 +238,7 @@ __global__ void __launch_bounds__(kDqThreads, 2)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < kBT / 16; ++kk) {
-      wgmma_n64<BF, 0, 1>(dqa, kmaj<kBT>(kLo, oDs, 0, kk), mnmajor(mLo, oK + wg * (kTileB / 2) + kk * 2048), 1);
+      wgmma_n64<BF, 0, 1>(dqa, kmajor(kLo, oDs, kk), mnmajor(mLo, oK + wg * (kTileB / 2) + kk * 2048), 1);
       wgmma_n64<BF, 1, 1>(dka, mnmajor(mLo, oDs + kk * 2048), mnmajor(mLo, oQ + wg * (kTileB / 2) + kk * 2048), 1);
     }
     wg_commit();
@@ -252,13 +250,7 @@ __global__ void __launch_bounds__(kDqThreads, 2)
     __syncthreads();  // dv2
     if (dw.p) {  // dW = -dv2 h^T
       float aw[32];
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n64<BF, 0, 0>(aw, kmaj<kBT>(kLo, oO, 0, kk), kmaj<kD>(kLo, oH, 64 * wg, kk), kk > 0);
-      wg_commit();
-      wg_wait<0>();
-      fence_regs(aw);
+      times_state_t(aw, oO);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = 64 * wg + 8 * j + 2 * tq;
@@ -297,13 +289,7 @@ __global__ void __launch_bounds__(kDqThreads, 2)
     // dKi = diag(e^{g_last - g}) Vnew dH^T: the gate term rowsum(dKi . K); dk += dKi.
     {
       float ak[32];
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_n64<BF, 0, 0>(ak, kmaj<kBT>(kLo, oV, 0, kk), kmaj<kD>(kLo, oH, 64 * wg, kk), kk > 0);
-      wg_commit();
-      wg_wait<0>();
-      fence_regs(ak);
+      times_state_t(ak, oV);
       const float f0 = r0 < len ? exp_fast(glast - gl[r0]) : 0.0f, f1 = r1 < len ? exp_fast(glast - gl[r1]) : 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -333,21 +319,7 @@ __global__ void __launch_bounds__(kDqThreads, 2)
       rs[wg * kBT + r1] = t1 + x1;
     }
     __syncthreads();  // rs, cs, red, redk
-    if (dg.p && tid < len) {
-      // dg_i = rowsum(M)_i - colsum(M)_i + scale e^{g_i} rowsum(Q . dO h^T)_i - rowsum(dKi . K)_i,
-      // and for the last row e^{g_last} <h, dh> + sum_i rowsum(dKi . K)_i.
-      const int i = tid;
-      float v = (rs[i] + rs[kBT + i]) - ((cs[i] + cs[kBT + i]) + (cs[2 * kBT + i] + cs[3 * kBT + i]));
-      if (i == len - 1) {
-        float s = 0.0f, u = 0.0f;
-        for (int w = 0; w < kDqThreads / 32; ++w) {
-          s += red[w];
-          u += redk[w];
-        }
-        v += exp_fast(glast) * s + u;
-      }
-      dg.st_(c.b, c.t0 + i, hv, 0, v);
-    }
+    if (dg.p && tid < len) sm80::mma16::dqkwg_dg_row(rs, cs, red, redk, kDqThreads / 32, glast, dg, c, hv, tid);
   }
   if (staged) {  // 16-bit dq, dk through the warp's blocks of Qs and Ks (every product is done)
     store_rows_sw<BF>(dqa, Qs, rb0, rb1, gx, dq, c, hk, wg, wq, lane);
@@ -384,7 +356,6 @@ bool dqkwg_wg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
     if (!tok16_ok(*t, dt)) return false;
   if (!state16_ok(a.h, dt) || !state16_ok(a.dh, dt) || !out2_ok(a.dq) || !out2_ok(a.dk)) return false;
   if (a.w.defined() && !(tok16_ok(a.dv, dt) && out2_ok(a.dw))) return false;
-  if (a.g.defined() && a.g.dtype() != DType::kFloat32) return false;
   // One value head per q/k head. With grouped values dq and dk sum over the group's heads in the
   // accumulators that wgmma also adds into, and ptxas then spilled ~800 bytes per thread and
   // serialized the products (a loop over the heads, or two unrolled); those keep cuda_sm80's kernel.

@@ -921,21 +921,7 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
       rs[half * kMaxBT + r1] = t1 + x1;
     }
     __syncthreads();  // rs, cs, red, redk
-    if (dg.p && tid < len) {
-      // dg_i = rowsum(M)_i - colsum(M)_i + scale e^{g_i} rowsum(Q . dO h^T)_i - rowsum(dKi . K)_i,
-      // and for the last row e^{g_last} <h, dh> + sum_i rowsum(dKi . K)_i.
-      const int i = tid;
-      float v = (rs[i] + rs[kMaxBT + i]) - ((cs[i] + cs[kMaxBT + i]) + (cs[2 * kMaxBT + i] + cs[3 * kMaxBT + i]));
-      if (i == len - 1) {
-        float s = 0.0f, u = 0.0f;
-        for (int w = 0; w < kThreads / 32; ++w) {
-          s += red[w];
-          u += redk[w];
-        }
-        v += exp_fast(glast) * s + u;
-      }
-      dg.st_(c.b, c.t0 + i, hv, 0, v);
-    }
+    if (dg.p && tid < len) dqkwg_dg_row(rs, cs, red, redk, kThreads / 32, glast, dg, c, hv, tid);
   }
   if (staged) {  // 16-bit dq, dk through the warp's blocks of Qs and Ks, free after the last barrier
     store_warp_rows16<BF, 8>(dqa, 1.0f, Qs, kLdT, wm, wn, dq, c.b, c.t0, hk, len, lane);

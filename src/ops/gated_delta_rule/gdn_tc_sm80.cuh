@@ -388,6 +388,25 @@ __device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_
   if (base && staged) warp_copy_rows16<32, 4>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
 }
 
+// chunk_bwd_dqkwg's gate gradient (dqkwg_mma_kernel and cuda_sm90's dqkwg_wg_kernel), thread i < len
+// of the CTA: dg_i = rowsum(M)_i - colsum(M)_i + scale e^{g_i} rowsum(Q . dO h^T)_i -
+// rowsum(dKi . K)_i (rs: the row terms of two column halves; cs: M's column sums of four row
+// quarters), and for the last row e^{g_last} <h, dh> + sum_i rowsum(dKi . K)_i (red, redk: per warp).
+__device__ __forceinline__ void dqkwg_dg_row(const float* rs, const float* cs, const float* red, const float* redk,
+                                             int warps, float glast, const Tok& dg, const ChunkPos& c, int hv,
+                                             int i) {
+  float v = (rs[i] + rs[kMaxBT + i]) - ((cs[i] + cs[kMaxBT + i]) + (cs[2 * kMaxBT + i] + cs[3 * kMaxBT + i]));
+  if (i == c.len - 1) {
+    float s = 0.0f, u = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      s += red[w];
+      u += redk[w];
+    }
+    v += exp_fast(glast) * s + u;
+  }
+  dg.st_(c.b, c.t0 + i, hv, 0, v);
+}
+
 // Host side. A 16-bit token-major input [B,T,H,D] these kernels can stage: dtype dt, 16-byte
 // aligned, unit last stride, the other strides multiples of 8 elements.
 inline bool tok16_ok(const TensorView& t, DType dt) {

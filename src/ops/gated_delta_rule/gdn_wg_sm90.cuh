@@ -40,11 +40,13 @@ struct TileSrc {
 };
 
 // Descriptors from the low words kLo / mLo of the shared base (K-major / MN-major): a K-major
-// [64][128] tile at byte offset `tile` from the base, at k16 step kk (columns 16 kk..), and an
-// MN-major operand whose step starts at byte offset `start`.
+// [R][128] tile (R = 64 token rows by default) at byte offset `tile` from the base, its rows n0..,
+// at k16 step kk (columns 16 kk..), and an MN-major operand whose step starts at byte offset
+// `start`.
 constexpr uint32_t kDescHi = desc_hi(1024);
-__device__ __forceinline__ uint64_t kmajor(uint32_t kLo, uint32_t tile, int kk) {
-  return desc_make(kLo + ((tile + (kk >> 2) * kTileB / 2 + (kk & 3) * 32) >> 4), kDescHi);
+template <int R = kBT>
+__device__ __forceinline__ uint64_t kmajor(uint32_t kLo, uint32_t tile, int kk, int n0 = 0) {
+  return desc_make(kLo + ((tile + n0 * 128 + (kk >> 2) * (R * 128) + (kk & 3) * 32) >> 4), kDescHi);
 }
 __device__ __forceinline__ uint64_t mnmajor(uint32_t mLo, uint32_t start) {
   return desc_make(mLo + (start >> 4), kDescHi);
