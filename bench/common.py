@@ -89,6 +89,7 @@ class Case:
     bytes_moved: dict[str, int]
     bytes_note: dict[str, str]
     ref_row_budget_elems: int = 1 << 21
+    variant: str = ""  # told apart in the label when two cases share op, shape and dtype
 
     @property
     def rows(self) -> int:
@@ -96,7 +97,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.op} {list(self.shape)} {dtype_name(self.dtype)}"
+        tail = f" {self.variant}" if self.variant else ""
+        return f"{self.op} {list(self.shape)} {dtype_name(self.dtype)}{tail}"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

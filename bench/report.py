@@ -260,7 +260,8 @@ def render_case(common, case, info, records, device, copy_bw) -> str:
     bw_unit, bw_scale = ("TB/s", 1e12) if device.type == "cuda" else ("GB/s", 1e9)
     lines = []
     params = ", ".join(f"{k}={v}" for k, v in case.params.items())
-    lines.append(f"== {case.op}  x{list(case.shape)} {common.dtype_name(case.dtype)}  ({params})")
+    variant = f" {case.variant}" if case.variant else ""
+    lines.append(f"== {case.op}  x{list(case.shape)} {common.dtype_name(case.dtype)}{variant}  ({params})")
     floors = ", ".join(
         f"{p} {common.fmt_bytes(case.bytes_moved[p])} -> {common.fmt_time(case.bytes_moved[p] / copy_bw)}"
         for p in common.PASSES)
@@ -560,6 +561,7 @@ def main(argv=None) -> int:
                 fusedops_ok = False
         results["cases"].append({
             "op": c.op, "shape": list(c.shape), "dtype": common.dtype_name(c.dtype),
+            **({"variant": c.variant} if c.variant else {}),
             "params": c.params, "bytes_moved": c.bytes_moved, "bytes_note": c.bytes_note,
             "floor_time_s": {p: c.bytes_moved[p] / copy_bw for p in common.PASSES},
             "fusedops_backend": info["backend"], "checked_rows": info["ref_rows"],

@@ -308,7 +308,8 @@ def _case(device, B, T, H, D, dtype, HV=None, nseq=0) -> Case:
         params["cu_seqlens"] = cu
     case = Case(op=OP, shape=(B, T, HV, D), dtype=dtype, params=params,
                 make_inputs=make, impls=_impls(device, D, T, cu), reference=reference, base=base,
-                bytes_moved=bytes_moved(B, T, H, D, dtype, HV), bytes_note=BYTES_NOTE)
+                bytes_moved=bytes_moved(B, T, H, D, dtype, HV), bytes_note=BYTES_NOTE,
+                variant=f"varlen({nseq} sequences)" if nseq else "")
     return case
 
 
