@@ -1628,11 +1628,26 @@ __device__ __forceinline__ void rec_copy(const RecBwd& p, float* dst, const floa
   }
 }
 
+// A [K,V] state (or zeros) into shared memory. The loads of a thread are issued in batches of
+// kRecLoads before any is stored: one latency per batch, not per element (a decoding step's
+// backward read its 64 KiB state at one load per latency and took ~70 us per CTA).
+constexpr int kRecLoads = 16;
+
 __device__ __forceinline__ void rec_load(const RecBwd& p, float* dst, const Mat& m, int64_t index) {
   const int64_t base = index * static_cast<int64_t>(p.K) * p.V;
-  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
-    const int y = e / p.V, x = e - y * p.V;
-    dst[y * p.ldv + x] = m.p ? ldf(m.p, m.code, base + e) : 0.0f;
+  const int n = p.K * p.V, step = static_cast<int>(blockDim.x);
+  for (int e0 = threadIdx.x; e0 < n; e0 += kRecLoads * step) {
+    float r[kRecLoads];
+#pragma unroll
+    for (int u = 0; u < kRecLoads; ++u) {
+      const int e = e0 + u * step;
+      r[u] = (m.p && e < n) ? ldf(m.p, m.code, base + e) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kRecLoads; ++u) {
+      const int e = e0 + u * step;
+      if (e < n) dst[(e / p.V) * p.ldv + e % p.V] = r[u];
+    }
   }
 }
 
