@@ -34,11 +34,15 @@ def assert_replay_matches_eager(fresh, n_leaves, step):
         assert torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype])), f"output {i}"
 
 
-def assert_linear_attention_replay_matches_eager(op, per_channel_gate, seed, B=8, T=160, H=16, D=128):
+def assert_linear_attention_replay_matches_eager(op, per_channel_gate, seed, B=8, T=160, H=16, D=128,
+                                                 cu_seqlens=None):
     """assert_replay_matches_eager for a chunked linear-attention op `op(q, k, v, g, beta, scale=)`
     returning (o, final_state): bf16 q, k (unit rows), v and dO, fp32 log-sigmoid gates (per head,
-    or per channel when per_channel_gate) and betas; the step is o and the gradients of the five."""
+    or per channel when per_channel_gate) and betas; the step is o and the gradients of the five.
+    With cu_seqlens (a list; B must be 1, T its last entry) the sequences are packed: the op's
+    host-side tables of them are built by the warm-up steps, before the capture."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device="cuda")
 
     def rnd(*shape):
         return torch.randn(*shape, device="cuda", generator=gen)
@@ -50,7 +54,7 @@ def assert_linear_attention_replay_matches_eager(op, per_channel_gate, seed, B=8
                 rnd(B, T, H, D).bfloat16()]
 
     def step(x):
-        o, _ = op(*x[:5], scale=D ** -0.5)
+        o, _ = op(*x[:5], scale=D ** -0.5, cu_seqlens=cu)
         return (o, *torch.autograd.grad(o, x[:5], x[5]))
 
     assert_replay_matches_eager(fresh, 5, step)

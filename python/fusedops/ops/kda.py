@@ -25,9 +25,9 @@ from .._op import DifferentiableOp, PlainOp
 from .gated_delta_rule import (
     _acc_dtype,
     _empty,
-    _host_seqlens,
     _indices,
     _last_unit,
+    _seq_tables,
     _workspace,
     chunk_local_cumsum,
     prepare_chunk_indices,
@@ -326,7 +326,7 @@ def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Op
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cu_seqlens is not None:
-        _host_seqlens(cu_seqlens)
+        _seq_tables(cu_seqlens, None, None)
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
     _C.fused_recurrent_kda_fwd(context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v),

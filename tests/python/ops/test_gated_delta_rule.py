@@ -348,6 +348,50 @@ def test_varlen_equals_separate_sequences(device):
         torch.testing.assert_close(g["h0"][n:n + 1], gs["h0"], rtol=1e-4, atol=2e-6)
 
 
+def test_varlen_tables_are_built_once_per_cu_seqlens_tensor(device, monkeypatch):
+    """cu_seqlens' host values (a GPU synchronization each) are read once per tensor: the
+    backward and later calls with the same, unchanged tensor reuse them; an in-place change of the
+    tensor or another tensor reads them again, and the results follow the new values."""
+    from fusedops.ops import gated_delta_rule as mod
+
+    reads = []
+    real = mod._host_seqlens
+
+    def counted(*args):
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(mod, "_host_seqlens", counted)
+    monkeypatch.setattr(mod, "_seq_cache", [])
+    cu_a, cu_b = [0, 30, 30, 77], [0, 50, 64, 77]
+    d = make_inputs(1, 77, 2, 2, 16, 16, torch.float32, seed=21, cu=cu_a)
+
+    def step(cu_t):
+        x = leaves(d, DIFF, None, device)
+        o, ht = fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3,
+                                                initial_state=x["h0"], output_final_state=True,
+                                                cu_seqlens=cu_t, chunk_size=16)
+        gr = torch.autograd.grad([o, ht], [x[n] for n in ("q", "k", "v", "g", "beta", "h0")],
+                                 [d["do"].to(device), d["dht"].to(device)])
+        return [o, ht, *gr]
+
+    cu_t = torch.tensor(cu_a, dtype=torch.int32, device=device)
+    first = step(cu_t)
+    assert len(reads) == 1
+    again = step(cu_t)
+    assert len(reads) == 1
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    cu_t.copy_(torch.tensor(cu_b, dtype=torch.int32))  # in place: the version counter moves
+    changed = step(cu_t)
+    assert len(reads) == 2
+    fresh = step(torch.tensor(cu_b, dtype=torch.int32, device=device))
+    assert len(reads) == 3
+    for a, b in zip(changed, fresh):
+        assert torch.equal(a, b)
+    assert not torch.equal(changed[0], first[0])
+
+
 @pytest.mark.parametrize("split", [40, 64])
 def test_prefix_then_suffix_equals_whole(device, split):
     T = 100
@@ -823,3 +867,15 @@ def test_cuda_graph_capture_of_forward_and_backward_matches_eager():
         pytest.skip("needs a CUDA device and a CUDA build")
     from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
     assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=3)
+
+
+
+def test_cuda_graph_capture_of_varlen_forward_and_backward_matches_eager():
+    """The same with 5 packed sequences of unequal lengths (one empty, several partial chunks):
+    the warm-up calls build the chunk tables of cu_seqlens on the host, the capture reuses them."""
+    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
+    cu = [0, 100, 100, 357, 421, 1000]
+    assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=5,
+                                                 B=1, T=cu[-1], cu_seqlens=cu)

@@ -729,3 +729,15 @@ def test_cuda_graph_capture_of_forward_and_backward_matches_eager():
         pytest.skip("needs a CUDA device and a CUDA build")
     from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
     assert_linear_attention_replay_matches_eager(fusedops.chunk_kda, per_channel_gate=True, seed=4)
+
+
+
+def test_cuda_graph_capture_of_varlen_forward_and_backward_matches_eager():
+    """The same with 5 packed sequences of unequal lengths (one empty, several partial chunks):
+    the warm-up calls build the chunk tables of cu_seqlens on the host, the capture reuses them."""
+    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
+    cu = [0, 100, 100, 357, 421, 1000]
+    assert_linear_attention_replay_matches_eager(fusedops.chunk_kda, per_channel_gate=True, seed=6,
+                                                 B=1, T=cu[-1], cu_seqlens=cu)
