@@ -112,10 +112,20 @@ _seq_cache: list = []  # [(cu_seqlens, cu_seqlens_cpu, versions, chunk_size, (va
 _seq_lock = threading.Lock()
 
 
+def _build_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int]):
+    vals = _host_seqlens(cu_seqlens, cu_seqlens_cpu)
+    if chunk_size is None:
+        return vals, None, None
+    return vals, _chunk_indices(vals, chunk_size, cu_seqlens), _chunk_offsets(vals, chunk_size, cu_seqlens)
+
+
 def _seq_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int]):
     """(host values, chunk indices, chunk offsets) of cu_seqlens, validated, from the cache when
     this tensor (and cu_seqlens_cpu), unchanged, was seen before with this chunk size; chunk_size
     None validates only (the tables are None)."""
+    if cu_seqlens.is_inference() or (cu_seqlens_cpu is not None and cu_seqlens_cpu.is_inference()):
+        # No version counter to tell an in-place change (torch.inference_mode): read every time.
+        return _build_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
     versions = (cu_seqlens._version, None if cu_seqlens_cpu is None else cu_seqlens_cpu._version)
     with _seq_lock:
         for i, (cu, cpu, ver, cs, tables) in enumerate(_seq_cache):
@@ -127,9 +137,7 @@ def _seq_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size
         raise RuntimeError("fusedops: cu_seqlens: its chunk tables are built on the host, which a CUDA-graph "
                            "capture cannot do; call the operator once with this cu_seqlens tensor (e.g. in "
                            "the warm-up before the capture) and do not change it in place afterwards")
-    vals = _host_seqlens(cu_seqlens, cu_seqlens_cpu)
-    tables = (vals, None, None) if chunk_size is None else (
-        vals, _chunk_indices(vals, chunk_size, cu_seqlens), _chunk_offsets(vals, chunk_size, cu_seqlens))
+    tables = _build_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
     with _seq_lock:
         _seq_cache.insert(0, (cu_seqlens, cu_seqlens_cpu, versions, chunk_size, tables))
         del _seq_cache[_SEQ_CACHE_SIZE:]

@@ -392,6 +392,22 @@ def test_varlen_tables_are_built_once_per_cu_seqlens_tensor(device, monkeypatch)
     assert not torch.equal(changed[0], first[0])
 
 
+def test_varlen_inference_tensors_are_read_every_call(device):
+    """Under torch.inference_mode a cu_seqlens tensor has no version counter: its values are read
+    at every call, so an in-place change still takes effect."""
+    d = make_inputs(1, 77, 2, 2, 16, 16, torch.float32, seed=22, cu=[0, 30, 77])
+    x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta")}
+    with torch.inference_mode():
+        cu_t = torch.tensor([0, 30, 77], dtype=torch.int32, device=device)
+        first, _ = fusedops.chunk_gated_delta_rule(**x, scale=0.3, cu_seqlens=cu_t, chunk_size=16)
+        cu_t[1] = 50
+        changed, _ = fusedops.chunk_gated_delta_rule(**x, scale=0.3, cu_seqlens=cu_t, chunk_size=16)
+    fresh, _ = fusedops.chunk_gated_delta_rule(
+        **x, scale=0.3, cu_seqlens=torch.tensor([0, 50, 77], dtype=torch.int32, device=device), chunk_size=16)
+    assert torch.equal(changed, fresh)
+    assert not torch.equal(changed, first)
+
+
 @pytest.mark.parametrize("split", [40, 64])
 def test_prefix_then_suffix_equals_whole(device, split):
     T = 100
