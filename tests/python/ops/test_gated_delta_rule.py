@@ -874,24 +874,15 @@ def test_errors():
         gdn.solve_tril(torch.zeros(1, 8, 2, 48))
 
 
-def test_cuda_graph_capture_of_forward_and_backward_matches_eager():
+@pytest.mark.parametrize("cu", [None, [0, 100, 100, 357, 421, 1000]], ids=["fixed", "varlen"])
+def test_cuda_graph_capture_of_forward_and_backward_matches_eager(cu):
     """chunk_gated_delta_rule's forward and backward replay from one CUDA graph (no host
     synchronization; workspaces from PyTorch's allocator) and give bitwise the eager outputs and
     gradients on new inputs. B * HV = 128 (sequence, value head) pairs and K = V = 128 in bf16: the
-    fused and (on an H200) wgmma kernels' default choice; T = 160 ends in a partial chunk."""
+    fused and (on an H200) wgmma kernels' default choice; T = 160 ends in a partial chunk. varlen: 5 packed sequences (one
+    empty), whose chunk tables the warm-up calls build on the host before the capture."""
     if not torch.cuda.is_available() or not fusedops.built_with_cuda():
         pytest.skip("needs a CUDA device and a CUDA build")
     from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
-    assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=3)
-
-
-
-def test_cuda_graph_capture_of_varlen_forward_and_backward_matches_eager():
-    """The same with 5 packed sequences of unequal lengths (one empty, several partial chunks):
-    the warm-up calls build the chunk tables of cu_seqlens on the host, the capture reuses them."""
-    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
-        pytest.skip("needs a CUDA device and a CUDA build")
-    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
-    cu = [0, 100, 100, 357, 421, 1000]
-    assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=5,
-                                                 B=1, T=cu[-1], cu_seqlens=cu)
+    kw = {} if cu is None else {"B": 1, "T": cu[-1], "cu_seqlens": cu}
+    assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=3, **kw)
