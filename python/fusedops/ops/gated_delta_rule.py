@@ -144,10 +144,21 @@ def _seq_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size
     return tables
 
 
-def _indices(cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], chunk_size: int):
+def _packed_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int], T: int):
+    """_seq_tables, and the check that the sequences cover the T packed tokens (on a GPU the
+    kernels cannot check it: a longer cu_seqlens would read past the inputs)."""
+    tables = _seq_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    vals = tables[0]
+    if vals[-1] != T:
+        raise ValueError(f"fusedops: cu_seqlens must end at T={T} (the packed length), got "
+                         f"cu_seqlens[{len(vals) - 1}]={vals[-1]}")
+    return tables
+
+
+def _indices(cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], chunk_size: int, T: int):
     if cu_seqlens is None:
         return None, None
-    _, ci, co = _seq_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    _, ci, co = _packed_tables(cu_seqlens, cu_seqlens_cpu, chunk_size, T)
     return ci, co
 
 
@@ -217,7 +228,7 @@ def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, sc
                cu_seqlens_cpu: Optional[Tensor], chunk_size: int, keep: bool) -> _T13:
     B, T, H, K, HV, V, N = _fwd_shapes(q, k, v, g, cu_seqlens, chunk_size)
     dev, acc = q.device, _acc_dtype(q)
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
     kept = _kept(q, v, B, T, HV, K, V, ci, chunk_size, cu_seqlens is not None) if keep else [_empty(q) for _ in range(4)]
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev) if output_final_state else _empty(q)
@@ -290,7 +301,7 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                allow_neg: bool, w: Optional[Tensor], u: Optional[Tensor], h: Optional[Tensor],
                v_new: Optional[Tensor]) -> _T8:
     dev = q.device
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
     dout = _last_unit(dout)
     dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
         torch.empty_like(k, memory_format=torch.contiguous_format), \
@@ -466,7 +477,7 @@ def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Op
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cu_seqlens is not None:
-        _seq_tables(cu_seqlens, None, None)
+        _packed_tables(cu_seqlens, None, None, T)
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
     _C.fused_recurrent_gated_delta_rule_fwd(

@@ -27,7 +27,7 @@ from .gated_delta_rule import (
     _empty,
     _indices,
     _last_unit,
-    _seq_tables,
+    _packed_tables,
     _workspace,
     chunk_local_cumsum,
     prepare_chunk_indices,
@@ -79,7 +79,7 @@ def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, sc
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dev, acc = q.device, _acc_dtype(q)
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev) if output_final_state else _empty(q)
     if use_qk_l2norm:
@@ -132,7 +132,7 @@ def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                     chunk_size: int, use_qk_l2norm: bool, use_gate: bool, use_sigmoid: bool,
                     allow_neg: bool, safe_gate: bool, has_lb: bool, lb: float) -> _T8:
     dev = q.device
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size)
+    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
     dout = _last_unit(dout)
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
@@ -326,7 +326,7 @@ def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Op
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cu_seqlens is not None:
-        _seq_tables(cu_seqlens, None, None)
+        _packed_tables(cu_seqlens, None, None, T)
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
     _C.fused_recurrent_kda_fwd(context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v),

@@ -833,6 +833,24 @@ def _args(B=1, T=8, H=2, HV=2, K=8, V=8):
             torch.rand(B, T, HV))
 
 
+@pytest.mark.parametrize("last", [7, 9, 4096])
+def test_cu_seqlens_not_ending_at_T_raises_on_every_device(device, last):
+    """On a GPU the kernels cannot check cu_seqlens' values: a last entry past T would read past
+    the inputs. The host copy of its values (kept per tensor) is checked against T at every call,
+    also when the tensor's tables are already kept from a call with another T."""
+    x = [t.to(device) for t in _args()]
+    ok = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    fusedops.chunk_gated_delta_rule(*x, cu_seqlens=ok)
+    fusedops.fused_recurrent_gated_delta_rule(*x, cu_seqlens=ok)
+    bad = torch.tensor([0, 3, last], dtype=torch.int32, device=device)
+    for fn in (fusedops.chunk_gated_delta_rule, fusedops.fused_recurrent_gated_delta_rule):
+        with pytest.raises(ValueError, match=f"cu_seqlens must end at T=8 .*got cu_seqlens\\[2\\]={last}"):
+            fn(*x, cu_seqlens=bad)
+    y = [t[:, :7].contiguous() for t in x]  # the same kept tensor, now with T = 7
+    with pytest.raises(ValueError, match="cu_seqlens must end at T=7 .*got cu_seqlens\\[2\\]=8"):
+        fusedops.chunk_gated_delta_rule(*y, cu_seqlens=ok)
+
+
 def test_errors():
     q, k, v, g, b = _args()
     with pytest.raises(DeprecationWarning, match="head_first"):

@@ -640,6 +640,17 @@ def _args(B=1, T=8, H=2, HV=2, K=8, V=8):
             torch.rand(B, T, HV))
 
 
+def test_cu_seqlens_not_ending_at_T_raises_on_every_device(device):
+    """A cu_seqlens whose last entry is not T raises on every device (on a GPU the kernels would
+    read past the inputs), for the chunk and the recurrent form."""
+    q, k, v = (torch.randn(1, 8, 2, 8, device=device) for _ in range(3))
+    g, b = -torch.rand(1, 8, 2, 8, device=device), torch.rand(1, 8, 2, device=device)
+    bad = torch.tensor([0, 3, 9], dtype=torch.int32, device=device)
+    for fn in (fusedops.chunk_kda, fusedops.fused_recurrent_kda):
+        with pytest.raises(ValueError, match="cu_seqlens must end at T=8"):
+            fn(q, k, v, g, b, cu_seqlens=bad)
+
+
 def test_errors():
     q, k, v, g, b = _args()
     with pytest.raises(DeprecationWarning, match="head_first"):
