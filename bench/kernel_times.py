@@ -11,7 +11,8 @@ Scenarios (the report's shapes): hc_split (fwd+bwd, fp32 [32768, 24]), ce (fwd+b
 [8192, 128256]), chunk_loss / chunk_loss_mg (fwd+bwd, N=8192 H=4096 V=128256 bf16; default
 budget / caller's fp32 main_grad at 1 GiB chunks), mhc_pre (fwd, T=32768 n=4 C=4096 bf16),
 conv (causal_conv1d fwd, [4, 4096, 8192] W=4 silu bf16), gdn / gdn_fwd and kda / kda_fwd
-(chunk_gated_delta_rule and chunk_kda fwd+bwd / fwd, B=8 T=4096 H=16 K=V=128 bf16).
+(chunk_gated_delta_rule and chunk_kda fwd+bwd / fwd, B=8 T=4096 H=16 K=V=128 bf16), gdn_long /
+gdn_long_fwd (B=1 T=32768) and gdn_varlen (fwd+bwd, the report's 8 packed sequences).
 """
 
 from __future__ import annotations
@@ -107,18 +108,26 @@ def conv():
     return step
 
 
-def _linear_attention(backward: bool, kda: bool):
+def _linear_attention(backward: bool, kda: bool, B: int = 8, T: int = 4096, lengths=None):
+    """One call at B x T (H = 16, K = V = 128, bf16); lengths: packed sequences (B = 1, cu_seqlens
+    built once, as a training step's layers share it)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from la_timing import _inputs
 
-    B, T, H, K = 8, 4096, 16, 128
+    H, K = 16, 128
     inputs = _inputs(B, T, H, H, K, K, torch.bfloat16, kda)
     leaves = [x.detach().clone().requires_grad_(backward) for x in inputs]
     do = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16)
     op = fusedops.chunk_kda if kda else fusedops.chunk_gated_delta_rule
+    cu = None
+    if lengths is not None:
+        offs = [0]
+        for n in lengths:
+            offs.append(offs[-1] + n)
+        cu = torch.tensor(offs, dtype=torch.int32, device=DEV)
 
     def step():
-        o = op(*leaves, K ** -0.5)[0]
+        o = op(*leaves, K ** -0.5, cu_seqlens=cu)[0]
         if backward:
             torch.autograd.grad(o, leaves, do)
     return step
@@ -132,6 +141,21 @@ def gdn_fwd():
     return _linear_attention(False, False)
 
 
+def gdn_long():
+    return _linear_attention(True, False, B=1, T=32768)
+
+
+def gdn_long_fwd():
+    return _linear_attention(False, False, B=1, T=32768)
+
+
+def gdn_varlen():
+    # The report's varlen case: 8 sequences of random lengths (seed 0), 32768 tokens.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.ops.gated_delta_rule import varlen_lengths
+    return _linear_attention(True, False, B=1, T=32768, lengths=varlen_lengths(8, 32768))
+
+
 def kda():
     return _linear_attention(True, True)
 
@@ -141,7 +165,7 @@ def kda_fwd():
 
 
 SCENARIOS = {f.__name__: f for f in (hc_split, ce, chunk_loss, chunk_loss_mg, mhc_pre, conv, gdn, gdn_fwd, kda,
-                                     kda_fwd)}
+                                     kda_fwd, gdn_long, gdn_long_fwd, gdn_varlen)}
 
 
 def profile(name: str, calls: int = 5) -> None:
