@@ -584,27 +584,33 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 // two CTAs per SM (NG = 1: 88 KiB, NG = 2: 105 KiB); NG = 2 shares each K, W tile between two V
 // tiles and halves the CTAs, which fills the GPU in one wave where NG = 1 needs two (fwd_h picks
 // NG = 2 when it still gives every SM a CTA).
+//
+// S > 2 stages (FUSEDOPS_GDN_FWDH_STAGES=3|4, off by default, not yet measured on a GPU): chunk
+// ci + S - 1's tiles are issued while chunk ci runs, and each chunk's gate is loaded into a
+// register one chunk ahead. With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132
+// SMs) a chunk step took ~3 us against well under 1 us of products: the two-buffer pipeline and
+// the gate's global load leave a memory latency on every step of the chain. One CTA per SM.
 namespace fwdh {
-template <int NG>
+template <int NG, int S = 2>
 struct Geo {
   static constexpr int kThreads = 128 * NG;
   static constexpr int kCols = 32 * NG;        // V columns per CTA
   static constexpr int kLdX = kCols + 8;       // 16-bit [rows][kCols] tiles: conflict-free fragment reads
   static constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
-  static constexpr size_t kSmem = 2 * (2 * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
+  static constexpr size_t kSmem = 2 * (S * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
 };
 }  // namespace fwdh
 
-template <bool BF, int NG>
-__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk,
-                                                                                Mat h0, Mat h, Tok vn, Mat ht,
-                                                                                Layout L, int HV, int G, bool staged) {
+template <bool BF, int NG, int S = 2>
+__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
+    fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h, Tok vn, Mat ht, Layout L, int HV, int G,
+                     bool staged) {
   using namespace mma16;
-  using Geo = fwdh::Geo<NG>;
+  using Geo = fwdh::Geo<NG, S>;
   constexpr int kLdX = Geo::kLdX;
   extern __shared__ float smem[];
-  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [2] x (K, W, U)
-  uint16_t* Xs = buf + 2 * Geo::kBuf;                                     // [128][kLdX]
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [S] x (K, W, U)
+  uint16_t* Xs = buf + S * Geo::kBuf;                                     // [128][kLdX]
   float* gls = reinterpret_cast<float*>(Xs + kD * kLdX);                   // [2][64]
   float* gkl = gls + 2 * kMaxBT;                                           // [128]: gk of the chunk's last row
   const int64_t n = blockIdx.x / HV;
@@ -616,8 +622,8 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto tiles = [&](int b) { return buf + b * Geo::kBuf; };
-  auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % 2
-    uint16_t* Kb = tiles(static_cast<int>(ci & 1));
+  auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % S
+    uint16_t* Kb = tiles(static_cast<int>(static_cast<uint64_t>(ci) % S));
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
@@ -635,21 +641,48 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
   // X from h0 (or 0): x[mt][j][e] = X(32 wr + 16 mt + gq + 8 (e / 2), wc + 8 j + 2 tq + e % 2).
   float x[2][4][4];
   load_state_frag(x, h0, sidx, x0);
-  if (nch > 0) issue(0);
+  // The gate of chunk cj at row tid (S > 2: loaded one chunk ahead into gnext).
+  auto gate_row = [&](int64_t cj) {
+    const int lj = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - cj * L.BT));
+    return (g.p && cj < nch && tid < lj) ? g.ld(s.b, s.t0 + cj * L.BT + tid, hv, 0) : 0.0f;
+  };
+  float gnext = 0.0f;
+  if constexpr (S > 2) {
+    for (int j = 0; j < S - 1; ++j) {  // chunks 0 .. S-2; a group per chunk, empty past the end
+      if (j < nch) issue(j);
+      else cp_async_commit();
+    }
+    if (tid < kMaxBT) gnext = gate_row(0);
+  } else if (nch > 0) {
+    issue(0);
+  }
   for (int64_t ci = 0; ci < nch; ++ci) {
-    const int cur = static_cast<int>(ci & 1);
+    const int cur = static_cast<int>(static_cast<uint64_t>(ci) % S);
     const int64_t t0 = s.t0 + ci * L.BT;
     const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
     const int64_t idx = (s.coff + ci) * HV + hv;
     // No barrier here: the previous chunk's last readers of what this step writes (Xs: its first
     // product; gkl: its state decay) are behind its second barrier, and gl is double-buffered.
-    float* gl = gls + cur * kMaxBT;
-    if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    float* gl = gls + (S == 2 ? cur : static_cast<int>(ci & 1)) * kMaxBT;
+    if constexpr (S > 2) {
+      if (tid < kMaxBT) gl[tid] = gnext;
+    } else {
+      if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    }
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
     store_state16<BF>(x, Xs, kLdX, h.p, idx, x0, staged);  // X -> Xs and the h snapshot
-    cp_async_wait<0>();
-    __syncthreads();  // this chunk's tiles, Xs, gl; every thread is past the previous chunk
-    if (ci + 1 < nch) issue(ci + 1);  // into the other buffer, whose readers are all done
+    if constexpr (S > 2) {
+      cp_async_wait<S - 2>();  // chunk ci's group; the S - 2 after it may still be in flight
+      __syncthreads();         // this chunk's tiles, Xs, gl; every thread is past the previous chunk
+      // Into buffer (ci - 1) % S, whose readers (the previous chunk) are all done.
+      if (ci + S - 1 < nch) issue(ci + S - 1);
+      else cp_async_commit();
+      if (tid < kMaxBT) gnext = gate_row(ci + 1);
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();  // this chunk's tiles, Xs, gl; every thread is past the previous chunk
+      if (ci + 1 < nch) issue(ci + 1);  // into the other buffer, whose readers are all done
+    }
     const uint16_t* Ks = tiles(cur);
     const uint16_t* Ws = Ks + kTok;
     uint16_t* Us = tiles(cur) + 2 * kTok;  // U, then Vg in place
@@ -680,6 +713,17 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, 2) fwd_h_mma_kernel(T
     state_tprod<BF>(x, Ks, Us, kLdX, lane);
   }
   if (ht.p) store_state_frag(x, ht, sidx, x0);
+}
+
+// The stage count of fwd_h_mma_kernel's narrow (one warp group) form: FUSEDOPS_GDN_FWDH_STAGES=3
+// or 4 where the device's shared memory holds it, else 2 (the default).
+int fwdh_stages(const Context& ctx) {
+  static const int want = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_FWDH_STAGES");
+    return e != nullptr && (e[0] == '3' || e[0] == '4') && e[1] == '\0' ? e[0] - '0' : 2;
+  }();
+  const size_t need = want == 4 ? fwdh::Geo<1, 4>::kSmem : fwdh::Geo<1, 3>::kSmem;
+  return want > 2 && smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= need ? want : 2;
 }
 
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
@@ -716,8 +760,15 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
     };
     using G1 = fwdh::Geo<1>;
     using G2 = fwdh::Geo<2>;
+    const int stages = fwdh_stages(ctx);
     if (mma16::wide_state_tiles(ctx, N * HV))
       launch(bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else if (stages == 4)
+      launch(bf ? fwd_h_mma_kernel<true, 1, 4> : fwd_h_mma_kernel<false, 1, 4>, fwdh::Geo<1, 4>::kThreads,
+             fwdh::Geo<1, 4>::kSmem, fwdh::Geo<1, 4>::kCols);
+    else if (stages == 3)
+      launch(bf ? fwd_h_mma_kernel<true, 1, 3> : fwd_h_mma_kernel<false, 1, 3>, fwdh::Geo<1, 3>::kThreads,
+             fwdh::Geo<1, 3>::kSmem, fwdh::Geo<1, 3>::kCols);
     else
       launch(bf ? fwd_h_mma_kernel<true, 1> : fwd_h_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);

@@ -547,7 +547,8 @@ std::vector<Case> cases() {
       // K = V = 128 at chunk 64: the shape of the CUDA backend's 16-bit tensor-core kernels. The
       // other backends and dtypes run the same code as for the cases above.
       {{2, 100, 2, 2, 128, 128, 64, {}}, "B2 T100 K128 V128 BT64", true},
-      {{1, 150, 1, 2, 128, 128, 64, {0, 70, 150}}, "varlen [0,70,150] GVA2 K128 V128 BT64", true},
+      // Its second sequence has 6 chunks: the state kernels' steady state with 3 or 4 stages.
+      {{1, 400, 1, 2, 128, 128, 64, {0, 70, 400}}, "varlen [0,70,400] GVA2 K128 V128 BT64", true},
   };
 }
 
