@@ -17,6 +17,7 @@ gdn_long_fwd (B=1 T=32768) and gdn_varlen (fwd+bwd, the report's 8 packed sequen
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import tempfile
@@ -119,12 +120,7 @@ def _linear_attention(backward: bool, kda: bool, B: int = 8, T: int = 4096, leng
     leaves = [x.detach().clone().requires_grad_(backward) for x in inputs]
     do = torch.randn(B, T, H, K, device=DEV, dtype=torch.bfloat16)
     op = fusedops.chunk_kda if kda else fusedops.chunk_gated_delta_rule
-    cu = None
-    if lengths is not None:
-        offs = [0]
-        for n in lengths:
-            offs.append(offs[-1] + n)
-        cu = torch.tensor(offs, dtype=torch.int32, device=DEV)
+    cu = None if lengths is None else torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=DEV)
 
     def step():
         o = op(*leaves, K ** -0.5, cu_seqlens=cu)[0]

@@ -108,65 +108,69 @@ def prepare_chunk_offsets(cu_seqlens: Tensor, chunk_size: int,
 # call finds its tables without one. An entry holds its tensors (so that neither can be freed and
 # its memory reused by another) and their version counters: an in-place change makes a new entry.
 _SEQ_CACHE_SIZE = 16
-_seq_cache: list = []  # [(cu_seqlens, cu_seqlens_cpu, versions, chunk_size, (vals, indices, offsets))]
+_seq_cache: list = []  # [cu_seqlens, cu_seqlens_cpu, versions, values, {chunk_size: (indices, offsets)}]
 _seq_lock = threading.Lock()
 
 
-def _build_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int]):
-    vals = _host_seqlens(cu_seqlens, cu_seqlens_cpu)
-    if chunk_size is None:
-        return vals, None, None
-    return vals, _chunk_indices(vals, chunk_size, cu_seqlens), _chunk_offsets(vals, chunk_size, cu_seqlens)
-
-
-def _seq_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int]):
-    """(host values, chunk indices, chunk offsets) of cu_seqlens, validated, from the cache when
-    this tensor (and cu_seqlens_cpu), unchanged, was seen before with this chunk size; chunk_size
-    None validates only (the tables are None)."""
-    if cu_seqlens.is_inference() or (cu_seqlens_cpu is not None and cu_seqlens_cpu.is_inference()):
-        # No version counter to tell an in-place change (torch.inference_mode): read every time.
-        return _build_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
-    versions = (cu_seqlens._version, None if cu_seqlens_cpu is None else cu_seqlens_cpu._version)
-    with _seq_lock:
-        for i, (cu, cpu, ver, cs, tables) in enumerate(_seq_cache):
-            if cu is cu_seqlens and cpu is cu_seqlens_cpu and ver == versions and cs == chunk_size:
-                if i:
-                    _seq_cache.insert(0, _seq_cache.pop(i))
-                return tables
+def _no_capture(cu_seqlens: Tensor) -> None:
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("fusedops: cu_seqlens: its chunk tables are built on the host, which a CUDA-graph "
                            "capture cannot do; call the operator once with this cu_seqlens tensor (e.g. in "
                            "the warm-up before the capture) and do not change it in place afterwards")
-    tables = _build_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
+
+
+def _seq_entry(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor]) -> list:
+    """The cache entry of this cu_seqlens (and cu_seqlens_cpu): its host values, read and checked
+    once while the tensors are unchanged, and its chunk tables by chunk size. A tensor made under
+    torch.inference_mode has no version counter to tell an in-place change: a fresh entry, not kept."""
+    if cu_seqlens.is_inference() or (cu_seqlens_cpu is not None and cu_seqlens_cpu.is_inference()):
+        return [cu_seqlens, cu_seqlens_cpu, None, _host_seqlens(cu_seqlens, cu_seqlens_cpu), {}]
+    versions = (cu_seqlens._version, None if cu_seqlens_cpu is None else cu_seqlens_cpu._version)
     with _seq_lock:
-        _seq_cache.insert(0, (cu_seqlens, cu_seqlens_cpu, versions, chunk_size, tables))
+        for i, entry in enumerate(_seq_cache):
+            if entry[0] is cu_seqlens and entry[1] is cu_seqlens_cpu and entry[2] == versions:
+                if i:
+                    _seq_cache.insert(0, _seq_cache.pop(i))
+                return entry
+    _no_capture(cu_seqlens)
+    entry = [cu_seqlens, cu_seqlens_cpu, versions, _host_seqlens(cu_seqlens, cu_seqlens_cpu), {}]
+    with _seq_lock:
+        _seq_cache.insert(0, entry)
         del _seq_cache[_SEQ_CACHE_SIZE:]
-    return tables
+    return entry
 
 
-def _packed_tables(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], chunk_size: Optional[int], T: int):
-    """_seq_tables, and the check that the sequences cover the T packed tokens (on a GPU the
-    kernels cannot check it: a longer cu_seqlens would read past the inputs)."""
-    tables = _seq_tables(cu_seqlens, cu_seqlens_cpu, chunk_size)
-    vals = tables[0]
+def _seq_values(cu_seqlens: Tensor, cu_seqlens_cpu: Optional[Tensor], T: int) -> list[int]:
+    """cu_seqlens' host values (kept), checked to cover the T packed tokens: on a GPU the kernels
+    cannot check it, and a longer cu_seqlens would read past the inputs."""
+    vals = _seq_entry(cu_seqlens, cu_seqlens_cpu)[3]
     if vals[-1] != T:
         raise ValueError(f"fusedops: cu_seqlens must end at T={T} (the packed length), got "
                          f"cu_seqlens[{len(vals) - 1}]={vals[-1]}")
-    return tables
+    return vals
 
 
 def _indices(cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], chunk_size: int, T: int):
+    """(chunk indices, chunk offsets) of cu_seqlens at this chunk size, kept with its values."""
     if cu_seqlens is None:
         return None, None
-    _, ci, co = _packed_tables(cu_seqlens, cu_seqlens_cpu, chunk_size, T)
-    return ci, co
+    entry = _seq_entry(cu_seqlens, cu_seqlens_cpu)
+    vals = _seq_values(cu_seqlens, cu_seqlens_cpu, T)
+    tables = entry[4].get(chunk_size)
+    if tables is None:
+        _no_capture(cu_seqlens)
+        tables = (_chunk_indices(vals, chunk_size, cu_seqlens), _chunk_offsets(vals, chunk_size, cu_seqlens))
+        with _seq_lock:
+            entry[4][chunk_size] = tables
+    return tables
 
 
 def _num_chunks(T: int, B: int, cu_seqlens: Optional[Tensor], chunk_size: int) -> tuple[int, int]:
     """(leading dim, NT) of the per-chunk state snapshots."""
     if cu_seqlens is None:
         return B, -(-T // chunk_size)
-    return 1, _seq_tables(cu_seqlens, None, chunk_size)[1].shape[0]
+    vals = _seq_values(cu_seqlens, None, T)
+    return 1, sum(-(-(vals[n + 1] - vals[n]) // chunk_size) for n in range(len(vals) - 1))
 
 
 def _last_unit(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -477,7 +481,7 @@ def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Op
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cu_seqlens is not None:
-        _packed_tables(cu_seqlens, None, None, T)
+        _seq_values(cu_seqlens, None, T)
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
     _C.fused_recurrent_gated_delta_rule_fwd(

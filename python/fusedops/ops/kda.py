@@ -27,7 +27,7 @@ from .gated_delta_rule import (
     _empty,
     _indices,
     _last_unit,
-    _packed_tables,
+    _seq_values,
     _workspace,
     chunk_local_cumsum,
     prepare_chunk_indices,
@@ -326,7 +326,7 @@ def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Op
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cu_seqlens is not None:
-        _packed_tables(cu_seqlens, None, None, T)
+        _seq_values(cu_seqlens, None, T)
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
     _C.fused_recurrent_kda_fwd(context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v),

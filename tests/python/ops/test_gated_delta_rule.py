@@ -380,6 +380,10 @@ def test_varlen_tables_are_built_once_per_cu_seqlens_tensor(device, monkeypatch)
     assert len(reads) == 1
     again = step(cu_t)
     assert len(reads) == 1
+    x = leaves(d, DIFF, None, device)  # another chunk size: new tables from the kept values
+    fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, cu_seqlens=cu_t,
+                                    chunk_size=32)
+    assert len(reads) == 1
     for a, b in zip(first, again):
         assert torch.equal(a, b)
     cu_t.copy_(torch.tensor(cu_b, dtype=torch.int32))  # in place: the version counter moves
