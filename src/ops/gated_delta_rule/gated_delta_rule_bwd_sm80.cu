@@ -465,6 +465,173 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
   if (dh0.p) store_state_frag(x, dh0, sidx, x0);
 }
 
+// dhu_mma_kernel's narrow form with S sets of tile buffers (S = 2 or 3), for few (sequence, head)
+// pairs, where the chain of chunk steps is the whole time (B = 1, T = 32768, H = 16: 64 CTAs on
+// 132 SMs, 512 steps of ~4.5 us with one buffer set). Every tile of chunk ci - S + 1 is issued in
+// one cp.async group while chunk ci runs, and the gates (g of every row, or gk of the last row)
+// are loaded into registers one chunk ahead, so no global load waits on the chain. The scaling of
+// dO runs under the same barrier as dv2, which leaves three barriers per chunk. One CTA per SM
+// (S = 3: 199 KiB). The products, their order and the stores are dhu_mma_kernel's.
+namespace dhu16 {
+template <int S>
+struct StagedGeo {
+  static constexpr int kThreads = 128;
+  static constexpr int kCols = 32;
+  static constexpr int kLdX = kCols + 8;
+  static constexpr size_t kBuf = 3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX;  // K, Q, W, dv, dO
+  static constexpr size_t kSmem =
+      2 * (S * kBuf + static_cast<size_t>(mma16::kD) * kLdX + kMaxBT * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
+};
+}  // namespace dhu16
+
+template <bool BF, int S>
+__global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
+                                                               Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L, int HV,
+                                                               int G, float scale, bool staged, bool dv2_staged) {
+  using namespace mma16;
+  using Geo = dhu16::StagedGeo<S>;
+  constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
+  extern __shared__ float smem[];
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);  // [S] x (K, Q, W, dv, dO)
+  uint16_t* Xs = buf + S * Geo::kBuf;                  // [128][kLdX]
+  uint16_t* D2n = Xs + kD * kLdX;                      // -dv2 [64][kLdX]
+  float* gl = reinterpret_cast<float*>(D2n + kMaxBT * kLdX);
+  float* eq = gl + kMaxBT;
+  float* gkl = eq + kMaxBT;  // [128]: gk of the chunk's last row
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kCols;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 0;  // the warp's row block and first column
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto tiles = [&](int64_t ci) { return buf + static_cast<int>(static_cast<uint64_t>(ci) % S) * Geo::kBuf; };
+  auto cols32 = [&](uint16_t* dst, const Tok& t, int64_t t0, int len) {  // columns x0..x0+kCols-1 of head hv
+    const uint16_t* base = static_cast<const uint16_t*>(t.p);
+    constexpr int kq = kCols / 8;
+    for (int e = tid; e < kMaxBT * kq; e += blockDim.x) {
+      const int r = e / kq, col = (e - r * kq) << 3;
+      const bool ok = r < len;
+      cp_async16(dst + r * kLdX + col, base + t.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
+    }
+  };
+  auto issue = [&](int64_t ci) {  // every tile of chunk ci into buffer ci % S, one group
+    uint16_t* Kb = tiles(ci);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + kTok, kLdT, q, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + 2 * kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
+    cols32(Kb + 3 * kTok, dvl, t0, len);
+    cols32(Kb + 3 * kTok + kMaxBT * kLdX, dO, t0, len);
+    cp_async_commit();
+  };
+  // The gates of chunk cj: g at row tid (tid < 64), or gk of the last row at column tid.
+  auto gate_g = [&](int64_t cj) {
+    return (g.p && cj >= 0 && tid < chunk_len(cj)) ? g.ld(s.b, s.t0 + cj * L.BT + tid, hv, 0) : 0.0f;
+  };
+  auto gate_gk = [&](int64_t cj) {
+    return (!g.p && gk.p && cj >= 0) ? gk.ld(s.b, s.t0 + cj * L.BT + chunk_len(cj) - 1, hv, tid) : 0.0f;
+  };
+  float x[2][4][4];
+  load_state_frag(x, dht, sidx, x0);
+  for (int j = 0; j < S - 1; ++j) {  // chunks nch-1 .. nch-S+1; a group per chunk, empty past the start
+    if (nch - 1 - j >= 0) issue(nch - 1 - j);
+    else cp_async_commit();
+  }
+  float gnext = tid < kMaxBT ? gate_g(nch - 1) : 0.0f;
+  float gknext = gate_gk(nch - 1);
+  for (int64_t ci = nch - 1; ci >= 0; --ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = chunk_len(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    uint16_t* Ks = tiles(ci);
+    uint16_t* Qs = Ks + kTok;
+    uint16_t* Ws = Ks + 2 * kTok;
+    uint16_t* Ds = Ks + 3 * kTok;     // dv tile [64][kLdX]
+    uint16_t* Os = Ds + kMaxBT * kLdX;  // dO tile, scaled in place to diag(scale e^g) dO
+    // X -> Xs and the dh snapshot; gl, eq, gkl. The previous chunk's readers of all four are
+    // behind its second barrier.
+    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0, staged);
+    if (tid < kMaxBT) {
+      gl[tid] = gnext;
+      eq[tid] = g.p ? scale * exp_fast(gnext) : scale;
+    }
+    if (!g.p && gk.p) gkl[tid] = gknext;
+    cp_async_wait<S - 2>();  // chunk ci's group; the S - 2 after it may still be in flight
+    __syncthreads();         // chunk ci's tiles, Xs, gl, eq; every thread is past the previous chunk
+    // Into the buffer of chunk ci + 1, whose readers (the previous chunk) are all done.
+    if (ci - S + 1 >= 0) issue(ci - S + 1);
+    else cp_async_commit();
+    if (tid < kMaxBT) gnext = gate_g(ci - 1);
+    gknext = gate_gk(ci - 1);
+    const float glast = gl[len - 1];
+    for (int e = tid; e < kMaxBT * kCols; e += blockDim.x) {  // dO rows times scale e^g
+      const int r = e / kCols, xc = e % kCols;
+      Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
+    }
+    {  // dv2 = dv + diag(e^{g_last - g}) K Xs
+      float a[4][4];
+      zero(a);
+      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+          const uint32_t dd = ld32(Ds + r * kLdX + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
+          if (dv2_staged) *reinterpret_cast<uint32_t*>(Ds + r * kLdX + xc) = pack2<BF>(v0, v1);  // in place
+          else if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
+          *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
+        }
+      // Staged: dv2 from the warp's own block of the dv tile (it read only that block) by 16-byte
+      // rows.
+      if (dv2_staged) {
+        uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
+        warp_copy_rows16<16, 4>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
+                                lane);
+      }
+    }
+    if (g.p) {
+      const float d = exp_fast(glast);
+      for_state_frag(x, [&](float& v, int, int) { v *= d; });
+    } else if (gk.p) {
+      for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gkl[y]); });
+    }
+    __syncthreads();  // D2n, scaled dO
+    state_tprod<BF>(x, Qs, Os, kLdX, lane);  // X += Q^T (diag(scale e^g) dO)
+    state_tprod<BF>(x, Ws, D2n, kLdX, lane);  // X += W^T D2n
+    // No barrier: the next chunk writes Xs, gl, eq, gkl before its first barrier, and every
+    // reader of those here is behind the barrier above; D2n is written after that first barrier.
+  }
+  cp_async_wait<0>();
+  if (dh0.p) store_state_frag(x, dh0, sidx, x0);
+}
+
+// The buffer sets of dhu's narrow form: 3 when its CTAs (4 per state) fit one per SM, else 1
+// (dhu_mma_kernel); FUSEDOPS_GDN_DHU_STAGES=1|2|3 forces one. 1 where the device's shared memory
+// does not hold the staged form.
+int dhu_stages(const Context& ctx, int64_t states) {
+  static const int forced = [] {
+    const char* e = std::getenv("FUSEDOPS_GDN_DHU_STAGES");
+    return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 0;
+  }();
+  const int want = forced != 0 ? forced
+                   : states * (mma16::kD / dhu16::StagedGeo<3>::kCols) <=
+                             sm_count("chunk_gated_delta_rule_bwd_dhu", ctx.device.index)
+                       ? 3
+                       : 1;
+  if (want == 1) return 1;
+  const size_t need = want == 3 ? dhu16::StagedGeo<3>::kSmem : dhu16::StagedGeo<2>::kSmem;
+  return smem_optin("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) >= need ? want : 1;
+}
+
 bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
@@ -500,8 +667,15 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
     };
     using G1 = dhu16::Geo<1>;
     using G2 = dhu16::Geo<2>;
+    using S2 = dhu16::StagedGeo<2>;
+    using S3 = dhu16::StagedGeo<3>;
+    const int stages = mma16::wide_state_tiles(ctx, N * HV) ? 1 : dhu_stages(ctx, N * HV);
     if (mma16::wide_state_tiles(ctx, N * HV))
       launch(bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else if (stages == 3)
+      launch(bf ? dhu_mma_staged_kernel<true, 3> : dhu_mma_staged_kernel<false, 3>, S3::kThreads, S3::kSmem, S3::kCols);
+    else if (stages == 2)
+      launch(bf ? dhu_mma_staged_kernel<true, 2> : dhu_mma_staged_kernel<false, 2>, S2::kThreads, S2::kSmem, S2::kCols);
     else
       launch(bf ? dhu_mma_kernel<true, 1> : dhu_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
@@ -1605,6 +1779,23 @@ __device__ __forceinline__ void rec_token(const RecBwd& p, const SeqPos& s, int6
   __syncthreads();
 }
 
+// f(y, x) over the elements of a [K, V] state, e = threadIdx.x + j blockDim.x in the row-major order
+// (y = e / V); without a division per element where blockDim.x is a multiple of V (each thread
+// keeps its column). The same elements in the same order either way.
+template <class F>
+__device__ __forceinline__ void for_kv(int K, int V, F&& f) {
+  const int step = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  if (step % V == 0) {
+    const int x = tid % V, dy = step / V;
+    for (int y = tid / V; y < K; y += dy) f(y, x);
+  } else {
+    for (int e = tid; e < K * V; e += step) {
+      const int y = e / V;
+      f(y, e - y * V);
+    }
+  }
+}
+
 // One forward step of the recurrence on S in place (S = decay S + k delta^T).
 __device__ __forceinline__ void rec_step(const RecBwd& p, float* S, const float* ks, const float* vs,
                                          const float* sc, float* delta) {
@@ -1615,17 +1806,11 @@ __device__ __forceinline__ void rec_step(const RecBwd& p, float* S, const float*
     delta[x] = bt * (vs[x] - decay * acc);
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
-    const int y = e / p.V, x = e - y * p.V;
-    S[y * p.ldv + x] = fmaf(decay, S[y * p.ldv + x], ks[y] * delta[x]);
-  }
+  for_kv(p.K, p.V, [&](int y, int x) { S[y * p.ldv + x] = fmaf(decay, S[y * p.ldv + x], ks[y] * delta[x]); });
 }
 
 __device__ __forceinline__ void rec_copy(const RecBwd& p, float* dst, const float* src) {
-  for (int e = threadIdx.x; e < p.K * p.V; e += blockDim.x) {
-    const int y = e / p.V, x = e - y * p.V;
-    dst[y * p.ldv + x] = src[y * p.ldv + x];
-  }
+  for_kv(p.K, p.V, [&](int y, int x) { dst[y * p.ldv + x] = src[y * p.ldv + x]; });
 }
 
 // A [K,V] state (or zeros) into shared memory. The loads of a thread are issued in batches of
@@ -1714,10 +1899,7 @@ __global__ void __launch_bounds__(kThreads, 1) recurrent_bwd_kernel(RecBwd p) {
         delta[x] = bt * (vs[x] - decay * acc);
       }
       // dS += scale q dO^T.
-      for (int e = tid; e < K * V; e += blockDim.x) {
-        const int y = e / V, x = e - y * V;
-        dS[y * ldv + x] = fmaf(p.scale * qs[y], dOs[x], dS[y * ldv + x]);
-      }
+      for_kv(K, V, [&](int y, int x) { dS[y * ldv + x] = fmaf(p.scale * qs[y], dOs[x], dS[y * ldv + x]); });
       __syncthreads();
       // dd = dS^T k (per column); dq = scale S_i dO, dk = dS delta (per row).
       for (int x = tid; x < V; x += blockDim.x) {
@@ -1755,12 +1937,11 @@ __global__ void __launch_bounds__(kThreads, 1) recurrent_bwd_kernel(RecBwd p) {
       }
       __syncthreads();
       float part = 0.0f;
-      for (int e = tid; e < K * V; e += blockDim.x) {
-        const int y = e / V, x = e - y * V;
+      for_kv(K, V, [&](int y, int x) {
         const float d = fmaf(ks[y], -bt * dd[x], dS[y * ldv + x]);
         dS[y * ldv + x] = d;
         part = fmaf(decay * S[y * ldv + x], d, part);
-      }
+      });
       red[tid] = part;
       __syncthreads();
       if (tid == 0 && p.dg.p) {
@@ -1770,10 +1951,7 @@ __global__ void __launch_bounds__(kThreads, 1) recurrent_bwd_kernel(RecBwd p) {
         for (int e = 0; e < kThreads; ++e) tot += static_cast<double>(red[e]);
         p.dg.st_(s.b, t, hv, 0, static_cast<float>(tot));
       }
-      for (int e = tid; e < K * V; e += blockDim.x) {
-        const int y = e / V, x = e - y * V;
-        dS[y * ldv + x] *= decay;
-      }
+      for_kv(K, V, [&](int y, int x) { dS[y * ldv + x] *= decay; });
     }
     __syncthreads();
     if (p.dh0.p) {

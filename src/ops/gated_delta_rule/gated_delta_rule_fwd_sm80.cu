@@ -585,11 +585,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 // tiles and halves the CTAs, which fills the GPU in one wave where NG = 1 needs two (fwd_h picks
 // NG = 2 when it still gives every SM a CTA).
 //
-// S > 2 stages (FUSEDOPS_GDN_FWDH_STAGES=3|4, off by default, not yet measured on a GPU): chunk
-// ci + S - 1's tiles are issued while chunk ci runs, and each chunk's gate is loaded into a
-// register one chunk ahead. With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132
-// SMs) a chunk step took ~3 us against well under 1 us of products: the two-buffer pipeline and
-// the gate's global load leave a memory latency on every step of the chain. One CTA per SM.
+// S > 2 stages: chunk ci + S - 1's tiles are issued while chunk ci runs, and each chunk's gate is
+// loaded into a register one chunk ahead. One CTA per SM, so the narrow form takes S = 3 when its
+// CTAs (4 per state) fit one per SM, and S = 2 otherwise (FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces
+// one). With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132 SMs) a chunk step took
+// 2.94 us with S = 2 and 2.55 us with S = 3 on the H200 (S = 4: 2.62 us; bench/NOTES.md, stop 33).
 namespace fwdh {
 template <int NG, int S = 2>
 struct Geo {
@@ -715,15 +715,21 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
   if (ht.p) store_state_frag(x, ht, sidx, x0);
 }
 
-// The stage count of fwd_h_mma_kernel's narrow (one warp group) form: FUSEDOPS_GDN_FWDH_STAGES=3
-// or 4 where the device's shared memory holds it, else 2 (the default).
-int fwdh_stages(const Context& ctx) {
-  static const int want = [] {
+// The stage count of fwd_h_mma_kernel's narrow (one warp group, 4 CTAs per state) form: 3 when
+// its CTAs fit one per SM, else 2; FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces one. 2 where the device's
+// shared memory does not hold the staged form.
+int fwdh_stages(const Context& ctx, int64_t states) {
+  static const int forced = [] {
     const char* e = std::getenv("FUSEDOPS_GDN_FWDH_STAGES");
-    return e != nullptr && (e[0] == '3' || e[0] == '4') && e[1] == '\0' ? e[0] - '0' : 2;
+    return e != nullptr && e[0] >= '2' && e[0] <= '4' && e[1] == '\0' ? e[0] - '0' : 0;
   }();
+  const int want = forced != 0 ? forced
+                   : states * (mma16::kD / fwdh::Geo<1>::kCols) <= sm_count("chunk_gated_delta_rule_fwd_h", ctx.device.index)
+                       ? 3
+                       : 2;
+  if (want == 2) return 2;
   const size_t need = want == 4 ? fwdh::Geo<1, 4>::kSmem : fwdh::Geo<1, 3>::kSmem;
-  return want > 2 && smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= need ? want : 2;
+  return smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= need ? want : 2;
 }
 
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
@@ -760,7 +766,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
     };
     using G1 = fwdh::Geo<1>;
     using G2 = fwdh::Geo<2>;
-    const int stages = fwdh_stages(ctx);
+    const int stages = fwdh_stages(ctx, N * HV);
     if (mma16::wide_state_tiles(ctx, N * HV))
       launch(bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
     else if (stages == 4)
@@ -1207,81 +1213,72 @@ void sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// fused_recurrent_gated_delta_rule (forward): CTA per (sequence, value head, 32-column V tile);
-// warp w holds rows y = w + 8r (r < KR, K <= 8 KR) of the state column x0 + lane in registers.
-// KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs per SM: a decoding step
-// (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32) gave two CTAs per
-// SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16.
+// fused_recurrent_gated_delta_rule (forward): CTA of 4 warps per (sequence, value head, 32-column
+// V tile); each warp owns 8 state columns x (lane % 8) and holds rows y = lane / 8 + 4 r (r < KR,
+// K <= 4 KR) of its column in registers, so both products over K are a sum in the thread and two
+// shuffles, with no shared-memory reduction. One barrier pair per token shares k and q.
+// A decoding step (T = 1) is a stream of state reads and writes: at B = 64, H = 16, K = V = 128
+// (64 MiB each way) the 8-warp form with smem reductions (KR = 16 rows per thread, 4 CTAs of 256
+// threads per SM) ran at 62 us (2.2 TB/s); this form keeps 32 rows per thread at ~8 CTAs of 128
+// threads per SM, twice the state reads in flight.
 
-constexpr int kRecRows = 32;  // K <= 8 * kRecRows = 256
+constexpr int kRecRows = 64;  // K <= 4 * kRecRows = 256
 
 template <int KR>
-__global__ void __launch_bounds__(kThreads, KR <= 16 ? 4 : 2)
+__global__ void __launch_bounds__(128, KR <= 32 ? 6 : 3)
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
                          int G, float scale) {
-  __shared__ float ks[8 * KR], qs[8 * KR], vs[32], red[8][32], gb[2];
+  __shared__ float ks[4 * KR], qs[4 * KR];
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = blockIdx.y * 32 + lane;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = lane >> 3;
+  const int x = blockIdx.y * 32 + warp * 8 + (lane & 7);
   const bool xv = x < V;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
   float st[KR];
 #pragma unroll
   for (int r = 0; r < KR; ++r) {
-    const int y = warp + 8 * r;
+    const int y = rg + 4 * r;
     st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
   }
   for (int64_t i = 0; i < s.len; ++i) {
     const int64_t t = s.t0 + i;
-    __syncthreads();
+    if (i > 0) __syncthreads();  // every warp is past the previous token's ks, qs
     for (int e = threadIdx.x; e < K; e += blockDim.x) {
       ks[e] = k.ld(s.b, t, hk, e);
       qs[e] = q.ld(s.b, t, hk, e);
     }
-    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
-    if (threadIdx.x == 0) {
-      gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
-      gb[1] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
-    }
+    const float vx = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    const float decay = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+    const float bt = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
     __syncthreads();
     float p = 0.0f;
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
+      const int y = rg + 4 * r;
       if (y < K) p = fmaf(st[r], ks[y], p);
     }
-    red[warp][lane] = p;
-    __syncthreads();
-    const float decay = gb[0];
-    float ps = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) ps += red[w][lane];
-    const float delta = gb[1] * (vs[lane] - decay * ps);
+    p += shfl_xor(p, 8);
+    p += shfl_xor(p, 16);
+    const float delta = bt * (vx - decay * p);
     float po = 0.0f;
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
+      const int y = rg + 4 * r;
       if (y < K) {
         st[r] = fmaf(decay, st[r], ks[y] * delta);
         po = fmaf(st[r], qs[y], po);
       }
     }
-    __syncthreads();
-    red[warp][lane] = po;
-    __syncthreads();
-    if (warp == 0 && xv) {
-      float os = 0.0f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) os += red[w][lane];
-      o.st_(s.b, t, hv, x, scale * os);
-    }
+    po += shfl_xor(po, 8);
+    po += shfl_xor(po, 16);
+    if (rg == 0 && xv) o.st_(s.b, t, hv, x, scale * po);
   }
   if (ht.p && xv) {
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
+      const int y = rg + 4 * r;
       if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
     }
   }
@@ -1297,8 +1294,8 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
   if (N * HV == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  auto kernel = K <= 128 ? recurrent_fwd_kernel<16> : recurrent_fwd_kernel<kRecRows>;
-  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
+  auto kernel = K <= 128 ? recurrent_fwd_kernel<32> : recurrent_fwd_kernel<kRecRows>;
+  kernel<<<grid, 128, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
       tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
       static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -1326,7 +1323,7 @@ bool sup_gate(const GdnGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bi
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
   return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
-         a.q.size(-1) <= 8 * kRecRows;
+         a.q.size(-1) <= 4 * kRecRows;
 }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
   return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
