@@ -470,13 +470,14 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
 // 132 SMs, 512 steps of ~4.5 us with one buffer set). Every tile of chunk ci - S + 1 is issued in
 // one cp.async group while chunk ci runs, and the gates (g of every row, or gk of the last row)
 // are loaded into registers one chunk ahead, so no global load waits on the chain. The scaling of
-// dO runs under the same barrier as dv2, which leaves three barriers per chunk. One CTA per SM
-// (S = 3: 199 KiB). The products, their order and the stores are dhu_mma_kernel's.
+// dO runs under the same barrier as dv2, which leaves two barriers per chunk. One CTA per SM
+// (S = 2: 139 KiB, S = 3: 199 KiB at 32 columns). NJ = 2: 16 columns per CTA, taken where 8 CTAs
+// per state fit one per SM. The products, their order and the stores are dhu_mma_kernel's.
 namespace dhu16 {
-template <int S>
+template <int S, int NJ = 4>
 struct StagedGeo {
   static constexpr int kThreads = 128;
-  static constexpr int kCols = 32;
+  static constexpr int kCols = 8 * NJ;
   static constexpr int kLdX = kCols + 8;
   static constexpr size_t kBuf = 3 * static_cast<size_t>(mma16::kTok) + 2 * kMaxBT * kLdX;  // K, Q, W, dv, dO
   static constexpr size_t kSmem =
@@ -484,12 +485,12 @@ struct StagedGeo {
 };
 }  // namespace dhu16
 
-template <bool BF, int S>
+template <bool BF, int S, int NJ = 4>
 __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
                                                                Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L, int HV,
                                                                int G, float scale, bool staged, bool dv2_staged) {
   using namespace mma16;
-  using Geo = dhu16::StagedGeo<S>;
+  using Geo = dhu16::StagedGeo<S, NJ>;
   constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
   extern __shared__ float smem[];
   uint16_t* buf = reinterpret_cast<uint16_t*>(smem);  // [S] x (K, Q, W, dv, dO)
@@ -535,7 +536,7 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
   auto gate_gk = [&](int64_t cj) {
     return (!g.p && gk.p && cj >= 0) ? gk.ld(s.b, s.t0 + cj * L.BT + chunk_len(cj) - 1, hv, tid) : 0.0f;
   };
-  float x[2][4][4];
+  float x[2][NJ][4];
   load_state_frag(x, dht, sidx, x0);
   for (int j = 0; j < S - 1; ++j) {  // chunks nch-1 .. nch-S+1; a group per chunk, empty past the start
     if (nch - 1 - j >= 0) issue(nch - 1 - j);
@@ -573,11 +574,11 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
       Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
     }
     {  // dv2 = dv + diag(e^{g_last - g}) K Xs
-      float a[4][4];
+      float a[NJ][4];
       zero(a);
-      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
+      mm_xs<BF, NJ>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
@@ -594,7 +595,7 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
       // rows.
       if (dv2_staged) {
         uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
-        warp_copy_rows16<16, 4>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
+        warp_copy_rows16<16, NJ>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
                                 lane);
       }
     }
@@ -614,19 +615,20 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
   if (dh0.p) store_state_frag(x, dh0, sidx, x0);
 }
 
-// The buffer sets of dhu's narrow form: 3 when its CTAs (4 per state) fit one per SM, else 1
-// (dhu_mma_kernel); FUSEDOPS_GDN_DHU_STAGES=1|2|3 forces one. 1 where the device's shared memory
-// does not hold the staged form.
-int dhu_stages(const Context& ctx, int64_t states) {
+// The buffer sets of dhu's narrow form with `cols` columns per CTA: 2 when its CTAs fit one per
+// SM, else 1 (dhu_mma_kernel; 32 columns only); FUSEDOPS_GDN_DHU_STAGES=1|2|3 forces one (1 taken
+// as 2 by the 16-column form). 1 where the device's shared memory does not hold the staged form.
+// On the H200 at B = 1, T = 32768, H = 16 (32 columns): 2311 us with 1, 1993 us with 2, 2010 us
+// with 3 (bench/NOTES.md, stop 33).
+int dhu_stages(const Context& ctx, int64_t states, int cols) {
   static const int forced = [] {
     const char* e = std::getenv("FUSEDOPS_GDN_DHU_STAGES");
     return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 0;
   }();
-  const int want = forced != 0 ? forced
-                   : states * (mma16::kD / dhu16::StagedGeo<3>::kCols) <=
-                             sm_count("chunk_gated_delta_rule_bwd_dhu", ctx.device.index)
-                       ? 3
-                       : 1;
+  int want = forced != 0 ? forced
+             : states * (mma16::kD / cols) <= sm_count("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) ? 2
+                                                                                                            : 1;
+  if (cols == 16 && want == 1) want = 2;
   if (want == 1) return 1;
   const size_t need = want == 3 ? dhu16::StagedGeo<3>::kSmem : dhu16::StagedGeo<2>::kSmem;
   return smem_optin("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) >= need ? want : 1;
@@ -669,9 +671,19 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
     using G2 = dhu16::Geo<2>;
     using S2 = dhu16::StagedGeo<2>;
     using S3 = dhu16::StagedGeo<3>;
-    const int stages = mma16::wide_state_tiles(ctx, N * HV) ? 1 : dhu_stages(ctx, N * HV);
-    if (mma16::wide_state_tiles(ctx, N * HV))
+    using N2 = dhu16::StagedGeo<2, 2>;
+    using N3 = dhu16::StagedGeo<3, 2>;
+    const bool wide = mma16::wide_state_tiles(ctx, N * HV);
+    const bool n16 = !wide && mma16::narrow16_state_tiles(ctx, N * HV);
+    const int stages = wide ? 1 : dhu_stages(ctx, N * HV, n16 ? 16 : 32);
+    if (wide)
       launch(bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else if (n16 && stages == 3)
+      launch(bf ? dhu_mma_staged_kernel<true, 3, 2> : dhu_mma_staged_kernel<false, 3, 2>, N3::kThreads, N3::kSmem,
+             N3::kCols);
+    else if (n16 && stages == 2)
+      launch(bf ? dhu_mma_staged_kernel<true, 2, 2> : dhu_mma_staged_kernel<false, 2, 2>, N2::kThreads, N2::kSmem,
+             N2::kCols);
     else if (stages == 3)
       launch(bf ? dhu_mma_staged_kernel<true, 3> : dhu_mma_staged_kernel<false, 3>, S3::kThreads, S3::kSmem, S3::kCols);
     else if (stages == 2)

@@ -591,22 +591,22 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 // one). With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132 SMs) a chunk step took
 // 2.94 us with S = 2 and 2.55 us with S = 3 on the H200 (S = 4: 2.62 us; bench/NOTES.md, stop 33).
 namespace fwdh {
-template <int NG, int S = 2>
+template <int NG, int S = 2, int NJ = 4>
 struct Geo {
   static constexpr int kThreads = 128 * NG;
-  static constexpr int kCols = 32 * NG;        // V columns per CTA
+  static constexpr int kCols = 8 * NJ * NG;    // V columns per CTA
   static constexpr int kLdX = kCols + 8;       // 16-bit [rows][kCols] tiles: conflict-free fragment reads
   static constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
   static constexpr size_t kSmem = 2 * (S * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
 };
 }  // namespace fwdh
 
-template <bool BF, int NG, int S = 2>
+template <bool BF, int NG, int S = 2, int NJ = 4>
 __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
     fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h, Tok vn, Mat ht, Layout L, int HV, int G,
                      bool staged) {
   using namespace mma16;
-  using Geo = fwdh::Geo<NG, S>;
+  using Geo = fwdh::Geo<NG, S, NJ>;
   constexpr int kLdX = Geo::kLdX;
   extern __shared__ float smem[];
   uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [S] x (K, W, U)
@@ -619,7 +619,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
+  const int wr = warp & 3, wc = 8 * NJ * (warp >> 2);  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto tiles = [&](int b) { return buf + b * Geo::kBuf; };
   auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % S
@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
     cp_async_commit();
   };
   // X from h0 (or 0): x[mt][j][e] = X(32 wr + 16 mt + gq + 8 (e / 2), wc + 8 j + 2 tq + e % 2).
-  float x[2][4][4];
+  float x[2][NJ][4];
   load_state_frag(x, h0, sidx, x0);
   // The gate of chunk cj at row tid (S > 2: loaded one chunk ahead into gnext).
   auto gate_row = [&](int64_t cj) {
@@ -688,11 +688,11 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
     uint16_t* Us = tiles(cur) + 2 * kTok;  // U, then Vg in place
     const float glast = gl[len - 1];
     {  // Vn = U - W Xs for token rows 16 wr.., columns wc..
-      float a[4][4];
+      float a[NJ][4];
       zero(a);
-      mm_xs<BF, 4>(a, Ws, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
+      mm_xs<BF, NJ>(a, Ws, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
@@ -715,18 +715,18 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
   if (ht.p) store_state_frag(x, ht, sidx, x0);
 }
 
-// The stage count of fwd_h_mma_kernel's narrow (one warp group, 4 CTAs per state) form: 3 when
-// its CTAs fit one per SM, else 2; FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces one. 2 where the device's
-// shared memory does not hold the staged form.
-int fwdh_stages(const Context& ctx, int64_t states) {
+// The stage count of fwd_h_mma_kernel's narrow (one warp group) form with `cols` columns per CTA:
+// 3 when its CTAs fit one per SM, else 2; FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces one (4 taken as 3
+// by the 16-column form). 2 where the device's shared memory does not hold the staged form.
+int fwdh_stages(const Context& ctx, int64_t states, int cols) {
   static const int forced = [] {
     const char* e = std::getenv("FUSEDOPS_GDN_FWDH_STAGES");
     return e != nullptr && e[0] >= '2' && e[0] <= '4' && e[1] == '\0' ? e[0] - '0' : 0;
   }();
-  const int want = forced != 0 ? forced
-                   : states * (mma16::kD / fwdh::Geo<1>::kCols) <= sm_count("chunk_gated_delta_rule_fwd_h", ctx.device.index)
-                       ? 3
-                       : 2;
+  int want = forced != 0 ? forced
+             : states * (mma16::kD / cols) <= sm_count("chunk_gated_delta_rule_fwd_h", ctx.device.index) ? 3
+                                                                                                          : 2;
+  if (cols == 16) want = want > 3 ? 3 : want;
   if (want == 2) return 2;
   const size_t need = want == 4 ? fwdh::Geo<1, 4>::kSmem : fwdh::Geo<1, 3>::kSmem;
   return smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= need ? want : 2;
@@ -766,9 +766,16 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
     };
     using G1 = fwdh::Geo<1>;
     using G2 = fwdh::Geo<2>;
-    const int stages = fwdh_stages(ctx, N * HV);
+    const bool n16 = mma16::narrow16_state_tiles(ctx, N * HV);
+    const int stages = fwdh_stages(ctx, N * HV, n16 ? 16 : 32);
+    using N3 = fwdh::Geo<1, 3, 2>;
+    using N2 = fwdh::Geo<1, 2, 2>;
     if (mma16::wide_state_tiles(ctx, N * HV))
       launch(bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else if (n16 && stages == 3)
+      launch(bf ? fwd_h_mma_kernel<true, 1, 3, 2> : fwd_h_mma_kernel<false, 1, 3, 2>, N3::kThreads, N3::kSmem, N3::kCols);
+    else if (n16)
+      launch(bf ? fwd_h_mma_kernel<true, 1, 2, 2> : fwd_h_mma_kernel<false, 1, 2, 2>, N2::kThreads, N2::kSmem, N2::kCols);
     else if (stages == 4)
       launch(bf ? fwd_h_mma_kernel<true, 1, 4> : fwd_h_mma_kernel<false, 1, 4>, fwdh::Geo<1, 4>::kThreads,
              fwdh::Geo<1, 4>::kSmem, fwdh::Geo<1, 4>::kCols);
@@ -1213,72 +1220,81 @@ void sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// fused_recurrent_gated_delta_rule (forward): CTA of 4 warps per (sequence, value head, 32-column
-// V tile); each warp owns 8 state columns x (lane % 8) and holds rows y = lane / 8 + 4 r (r < KR,
-// K <= 4 KR) of its column in registers, so both products over K are a sum in the thread and two
-// shuffles, with no shared-memory reduction. One barrier pair per token shares k and q.
-// A decoding step (T = 1) is a stream of state reads and writes: at B = 64, H = 16, K = V = 128
-// (64 MiB each way) the 8-warp form with smem reductions (KR = 16 rows per thread, 4 CTAs of 256
-// threads per SM) ran at 62 us (2.2 TB/s); this form keeps 32 rows per thread at ~8 CTAs of 128
-// threads per SM, twice the state reads in flight.
+// fused_recurrent_gated_delta_rule (forward): CTA per (sequence, value head, 32-column V tile);
+// warp w holds rows y = w + 8r (r < KR, K <= 8 KR) of the state column x0 + lane in registers.
+// KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs per SM: a decoding step
+// (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32) gave two CTAs per
+// SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16.
 
-constexpr int kRecRows = 64;  // K <= 4 * kRecRows = 256
+constexpr int kRecRows = 32;  // K <= 8 * kRecRows = 256
 
 template <int KR>
-__global__ void __launch_bounds__(128, KR <= 32 ? 6 : 3)
+__global__ void __launch_bounds__(kThreads, KR <= 16 ? 4 : 2)
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
                          int G, float scale) {
-  __shared__ float ks[4 * KR], qs[4 * KR];
+  __shared__ float ks[8 * KR], qs[8 * KR], vs[32], red[8][32], gb[2];
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = lane >> 3;
-  const int x = blockIdx.y * 32 + warp * 8 + (lane & 7);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int x = blockIdx.y * 32 + lane;
   const bool xv = x < V;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
   float st[KR];
 #pragma unroll
   for (int r = 0; r < KR; ++r) {
-    const int y = rg + 4 * r;
+    const int y = warp + 8 * r;
     st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
   }
   for (int64_t i = 0; i < s.len; ++i) {
     const int64_t t = s.t0 + i;
-    if (i > 0) __syncthreads();  // every warp is past the previous token's ks, qs
+    __syncthreads();
     for (int e = threadIdx.x; e < K; e += blockDim.x) {
       ks[e] = k.ld(s.b, t, hk, e);
       qs[e] = q.ld(s.b, t, hk, e);
     }
-    const float vx = xv ? v.ld(s.b, t, hv, x) : 0.0f;
-    const float decay = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
-    const float bt = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    if (threadIdx.x == 0) {
+      gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+      gb[1] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    }
     __syncthreads();
     float p = 0.0f;
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = rg + 4 * r;
+      const int y = warp + 8 * r;
       if (y < K) p = fmaf(st[r], ks[y], p);
     }
-    p += shfl_xor(p, 8);
-    p += shfl_xor(p, 16);
-    const float delta = bt * (vx - decay * p);
+    red[warp][lane] = p;
+    __syncthreads();
+    const float decay = gb[0];
+    float ps = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) ps += red[w][lane];
+    const float delta = gb[1] * (vs[lane] - decay * ps);
     float po = 0.0f;
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = rg + 4 * r;
+      const int y = warp + 8 * r;
       if (y < K) {
         st[r] = fmaf(decay, st[r], ks[y] * delta);
         po = fmaf(st[r], qs[y], po);
       }
     }
-    po += shfl_xor(po, 8);
-    po += shfl_xor(po, 16);
-    if (rg == 0 && xv) o.st_(s.b, t, hv, x, scale * po);
+    __syncthreads();
+    red[warp][lane] = po;
+    __syncthreads();
+    if (warp == 0 && xv) {
+      float os = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) os += red[w][lane];
+      o.st_(s.b, t, hv, x, scale * os);
+    }
   }
   if (ht.p && xv) {
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
-      const int y = rg + 4 * r;
+      const int y = warp + 8 * r;
       if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
     }
   }
@@ -1294,8 +1310,8 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
   if (N * HV == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  auto kernel = K <= 128 ? recurrent_fwd_kernel<32> : recurrent_fwd_kernel<kRecRows>;
-  kernel<<<grid, 128, 0, stream_of(ctx)>>>(
+  auto kernel = K <= 128 ? recurrent_fwd_kernel<16> : recurrent_fwd_kernel<kRecRows>;
+  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
       tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
       static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -1323,7 +1339,7 @@ bool sup_gate(const GdnGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bi
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
   return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
-         a.q.size(-1) <= 4 * kRecRows;
+         a.q.size(-1) <= 8 * kRecRows;
 }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
   return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,

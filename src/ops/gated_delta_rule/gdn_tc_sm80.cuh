@@ -190,29 +190,31 @@ __device__ __forceinline__ void row_dot(const uint16_t* T, const float (&a)[8][4
   s1 = quad_sum(s1);
 }
 
-// The state kernels' register tile x[2][4][4] (groups of 4 warps; warp w holds rows 32 (w % 4) ..
-// +31, columns 32 (w / 4) .. +31 of the [128][32 groups] tile): f(x[mt][j][e], y, xc) for each
-// entry, y its row and xc its column.
-template <class F>
-__device__ __forceinline__ void for_state_frag(float (&x)[2][4][4], F&& f) {
+// The state kernels' register tile x[2][NJ][4] (groups of 4 warps; warp w holds rows 32 (w % 4) ..
+// +31, columns 8 NJ (w / 4) .. + 8 NJ - 1 of the [128][8 NJ groups] tile; NJ = 4 but for the
+// 16-column narrow form): f(x[mt][j][e], y, xc) for each entry, y its row and xc its column.
+template <int NJ, class F>
+__device__ __forceinline__ void for_state_frag(float (&x)[2][NJ][4], F&& f) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-  const int y0 = 32 * (warp & 3), c0 = 32 * (warp >> 2);
+  const int y0 = 32 * (warp & 3), c0 = 8 * NJ * (warp >> 2);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(x[mt][j][e], y0 + 16 * mt + gq + 8 * (e >> 1), c0 + 8 * j + 2 * tq + (e & 1));
 }
 
 // The register tile from state sidx of a [.., K, V] tensor m (columns x0..; zeros when m is
 // absent), and back.
-__device__ __forceinline__ void load_state_frag(float (&x)[2][4][4], const Mat& m, int64_t sidx, int x0) {
+template <int NJ>
+__device__ __forceinline__ void load_state_frag(float (&x)[2][NJ][4], const Mat& m, int64_t sidx, int x0) {
   for_state_frag(x, [&](float& v, int y, int xc) {
     v = m.p ? ldf(m.p, m.code, sidx * (kD * kD) + static_cast<int64_t>(y) * kD + x0 + xc) : 0.0f;
   });
 }
-__device__ __forceinline__ void store_state_frag(float (&x)[2][4][4], const Mat& m, int64_t sidx, int x0) {
+template <int NJ>
+__device__ __forceinline__ void store_state_frag(float (&x)[2][NJ][4], const Mat& m, int64_t sidx, int x0) {
   for_state_frag(x, [&](float& v, int y, int xc) {
     stf(m.p, m.code, sidx * (kD * kD) + static_cast<int64_t>(y) * kD + x0 + xc, v);
   });
@@ -221,15 +223,15 @@ __device__ __forceinline__ void store_state_frag(float (&x)[2][4][4], const Mat&
 // The state kernels' update x += T^T B over one chunk: T a token-major [64][kLdT] 16-bit tile (its
 // A fragments read transposed by ldmatrix), B a [64][ldb] 16-bit tile; warp w's register tile
 // (rows 32 (w % 4).., columns 32 (w / 4).., for_state_frag's layout).
-template <bool BF>
-__device__ __forceinline__ void state_tprod(float (&x)[2][4][4], const uint16_t* T, const uint16_t* Bm, int ldb,
+template <bool BF, int NJ>
+__device__ __forceinline__ void state_tprod(float (&x)[2][NJ][4], const uint16_t* T, const uint16_t* Bm, int ldb,
                                             int lane) {
-  const int warp = threadIdx.x >> 5, wr = warp & 3, wc = 32 * (warp >> 2), mi = lane >> 3, rr = lane & 7;
+  const int warp = threadIdx.x >> 5, wr = warp & 3, wc = 8 * NJ * (warp >> 2), mi = lane >> 3, rr = lane & 7;
 #pragma unroll
   for (int kk = 0; kk < kMaxBT; kk += 16) {
-    uint32_t bf[4][2];
+    uint32_t bf[NJ][2];
 #pragma unroll
-    for (int j = 0; j < 4; j += 2) {
+    for (int j = 0; j < NJ; j += 2) {
       uint32_t r4[4];
       ldsm_x4_t(r4, Bm + (kk + rr + 8 * (mi & 1)) * ldb + wc + 8 * j + 8 * (mi >> 1));
       bf[j][0] = r4[0], bf[j][1] = r4[1], bf[j + 1][0] = r4[2], bf[j + 1][1] = r4[3];
@@ -239,7 +241,7 @@ __device__ __forceinline__ void state_tprod(float (&x)[2][4][4], const uint16_t*
       uint32_t a[4];
       ldsm_x4_t(a, T + (kk + rr + 8 * (mi >> 1)) * kLdT + 32 * wr + 16 * mt + 8 * (mi & 1));
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
+      for (int j = 0; j < NJ; ++j) mma16816<BF>(x[mt][j], a, bf[j][0], bf[j][1]);
     }
   }
 }
@@ -334,16 +336,20 @@ __device__ __forceinline__ void store_rows16(const uint16_t* T, int ld, const To
 // column); tile rows at or past nvalid are not stored. A __syncwarp first makes the warp's own
 // writes visible; no other warp may write the region meanwhile. With the tiles' padded row strides
 // (ld = 8 mod 64 elements: 68 or 36 words per row) each 8-lane phase reads one 128-byte row
-// (NJ = 8) or rows r and r + 4, 16 banks apart (NJ = 4): no bank conflicts.
+// (NJ = 8) or rows r and r + 4, 16 banks apart (NJ = 4): no bank conflicts. NJ = 2 (16 columns,
+// ld = 24: 12 words per row) reads four 32-byte rows per phase, at most two-way conflicted.
 template <int R, int NJ, class RowPtr>
 __device__ __forceinline__ void warp_copy_rows16(const uint16_t* T, int ld, int rb, int cb, RowPtr row_ptr, int nvalid,
                                                  int lane) {
-  static_assert((NJ == 4 && R % 16 == 0) || (NJ == 8 && R % 8 == 0), "blocks of 32 or 64 columns");
+  static_assert((NJ == 2 && R % 16 == 0) || (NJ == 4 && R % 16 == 0) || (NJ == 8 && R % 8 == 0),
+                "blocks of 16, 32 or 64 columns");
   __syncwarp();
 #pragma unroll
   for (int q = 0; q < R * NJ / 32; ++q) {
-    const int r = rb + (NJ == 8 ? (lane >> 3) + 4 * q : (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q);
-    const int c = cb + 8 * (NJ == 8 ? lane & 7 : lane & 3);
+    const int r = rb + (NJ == 8   ? (lane >> 3) + 4 * q
+                        : NJ == 4 ? (lane >> 3) + 4 * ((lane >> 2) & 1) + 8 * q
+                                  : (lane >> 1) + 16 * q);
+    const int c = cb + 8 * (NJ == 8 ? lane & 7 : NJ == 4 ? lane & 3 : lane & 1);
     if (r < nvalid) *reinterpret_cast<uint4*>(row_ptr(r) + c) = *reinterpret_cast<const uint4*>(T + r * ld + c);
   }
 }
@@ -367,16 +373,16 @@ __device__ __forceinline__ void store_warp_rows16(const float (&acc)[NJ][4], flo
 // ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
 // tensor at columns x0 + the tile's: by 16-byte rows from Xs when `staged`, else by the fragments'
 // 4-byte pairs.
-template <bool BF>
-__device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_t* Xs, int ldx, void* snap,
+template <bool BF, int NJ>
+__device__ __forceinline__ void store_state16(const float (&x)[2][NJ][4], uint16_t* Xs, int ldx, void* snap,
                                               int64_t sidx, int x0, bool staged) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-  const int y0 = 32 * (warp & 3), c0 = 32 * (warp >> 2);
+  const int y0 = 32 * (warp & 3), c0 = 8 * NJ * (warp >> 2);
   uint16_t* base = snap ? static_cast<uint16_t*>(snap) + sidx * (kD * kD) + x0 : nullptr;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int y = y0 + 16 * mt + gq + 8 * hr, xc = c0 + 8 * j + 2 * tq;
@@ -384,8 +390,8 @@ __device__ __forceinline__ void store_state16(const float (&x)[2][4][4], uint16_
         *reinterpret_cast<uint32_t*>(Xs + y * ldx + xc) = pk;
         if (base && !staged) *reinterpret_cast<uint32_t*>(base + y * kD + xc) = pk;
       }
-  // Staged: the snapshot leaves from the warp's own [32][32] block of Xs by 16-byte rows.
-  if (base && staged) warp_copy_rows16<32, 4>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
+  // Staged: the snapshot leaves from the warp's own [32][8 NJ] block of Xs by 16-byte rows.
+  if (base && staged) warp_copy_rows16<32, NJ>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
 }
 
 // chunk_bwd_dqkwg's gate gradient (dqkwg_mma_kernel and cuda_sm90's dqkwg_wg_kernel), thread i < len
@@ -464,6 +470,16 @@ inline bool wide_state_tiles(const Context& ctx, int64_t states) {
   const int force = env_switch("FUSEDOPS_GDN_WIDE_STATE");
   if (force >= 0) return force == 1;
   return states * (kD / 64) >= sm_count("chunk_gated_delta_rule", ctx.device.index);
+}
+
+// Whether the narrow state kernels (one warp group per CTA: fwd_h, dhu) take 16-column V tiles
+// instead of 32: when `states` x 8 CTAs fit one per SM (B = 1, T = 32768, H = 16: 128 CTAs
+// instead of 64, each step's products per warp halved on the chain). FUSEDOPS_GDN_NARROW16=1 or
+// 0 forces the choice.
+inline bool narrow16_state_tiles(const Context& ctx, int64_t states) {
+  const int force = env_switch("FUSEDOPS_GDN_NARROW16");
+  if (force >= 0) return force == 1;
+  return states * (kD / 16) <= sm_count("chunk_gated_delta_rule", ctx.device.index);
 }
 
 }  // namespace fusedops::gdn::sm80::mma16
