@@ -621,13 +621,8 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
 // On the H200 at B = 1, T = 32768, H = 16 (32 columns): 2311 us with 1, 1993 us with 2, 2010 us
 // with 3 (bench/NOTES.md, stop 33).
 int dhu_stages(const Context& ctx, int64_t states, int cols) {
-  static const int forced = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_DHU_STAGES");
-    return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 0;
-  }();
-  int want = forced != 0 ? forced
-             : states * (mma16::kD / cols) <= sm_count("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) ? 2
-                                                                                                            : 1;
+  static const int forced = mma16::env_count("FUSEDOPS_GDN_DHU_STAGES", 1, 3);
+  int want = forced != 0 ? forced : mma16::narrow_one_per_sm(ctx, states, cols) ? 2 : 1;
   if (cols == 16 && want == 1) want = 2;
   if (want == 1) return 1;
   const size_t need = want == 3 ? dhu16::StagedGeo<3>::kSmem : dhu16::StagedGeo<2>::kSmem;

@@ -719,13 +719,8 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
 // 3 when its CTAs fit one per SM, else 2; FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces one (4 taken as 3
 // by the 16-column form). 2 where the device's shared memory does not hold the staged form.
 int fwdh_stages(const Context& ctx, int64_t states, int cols) {
-  static const int forced = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_FWDH_STAGES");
-    return e != nullptr && e[0] >= '2' && e[0] <= '4' && e[1] == '\0' ? e[0] - '0' : 0;
-  }();
-  int want = forced != 0 ? forced
-             : states * (mma16::kD / cols) <= sm_count("chunk_gated_delta_rule_fwd_h", ctx.device.index) ? 3
-                                                                                                          : 2;
+  static const int forced = mma16::env_count("FUSEDOPS_GDN_FWDH_STAGES", 2, 4);
+  int want = forced != 0 ? forced : mma16::narrow_one_per_sm(ctx, states, cols) ? 3 : 2;
   if (cols == 16) want = want > 3 ? 3 : want;
   if (want == 2) return 2;
   const size_t need = want == 4 ? fwdh::Geo<1, 4>::kSmem : fwdh::Geo<1, 3>::kSmem;

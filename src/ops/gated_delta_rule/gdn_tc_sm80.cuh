@@ -472,6 +472,12 @@ inline bool wide_state_tiles(const Context& ctx, int64_t states) {
   return states * (kD / 64) >= sm_count("chunk_gated_delta_rule", ctx.device.index);
 }
 
+// Whether a narrow state kernel's CTAs (one warp group each, `cols` V columns: kD / cols per
+// state) fit one per SM, where its forms with more buffer sets (one CTA per SM) pay.
+inline bool narrow_one_per_sm(const Context& ctx, int64_t states, int cols) {
+  return states * (kD / cols) <= sm_count("chunk_gated_delta_rule", ctx.device.index);
+}
+
 // Whether the narrow state kernels (one warp group per CTA: fwd_h, dhu) take 16-column V tiles
 // instead of 32: when `states` x 8 CTAs fit one per SM (B = 1, T = 32768, H = 16: 128 CTAs
 // instead of 64, each step's products per warp halved on the chain). FUSEDOPS_GDN_NARROW16=1 or
@@ -479,7 +485,14 @@ inline bool wide_state_tiles(const Context& ctx, int64_t states) {
 inline bool narrow16_state_tiles(const Context& ctx, int64_t states) {
   const int force = env_switch("FUSEDOPS_GDN_NARROW16");
   if (force >= 0) return force == 1;
-  return states * (kD / 16) <= sm_count("chunk_gated_delta_rule", ctx.device.index);
+  return narrow_one_per_sm(ctx, states, 16);
+}
+
+// A count forced by the environment variable env: its value when it is one digit in lo..hi, else
+// 0 (the narrow state kernels' buffer sets: FUSEDOPS_GDN_FWDH_STAGES, FUSEDOPS_GDN_DHU_STAGES).
+inline int env_count(const char* env, int lo, int hi) {
+  const char* e = std::getenv(env);
+  return e != nullptr && e[0] >= '0' + lo && e[0] <= '0' + hi && e[1] == '\0' ? e[0] - '0' : 0;
 }
 
 }  // namespace fusedops::gdn::sm80::mma16
