@@ -61,19 +61,36 @@ inline void store_span(const float* __restrict in, T* __restrict out, int64_t n)
   }
 }
 
-// The reductions below read float rows, or rows of any storage type T converted on the fly.
+// The reductions below read float rows, or rows of any storage type T converted on the fly, in
+// blocks of kLanes values: lane l of a block goes to accumulator l.
 template <class T>
-float max_lanes(const T* a, int64_t n) {
+inline void block_floats(const T* __restrict a, float* __restrict f) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    uint32_t u[kLanes];  // the bits moved up as integers: GCC vectorises this, not to_float's
+    for (int l = 0; l < kLanes; ++l) u[l] = static_cast<uint32_t>(a[l].bits) << 16;
+    std::memcpy(f, u, sizeof(u));
+  } else {
+    for (int l = 0; l < kLanes; ++l) f[l] = to_float(a[l]);
+  }
+}
+
+// acc = v > acc ? v : acc per lane on two 8-float vectors (lanes 0-7, 8-15). Written with vector
+// extensions: GCC 12 leaves the same select on a float array as scalar compares and cmovs.
+inline void max_block(v8f& acc0, v8f& acc1, const float* f) {
+  const v8f v0 = load8(f), v1 = load8(f + 8);
+  acc0 = v0 > acc0 ? v0 : acc0;
+  acc1 = v1 > acc1 ? v1 : acc1;
+}
+
+// The lanes' maxima after the tail (values past the last full block, lane by lane) and the fixed
+// tree over the lanes.
+template <class T>
+float max_finish(v8f acc0, v8f acc1, const T* tail, int64_t n_tail) {
   float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<float>::max();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = to_float(a[i + l]);
-      acc[l] = v > acc[l] ? v : acc[l];
-    }
-  for (int l = 0; i + l < n; ++l) {
-    const float v = to_float(a[i + l]);
+  store8(acc, acc0);
+  store8(acc + 8, acc1);
+  for (int l = 0; l < n_tail; ++l) {
+    const float v = to_float(tail[l]);
     acc[l] = v > acc[l] ? v : acc[l];
   }
   for (int w = kLanes / 2; w > 0; w /= 2)
@@ -82,11 +99,27 @@ float max_lanes(const T* a, int64_t n) {
 }
 
 template <class T>
+float max_lanes(const T* a, int64_t n) {
+  static_assert(kLanes == 16, "two 8-float vectors");
+  v8f acc0 = splat(-std::numeric_limits<float>::max()), acc1 = acc0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    float f[kLanes];
+    block_floats(a + i, f);
+    max_block(acc0, acc1, f);
+  }
+  return max_finish(acc0, acc1, a + i, n - i);
+}
+
+template <class T>
 float sum_lanes(const T* a, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += to_float(a[i + l]);
+  for (; i + kLanes <= n; i += kLanes) {
+    float f[kLanes];
+    block_floats(a + i, f);
+    for (int l = 0; l < kLanes; ++l) acc[l] += f[l];
+  }
   for (int l = 0; i + l < n; ++l) acc[l] += to_float(a[i + l]);
   return reduce_lanes(acc);
 }
@@ -118,8 +151,11 @@ template <class T>
 float exp_sum(const T* a, int64_t n, float m) {
   float acc[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
+  for (; i + kLanes <= n; i += kLanes) {
+    float f[kLanes];
+    block_floats(a + i, f);
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(f[l] - m);
+  }
   for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
   return reduce_lanes(acc);
 }
@@ -142,23 +178,16 @@ inline void store_one(T* p, float v) {
 // z[v] = logit_scale * x[v] for a row, returning max_v z (lane-blocked, so it vectorises).
 template <class TIn>
 float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, float scale) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<float>::max();
+  v8f acc0 = splat(-std::numeric_limits<float>::max()), acc1 = acc0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = to_float(x[i + l]) * scale;
-      z[i + l] = v;
-      acc[l] = v > acc[l] ? v : acc[l];
-    }
-  for (int l = 0; i + l < n; ++l) {
-    const float v = to_float(x[i + l]) * scale;
-    z[i + l] = v;
-    acc[l] = v > acc[l] ? v : acc[l];
+  for (; i + kLanes <= n; i += kLanes) {
+    float f[kLanes];
+    block_floats(x + i, f);
+    for (int l = 0; l < kLanes; ++l) z[i + l] = f[l] * scale;
+    max_block(acc0, acc1, z + i);
   }
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
-  return acc[0];
+  for (int64_t j = i; j < n; ++j) z[j] = to_float(x[j]) * scale;
+  return max_finish(acc0, acc1, z + i, n - i);
 }
 
 // One row per iteration: pass A transforms the row into an fp32 copy z and takes its max (and
