@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "src/cpu/parallel.h"
+#include "src/cpu/stream_copy.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
@@ -174,6 +175,29 @@ TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
       if (t > 1 && n > 0) {
         const int64_t b = std::min<int64_t>(block, (n + 4 * t - 1) / (4 * t));
         EXPECT_EQ(calls.load(), (n + b - 1) / b) << "n " << n << " block " << block;
+      }
+    }
+  }
+}
+
+// stream_copy (non-temporal stores for large outputs) equals memcpy byte for byte whatever the
+// alignment of either side and the size (below the streaming size, around it, odd tails), and
+// writes nothing outside the destination range.
+TEST(StreamCopy, EqualsMemcpyAtEveryAlignmentAndSize) {
+  std::vector<uint8_t> src(70000 + 128), dst(70000 + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{65599},
+                         size_t{70000}}) {
+    for (const size_t so : {size_t{0}, size_t{1}, size_t{17}, size_t{63}}) {
+      for (const size_t d_off : {size_t{0}, size_t{3}, size_t{32}, size_t{64}, size_t{127}}) {
+        std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+        fusedops::cpu::stream_copy(dst.data() + d_off, src.data() + so, n);
+        fusedops::cpu::stream_fence();
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool in = i >= d_off && i < d_off + n;
+          const uint8_t want = in ? src[so + i - d_off] : uint8_t{0xA5};
+          ASSERT_EQ(dst[i], want) << "n " << n << " src offset " << so << " dst offset " << d_off << " byte " << i;
+        }
       }
     }
   }

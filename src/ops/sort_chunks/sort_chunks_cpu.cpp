@@ -9,6 +9,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/sort_chunks.h"
 #include "src/cpu/parallel.h"
+#include "src/cpu/stream_copy.h"
 #include "src/ops/sort_chunks/sort_chunks_common.h"
 
 namespace fusedops {
@@ -24,6 +25,7 @@ struct Rows {
   int64_t row_bytes = 0;
   int64_t src_stride = 0;  // bytes between input rows
   bool packed = false;     // input rows are back to back, so a run of rows is one block
+  bool stream = false;     // an output far larger than the cache: streaming stores
 };
 
 Rows rows_of(const TensorView& inp, const TensorView& out) {
@@ -35,6 +37,7 @@ Rows rows_of(const TensorView& inp, const TensorView& out) {
   r.row_bytes = inp.size(1) * es;
   r.src_stride = inp.stride(0) * es;
   r.packed = r.src_stride == r.row_bytes;
+  r.stream = r.N * r.row_bytes >= cpu::kStreamOutputBytes;
   return r;
 }
 
@@ -59,12 +62,15 @@ Elems elems_of(const TensorView& probs, const TensorView& probs_out) {
 // Rows [s, s+n) of the input to rows [d, d+n) of the output; both ranges in bounds.
 void copy_rows(const Rows& R, int64_t d, int64_t s, int64_t n) {
   if (R.row_bytes == 0 || n <= 0) return;
+  auto copy = R.stream ? cpu::stream_copy : [](void* dst, const void* src, size_t bytes) {
+    std::memcpy(dst, src, bytes);
+  };
   if (R.packed) {
-    std::memcpy(R.dst + d * R.row_bytes, R.src + s * R.src_stride, n * R.row_bytes);
+    copy(R.dst + d * R.row_bytes, R.src + s * R.src_stride, n * R.row_bytes);
     return;
   }
   for (int64_t i = 0; i < n; ++i)
-    std::memcpy(R.dst + (d + i) * R.row_bytes, R.src + (s + i) * R.src_stride, R.row_bytes);
+    copy(R.dst + (d + i) * R.row_bytes, R.src + (s + i) * R.src_stride, R.row_bytes);
 }
 
 template <class T>
@@ -138,6 +144,7 @@ void fwd(const Context&, const SortChunksFwdArgs& a) {
   int32_t* map = a.row_id_map.data_as<int32_t>();
   cpu::parallel_for(0, R.N, grain_rows(R.row_bytes), [&](int64_t r0, int64_t r1) {
     chunk_walk(t, R.N, r0, r1, map, &R, E.src ? &E : nullptr);
+    cpu::stream_fence();
   });
 }
 
@@ -184,6 +191,7 @@ void move_by_map(const Rows& R, const Elems& E, const int32_t* map, bool scatter
       }
       r += n;
     }
+    cpu::stream_fence();
   });
 }
 
