@@ -341,6 +341,40 @@ struct Geo {
 };
 }  // namespace dhu16
 
+// dv2 = dv + diag(e^{g_last - g}) K Xs for a warp's 16 token rows (16 wr..) and NJ 8-column blocks
+// from wc, shared by both dhu mma kernels: stored to dv2 (rows < len), or with dv2_staged written
+// in place over the dv tile Ds and copied out by 16-byte rows (the warp read only its own block of
+// Ds), and kept negated as 16-bit D2n for the state update.
+template <bool BF, int NJ, int kLdX>
+__device__ __forceinline__ void dv2_rows(const uint16_t* Ks, const uint16_t* Xs, uint16_t* Ds, uint16_t* D2n,
+                                         const float* gl, bool gated, float glast, int len, const Tok& dv2,
+                                         bool dv2_staged, int64_t b, int64_t t0, int hv, int x0, int wr, int wc,
+                                         int lane) {
+  using namespace mma16;
+  const int gq = lane >> 2, tq = lane & 3;
+  float a[NJ][4];
+  zero(a);
+  mm_xs<BF, NJ>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
+      const float f = (gated && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+      const uint32_t dd = ld32(Ds + r * kLdX + xc);
+      const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
+      const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
+      if (dv2_staged) *reinterpret_cast<uint32_t*>(Ds + r * kLdX + xc) = pack2<BF>(v0, v1);
+      else if (r < len) st2(dv2.p, dv2.code, dv2.off(b, t0 + r, hv) + x0 + xc, v0, v1);
+      const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
+      *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
+    }
+  if (dv2_staged) {
+    uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
+    warp_copy_rows16<16, NJ>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(b, t0 + r, hv); }, len, lane);
+  }
+}
+
 template <bool BF, int NG>
 __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl,
                                                                                Tok g, Tok gk, Mat dht, Mat dh,
@@ -415,32 +449,8 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     cp_async_wait<1>();  // K, dv of this chunk (Q, W, dO may still be in flight)
     __syncthreads();
     const float glast = gl[len - 1];
-    {  // dv2 = dv + diag(e^{g_last - g}) K Xs
-      float a[4][4];
-      zero(a);
-      mm_xs<BF, 4>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
-          const uint32_t dd = ld32(Ds + r * kLdX + xc);
-          const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
-          const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
-          if (dv2_staged) *reinterpret_cast<uint32_t*>(Ds + r * kLdX + xc) = pack2<BF>(v0, v1);  // in place
-          else if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
-          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
-          *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
-        }
-      // Staged: dv2 from the warp's own block of the dv tile (it read only that block, and the
-      // tile is reloaded after the next barrier) by 16-byte rows.
-      if (dv2_staged) {
-        uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
-        warp_copy_rows16<16, 4>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
-                                lane);
-      }
-    }
+    dv2_rows<BF, 4, kLdX>(Ks, Xs, Ds, D2n, gl, g.p != nullptr, glast, len, dv2, dv2_staged, s.b, t0, hv, x0, wr, wc,
+                          lane);
     __syncthreads();  // K, dv free; D2n
     if (ci > 0) issue_a(ci - 1);
     if (ci > 0) cp_async_wait<1>();  // Q, W, dO of this chunk
@@ -573,32 +583,8 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
       const int r = e / kCols, xc = e % kCols;
       Os[r * kLdX + xc] = f2h<BF>(eq[r] * h2f<BF>(Os[r * kLdX + xc]));
     }
-    {  // dv2 = dv + diag(e^{g_last - g}) K Xs
-      float a[NJ][4];
-      zero(a);
-      mm_xs<BF, NJ>(a, Ks, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
-          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
-          const uint32_t dd = ld32(Ds + r * kLdX + xc);
-          const float v0 = h2f<BF>(static_cast<uint16_t>(dd)) + f * a[j][2 * hr];
-          const float v1 = h2f<BF>(static_cast<uint16_t>(dd >> 16)) + f * a[j][2 * hr + 1];
-          if (dv2_staged) *reinterpret_cast<uint32_t*>(Ds + r * kLdX + xc) = pack2<BF>(v0, v1);  // in place
-          else if (r < len) st2(dv2.p, dv2.code, dv2.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
-          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(-v0)) | (static_cast<uint32_t>(f2h<BF>(-v1)) << 16);
-          *reinterpret_cast<uint32_t*>(D2n + r * kLdX + xc) = pk;
-        }
-      // Staged: dv2 from the warp's own block of the dv tile (it read only that block) by 16-byte
-      // rows.
-      if (dv2_staged) {
-        uint16_t* base = static_cast<uint16_t*>(dv2.p) + x0;
-        warp_copy_rows16<16, NJ>(Ds, kLdX, 16 * wr, wc, [&](int r) { return base + dv2.off(s.b, t0 + r, hv); }, len,
-                                lane);
-      }
-    }
+    dv2_rows<BF, NJ, kLdX>(Ks, Xs, Ds, D2n, gl, g.p != nullptr, glast, len, dv2, dv2_staged, s.b, t0, hv, x0, wr,
+                           wc, lane);
     if (g.p) {
       const float d = exp_fast(glast);
       for_state_frag(x, [&](float& v, int, int) { v *= d; });
