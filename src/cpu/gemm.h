@@ -1,5 +1,5 @@
-// fp32 GEMM on the CPU: a BLAS (OpenBLAS) when the build found one, else a blocked,
-// OpenMP-parallel fallback. Row-major operands with leading dimensions (elements).
+// fp32 GEMM on the CPU: our AVX-512 kernel where the build targets AVX-512, else a BLAS (OpenBLAS)
+// when the build found one, else a blocked, OpenMP-parallel fallback. Row-major operands with leading dimensions (elements).
 //
 //   C[M,N] = alpha * op(A) @ op(B) + beta * C,   op(A) = A or A^T ([M,K]), op(B) = B or B^T ([K,N])
 //
@@ -26,6 +26,13 @@ void sgemm_builtin(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 
 // Whether sgemm goes through a BLAS library.
 bool have_blas();
+
+// The AVX-512 kernel (packed panels, 8 x 32 micro-kernel) that sgemm uses where the build targets
+// AVX-512 (have_avx512_sgemm()); elsewhere sgemm_avx512 calls sgemm_builtin. Reproducible for a
+// fixed thread count.
+bool have_avx512_sgemm();
+void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C for bf16 A and B, fp32 C, the products summed in fp32:
 // the bf16 dot-product instruction of AVX-512 BF16 (`vdpbf16ps`) when the build targets a CPU

@@ -168,7 +168,9 @@ TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
       EXPECT_EQ(too_long.load(), 0) << "n " << n << " block " << block;
       for (int64_t i = 0; i < n + 3; ++i)
         EXPECT_EQ(seen[static_cast<size_t>(i)].load(), i >= 3 ? 1 : 0) << "index " << i << " n " << n;
-      if (n == 0) EXPECT_EQ(calls.load(), 0);
+      if (n == 0) {
+        EXPECT_EQ(calls.load(), 0);
+      }
       // With several threads, short ranges are split finer than `block` (blocks of
       // ceil(n / (4 threads)) indices when that is smaller) so that every thread gets work.
       const int64_t t = fusedops::cpu::max_threads();

@@ -17,7 +17,11 @@ using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const floa
 void check_gemm(GemmFn fn, const char* name) {
   std::mt19937 gen(7);
   std::normal_distribution<float> dist;
-  for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 5, 3}, {33, 65, 300}, {64, 17, 513}, {3, 4, 0}}) {
+  // Besides small and odd shapes, ones that cross the AVX-512 kernel's blocks: depth past one
+  // 256-deep slice, rows past two 128-row blocks (split by rows), columns past one 2048-wide
+  // block, partial 8 x 32 tiles and 8 x 8 transposes.
+  for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 5, 3}, {33, 65, 300}, {64, 17, 513}, {300, 40, 300}, {9, 2100, 20},
+                         {257, 70, 9}, {3, 4, 0}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (float beta : {0.0f, 1.0f, 0.5f}) {
@@ -82,7 +86,11 @@ TEST(CpuGemm, BgemmMatchesDoubleLoops) {
   }
 }
 
-TEST(CpuGemm, SgemmMatchesDoubleLoops) { check_gemm(&cpu::sgemm, cpu::have_blas() ? "blas" : "builtin"); }
+TEST(CpuGemm, SgemmMatchesDoubleLoops) {
+  check_gemm(&cpu::sgemm, cpu::have_avx512_sgemm() ? "avx512" : cpu::have_blas() ? "blas" : "builtin");
+}
+// Where the build has no AVX-512 this checks the builtin again (sgemm_avx512 falls back to it).
+TEST(CpuGemm, Avx512MatchesDoubleLoops) { check_gemm(&cpu::sgemm_avx512, "avx512"); }
 TEST(CpuGemm, BuiltinMatchesDoubleLoops) { check_gemm(&cpu::sgemm_builtin, "builtin"); }
 
 }  // namespace
