@@ -37,6 +37,18 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
   }
 }
 
+// Threads split C's columns (NR panels: every thread packs all of A) or its rows (MC blocks: every
+// thread packs all of B), preferring the split that packs the smaller operand again when both
+// give every thread work. The split changes no result: each element's K order is fixed.
+[[maybe_unused]] bool split_by_cols(int64_t M, int64_t N, int64_t nr, int64_t mc) {
+  const int64_t t = max_threads();
+  const int64_t col_units = (N + nr - 1) / nr, row_units = (M + mc - 1) / mc;
+  if (t <= 1) return true;
+  if (M > N && row_units >= t) return false;
+  if (col_units >= t) return true;
+  return col_units >= row_units;
+}
+
 }  // namespace
 
 bool have_blas() {
@@ -227,7 +239,7 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   if (K <= 0) return;
   const bool overwrite_first = beta == 0.0f;
   const int64_t panels = (N + kFNR - 1) / kFNR;
-  const bool by_cols = panels >= 2 * max_threads() || M < 2 * kFMC;
+  const bool by_cols = split_by_cols(M, N, kFNR, kFMC);
   // Threads split C's columns (by NR panels) or, for narrow C, its rows (by MC blocks); small
   // products stay on one thread.
   const int64_t units = by_cols ? panels : (M + kFMC - 1) / kFMC;
@@ -343,9 +355,20 @@ void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t k0, int64_t k
   const int64_t kp = (kc + 1) / 2, nj = std::min<int64_t>(kNR, N - j0);
   if (tb) {  // B^T stored [N][K]: a pair is one 32-bit word of a row of B
     uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    int64_t q0 = 0;
+    for (; 2 * (q0 + 8) <= kc; q0 += 8)  // 8 rows x 8 whole pairs at a time: 32-bit 8 x 8 transposes
+      for (int64_t jj = 0; jj < kNR; jj += 8) {
+        __m256 r[8];
+        for (int t = 0; t < 8; ++t)
+          r[t] = jj + t < nj ? _mm256_castsi256_ps(_mm256_loadu_si256(
+                                   reinterpret_cast<const __m256i*>(B + (j0 + jj + t) * ldb + k0 + 2 * q0)))
+                             : _mm256_setzero_ps();
+        transpose8x8(r);
+        for (int t = 0; t < 8; ++t) _mm256_storeu_ps(reinterpret_cast<float*>(d + (q0 + t) * kNR + jj), r[t]);
+      }
     for (int64_t jj = 0; jj < kNR; ++jj) {
       const uint16_t* row = jj < nj ? B + (j0 + jj) * ldb + k0 : B;
-      for (int64_t q = 0; q < kp; ++q) {
+      for (int64_t q = q0; q < kp; ++q) {
         uint32_t w = 0;
         if (jj < nj) {
           if (2 * q + 1 < kc) {
@@ -378,7 +401,26 @@ void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t k0, int64_t k
 void pack_a_strip(bool ta, const uint16_t* A, int64_t lda, int64_t k0, int64_t kc, int64_t i0, int64_t M,
                   uint32_t* dst) {
   const int64_t kp = (kc + 1) / 2, mi = std::min<int64_t>(kMR, M - i0);
-  for (int64_t q = 0; q < kp; ++q) {
+  int64_t q0 = 0;
+  if (ta && mi == kMR) {  // A^T stored [K][M]: rows k and k+1 interleaved 16 bits at a time
+    for (; 2 * q0 + 1 < kc; ++q0) {
+      const int64_t k = k0 + 2 * q0;
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A + k * lda + i0));
+      const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A + (k + 1) * lda + i0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + q0 * kMR), _mm_unpacklo_epi16(r0, r1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + q0 * kMR + 4), _mm_unpackhi_epi16(r0, r1));
+    }
+  } else if (!ta && mi == kMR) {  // A stored [M][K]: 8 rows x 8 whole pairs, a 32-bit 8 x 8 transpose
+    for (; 2 * (q0 + 8) <= kc; q0 += 8) {
+      __m256 r[8];
+      for (int t = 0; t < 8; ++t)
+        r[t] = _mm256_castsi256_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + (i0 + t) * lda + k0 + 2 * q0)));
+      transpose8x8(r);
+      for (int t = 0; t < 8; ++t) _mm256_storeu_ps(reinterpret_cast<float*>(dst + (q0 + t) * kMR), r[t]);
+    }
+  }
+  for (int64_t q = q0; q < kp; ++q) {
     const int64_t k = k0 + 2 * q;
     const bool pair = 2 * q + 1 < kc;
     for (int64_t ii = 0; ii < kMR; ++ii) {
@@ -400,9 +442,9 @@ void pack_a_strip(bool ta, const uint16_t* A, int64_t lda, int64_t k0, int64_t k
   }
 }
 
-// C[8 x 32] (rows mr, columns nj) += alpha * strip . panel over kp pairs.
+// C[8 x 32] (rows mr, columns nj) += alpha * strip . panel over kp pairs, or = with `overwrite`.
 inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, float alpha, float* C, int64_t ldc,
-                         int64_t mr, int64_t nj) {
+                         int64_t mr, int64_t nj, bool overwrite) {
   __m512 acc[kMR][2];
 #pragma GCC unroll 8
   for (int ii = 0; ii < kMR; ++ii) acc[ii][0] = acc[ii][1] = _mm512_setzero_ps();
@@ -421,8 +463,13 @@ inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, flo
   const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
   for (int ii = 0; ii < mr; ++ii) {
     float* c = C + ii * ldc;
-    _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
-    if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
+    if (overwrite) {
+      _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(al, acc[ii][0]));
+      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(al, acc[ii][1]));
+    } else {
+      _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
+      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
+    }
   }
 }
 
@@ -434,10 +481,12 @@ struct BgemmPacks {};
 
 void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                   const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  scale_c(M, N, beta, C, ldc);
+  // beta == 0: the first K slice stores its products (C is not read, NaNs in it do not survive).
+  if (beta != 0.0f || K <= 0) scale_c(M, N, beta, C, ldc);
   if (K <= 0) return;
+  const bool overwrite_first = beta == 0.0f;
   const int64_t panels = (N + kNR - 1) / kNR;
-  const bool by_cols = panels >= 2 * max_threads() || M < 2 * kMC;
+  const bool by_cols = split_by_cols(M, N, kNR, kMC);
   // Threads split C's columns (by NR panels) or, for narrow C, its rows (by MC blocks).
   const int64_t units = by_cols ? panels : (M + kMC - 1) / kMC;
   parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
@@ -461,7 +510,7 @@ void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
             for (int64_t st = 0; st < ns; ++st) {
               const int64_t i0 = ic + st * kMR;
               micro_kernel(ap + st * kp * kMR, bp + p * kp * kNR * 2, kp, alpha, C + i0 * ldc + j0, ldc,
-                           std::min<int64_t>(kMR, r1 - i0), nj);
+                           std::min<int64_t>(kMR, r1 - i0), nj, overwrite_first && k0 == 0);
             }
           }
         }

@@ -55,8 +55,9 @@ void check_gemm(GemmFn fn, const char* name) {
 TEST(CpuGemm, BgemmMatchesDoubleLoops) {
   std::mt19937 gen(11);
   std::normal_distribution<float> dist;
+  // {600, 40, 70}: taller than wide, so the threads split C's rows (each packs all of B).
   for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 5, 3}, {33, 65, 300}, {9, 40, 1030}, {300, 700, 1100},
-                         {257, 2100, 64}, {3, 4, 0}}) {
+                         {257, 2100, 64}, {600, 40, 70}, {3, 4, 0}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (float beta : {0.0f, 1.0f, 0.5f}) {
