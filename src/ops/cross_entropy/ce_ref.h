@@ -44,7 +44,10 @@ inline RefRow ref_row(const std::vector<double>& x, int64_t y, const CrossEntrop
   const double zy = in_range ? z[y] : std::numeric_limits<double>::quiet_NaN();
   RefRow r;
   r.z = lambda * lse * lse;
-  r.loss = (1 - eps) * (lse - zy) + eps * (lse - sz / static_cast<double>(V)) + r.z;
+  // The smoothing term only with smoothing: with eps = 0, logits of -inf (a masked vocabulary)
+  // would otherwise give 0 * inf = NaN.
+  const double smooth = eps != 0.0 ? eps * (lse - sz / static_cast<double>(V)) : 0.0;
+  r.loss = (1 - eps) * (lse - zy) + smooth + r.z;
   if (grad) {
     grad->assign(V, 0.0);
     for (int64_t v = 0; v < V; ++v) {

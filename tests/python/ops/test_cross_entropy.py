@@ -189,6 +189,41 @@ def test_large_logits_stay_finite(backend_case, name, seed_of):
     assert_close(loss, lb.detach(), l64.detach(), dt, f"{case.id} large logits {name}")
 
 
+
+@pytest.mark.dtypes(torch.float32, torch.bfloat16)
+def test_masked_logits_of_minus_inf(backend_case, seed_of):
+    # Vocabulary masked with -inf (not at the labels): finite losses equal to the composite's,
+    # exactly zero gradient at the masked entries, with and without a gradient (the CPU's
+    # vectorised exponentials clamp -inf before their range reduction).
+    case = backend_case
+    dt, dev = case.dtype, case.device
+    gen = torch.Generator().manual_seed(seed_of("minus_inf", str(dt)))
+    rows, vocab = 6, 203
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(dt)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    mask = torch.rand(rows, vocab, generator=gen) < 0.4
+    mask[torch.arange(rows), labels] = False
+    logits[mask] = float("-inf")
+    logits, labels = logits.to(dev), labels.to(dev)
+    x = logits.clone().requires_grad_()
+    with forced(case):
+        loss = fusedops.fused_cross_entropy_loss(x, labels, reduction="sum")
+        loss.backward()
+        with torch.no_grad():
+            loss_only = fusedops.fused_cross_entropy_loss(logits, labels, reduction="sum")
+    assert torch.isfinite(loss) and bitwise_equal(loss.detach(), loss_only)
+    assert torch.equal(x.grad[mask.to(dev)], torch.zeros_like(x.grad[mask.to(dev)]))
+    x64 = logits.detach().cpu().double().requires_grad_()
+    l64 = torch.nn.functional.cross_entropy(x64, labels.cpu(), reduction="sum")
+    l64.backward()
+    lb = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+    assert_close(loss, lb.detach().to(loss.dtype), l64.detach(), dt, f"{case.id} -inf logits loss")
+    gb = torch.autograd.functional.jacobian(
+        lambda t: torch.nn.functional.cross_entropy(t, labels, reduction="sum"), logits.float())
+    g64 = x64.grad.clone()
+    g64[mask] = 0.0
+    assert_close(x.grad, gb.to(dt), g64, dt, f"{case.id} -inf logits grad")
+
 def test_all_ignored_mean_is_zero_not_nan(device):
     x = torch.randn(5, 11, device=device, requires_grad=True)
     labels = torch.full((5,), -100, device=device)
