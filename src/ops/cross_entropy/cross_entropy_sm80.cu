@@ -283,6 +283,13 @@ __device__ __forceinline__ float transform(const RowParams& p, float x, float& t
   return z;
 }
 
+// The label-smoothing term of a row's loss, eps (m - mean z); 0 without smoothing, so that logits
+// of -inf (a masked vocabulary: the sum of z is -inf) do not turn 0 * inf into NaN. For finite
+// logits the loss is unchanged.
+__device__ __forceinline__ float smoothing_term(const RowParams& p, const Stats& s) {
+  return p.eps != 0.0f ? p.eps * (s.m - s.sz * p.inv_vocab) : 0.0f;
+}
+
 // Pass 1 over N consecutive logits starting at column v0.
 template <int N>
 __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[N], int64_t v0,
@@ -531,7 +538,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     if constexpr (kPlain) {
       p.row_loss[row] = (m_nat - zy) + log_d + row_z;
     } else {
-      p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + p.eps * (s.m - s.sz * p.inv_vocab) + log_d + row_z;
+      p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + smoothing_term(p, s) + log_d + row_z;
     }
     if (p.row_z) p.row_z[row] = row_z;
   }
@@ -628,7 +635,7 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   if (lane == 0) {
     const float zy = (y >= 0 && y < p.vocab) ? s.zy : __int_as_float(0x7fffffff);
     const float row_z = p.lambda * lse * lse;
-    p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + p.eps * (s.m - s.sz * p.inv_vocab) + log_d + row_z;
+    p.row_loss[row] = (1.0f - p.eps) * (s.m - zy) + smoothing_term(p, s) + log_d + row_z;
     if (p.row_z) p.row_z[row] = row_z;
   }
   if (!gr) return;
