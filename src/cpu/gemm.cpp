@@ -140,6 +140,25 @@ inline void transpose8x8(__m256 (&r)[8]) {
   }
 }
 
+// C[8 x 32] (rows mr, columns nj) = alpha * acc (overwrite) or += alpha * acc: the micro-kernels'
+// epilogue.
+inline void store_tile(const __m512 (&acc)[8][2], float alpha, float* C, int64_t ldc, int64_t mr, int64_t nj,
+                       bool overwrite) {
+  const __m512 al = _mm512_set1_ps(alpha);
+  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
+  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
+  for (int ii = 0; ii < mr; ++ii) {
+    float* c = C + ii * ldc;
+    if (overwrite) {
+      _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(al, acc[ii][0]));
+      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(al, acc[ii][1]));
+    } else {
+      _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
+      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
+    }
+  }
+}
+
 // Columns j0 .. j0 + 32 of B's rows k0 .. k0 + kc into dst[k][32] (columns past N are zeros).
 void pack_b_panel_f32(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t N,
                       float* dst) {
@@ -210,19 +229,7 @@ inline void micro_kernel_f32(const float* ap, const float* bp, int64_t kc, float
       acc[ii][1] = _mm512_fmadd_ps(a, b1, acc[ii][1]);
     }
   }
-  const __m512 al = _mm512_set1_ps(alpha);
-  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
-  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
-  for (int ii = 0; ii < mr; ++ii) {
-    float* c = C + ii * ldc;
-    if (overwrite) {
-      _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(al, acc[ii][0]));
-      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(al, acc[ii][1]));
-    } else {
-      _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
-      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
-    }
-  }
+  store_tile(acc, alpha, C, ldc, mr, nj, overwrite);
 }
 
 struct SgemmPacks {};
@@ -240,7 +247,7 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   const bool overwrite_first = beta == 0.0f;
   const int64_t panels = (N + kFNR - 1) / kFNR;
   const bool by_cols = split_by_cols(M, N, kFNR, kFMC);
-  // Threads split C's columns (by NR panels) or, for narrow C, its rows (by MC blocks); small
+  // Threads split C's columns (NR panels) or its rows (MC blocks), see split_by_cols; small
   // products stay on one thread.
   const int64_t units = by_cols ? panels : (M + kFMC - 1) / kFMC;
   const int64_t flops_per_unit = 2 * K * (by_cols ? M * kFNR : kFMC * N);
@@ -458,19 +465,7 @@ inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, flo
       acc[ii][1] = _mm512_dpbf16_ps(acc[ii][1], a, b1);
     }
   }
-  const __m512 al = _mm512_set1_ps(alpha);
-  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
-  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
-  for (int ii = 0; ii < mr; ++ii) {
-    float* c = C + ii * ldc;
-    if (overwrite) {
-      _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(al, acc[ii][0]));
-      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(al, acc[ii][1]));
-    } else {
-      _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, acc[ii][0], _mm512_maskz_loadu_ps(m0, c)));
-      if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
-    }
-  }
+  store_tile(acc, alpha, C, ldc, mr, nj, overwrite);
 }
 
 // The packing buffers are each thread's, sized to the call and kept between calls
@@ -487,7 +482,7 @@ void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   const bool overwrite_first = beta == 0.0f;
   const int64_t panels = (N + kNR - 1) / kNR;
   const bool by_cols = split_by_cols(M, N, kNR, kMC);
-  // Threads split C's columns (by NR panels) or, for narrow C, its rows (by MC blocks).
+  // Threads split C's columns (NR panels) or its rows (MC blocks), see split_by_cols.
   const int64_t units = by_cols ? panels : (M + kMC - 1) / kMC;
   parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     const int64_t c0 = by_cols ? u0 * kNR : 0, c1 = by_cols ? std::min(N, u1 * kNR) : N;
