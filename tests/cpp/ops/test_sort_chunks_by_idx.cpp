@@ -111,6 +111,7 @@ std::vector<int64_t> map_values(const TestTensor& map) {
 std::vector<uint8_t> move_rows(const std::vector<uint8_t>& in, int64_t N, int64_t row_bytes,
                                int64_t stride, const std::vector<int64_t>& map, bool scatter) {
   std::vector<uint8_t> out(static_cast<size_t>(N * row_bytes), 0xff);
+  if (row_bytes == 0) return out;  // no bytes to move (memcpy must not see an empty vector's null data)
   for (int64_t r = 0; r < N; ++r) {
     const int64_t d = scatter ? map[r] : r, s = scatter ? r : map[r];
     std::memcpy(out.data() + d * row_bytes, in.data() + s * stride, row_bytes);
