@@ -1,5 +1,5 @@
-// matmul_add, CPU backend: one fp32 GEMM with beta = 1 (cpu::sgemm: OpenBLAS or the built-in
-// kernel) straight on fp32 operands; bf16 operands on a CPU with AVX-512 BF16 go straight to
+// matmul_add, CPU backend: one fp32 GEMM with beta = 1 (cpu::sgemm: the AVX-512 kernel, OpenBLAS
+// or the built-in one) straight on fp32 operands; bf16 operands on a CPU with AVX-512 BF16 go straight to
 // cpu::bgemm (bf16 dot products, fp32 sums); otherwise bf16/fp16 operands are converted to fp32 a
 // block of tokens at a time (never the whole tensors) and each block is accumulated with its own
 // beta = 1 GEMM.
