@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
   const int x0 = blockIdx.y * kCols;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wr = warp & 3, wc = 32 * (warp >> 2);  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
   const int x0 = blockIdx.y * kCols;
   const SeqPos s = seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wr = warp & 3, wc = 0;  // the warp's row block and first column
   const int64_t nch = (s.len + L.BT - 1) / L.BT;
   auto chunk_len = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
