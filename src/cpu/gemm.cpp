@@ -101,12 +101,9 @@ void sgemm_builtin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 }
 
 // ---------------------------------------------------------------------------------------------
-// fp32 GEMM on AVX-512 (the bf16 kernel's blocking below with fp32 panels): C's columns in NC
-// blocks, the depth in KC slices, C's rows in MC blocks; B's KC x NC block packed as
-// [NR panel][k][NR] (2 MiB, L3), A's MC x KC block as [MR strip][k][MR] (128 KiB, L2); an 8 x 32
-// micro-kernel of 16 zmm accumulators, per k 2 loads of B, 8 broadcasts of A and 16 FMAs. Each
-// element of C sums its K products in one fixed order (KC slices in turn, each in registers and
-// then added to C), whatever the thread split.
+// fp32 GEMM on AVX-512, through blocked_gemm (below) as the bf16 kernel: B panels [k][NR] (a KC x NC
+// block 2 MiB, L3), A strips [k][MR] (an MC x KC block 128 KiB, L2); an 8 x 32 micro-kernel of 16
+// zmm accumulators, per k 2 loads of B, 8 broadcasts of A and 16 FMAs.
 bool have_avx512_sgemm() {
 #ifdef FUSEDOPS_F32_GEMM
   return true;
@@ -140,13 +137,19 @@ inline void transpose8x8(__m256 (&r)[8]) {
   }
 }
 
+// The lane masks of a 32-column tile's two 16-float halves when only nj columns exist.
+inline void tile_masks(int64_t nj, __mmask16& m0, __mmask16& m1) {
+  m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
+  m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
+}
+
 // C[8 x 32] (rows mr, columns nj) = alpha * acc (overwrite) or += alpha * acc: the micro-kernels'
 // epilogue.
 inline void store_tile(const __m512 (&acc)[8][2], float alpha, float* C, int64_t ldc, int64_t mr, int64_t nj,
                        bool overwrite) {
   const __m512 al = _mm512_set1_ps(alpha);
-  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
-  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
+  __mmask16 m0, m1;
+  tile_masks(nj, m0, m1);
   for (int ii = 0; ii < mr; ++ii) {
     float* c = C + ii * ldc;
     if (overwrite) {
@@ -157,6 +160,67 @@ inline void store_tile(const __m512 (&acc)[8][2], float alpha, float* C, int64_t
       if (m1) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, acc[ii][1], _mm512_maskz_loadu_ps(m1, c + 16)));
     }
   }
+}
+
+// The blocking both AVX-512 GEMMs share (GotoBLAS order): C's columns in nc blocks, the depth in kc
+// slices, C's rows in mc blocks; B's kc x nc block packed as panels of nr columns, A's mc x kc
+// block as strips of mr rows, and each B panel meets every A strip of the block in turn. A slice
+// of kc elements of depth packs into depth(kc) = ceil(kc / k_per_depth) steps (bf16: pairs), a
+// B panel into depth * nr * b_per_depth elements, an A strip into depth * mr. Each element of C
+// sums its K products in one fixed order (slices in turn, each in registers and then added to C),
+// whatever the thread split. beta == 0: the first slice stores its products (C is not read, NaNs
+// in it do not survive). The packing buffers are each thread's, sized to the call and kept between
+// calls (cpu::thread_scratch): a std::vector of 2 MiB per call and thread was zero-filled and
+// page-faulted again every time (stop 25, ~18% of chunk_loss's bf16 CPU time at [128, 128] x
+// 8000, whose GEMMs need a few KiB of it).
+struct Blocking {
+  int64_t mr, nr, kc, mc, nc, k_per_depth, b_per_depth;
+};
+
+// pack_b(k0, kc, j0, c1, BElem* dst), pack_a(k0, kc, i0, r1, AElem* dst),
+// micro(const AElem* ap, const BElem* bp, depth, float* C, mr, nj, overwrite).
+template <class Tag, class AElem, class BElem, class PackB, class PackA, class Micro>
+void blocked_gemm(const Blocking& bk, int64_t M, int64_t N, int64_t K, float beta, float* C, int64_t ldc,
+                  PackB&& pack_b, PackA&& pack_a, Micro&& micro) {
+  if (beta != 0.0f || K <= 0) scale_c(M, N, beta, C, ldc);
+  if (K <= 0) return;
+  const bool overwrite_first = beta == 0.0f;
+  auto depth_of = [&](int64_t kc) { return (kc + bk.k_per_depth - 1) / bk.k_per_depth; };
+  const bool by_cols = split_by_cols(M, N, bk.nr, bk.mc);
+  // Threads split C's columns (nr panels) or its rows (mc blocks), see split_by_cols; small
+  // products (under ~2 MFLOP per unit) stay together.
+  const int64_t units = by_cols ? (N + bk.nr - 1) / bk.nr : (M + bk.mc - 1) / bk.mc;
+  const int64_t flops_per_unit = 2 * K * (by_cols ? M * bk.nr : bk.mc * N);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, flops_per_unit));
+  parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    const int64_t c0 = by_cols ? u0 * bk.nr : 0, c1 = by_cols ? std::min(N, u1 * bk.nr) : N;
+    const int64_t r0 = by_cols ? 0 : u0 * bk.mc, r1 = by_cols ? M : std::min(M, u1 * bk.mc);
+    const int64_t depth_max = depth_of(std::min(bk.kc, K));
+    const int64_t np_max = (std::min(bk.nc, c1 - c0) + bk.nr - 1) / bk.nr;
+    const int64_t ns_max = (std::min(bk.mc, r1 - r0) + bk.mr - 1) / bk.mr;
+    BElem* const bp = thread_scratch<Tag, BElem>().get(0, np_max * depth_max * bk.nr * bk.b_per_depth);
+    AElem* const ap = thread_scratch<Tag, AElem>().get(1, ns_max * depth_max * bk.mr);
+    for (int64_t jc = c0; jc < c1; jc += bk.nc) {
+      const int64_t np = (std::min(bk.nc, c1 - jc) + bk.nr - 1) / bk.nr;
+      for (int64_t k0 = 0; k0 < K; k0 += bk.kc) {
+        const int64_t kc = std::min(bk.kc, K - k0), depth = depth_of(kc);
+        const int64_t b_panel = depth * bk.nr * bk.b_per_depth, a_strip = depth * bk.mr;
+        for (int64_t p = 0; p < np; ++p) pack_b(k0, kc, jc + p * bk.nr, c1, bp + p * b_panel);
+        for (int64_t ic = r0; ic < r1; ic += bk.mc) {
+          const int64_t ns = (std::min(bk.mc, r1 - ic) + bk.mr - 1) / bk.mr;
+          for (int64_t st = 0; st < ns; ++st) pack_a(k0, kc, ic + st * bk.mr, r1, ap + st * a_strip);
+          for (int64_t p = 0; p < np; ++p) {
+            const int64_t j0 = jc + p * bk.nr, nj = std::min<int64_t>(bk.nr, c1 - j0);
+            for (int64_t st = 0; st < ns; ++st) {
+              const int64_t i0 = ic + st * bk.mr;
+              micro(ap + st * a_strip, bp + p * b_panel, depth, C + i0 * ldc + j0, std::min<int64_t>(bk.mr, r1 - i0),
+                    nj, overwrite_first && k0 == 0);
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 // Columns j0 .. j0 + 32 of B's rows k0 .. k0 + kc into dst[k][32] (columns past N are zeros).
@@ -177,8 +241,8 @@ void pack_b_panel_f32(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t 
       for (int64_t kk = k; kk < kc; ++kk) dst[kk * kFNR + jj] = jj < nj ? B[(j0 + jj) * ldb + k0 + kk] : 0.0f;
     return;
   }
-  const __mmask16 m0 = nj >= 16 ? __mmask16(0xffff) : __mmask16((1u << nj) - 1u);
-  const __mmask16 m1 = nj >= 32 ? __mmask16(0xffff) : nj <= 16 ? __mmask16(0) : __mmask16((1u << (nj - 16)) - 1u);
+  __mmask16 m0, m1;
+  tile_masks(nj, m0, m1);
   for (int64_t k = 0; k < kc; ++k) {
     const float* row = B + (k0 + k) * ldb + j0;
     _mm512_storeu_ps(dst + k * kFNR, _mm512_maskz_loadu_ps(m0, row));
@@ -241,46 +305,18 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
 #ifdef FUSEDOPS_F32_GEMM
-  // beta == 0: the first K slice stores its products (C is not read, NaNs in it do not survive).
-  if (beta != 0.0f || K <= 0) scale_c(M, N, beta, C, ldc);
-  if (K <= 0) return;
-  const bool overwrite_first = beta == 0.0f;
-  const int64_t panels = (N + kFNR - 1) / kFNR;
-  const bool by_cols = split_by_cols(M, N, kFNR, kFMC);
-  // Threads split C's columns (NR panels) or its rows (MC blocks), see split_by_cols; small
-  // products stay on one thread.
-  const int64_t units = by_cols ? panels : (M + kFMC - 1) / kFMC;
-  const int64_t flops_per_unit = 2 * K * (by_cols ? M * kFNR : kFMC * N);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, flops_per_unit));
-  parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
-    const int64_t c0 = by_cols ? u0 * kFNR : 0, c1 = by_cols ? std::min(N, u1 * kFNR) : N;
-    const int64_t r0 = by_cols ? 0 : u0 * kFMC, r1 = by_cols ? M : std::min(M, u1 * kFMC);
-    const int64_t kc_max = std::min(kFKC, K);
-    const int64_t np_max = (std::min(kFNC, c1 - c0) + kFNR - 1) / kFNR;
-    const int64_t ns_max = (std::min(kFMC, r1 - r0) + kFMR - 1) / kFMR;
-    float* const bp = thread_scratch<SgemmPacks, float>().get(0, np_max * kc_max * kFNR);
-    float* const ap = thread_scratch<SgemmPacks, float>().get(1, ns_max * kc_max * kFMR);
-    for (int64_t jc = c0; jc < c1; jc += kFNC) {
-      const int64_t nc = std::min(kFNC, c1 - jc), np = (nc + kFNR - 1) / kFNR;
-      for (int64_t k0 = 0; k0 < K; k0 += kFKC) {
-        const int64_t kc = std::min(kFKC, K - k0);
-        for (int64_t p = 0; p < np; ++p) pack_b_panel_f32(tb, B, ldb, k0, kc, jc + p * kFNR, c1, bp + p * kc * kFNR);
-        for (int64_t ic = r0; ic < r1; ic += kFMC) {
-          const int64_t mc = std::min(kFMC, r1 - ic), ns = (mc + kFMR - 1) / kFMR;
-          for (int64_t st = 0; st < ns; ++st)
-            pack_a_strip_f32(ta, A, lda, k0, kc, ic + st * kFMR, r1, ap + st * kc * kFMR);
-          for (int64_t p = 0; p < np; ++p) {
-            const int64_t j0 = jc + p * kFNR, nj = std::min<int64_t>(kFNR, c1 - j0);
-            for (int64_t st = 0; st < ns; ++st) {
-              const int64_t i0 = ic + st * kFMR;
-              micro_kernel_f32(ap + st * kc * kFMR, bp + p * kc * kFNR, kc, alpha, C + i0 * ldc + j0, ldc,
-                               std::min<int64_t>(kFMR, r1 - i0), nj, overwrite_first && k0 == 0);
-            }
-          }
-        }
-      }
-    }
-  });
+  const Blocking bk{kFMR, kFNR, kFKC, kFMC, kFNC, 1, 1};
+  blocked_gemm<SgemmPacks, float, float>(
+      bk, M, N, K, beta, C, ldc,
+      [&](int64_t k0, int64_t kc, int64_t j0, int64_t c1, float* dst) {
+        pack_b_panel_f32(tb, B, ldb, k0, kc, j0, c1, dst);
+      },
+      [&](int64_t k0, int64_t kc, int64_t i0, int64_t r1, float* dst) {
+        pack_a_strip_f32(ta, A, lda, k0, kc, i0, r1, dst);
+      },
+      [&](const float* ap, const float* bp, int64_t depth, float* c, int64_t mr, int64_t nj, bool overwrite) {
+        micro_kernel_f32(ap, bp, depth, alpha, c, ldc, mr, nj, overwrite);
+      });
 #else
   sgemm_builtin(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif
@@ -349,10 +385,8 @@ bool have_bf16_gemm() {
 namespace {
 
 #ifdef FUSEDOPS_BF16_GEMM
-// Blocking (GotoBLAS order): C's columns in NC blocks, the depth in KC slices, C's rows in MC
-// blocks; B's KC x NC block packed as [NR panel][k pair][NR][2] (2 MiB at most, L3), A's MC x KC
-// block as [MR strip][k pair][MR] pairs (128 KiB, L2), and each B panel (32 KiB, L1) meets every
-// A strip of the block in turn.
+// blocked_gemm's sizes and layouts for bf16: B panels [k pair][NR][2] (a KC x NC block is 2 MiB at
+// most, L3; a panel 32 KiB, L1), A strips [k pair][MR] 32-bit pairs (an MC x KC block 128 KiB, L2).
 constexpr int64_t kMR = 8, kNR = 32, kKC = 512, kMC = 128, kNC = 2048;
 
 // B's k pairs (k0 + 2q, k0 + 2q + 1), q < kp, of columns j0 .. j0 + 32 into dst[q][32][2]
@@ -468,50 +502,23 @@ inline void micro_kernel(const uint32_t* ap, const uint16_t* bp, int64_t kp, flo
   store_tile(acc, alpha, C, ldc, mr, nj, overwrite);
 }
 
-// The packing buffers are each thread's, sized to the call and kept between calls
-// (cpu::thread_scratch). A std::vector of 2 MiB (the largest B block) per call and thread was
-// zero-filled and page-faulted again every time: stop 25, ~18% of chunk_loss's bf16 CPU time at
-// [128, 128] x V = 8000, whose GEMMs need a few KiB of it.
 struct BgemmPacks {};
 
 void bgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                   const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  // beta == 0: the first K slice stores its products (C is not read, NaNs in it do not survive).
-  if (beta != 0.0f || K <= 0) scale_c(M, N, beta, C, ldc);
-  if (K <= 0) return;
-  const bool overwrite_first = beta == 0.0f;
-  const int64_t panels = (N + kNR - 1) / kNR;
-  const bool by_cols = split_by_cols(M, N, kNR, kMC);
-  // Threads split C's columns (NR panels) or its rows (MC blocks), see split_by_cols.
-  const int64_t units = by_cols ? panels : (M + kMC - 1) / kMC;
-  parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    const int64_t c0 = by_cols ? u0 * kNR : 0, c1 = by_cols ? std::min(N, u1 * kNR) : N;
-    const int64_t r0 = by_cols ? 0 : u0 * kMC, r1 = by_cols ? M : std::min(M, u1 * kMC);
-    const int64_t kp_max = (std::min(kKC, K) + 1) / 2;
-    const int64_t np_max = (std::min(kNC, c1 - c0) + kNR - 1) / kNR;
-    const int64_t ns_max = (std::min(kMC, r1 - r0) + kMR - 1) / kMR;
-    uint16_t* const bp = thread_scratch<BgemmPacks, uint16_t>().get(0, np_max * kp_max * kNR * 2);
-    uint32_t* const ap = thread_scratch<BgemmPacks, uint32_t>().get(0, ns_max * kp_max * kMR);
-    for (int64_t jc = c0; jc < c1; jc += kNC) {
-      const int64_t nc = std::min(kNC, c1 - jc), np = (nc + kNR - 1) / kNR;
-      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-        const int64_t kc = std::min(kKC, K - k0), kp = (kc + 1) / 2;
-        for (int64_t p = 0; p < np; ++p) pack_b_panel(tb, B, ldb, k0, kc, jc + p * kNR, c1, bp + p * kp * kNR * 2);
-        for (int64_t ic = r0; ic < r1; ic += kMC) {
-          const int64_t mc = std::min(kMC, r1 - ic), ns = (mc + kMR - 1) / kMR;
-          for (int64_t st = 0; st < ns; ++st) pack_a_strip(ta, A, lda, k0, kc, ic + st * kMR, r1, ap + st * kp * kMR);
-          for (int64_t p = 0; p < np; ++p) {
-            const int64_t j0 = jc + p * kNR, nj = std::min<int64_t>(kNR, c1 - j0);
-            for (int64_t st = 0; st < ns; ++st) {
-              const int64_t i0 = ic + st * kMR;
-              micro_kernel(ap + st * kp * kMR, bp + p * kp * kNR * 2, kp, alpha, C + i0 * ldc + j0, ldc,
-                           std::min<int64_t>(kMR, r1 - i0), nj, overwrite_first && k0 == 0);
-            }
-          }
-        }
-      }
-    }
-  });
+  // Depth in k pairs; a B panel holds 2 bf16 per pair and column, an A strip one 32-bit pair.
+  const Blocking bk{kMR, kNR, kKC, kMC, kNC, 2, 2};
+  blocked_gemm<BgemmPacks, uint32_t, uint16_t>(
+      bk, M, N, K, beta, C, ldc,
+      [&](int64_t k0, int64_t kc, int64_t j0, int64_t c1, uint16_t* dst) {
+        pack_b_panel(tb, B, ldb, k0, kc, j0, c1, dst);
+      },
+      [&](int64_t k0, int64_t kc, int64_t i0, int64_t r1, uint32_t* dst) {
+        pack_a_strip(ta, A, lda, k0, kc, i0, r1, dst);
+      },
+      [&](const uint32_t* ap, const uint16_t* bp, int64_t kp, float* c, int64_t mr, int64_t nj, bool overwrite) {
+        micro_kernel(ap, bp, kp, alpha, c, ldc, mr, nj, overwrite);
+      });
 }
 #endif
 
