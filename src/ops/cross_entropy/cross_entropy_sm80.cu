@@ -58,26 +58,15 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Waits until at most n of this thread's cp.async groups are pending (at most 15 when n > 15).
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-  switch (n) {
-    case 0: cp_async_wait_group<0>(); break;
-    case 1: cp_async_wait_group<1>(); break;
-    case 2: cp_async_wait_group<2>(); break;
-    case 3: cp_async_wait_group<3>(); break;
-    case 4: cp_async_wait_group<4>(); break;
-    case 5: cp_async_wait_group<5>(); break;
-    case 6: cp_async_wait_group<6>(); break;
-    case 7: cp_async_wait_group<7>(); break;
-    case 8: cp_async_wait_group<8>(); break;
-    case 9: cp_async_wait_group<9>(); break;
-    case 10: cp_async_wait_group<10>(); break;
-    case 11: cp_async_wait_group<11>(); break;
-    case 12: cp_async_wait_group<12>(); break;
-    case 13: cp_async_wait_group<13>(); break;
-    case 14: cp_async_wait_group<14>(); break;
-    default: cp_async_wait_group<15>(); break;
-  }
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ int64_t label_at(const void* labels, int int64, int64_t i) {
@@ -112,6 +101,9 @@ __device__ __forceinline__ void store_value(void* p, int type, int64_t i, float 
 constexpr int kBatch = 4;
 
 __global__ void __launch_bounds__(kMaxThreads) row_scales_kernel(ScaleParams p) {
+  // A row grid launched after this one with programmatic dependent launch (RowParams::pdl) may
+  // start its first pass now; it waits for this grid before it reads row_scale.
+  allow_dependent_grid();
   __shared__ unsigned long long counts[kMaxThreads / 32];
   unsigned long long valid = 0;
   const int64_t step = static_cast<int64_t>(blockDim.x) * kBatch;
@@ -290,10 +282,10 @@ __device__ __forceinline__ float smoothing_term(const RowParams& p, const Stats&
   return p.eps != 0.0f ? p.eps * (s.m - s.sz * p.inv_vocab) : 0.0f;
 }
 
-// Pass 1 over N consecutive logits starting at column v0.
+// Pass 1 over N logits. The label's logit is not looked for here: one thread reads it once after
+// the pass (label_stats), so that no unit pays for a comparison with the label.
 template <int N>
-__device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[N], int64_t v0,
-                                           int64_t y, Stats& s) {
+__device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[N], Stats& s) {
   float z[N];
   float mu = -FLT_MAX;
 #pragma unroll
@@ -302,12 +294,6 @@ __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[
     z[e] = transform(p, x[e], t);
     mu = fmaxf(mu, z[e]);
     s.sz += z[e];
-  }
-  const int64_t off = y - v0;
-  if (off >= 0 && off < N) {
-#pragma unroll
-    for (int e = 0; e < N; ++e)
-      if (e == off) s.zy = z[e];
   }
   const float m = fmaxf(s.m, mu);
   float d = s.d * ex2((s.m - m) * kLog2e);
@@ -318,39 +304,34 @@ __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[
 }
 
 // dl/dx = a' exp(z - m) - b - c [v == y], times logit_scale (folded into a', b, c) and
-// (1 - t^2) with softcapping; a' = c_i (1 + 2 lambda lse) / d.
+// (1 - t^2) with softcapping; a' = c_i (1 + 2 lambda lse) / d. The plain pass of 16-bit gradients
+// folds |a'| into the exponent (m2 = k.m - log2 |a'|: one FMA and one ex2 per logit, no multiply)
+// and applies a' < 0 as a sign flip of the packed result (sign).
 struct Coef {
-  float a, b, c, m;
+  float a, b, c, m, m2;
+  uint32_t sign;
 };
 
+// The gradient of N logits none of which is the label (see fix_label).
 template <int N>
-__device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, const float (&x)[N],
-                                         int64_t v0, int64_t y, float (&o)[N]) {
-  const int64_t off = y - v0;
-  const int target = (off >= 0 && off < N) ? static_cast<int>(off) : -1;
+__device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, const float (&x)[N], float (&o)[N]) {
 #pragma unroll
   for (int e = 0; e < N; ++e) {
     float t = 0.0f;
     const float z = transform(p, x[e], t);
     float g = k.a * ex2((z - k.m) * kLog2e) - k.b;
-    if (e == target) g -= k.c;
     if (p.cap > 0.0f) g *= 1.0f - t * t;
     o[e] = g;
   }
 }
 
-// The plain pass over N consecutive logits starting at column v0 (c = logit_scale * log2(e)).
+// The plain pass over N logits (c = logit_scale * log2(e)); N may span two 16-byte units, which
+// halves the rescaling of the running sum.
 template <int N>
-__device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], int64_t v0, int64_t y, Stats& s) {
+__device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], Stats& s) {
   float mu = x[0];
 #pragma unroll
   for (int e = 1; e < N; ++e) mu = fmaxf(mu, x[e]);
-  const int64_t off = y - v0;
-  if (off >= 0 && off < N) {
-#pragma unroll
-    for (int e = 0; e < N; ++e)
-      if (e == off) s.zy = x[e];
-  }
   const float m = fmaxf(s.m, mu * c);
   float d = s.d * ex2(s.m - m);
 #pragma unroll
@@ -360,38 +341,83 @@ __device__ __forceinline__ void accumulate_plain(float c, const float (&x)[N], i
   s.sz = fmaxf(s.sz, mu);
 }
 
-// The plain gradient: a 2^(x c - m) - c' [v == y] (k.b is 0 without label smoothing).
-template <int N>
-__device__ __forceinline__ void gradient_plain(const Coef& k, float c, const float (&x)[N], int64_t v0, int64_t y,
-                                               float (&o)[N]) {
+// The plain gradient a 2^(x c - m) of N logits none of which is the label (k.b is 0 without label
+// smoothing); kFold: 2^(x c - m2), the sign applied at the store.
+template <bool kFold, int N>
+__device__ __forceinline__ void gradient_plain(const Coef& k, float c, const float (&x)[N], float (&o)[N]) {
 #pragma unroll
-  for (int e = 0; e < N; ++e) o[e] = k.a * ex2(fmaf(x[e], c, -k.m));
-  const int64_t off = y - v0;
-  if (off >= 0 && off < N) {
-#pragma unroll
-    for (int e = 0; e < N; ++e)
-      if (e == off) o[e] -= k.c;
+  for (int e = 0; e < N; ++e) {
+    if constexpr (kFold) {
+      o[e] = ex2(fmaf(x[e], c, -k.m2));
+    } else {
+      o[e] = k.a * ex2(fmaf(x[e], c, -k.m));
+    }
   }
 }
 
 template <bool kPlain, int N>
-__device__ __forceinline__ void accumulate_any(const RowParams& p, float c, const float (&x)[N], int64_t v0, int64_t y,
-                                               Stats& s) {
+__device__ __forceinline__ void accumulate_any(const RowParams& p, float c, const float (&x)[N], Stats& s) {
   if constexpr (kPlain) {
-    accumulate_plain<N>(c, x, v0, y, s);
+    accumulate_plain<N>(c, x, s);
   } else {
-    accumulate<N>(p, x, v0, y, s);
+    accumulate<N>(p, x, s);
   }
 }
 
-template <bool kPlain, int N>
+template <bool kPlain, bool kFold, int N>
 __device__ __forceinline__ void gradient_any(const RowParams& p, const Coef& k, float c, const float (&x)[N],
-                                             int64_t v0, int64_t y, float (&o)[N]) {
+                                             float (&o)[N]) {
   if constexpr (kPlain) {
-    gradient_plain<N>(k, c, x, v0, y, o);
+    gradient_plain<kFold, N>(k, c, x, o);
   } else {
-    gradient<N>(p, k, x, v0, y, o);
+    gradient<N>(p, k, x, o);
   }
+}
+
+// Pass 1 over one 16-byte unit a, or over a and b folded in together (two).
+template <class TIn, bool kPlain>
+__device__ __forceinline__ void fold_units(const RowParams& p, float c, const Raw16& a, const Raw16& b, bool two,
+                                           Stats& s) {
+  constexpr int N = kVec16<TIn>;
+  if (two) {
+    float f[2 * N];
+    raw_to_floats<TIn>(a, *reinterpret_cast<float(*)[N]>(f));
+    raw_to_floats<TIn>(b, *reinterpret_cast<float(*)[N]>(f + N));
+    accumulate_any<kPlain, 2 * N>(p, c, f, s);
+  } else {
+    float f[N];
+    raw_to_floats<TIn>(a, f);
+    accumulate_any<kPlain, N>(p, c, f, s);
+  }
+}
+
+// The label's share of pass 1, taken by one thread of the row (the others keep zy = 0, and the
+// merge adds zy): the raw x[y] for the plain pass, z[y] otherwise. A label outside [0, V) (only
+// without validation) leaves zy at 0; the loss then takes NaN from its caller.
+template <class TIn, bool kPlain>
+__device__ __forceinline__ void label_stats(const RowParams& p, const TIn* xr, int64_t y, Stats& s) {
+  if (y < 0 || y >= p.vocab) return;
+  const float x = to_f(xr[y]);
+  float t;
+  s.zy = kPlain ? x : transform(p, x, t);
+}
+
+// The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping), written by
+// the thread that wrote the label's unit with the plain formula (so this store lands last).
+template <class TIn, class TOut, bool kPlain>
+__device__ __forceinline__ void fix_label(const RowParams& p, const Coef& k, float c2, const TIn* xr, TOut* gr,
+                                          int64_t y) {
+  const float x = to_f(xr[y]);
+  float g;
+  if constexpr (kPlain) {
+    g = k.a * ex2(fmaf(x, c2, -k.m)) - k.b - k.c;
+  } else {
+    float t = 0.0f;
+    const float z = transform(p, x, t);
+    g = k.a * ex2((z - k.m) * kLog2e) - k.b - k.c;
+    if (p.cap > 0.0f) g *= 1.0f - t * t;
+  }
+  gr[y] = from_f<TOut>(g);
 }
 
 template <class T>
@@ -407,29 +433,47 @@ __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Stores N gradient values (N * sizeof(TOut) bytes, aligned to that) with the streaming hint.
+// Stores N gradient values (N * sizeof(TOut) bytes, aligned to that) with the streaming hint;
+// 16-bit values are XORed with sign (0 or both halves' sign bits).
 template <class TOut, int N>
-__device__ __forceinline__ void store_unit(TOut* dst, const float (&o)[N]) {
+__device__ __forceinline__ void store_unit(TOut* dst, const float (&o)[N], uint32_t sign) {
   if constexpr (sizeof(TOut) == 4) {
     static_assert(N == 4, "fp32 gradients come from fp32 logits");
     __stcs(reinterpret_cast<float4*>(dst), make_float4(o[0], o[1], o[2], o[3]));
   } else if constexpr (N == 8) {
     __stcs(reinterpret_cast<uint4*>(dst),
-           make_uint4(pack2<TOut>(o[0], o[1]), pack2<TOut>(o[2], o[3]), pack2<TOut>(o[4], o[5]),
-                      pack2<TOut>(o[6], o[7])));
+           make_uint4(pack2<TOut>(o[0], o[1]) ^ sign, pack2<TOut>(o[2], o[3]) ^ sign,
+                      pack2<TOut>(o[4], o[5]) ^ sign, pack2<TOut>(o[6], o[7]) ^ sign));
   } else {
     static_assert(N == 4, "16-bit gradients of fp32 logits come in units of 4");
-    __stcs(reinterpret_cast<uint2*>(dst), make_uint2(pack2<TOut>(o[0], o[1]), pack2<TOut>(o[2], o[3])));
+    __stcs(reinterpret_cast<uint2*>(dst),
+           make_uint2(pack2<TOut>(o[0], o[1]) ^ sign, pack2<TOut>(o[2], o[3]) ^ sign));
   }
 }
+
+// Waits for the first `done` of the row's `groups` cp.async groups (up to 4 groups).
+__device__ __forceinline__ void cp_async_wait_first(int groups, int done) {
+  switch (groups - done) {
+    case 0: cp_async_wait_group<0>(); break;
+    case 1: cp_async_wait_group<1>(); break;
+    case 2: cp_async_wait_group<2>(); break;
+    default: cp_async_wait_group<3>(); break;
+  }
+}
+
+// Shared-memory units are copied in cp.async groups of kGroupUnits (at most 4 groups at the plan's
+// sizes), so that pass 1 waits once per group and folds units in as their group lands.
+constexpr int kGroupUnits = 4;
 
 // The vectorised row pass (see the file comment). Rows start 16-byte aligned; V % N trailing
 // elements are read one at a time. With p.csize > 1 (launched as clusters of csize CTAs of tpr
 // threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
 // one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
+// Unit indices are 32-bit (the launcher sends rows of 2^31 or more elements to the scalar kernel).
 template <class TIn, class TOut, int kIters, bool kPlain>
 __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   constexpr int N = kVec16<TIn>;
+  constexpr bool kFold = kPlain && sizeof(TOut) == 2;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
   __shared__ float4 scratch[kMaxThreads / 32];
   __shared__ float4 cluster_slot;
@@ -445,69 +489,73 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   const int64_t y = active ? label_at(p.labels, p.labels_int64, row) : p.ignore_index;
   const bool work = active && y != p.ignore_index;
   const TIn* xr = static_cast<const TIn*>(p.x) + (active ? row * p.x_stride : 0);
-  const int64_t U = p.vocab / N;
-  const int tail = static_cast<int>(p.vocab - U * N);
+  const int U = static_cast<int>(p.vocab / N);
+  const int tail = static_cast<int>(p.vocab - static_cast<int64_t>(U) * N);
   const int S = p.smem_iters;
-  const int64_t first_streamed = static_cast<int64_t>(kIters + S) * G;
+  const int groups = (S + kGroupUnits - 1) / kGroupUnits;
+  const int first_streamed = (kIters + S) * G;
+  const int bdim = static_cast<int>(blockDim.x);
+  uint4* my_cached = cached + threadIdx.x;  // unit j of this thread: my_cached[j * bdim]
 
   const float c2 = p.scale * kLog2e;
   Stats s{-FLT_MAX, 0.0f, kPlain ? -FLT_MAX : 0.0f, 0.0f};
   Raw16 reg[kIters];
   if (work) {
-    // Register units first (they are used first), then one cp.async group per shared-memory
-    // unit, so that pass 1 folds each unit in as soon as it has arrived.
+    // Register units first (they are used first), then the shared-memory units in cp.async groups
+    // of kGroupUnits, so that pass 1 folds each group in as soon as it has arrived.
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int64_t u = static_cast<int64_t>(j) * G + glane;
+      const int u = j * G + glane;
       reg[j] = u < U ? load_raw16(xr + u * N) : make_uint4(0, 0, 0, 0);
     }
     for (int j = 0; j < S; ++j) {
-      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
-      if (u < U) cp_async16(&cached[j * blockDim.x + threadIdx.x], xr + u * N);
-      cp_async_commit();
+      const int u = (kIters + j) * G + glane;
+      if (u < U) cp_async16(&my_cached[j * bdim], xr + u * N);
+      if (j % kGroupUnits == kGroupUnits - 1 || j == S - 1) cp_async_commit();
     }
 #pragma unroll
-    for (int j = 0; j < kIters; ++j) {
-      const int64_t u = static_cast<int64_t>(j) * G + glane;
-      if (u < U) {
-        float f[N];
-        raw_to_floats<TIn>(reg[j], f);
-        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
+    for (int j = 0; j < kIters; j += 2) {
+      const int u = j * G + glane;
+      if (u < U) fold_units<TIn, kPlain>(p, c2, reg[j], reg[j + 1 < kIters ? j + 1 : j], j + 1 < kIters && u + G < U, s);
+    }
+    for (int gi = 0; gi < groups; ++gi) {
+      cp_async_wait_first(groups, gi + 1);
+      const int j1 = min(S, (gi + 1) * kGroupUnits);
+      for (int j = gi * kGroupUnits; j < j1; j += 2) {
+        const int u = (kIters + j) * G + glane;
+        if (u >= U) break;
+        const Raw16 a = my_cached[j * bdim];
+        if (j + 1 < j1 && u + G < U) {
+          fold_units<TIn, kPlain>(p, c2, a, my_cached[(j + 1) * bdim], true, s);
+        } else {
+          fold_units<TIn, kPlain>(p, c2, a, a, false, s);
+        }
       }
     }
-    for (int j = 0; j < S; ++j) {
-      const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
-      cp_async_wait_pending(S - 1 - j);
-      if (u < U) {
-        float f[N];
-        raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-        accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
-      }
-    }
-    int64_t u = first_streamed + glane;
-    for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
+    int u = first_streamed + glane;
+    for (; u + 3 * G < U; u += 4 * G) {
       Raw16 r[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float f[N];
-        raw_to_floats<TIn>(r[q], f);
-        accumulate_any<kPlain, N>(p, c2, f, (u + q * G) * N, y, s);
-      }
+      fold_units<TIn, kPlain>(p, c2, r[0], r[1], true, s);
+      fold_units<TIn, kPlain>(p, c2, r[2], r[3], true, s);
     }
     for (; u < U; u += G) {
-      float f[N];
-      raw_to_floats<TIn>(load_raw16(xr + u * N), f);
-      accumulate_any<kPlain, N>(p, c2, f, u * N, y, s);
+      const Raw16 a = load_raw16(xr + u * N);
+      fold_units<TIn, kPlain>(p, c2, a, a, false, s);
     }
     for (int e = glane; e < tail; e += G) {
       const float f[1] = {to_f(xr[U * N + e])};
-      accumulate_any<kPlain, 1>(p, c2, f, U * N + e, y, s);
+      accumulate_any<kPlain, 1>(p, c2, f, s);
     }
+    if (glane == 0) label_stats<TIn, kPlain>(p, xr, y, s);
   }
   s = group_merge<kPlain>(s, tpr, scratch);
   if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
+  // Launched with p.pdl, pass 1 (which reads only the logits and labels) overlapped the grid before
+  // this one (the per-row scales); from here on its results (p.row_scale) are read. Every thread
+  // waits, so that this grid never completes before that one.
+  wait_prior_grid();
   if (!active) {
     cluster_done(csize);
     return;
@@ -521,7 +569,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     }
     if (gr) {
       const float zero[N] = {};
-      for (int64_t u = glane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero);
+      for (int u = glane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero, 0u);
       for (int e = glane; e < tail; e += G) gr[U * N + e] = from_f<TOut>(0.0f);
     }
     cluster_done(csize);
@@ -552,27 +600,28 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   k.b = c * p.eps * p.inv_vocab * p.scale;
   k.c = c * (1.0f - p.eps) * p.scale;
   k.m = s.m;
+  k.m2 = k.m - log2f(fabsf(k.a));
+  k.sign = kFold && k.a < 0.0f ? 0x80008000u : 0u;
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
-    const int64_t u = static_cast<int64_t>(j) * G + glane;
+    const int u = j * G + glane;
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(reg[j], f);
-      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
-      store_unit<TOut, N>(gr + u * N, o);
+      gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
+      store_unit<TOut, N>(gr + u * N, o, k.sign);
     }
   }
   for (int j = 0; j < S; ++j) {
-    const int64_t u = static_cast<int64_t>(kIters + j) * G + glane;
-    if (u < U) {
-      float f[N], o[N];
-      raw_to_floats<TIn>(cached[j * blockDim.x + threadIdx.x], f);
-      gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
-      store_unit<TOut, N>(gr + u * N, o);
-    }
+    const int u = (kIters + j) * G + glane;
+    if (u >= U) break;
+    float f[N], o[N];
+    raw_to_floats<TIn>(my_cached[j * bdim], f);
+    gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
+    store_unit<TOut, N>(gr + u * N, o, k.sign);
   }
-  int64_t u = first_streamed + glane;
-  for (; u + 3 * static_cast<int64_t>(G) < U; u += 4 * static_cast<int64_t>(G)) {
+  int u = first_streamed + glane;
+  for (; u + 3 * G < U; u += 4 * G) {
     Raw16 r[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * G) * N));
@@ -580,21 +629,27 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     for (int q = 0; q < 4; ++q) {
       float f[N], o[N];
       raw_to_floats<TIn>(r[q], f);
-      gradient_any<kPlain, N>(p, k, c2, f, (u + q * G) * N, y, o);
-      store_unit<TOut, N>(gr + (u + q * G) * N, o);
+      gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
+      store_unit<TOut, N>(gr + (u + q * G) * N, o, k.sign);
     }
   }
   for (; u < U; u += G) {
     float f[N], o[N];
     raw_to_floats<TIn>(__ldcs(reinterpret_cast<const uint4*>(xr + u * N)), f);
-    gradient_any<kPlain, N>(p, k, c2, f, u * N, y, o);
-    store_unit<TOut, N>(gr + u * N, o);
+    gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
+    store_unit<TOut, N>(gr + u * N, o, k.sign);
   }
   for (int e = glane; e < tail; e += G) {
     const float f[1] = {to_f(xr[U * N + e])};
     float o[1];
-    gradient_any<kPlain, 1>(p, k, c2, f, U * N + e, y, o);
+    gradient_any<kPlain, false, 1>(p, k, c2, f, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
+  }
+  // The label's gradient, by the thread that wrote its unit (or its tail element).
+  if (y >= 0 && y < p.vocab) {
+    const int64_t body = static_cast<int64_t>(U) * N;
+    const int owner = y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G);
+    if (glane == owner) fix_label<TIn, TOut, kPlain>(p, k, c2, xr, gr, y);
   }
   cluster_done(csize);
 }
@@ -615,8 +670,9 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   if (work) {
     for (int64_t v = lane; v < p.vocab; v += tpr) {
       const float f[1] = {to_f(xr[v])};
-      accumulate<1>(p, f, v, y, s);
+      accumulate<1>(p, f, s);
     }
+    if (lane == 0) label_stats<TIn, false>(p, xr, y, s);
   }
   s = group_merge<false>(s, tpr, scratch);
   if (!active) return;
@@ -645,12 +701,15 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   k.b = c * p.eps * p.inv_vocab * p.scale;
   k.c = c * (1.0f - p.eps) * p.scale;
   k.m = s.m;
+  k.m2 = k.m;
+  k.sign = 0u;
   for (int64_t v = lane; v < p.vocab; v += tpr) {
     const float f[1] = {to_f(xr[v])};
     float o[1];
-    gradient<1>(p, k, f, v, y, o);
+    gradient<1>(p, k, f, o);
     gr[v] = from_f<TOut>(o[0]);
   }
+  if (y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr)) fix_label<TIn, TOut, false>(p, k, 0.0f, xr, gr, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -717,6 +776,9 @@ constexpr int kScaleRows = 8;
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) scale_rows_kernel(ScaleRowsParams p) {
   constexpr int N = kVec ? kVec16<T> : 1;
+  // One factor for all rows (a mean or sum) that is 1, in place: nothing to do (every thread reads
+  // the same word and the whole grid exits at once).
+  if (!p.per_row && p.in == p.out && *p.g == 1.0f) return;
   __shared__ float fs[kScaleRows];
   for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kScaleRows; r0 < p.rows;
        r0 += static_cast<int64_t>(gridDim.x) * kScaleRows) {
@@ -914,19 +976,29 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
   auto kernel = rows_vec_kernel<TIn, TOut, kIters, kPlain>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
   cudaError_t err = cudaSuccess;
-  if (pl.csize > 1) {
+  const bool pdl = p.pdl && sm_info(device).major >= 9;
+  if (pl.csize > 1 || pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(pl.blocks));
     cfg.blockDim = dim3(static_cast<unsigned>(pl.threads));
     cfg.dynamicSmemBytes = pl.smem_bytes;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(pl.csize);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pl.csize > 1) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = static_cast<unsigned>(pl.csize);
+      attr[n].val.clusterDim.y = 1;
+      attr[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (pdl) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     err = cudaLaunchKernelEx(&cfg, kernel, p);
     if (err == cudaSuccess) err = cudaPeekAtLastError();
   } else {
@@ -951,7 +1023,8 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
 template <class TIn, class TOut>
 void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   constexpr int N = kVec16<TIn>;
-  const bool vec = aligned_to(p.x, 16) && p.x_stride % N == 0 &&
+  // The vectorised kernel indexes 16-byte units of a row with 32-bit integers.
+  const bool vec = p.vocab < (int64_t{1} << 30) && aligned_to(p.x, 16) && p.x_stride % N == 0 &&
                    (!p.g || (aligned_to(p.g, sizeof(TOut) * N) && p.g_stride % N == 0));
   const Plan pl = plan_rows(p.rows, p.vocab, N, vec, p.g != nullptr, sm_info(device));
   p.tpr = pl.tpr;
@@ -1148,6 +1221,7 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   rp.eps = static_cast<float>(o.label_smoothing);
   rp.inv_vocab = 1.0f / static_cast<float>(V);
   rp.lambda = static_cast<float>(o.lse_square_scale);
+  rp.pdl = 1;  // the grid just before is row_scales (see rows_vec_kernel)
   cuda::ce::rows(kOp, rp, a.logits.dtype(), a.logits.dtype(), ctx.device.index, stream);
 
   cuda::ce::FinalizeParams fp{};
