@@ -312,7 +312,7 @@ struct Coef {
   uint32_t sign;
 };
 
-// The gradient of N logits none of which is the label (see fix_label).
+// The gradient of N logits none of which is the label (see label_gradient).
 template <int N>
 __device__ __forceinline__ void gradient(const RowParams& p, const Coef& k, const float (&x)[N], float (&o)[N]) {
 #pragma unroll
@@ -402,22 +402,20 @@ __device__ __forceinline__ void label_stats(const RowParams& p, const TIn* xr, i
   s.zy = kPlain ? x : transform(p, x, t);
 }
 
-// The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping), written by
-// the thread that wrote the label's unit with the plain formula (so this store lands last).
-template <class TIn, class TOut, bool kPlain>
-__device__ __forceinline__ void fix_label(const RowParams& p, const Coef& k, float c2, const TIn* xr, TOut* gr,
-                                          int64_t y) {
-  const float x = to_f(xr[y]);
-  float g;
+// The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping), of its
+// logit x: written last by the thread that wrote the label's unit, which read x before any of its
+// stores (the gradient may overwrite the logits in place).
+template <bool kPlain>
+__device__ __forceinline__ float label_gradient(const RowParams& p, const Coef& k, float c2, float x) {
   if constexpr (kPlain) {
-    g = k.a * ex2(fmaf(x, c2, -k.m)) - k.b - k.c;
+    return k.a * ex2(fmaf(x, c2, -k.m)) - k.b - k.c;
   } else {
     float t = 0.0f;
     const float z = transform(p, x, t);
-    g = k.a * ex2((z - k.m) * kLog2e) - k.b - k.c;
+    float g = k.a * ex2((z - k.m) * kLog2e) - k.b - k.c;
     if (p.cap > 0.0f) g *= 1.0f - t * t;
+    return g;
   }
-  gr[y] = from_f<TOut>(g);
 }
 
 template <class T>
@@ -602,6 +600,12 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   k.m = s.m;
   k.m2 = k.m - log2f(fabsf(k.a));
   k.sign = kFold && k.a < 0.0f ? 0x80008000u : 0u;
+  // The label's gradient is rewritten at the end by the thread that writes its unit (or tail
+  // element), from x[y] read now, before that thread's stores.
+  const int64_t body = static_cast<int64_t>(U) * N;
+  const bool owns_label = y >= 0 && y < p.vocab &&
+                          glane == (y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G));
+  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
     const int u = j * G + glane;
@@ -645,12 +649,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     gradient_any<kPlain, false, 1>(p, k, c2, f, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
   }
-  // The label's gradient, by the thread that wrote its unit (or its tail element).
-  if (y >= 0 && y < p.vocab) {
-    const int64_t body = static_cast<int64_t>(U) * N;
-    const int owner = y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G);
-    if (glane == owner) fix_label<TIn, TOut, kPlain>(p, k, c2, xr, gr, y);
-  }
+  if (owns_label) gr[y] = from_f<TOut>(label_gradient<kPlain>(p, k, c2, x_label));
   cluster_done(csize);
 }
 
@@ -703,13 +702,15 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   k.m = s.m;
   k.m2 = k.m;
   k.sign = 0u;
+  const bool owns_label = y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr);
+  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;  // before this thread's stores (in place)
   for (int64_t v = lane; v < p.vocab; v += tpr) {
     const float f[1] = {to_f(xr[v])};
     float o[1];
     gradient<1>(p, k, f, o);
     gr[v] = from_f<TOut>(o[0]);
   }
-  if (y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr)) fix_label<TIn, TOut, false>(p, k, 0.0f, xr, gr, y);
+  if (owns_label) gr[y] = from_f<TOut>(label_gradient<false>(p, k, 0.0f, x_label));
 }
 
 // ---------------------------------------------------------------------------------------------
