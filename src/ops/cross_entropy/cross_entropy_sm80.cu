@@ -282,8 +282,8 @@ __device__ __forceinline__ float smoothing_term(const RowParams& p, const Stats&
   return p.eps != 0.0f ? p.eps * (s.m - s.sz * p.inv_vocab) : 0.0f;
 }
 
-// Pass 1 over N logits. The label's logit is not looked for here: one thread reads it once after
-// the pass (label_stats), so that no unit pays for a comparison with the label.
+// Pass 1 over N logits. The label's logit is not looked for here: the thread that owns it reads it
+// once (label_share), so that no unit pays for a comparison with the label.
 template <int N>
 __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[N], Stats& s) {
   float z[N];
@@ -391,15 +391,12 @@ __device__ __forceinline__ void fold_units(const RowParams& p, float c, const Ra
   }
 }
 
-// The label's share of pass 1, taken by one thread of the row (the others keep zy = 0, and the
-// merge adds zy): the raw x[y] for the plain pass, z[y] otherwise. A label outside [0, V) (only
-// without validation) leaves zy at 0; the loss then takes NaN from its caller.
-template <class TIn, bool kPlain>
-__device__ __forceinline__ void label_stats(const RowParams& p, const TIn* xr, int64_t y, Stats& s) {
-  if (y < 0 || y >= p.vocab) return;
-  const float x = to_f(xr[y]);
+// The label's share of pass 1, taken by the thread that owns the label's unit (the others keep
+// zy = 0, and the merge adds zy): the raw x[y] for the plain pass, z[y] otherwise.
+template <bool kPlain>
+__device__ __forceinline__ float label_share(const RowParams& p, float x) {
   float t;
-  s.zy = kPlain ? x : transform(p, x, t);
+  return kPlain ? x : transform(p, x, t);
 }
 
 // The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping), of its
@@ -497,6 +494,14 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
 
   const float c2 = p.scale * kLog2e;
   Stats s{-FLT_MAX, 0.0f, kPlain ? -FLT_MAX : 0.0f, 0.0f};
+  // The label's logit is read once, first (its latency hidden behind the row's), by the thread
+  // that owns its unit (or tail element): pass 1 takes its share from it and pass 2 rewrites the
+  // label's gradient with it (read before any store: the gradient may overwrite the logits).
+  // A label outside [0, V) (only without validation) has no owner; the loss is then NaN.
+  const int64_t body = static_cast<int64_t>(U) * N;
+  const bool owns_label = work && y >= 0 && y < p.vocab &&
+                          glane == (y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G));
+  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
   Raw16 reg[kIters];
   if (work) {
     // Register units first (they are used first), then the shared-memory units in cp.async groups
@@ -546,7 +551,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       const float f[1] = {to_f(xr[U * N + e])};
       accumulate_any<kPlain, 1>(p, c2, f, s);
     }
-    if (glane == 0) label_stats<TIn, kPlain>(p, xr, y, s);
+    if (owns_label) s.zy = label_share<kPlain>(p, x_label);
   }
   s = group_merge<kPlain>(s, tpr, scratch);
   if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
@@ -600,12 +605,6 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   k.m = s.m;
   k.m2 = k.m - log2f(fabsf(k.a));
   k.sign = kFold && k.a < 0.0f ? 0x80008000u : 0u;
-  // The label's gradient is rewritten at the end by the thread that writes its unit (or tail
-  // element), from x[y] read now, before that thread's stores.
-  const int64_t body = static_cast<int64_t>(U) * N;
-  const bool owns_label = y >= 0 && y < p.vocab &&
-                          glane == (y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G));
-  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
     const int u = j * G + glane;
@@ -666,12 +665,15 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   const bool work = active && y != p.ignore_index;
   const TIn* xr = static_cast<const TIn*>(p.x) + (active ? row * p.x_stride : 0);
   Stats s{-FLT_MAX, 0.0f, 0.0f, 0.0f};
+  // The label's logit, read first by the lane that owns it (see rows_vec_kernel).
+  const bool owns_label = work && y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr);
+  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
   if (work) {
     for (int64_t v = lane; v < p.vocab; v += tpr) {
       const float f[1] = {to_f(xr[v])};
       accumulate<1>(p, f, s);
     }
-    if (lane == 0) label_stats<TIn, false>(p, xr, y, s);
+    if (owns_label) s.zy = label_share<false>(p, x_label);
   }
   s = group_merge<false>(s, tpr, scratch);
   if (!active) return;
@@ -702,8 +704,6 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   k.m = s.m;
   k.m2 = k.m;
   k.sign = 0u;
-  const bool owns_label = y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr);
-  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;  // before this thread's stores (in place)
   for (int64_t v = lane; v < p.vocab; v += tpr) {
     const float f[1] = {to_f(xr[v])};
     float o[1];
