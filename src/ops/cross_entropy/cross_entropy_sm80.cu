@@ -399,18 +399,18 @@ __device__ __forceinline__ float label_share(const RowParams& p, float x) {
   return kPlain ? x : transform(p, x, t);
 }
 
-// The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping), of its
-// logit x: written last by the thread that wrote the label's unit, which read x before any of its
-// stores (the gradient may overwrite the logits in place).
+// The gradient at the label, a' exp(z_y - m) - b - c (times 1 - t^2 with softcapping, t = z / cap),
+// of its x (plain pass) or z (general pass), as merged into zy.
 template <bool kPlain>
-__device__ __forceinline__ float label_gradient(const RowParams& p, const Coef& k, float c2, float x) {
+__device__ __forceinline__ float label_gradient(const RowParams& p, const Coef& k, float c2, float v) {
   if constexpr (kPlain) {
-    return k.a * ex2(fmaf(x, c2, -k.m)) - k.b - k.c;
+    return k.a * ex2(fmaf(v, c2, -k.m)) - k.b - k.c;
   } else {
-    float t = 0.0f;
-    const float z = transform(p, x, t);
-    float g = k.a * ex2((z - k.m) * kLog2e) - k.b - k.c;
-    if (p.cap > 0.0f) g *= 1.0f - t * t;
+    float g = k.a * ex2((v - k.m) * kLog2e) - k.b - k.c;
+    if (p.cap > 0.0f) {
+      const float t = v * p.inv_cap;
+      g *= 1.0f - t * t;
+    }
     return g;
   }
 }
@@ -465,9 +465,13 @@ constexpr int kGroupUnits = 4;
 // threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
 // one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
 // Unit indices are 32-bit (the launcher sends rows of 2^31 or more elements to the scalar kernel).
-template <class TIn, class TOut, int kIters, bool kPlain>
-__global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
+//
+// kLossOnly: the instance for calls without a gradient (blocks of at most 256 threads), without
+// pass 2, streaming kStream units per loop trip (all loads issued before any is used).
+template <class TIn, class TOut, int kIters, bool kPlain, bool kLossOnly>
+__global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 : 1) rows_vec_kernel(RowParams p) {
   constexpr int N = kVec16<TIn>;
+  constexpr int kStream = kLossOnly ? 8 : 4;
   constexpr bool kFold = kPlain && sizeof(TOut) == 2;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
   __shared__ float4 scratch[kMaxThreads / 32];
@@ -495,13 +499,15 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
   const float c2 = p.scale * kLog2e;
   Stats s{-FLT_MAX, 0.0f, kPlain ? -FLT_MAX : 0.0f, 0.0f};
   // The label's logit is read once, first (its latency hidden behind the row's), by the thread
-  // that owns its unit (or tail element): pass 1 takes its share from it and pass 2 rewrites the
-  // label's gradient with it (read before any store: the gradient may overwrite the logits).
-  // A label outside [0, V) (only without validation) has no owner; the loss is then NaN.
+  // that owns its unit (or tail element), straight into its share of the statistics (zy; no pass
+  // uses it, and the merge adds the threads' zy, so that afterwards every thread holds x[y], or
+  // z[y] for the general pass). Pass 2 rewrites the label's gradient from it: the logit is read
+  // before any store, as it must be when the gradient overwrites the logits in place. A label
+  // outside [0, V) (only without validation) has no owner; the loss is then NaN.
   const int64_t body = static_cast<int64_t>(U) * N;
   const bool owns_label = work && y >= 0 && y < p.vocab &&
                           glane == (y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G));
-  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
+  if (owns_label) s.zy = label_share<kPlain>(p, to_f(xr[y]));
   Raw16 reg[kIters];
   if (work) {
     // Register units first (they are used first), then the shared-memory units in cp.async groups
@@ -536,12 +542,15 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       }
     }
     int u = first_streamed + glane;
-    for (; u + 3 * G < U; u += 4 * G) {
-      Raw16 r[4];
+    for (; u + (kStream - 1) * G < U; u += kStream * G) {
+      Raw16 r[kStream];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
-      fold_units<TIn, kPlain>(p, c2, r[0], r[1], true, s);
-      fold_units<TIn, kPlain>(p, c2, r[2], r[3], true, s);
+      for (int q = 0; q < kStream; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
+      // One unit at a time here: folded in pairs, the 64 registers allowed only 2 of 4 such
+      // loads in flight (the loss-only pass, which streams nearly all of a row, took 546 -> 576
+      // us at [8192, 128256] bf16 on the H200).
+#pragma unroll
+      for (int q = 0; q < kStream; ++q) fold_units<TIn, kPlain>(p, c2, r[q], r[q], false, s);
     }
     for (; u < U; u += G) {
       const Raw16 a = load_raw16(xr + u * N);
@@ -551,7 +560,6 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
       const float f[1] = {to_f(xr[U * N + e])};
       accumulate_any<kPlain, 1>(p, c2, f, s);
     }
-    if (owns_label) s.zy = label_share<kPlain>(p, x_label);
   }
   s = group_merge<kPlain>(s, tpr, scratch);
   if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
@@ -593,7 +601,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     }
     if (p.row_z) p.row_z[row] = row_z;
   }
-  if (!gr) {
+  if (kLossOnly || !gr) {
     cluster_done(csize);
     return;
   }
@@ -648,7 +656,7 @@ __global__ void __launch_bounds__(kMaxThreads) rows_vec_kernel(RowParams p) {
     gradient_any<kPlain, false, 1>(p, k, c2, f, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
   }
-  if (owns_label) gr[y] = from_f<TOut>(label_gradient<kPlain>(p, k, c2, x_label));
+  if (owns_label) gr[y] = from_f<TOut>(label_gradient<kPlain>(p, k, c2, s.zy));
   cluster_done(csize);
 }
 
@@ -665,15 +673,14 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   const bool work = active && y != p.ignore_index;
   const TIn* xr = static_cast<const TIn*>(p.x) + (active ? row * p.x_stride : 0);
   Stats s{-FLT_MAX, 0.0f, 0.0f, 0.0f};
-  // The label's logit, read first by the lane that owns it (see rows_vec_kernel).
+  // The label's z, read first by the lane that owns it (see rows_vec_kernel).
   const bool owns_label = work && y >= 0 && y < p.vocab && lane == static_cast<int>(y % tpr);
-  const float x_label = owns_label ? to_f(xr[y]) : 0.0f;
+  if (owns_label) s.zy = label_share<false>(p, to_f(xr[y]));
   if (work) {
     for (int64_t v = lane; v < p.vocab; v += tpr) {
       const float f[1] = {to_f(xr[v])};
       accumulate<1>(p, f, s);
     }
-    if (owns_label) s.zy = label_share<false>(p, x_label);
   }
   s = group_merge<false>(s, tpr, scratch);
   if (!active) return;
@@ -710,7 +717,7 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
     gradient<1>(p, k, f, o);
     gr[v] = from_f<TOut>(o[0]);
   }
-  if (owns_label) gr[y] = from_f<TOut>(label_gradient<false>(p, k, 0.0f, x_label));
+  if (owns_label) gr[y] = from_f<TOut>(label_gradient<false>(p, k, 0.0f, s.zy));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -972,9 +979,9 @@ void allow_smem(const char* op, const void* kernel, int device, size_t bytes) {
   have = bytes;
 }
 
-template <class TIn, class TOut, int kIters, bool kPlain>
+template <class TIn, class TOut, int kIters, bool kPlain, bool kLossOnly>
 void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, cudaStream_t stream) {
-  auto kernel = rows_vec_kernel<TIn, TOut, kIters, kPlain>;
+  auto kernel = rows_vec_kernel<TIn, TOut, kIters, kPlain, kLossOnly>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
   cudaError_t err = cudaSuccess;
   const bool pdl = p.pdl && sm_info(device).major >= 9;
@@ -1037,18 +1044,22 @@ void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   } else {
     // The plain pass (see merge) when no option needs the general one.
     const bool plain = p.cap <= 0.0f && p.eps == 0.0f && p.scale > 0.0f && p.scale <= FLT_MAX;
-    auto launch = [&](auto plain_tag) {
+    const bool loss_only = !p.g && pl.threads <= 256 && pl.csize == 1;
+    auto launch = [&](auto plain_tag, auto loss_only_tag) {
       constexpr bool kPlain = decltype(plain_tag)::value;
+      constexpr bool kLossOnly = decltype(loss_only_tag)::value;
       switch (pl.iters) {
-        case 1: launch_vec<TIn, TOut, 1, kPlain>(op, p, pl, device, stream); break;
-        case 2: launch_vec<TIn, TOut, 2, kPlain>(op, p, pl, device, stream); break;
-        default: launch_vec<TIn, TOut, 4, kPlain>(op, p, pl, device, stream); break;
+        case 1: launch_vec<TIn, TOut, 1, kPlain, kLossOnly>(op, p, pl, device, stream); break;
+        case 2: launch_vec<TIn, TOut, 2, kPlain, kLossOnly>(op, p, pl, device, stream); break;
+        default: launch_vec<TIn, TOut, 4, kPlain, kLossOnly>(op, p, pl, device, stream); break;
       }
     };
     if (plain) {
-      launch(std::true_type{});
+      if (loss_only) launch(std::true_type{}, std::true_type{});
+      else launch(std::true_type{}, std::false_type{});
     } else {
-      launch(std::false_type{});
+      if (loss_only) launch(std::false_type{}, std::true_type{});
+      else launch(std::false_type{}, std::false_type{});
     }
   }
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
