@@ -382,8 +382,8 @@ __device__ __forceinline__ void load_halo(const Params& p, const T* xb, const Se
 // always in flight (row r's registers are refilled with row r+P before row r is used), keeping
 // the last kW input rows as floats in a shifting ring. A segment (the whole run unless varlen
 // puts a sequence start inside it) starts from its halo; the hot loop has no sequence logic.
-template <class T, int kW, int kN, bool kResidual, int kMinB>
-__global__ void __launch_bounds__(kThreads, kMinB) causal_conv1d_fwd_kernel(Params p) {
+template <class T, int kW, int kN, bool kResidual>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) causal_conv1d_fwd_kernel(Params p) {
   constexpr int P = kPipe<T, kN, kResidual ? 2 : 1>;
   using Raw = RawT<T, kN>;
   __shared__ __align__(16) Coeffs<kW, kN> coeffs;
@@ -872,14 +872,7 @@ int64_t launch_kernel(Params p, int device, cudaStream_t stream) {
   if constexpr (kMode == kBackward) {
     kernel = causal_conv1d_bwd_kernel<T, kW, kN>;
   } else {
-    // FUSEDOPS_CONV1D_FWD_BLOCKS=4: the forward with 4 blocks per SM (a 128-register cap) instead
-    // of 3 (168): an experiment on loads in flight against spills.
-    static const bool four = [] {
-      const char* v = std::getenv("FUSEDOPS_CONV1D_FWD_BLOCKS");
-      return v && std::atoi(v) == 4;
-    }();
-    kernel = four ? causal_conv1d_fwd_kernel<T, kW, kN, kMode == kForwardResidual, 4>
-                  : causal_conv1d_fwd_kernel<T, kW, kN, kMode == kForwardResidual, kMinBlocks>;
+    kernel = causal_conv1d_fwd_kernel<T, kW, kN, kMode == kForwardResidual>;
   }
   static const int per_sm = [&] {
     int n = 0;
