@@ -30,6 +30,9 @@ CASES = {
     "V-32003": ((9, 8), 32003, 4, dict(reduction="mean", weights=True)),
     "all-ignored": ((6, 8), 11, 4, dict(reduction="mean", ignore_index=3, ignore_every=1, weights=True)),
     "no-rows": ((0, 8), 11, None, dict()),
+    # Negative and zero per-token weights: CUDA's plain pass writes 16-bit gradients with |a| folded
+    # into the exponent and the sign of a applied to the packed result.
+    "signed-weights": ((23, 16), 1000, 8, dict(weights="signed", ignore_every=6)),
 }
 
 
@@ -70,7 +73,12 @@ def make(case_name, dtype, device, seed, spread=1.0):
     if opts.get("ignore_every"):
         labels.view(-1)[::opts["ignore_every"]] = opts.get("ignore_index", -100)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32
-    weights = (0.5 + torch.rand(shape[:-1], generator=g, dtype=torch.float64)).to(wdt).to(device)
+    if opts.get("weights") == "signed":
+        weights = torch.randn(shape[:-1], generator=g, dtype=torch.float64)
+        weights.view(-1)[1::4] = 0.0
+        weights = weights.to(wdt).to(device)
+    else:
+        weights = (0.5 + torch.rand(shape[:-1], generator=g, dtype=torch.float64)).to(wdt).to(device)
     kw = {k: v for k, v in opts.items() if k not in ("weights", "ignore_every")}
     if kw.get("alpha") == "tensor":
         kw["alpha"] = torch.arange(1.5, 1.5 + shape[0], dtype=torch.float32, device=device)

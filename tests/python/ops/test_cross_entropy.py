@@ -223,6 +223,53 @@ def test_masked_logits_of_minus_inf(backend_case, vocab, seed_of):
     torch.nn.functional.cross_entropy(xb, labels, reduction="sum").backward()
     assert_close(x.grad, xb.grad.to(dt), x64.grad, dt, f"{case.id} -inf logits grad")
 
+@pytest.mark.parametrize("vocab,width", [(203, 203), (1003, 1008), (40000, 40000)])
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_signed_and_zero_loss_weights_and_edge_labels(backend_case, vocab, width, reduction, seed_of):
+    # Negative and zero per-token weights (CUDA's plain pass folds |a| into the exponent and
+    # applies the sign of a to the packed 16-bit result), labels at the first and last column, at
+    # a 16-byte unit's last element and in the row's tail (rows of width > vocab: a strided view
+    # whose last vocab % 8 columns are not a whole unit), plain and general passes, short rows and
+    # rows kept in shared memory.
+    case = backend_case
+    dt, dev = case.dtype, case.device
+    gen = torch.Generator().manual_seed(seed_of("signed_weights", str(dt), vocab, reduction))
+    rows = 9
+    buf = (torch.randn(rows, width, generator=gen, dtype=torch.float64) * 2).to(dt)
+    logits = buf[:, :vocab]
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    labels[:5] = torch.tensor([0, vocab - 1, 7, vocab - 2, -100])
+    wdt = torch.float64 if dt == torch.float64 else torch.float32
+    weights = torch.randn(rows, generator=gen, dtype=torch.float64)
+    weights[2] = 0.0
+    weights[3] = -abs(weights[3]) - 0.5
+    weights = weights.to(wdt)
+    g = torch.randn(rows if reduction == "none" else (), generator=gen, dtype=torch.float64)
+    for kw in (dict(), dict(label_smoothing=0.1, logit_softcapping=4.0)):
+        x = logits.to(dev).detach().requires_grad_()
+        w = weights.to(dev).requires_grad_()
+        with forced(case):
+            loss = fusedops.fused_cross_entropy_loss(x, labels.to(dev), w, reduction=reduction, **kw)
+            dx, dw = torch.autograd.grad(loss, [x, w], g.to(loss.dtype).to(dev))
+            with torch.no_grad():  # no gradient: CUDA's loss-only kernel, which reads the strided rows by units
+                loss_only = fusedops.fused_cross_entropy_loss(logits.to(dev), labels.to(dev), weights.to(dev),
+                                                              reduction=reduction, **kw)
+        x64 = logits.double().requires_grad_()
+        w64 = weights.double().requires_grad_()
+        l64, _ = composite(x64, labels, w64, reduction=reduction, **kw)
+        dx64, dw64 = torch.autograd.grad(l64, [x64, w64], g)
+        xb = logits.to(dev).detach().requires_grad_()
+        wb = weights.to(dev).to(dt).requires_grad_()
+        lb, _ = composite(xb, labels.to(dev), wb, reduction=reduction, **kw)
+        dxb, dwb = torch.autograd.grad(lb, [xb, wb], g.to(lb.dtype).to(dev))
+        tag = f"{case.id} V={vocab} width={width} {reduction} {sorted(kw)}"
+        assert_close(loss, lb, l64, dt, f"{tag} loss")
+        assert_close(loss_only, lb, l64, dt, f"{tag} loss without gradient")
+        assert_close(dx, dxb, dx64, dt, f"{tag} dlogits")
+        assert_close(dw, dwb, dw64, dt, f"{tag} dloss_weight")
+        assert torch.equal(dx[2], torch.zeros_like(dx[2])) and torch.equal(dx[4], torch.zeros_like(dx[4]))
+
+
 def test_all_ignored_mean_is_zero_not_nan(device):
     x = torch.randn(5, 11, device=device, requires_grad=True)
     labels = torch.full((5,), -100, device=device)
