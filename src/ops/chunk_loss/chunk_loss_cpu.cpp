@@ -181,8 +181,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.logits = z;
     rp.logits_dtype = DType::kFloat32;
     rp.logits_row_stride = V;
-    rp.grad = want_grad ? z : nullptr;
-    rp.grad_dtype = DType::kFloat32;
+    // With bf16 GEMMs the cross-entropy writes the gradient G straight in bf16 (rounded once,
+    // as the CUDA backend rounds it; the same bits as an fp32 G converted after it).
+    rp.grad = want_grad ? (bf ? static_cast<void*>(gb) : static_cast<void*>(z)) : nullptr;
+    rp.grad_dtype = bf ? DType::kBFloat16 : DType::kFloat32;
     rp.grad_row_stride = V;
     rp.labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
     rp.labels_int64 = int64;
@@ -199,10 +201,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     cpu::ce::rows(rp);
 
     if (bf && want_grad) {
-      // G in bf16 (as the CUDA backend rounds it), then dH_c = G W and dW += G^T H_c.
-      cpu::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(V, 1)), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) cpu::store_float(z + i * V, gb + i * V, V);
-      });
+      // dH_c = G W and dW += G^T H_c.
       if (a.grad_hidden.defined()) {
         cpu::bgemm(false, false, rows, H, V, 1.0f, gb, V, Wb, H, 0.0f, dh32, H);
         from_float_rows(dh32, rows, H,
