@@ -308,8 +308,9 @@ __device__ __forceinline__ void accumulate(const RowParams& p, const float (&x)[
 // folds |a'| into the exponent (m2 = k.m - log2 |a'|: one FMA and one ex2 per logit, no multiply)
 // and applies a' < 0 as a sign flip of the packed result (sign).
 struct Coef {
-  float a, b, c, m, m2;
-  uint32_t sign;
+  float a, b, c, m;
+  float m2 = 0.0f;      // kFold only
+  uint32_t sign = 0u;   // kFold only
 };
 
 // The gradient of N logits none of which is the label (see label_gradient).
@@ -611,8 +612,10 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   k.b = c * p.eps * p.inv_vocab * p.scale;
   k.c = c * (1.0f - p.eps) * p.scale;
   k.m = s.m;
-  k.m2 = k.m - log2f(fabsf(k.a));
-  k.sign = kFold && k.a < 0.0f ? 0x80008000u : 0u;
+  if constexpr (kFold) {
+    k.m2 = k.m - log2f(fabsf(k.a));
+    k.sign = k.a < 0.0f ? 0x80008000u : 0u;
+  }
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
     const int u = j * G + glane;
@@ -709,8 +712,6 @@ __global__ void __launch_bounds__(256) rows_scalar_kernel(RowParams p) {
   k.b = c * p.eps * p.inv_vocab * p.scale;
   k.c = c * (1.0f - p.eps) * p.scale;
   k.m = s.m;
-  k.m2 = k.m;
-  k.sign = 0u;
   for (int64_t v = lane; v < p.vocab; v += tpr) {
     const float f[1] = {to_f(xr[v])};
     float o[1];
