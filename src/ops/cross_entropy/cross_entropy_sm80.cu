@@ -32,6 +32,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/cross_entropy.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/pdl.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/cross_entropy/ce_common.h"
 #include "src/ops/cross_entropy/ce_cuda.h"
@@ -57,16 +58,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependent_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ int64_t label_at(const void* labels, int int64, int64_t i) {

@@ -2,8 +2,8 @@
 // structure-of-arrays form (element e of matrix l at [e][l]), so every loop over the 16 lanes
 // vectorises. fp32 math; the algorithm is the one of the CUDA backend (README.md):
 //   forward: each step computes the row (or column) sums, d = sum + eps, inv = 1/d, and scales;
-//   backward: recompute the forward keeping d of every step, then walk the steps in reverse,
-//     G <- (G - sum_axis(G * Q)) * inv, and rebuild the step's input as Q * d.
+//   backward: recompute the forward keeping d of every step, then walk the steps in reverse on
+//     H = G * Q: H <- H - Q * sum_axis(H), and rebuild the step's input as Q * d.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -116,22 +116,24 @@ void iterate(Block& b, SinkhornVariant v, float eps, int t0, int t1, bool save) 
   }
 }
 
-// Reverse of one step whose output is the current K: G <- (G - sum_axis(G*K)) / d, K <- K * d.
+// Reverse of one step whose output is the current K, on H = G * K (the adjoint times the step's
+// output, element-wise). With G_in = (G - sum_axis(G * K)) / d and K_in = K * d:
+//   H_in = G_in * K_in = H - K * sum_axis(H),   K <- K * d,
+// so the reverse needs no division and no reciprocal (README.md).
 void reverse_step(Block& b, int axis, const float* d_base) {
   const int n = b.n;
   for (int a = 0; a < n; ++a) {
-    float dot[kL] = {};
+    float s[kL] = {};
     const float* d = d_base + a * kL;
     for (int o = 0; o < n; ++o) {
-      const float* kk = axis == 1 ? b.K(a, o) : b.K(o, a);
-      const float* gg = axis == 1 ? b.G(a, o) : b.G(o, a);
-      for (int q = 0; q < kL; ++q) dot[q] += gg[q] * kk[q];
+      const float* hh = axis == 1 ? b.G(a, o) : b.G(o, a);
+      for (int q = 0; q < kL; ++q) s[q] += hh[q];
     }
     for (int o = 0; o < n; ++o) {
       float* kk = axis == 1 ? b.K(a, o) : b.K(o, a);
-      float* gg = axis == 1 ? b.G(a, o) : b.G(o, a);
+      float* hh = axis == 1 ? b.G(a, o) : b.G(o, a);
       for (int q = 0; q < kL; ++q) {
-        gg[q] = (gg[q] - dot[q]) / d[q];
+        hh[q] = std::fma(-kk[q], s[q], hh[q]);
         kk[q] *= d[q];
       }
     }
@@ -250,30 +252,27 @@ void backward(Block& b, int iters, float eps, SinkhornVariant v) {
   }
   init_k(b, v, eps, true);
   iterate(b, v, eps, 0, iters, true);
+  for (int e = 0; e < n * n; ++e)
+    for (int q = 0; q < kL; ++q) b.g[e * kL + q] *= b.k[e * kL + q];  // H = dP * P
   for (int t = iters - 1; t >= 0; --t) {
     reverse_step(b, 0, b.H(t, 1, 0));
     if (has_row_step(v, t)) reverse_step(b, 1, b.H(t, 0, 0));
   }
-  // G = dK0. mindspeed: dL = G * exp(L - rowmax); deepseek: softmax backward with S = K0 - eps
-  // recomputed exactly.
+  // G = H0 = dK0 * K0. mindspeed: K0 = exp(L - rowmax), so dL = dK0 * K0 = H0. deepseek:
+  // K0 = S + eps with S = softmax_row(L) recomputed exactly; dK0 = H0 / K0 and the softmax
+  // backward dL = S * (dK0 - sum_row(dK0 * S)).
+  if (v == SinkhornVariant::kMindSpeed) return;
   init_k(b, SinkhornVariant::kMindSpeed, eps, true);  // K = exp(L - rowmax)
   for (int i = 0; i < n; ++i) {
-    if (v == SinkhornVariant::kMindSpeed) {
-      for (int j = 0; j < n; ++j) {
-        float* gg = b.G(i, j);
-        const float* kk = b.K(i, j);
-        for (int q = 0; q < kL; ++q) gg[q] *= kk[q];
-      }
-      continue;
-    }
     float s[kL] = {}, dot[kL] = {};
     for (int j = 0; j < n; ++j)
       for (int q = 0; q < kL; ++q) s[q] += b.K(i, j)[q];
     for (int j = 0; j < n; ++j) {
       float* kk = b.K(i, j);
-      const float* gg = b.G(i, j);
+      float* gg = b.G(i, j);
       for (int q = 0; q < kL; ++q) {
-        kk[q] /= s[q];  // S, as in the recomputation
+        kk[q] /= s[q];                   // S, as in the recomputation
+        gg[q] = kk[q] + eps > 0.0f ? gg[q] / (kk[q] + eps) : 0.0f;  // dK0 (S = 0: no gradient)
         dot[q] += gg[q] * kk[q];
       }
     }

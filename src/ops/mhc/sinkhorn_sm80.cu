@@ -26,6 +26,7 @@
 #include "fusedops/ops/mhc.h"
 #include "src/cuda/check.cuh"
 #include "src/cuda/fastmath.cuh"
+#include "src/cuda/pdl.cuh"
 #include "src/cuda/reduce.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/mhc/sinkhorn_common.h"
@@ -492,17 +493,31 @@ __global__ void __launch_bounds__(kThreads, 3) sinkhorn_bwd_kernel(SkParams p) {
   }
 }
 
-// Stage 2: one warp per parameter sums the block partials (lane-strided, then a butterfly).
-__global__ void __launch_bounds__(256) split_param_reduce_kernel(const float* partials,
-                                                                 int64_t blocks, int np,
-                                                                 float* dscale, float* dbase) {
-  const int q = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (q >= np) return;  // uniform per warp
+// Stage 2: one block per parameter sums the partials: thread i adds partials i, i + 256, ... in
+// order (all its loads issued at once), then the block sums the 256 in a fixed order. Launched
+// with PDL after the backward kernel, so it is resident when that kernel ends.
+constexpr int kReduceThreads = 256;
+__global__ void __launch_bounds__(kReduceThreads) split_param_reduce_kernel(const float* partials,
+                                                                            int64_t blocks, int np,
+                                                                            float* dscale, float* dbase) {
+  __shared__ float scratch[kReduceThreads / 32];
+  const int q = blockIdx.x;
+  cuda::wait_prior_grid();
   float acc = 0.0f;
-  for (int64_t b = lane; b < blocks; b += 32) acc += partials[b * np + q];
-  acc = cuda::warp_sum(acc);
-  if (lane == 0) {
+  int64_t b = threadIdx.x;
+  for (; b + 3 * kReduceThreads < blocks; b += 4 * kReduceThreads) {
+    const float v0 = partials[b * np + q];
+    const float v1 = partials[(b + kReduceThreads) * np + q];
+    const float v2 = partials[(b + 2 * kReduceThreads) * np + q];
+    const float v3 = partials[(b + 3 * kReduceThreads) * np + q];
+    acc += v0;
+    acc += v1;
+    acc += v2;
+    acc += v3;
+  }
+  for (; b < blocks; b += kReduceThreads) acc += partials[b * np + q];
+  acc = cuda::block_sum(acc, scratch);
+  if (threadIdx.x == 0) {
     if (q < 3) dscale[q] = acc;
     else dbase[q - 3] = acc;
   }
@@ -704,21 +719,21 @@ __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps,
   }
 }
 
-template <bool kRow, int kArith>
-__device__ __forceinline__ void reverse4(float (&K)[16], float (&G)[16], const float* hist_t) {
-  float d[kN4], inv[kN4];
+// Reverse of a row step (kRow) or a column step whose output is the current K, on H = G * K
+// (the adjoint times the step's output, element-wise). With G_in = (G - sum_axis(G * K)) / d and
+// K_in = K * d, H_in = G_in * K_in = H - K * sum_axis(H): no division and no reciprocal.
+template <bool kRow>
+__device__ __forceinline__ void reverse4(float (&K)[16], float (&H)[16], const float* hist_t) {
+  float d[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
-  recip4<kArith>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
-    float dot = 0.0f;
-#pragma unroll
-    for (int o = 0; o < kN4; ++o) dot += G[at4<kRow>(a, o)] * K[at4<kRow>(a, o)];
+    const float sum = (H[at4<kRow>(a, 0)] + H[at4<kRow>(a, 1)]) + (H[at4<kRow>(a, 2)] + H[at4<kRow>(a, 3)]);
 #pragma unroll
     for (int o = 0; o < kN4; ++o) {
       const int e = at4<kRow>(a, o);
-      G[e] = over<kArith>(G[e] - dot, d[a], inv[a]);
+      H[e] = fmaf(-K[e], sum, H[e]);
       K[e] *= d[a];
     }
   }
@@ -734,6 +749,7 @@ __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
   const int nrows = rows_in_block4(p);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
   const bool act = static_cast<int>(threadIdx.x) < nrows;
+  cuda::wait_prior_grid();
   tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, tile, kLd, 0);
   __syncthreads();
   float v[Tl::kIn];
@@ -758,6 +774,7 @@ __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
   }
   init4<kArith>(L, K, p.variant, p.eps);
   iterate4<kArith>(K, p.variant, p.eps, 0, p.iters, nullptr);
+  cuda::allow_dependent_grid();
   __syncthreads();  // every row has been read from the tile
   float* mine = tile + threadIdx.x * kLd;
   if constexpr (kFused) {
@@ -794,6 +811,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
   const int nrows = rows_in_block4(p);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
   const bool act = static_cast<int>(threadIdx.x) < nrows;
+  cuda::wait_prior_grid();
 
   // Inputs, coalesced: [mixes or logits | dcomb | dpre | dpost] per row.
   tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, hist, kLd, 0);
@@ -812,23 +830,33 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
 #pragma unroll
   for (int e = 0; e < 16; ++e) G[e] = v[Tl::kIn + e];
 
+  // The reverse walks H = G * K (reverse4); G becomes H after the last step's recomputation.
   int end = p.iters;
   while (end > 0) {
     const int start = max(0, end - p.seg);
     init4<kArith>(L, K, p.variant, p.eps);
     iterate4<kArith>(K, p.variant, p.eps, 0, start, nullptr);
     iterate4<kArith>(K, p.variant, p.eps, start, end, hist);
+    if (end == p.iters) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) G[e] *= K[e];
+    }
     for (int t = end - 1; t >= start; --t) {
       const float* h = hist + (t - start) * 8 * kThreads4;
-      reverse4<false, kArith>(K, G, h);
-      if (has_row_step(p.variant, t)) reverse4<true, kArith>(K, G, h);
+      reverse4<false>(K, G, h);
+      if (has_row_step(p.variant, t)) reverse4<true>(K, G, h);
     }
     end = start;
   }
-  // G = dK0 -> dL (rowmax a constant; deepseek: softmax backward with S as recomputed).
+  cuda::allow_dependent_grid();
+  // G = H0 = dK0 * K0 -> dL (rowmax a constant). mindspeed: K0 = exp(L - rowmax), so dL = H0.
+  // deepseek: K0 = S + eps with S as recomputed; dK0 = H0 / K0, then the softmax backward.
   float dL[16];
-  {
-    float e[16], s[kN4];
+  if (p.variant == kMindSpeed) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) dL[k] = G[k];
+  } else {
+    float e[16], s[kN4], inv[kN4];
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
       float m = L[i * kN4];
@@ -841,23 +869,27 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
         s[i] += e[i * kN4 + j];
       }
     }
-    if (p.variant == kMindSpeed) {
+    recip4<kArith>(s, inv);
+    float k0[16], rk0[16];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) dL[k] = G[k] * e[k];
-    } else {
-      float inv[kN4];
-      recip4<kArith>(s, inv);
+    for (int i = 0; i < kN4; ++i)
 #pragma unroll
-      for (int i = 0; i < kN4; ++i) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kN4; ++j) {
-          e[i * kN4 + j] = over<kArith>(e[i * kN4 + j], s[i], inv[i]);  // S, as recomputed
-          dot += G[i * kN4 + j] * e[i * kN4 + j];
-        }
-#pragma unroll
-        for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = e[i * kN4 + j] * (G[i * kN4 + j] - dot);
+      for (int j = 0; j < kN4; ++j) {
+        e[i * kN4 + j] = over<kArith>(e[i * kN4 + j], s[i], inv[i]);  // S, as recomputed
+        k0[i * kN4 + j] = e[i * kN4 + j] + p.eps;
       }
+    cuda::rcp_rn<16>(k0, rk0);
+#pragma unroll
+    for (int i = 0; i < kN4; ++i) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) {
+        const int k = i * kN4 + j;
+        G[k] = k0[k] > 0.0f ? div_rn(G[k], k0[k], rk0[k]) : 0.0f;  // dK0 (S = 0: no gradient)
+        dot += G[k] * e[k];
+      }
+#pragma unroll
+      for (int j = 0; j < kN4; ++j) dL[i * kN4 + j] = e[i * kN4 + j] * (G[i * kN4 + j] - dot);
     }
   }
   float out[Tl::kIn];  // dlogits, or dmixes [pre | post | res]
@@ -1021,8 +1053,8 @@ void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
       with_fwd_arith4(p.eps, [&](auto at) {
-        sinkhorn4_fwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
-        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+        cuda::launch_pdl(kSinkhorn, ctx.device.index, sinkhorn4_fwd_kernel<T, false, decltype(at)::value>,
+                         blocks4(p.rows), kThreads4, 0, stream, p);
       });
       return;
     }
@@ -1055,8 +1087,8 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
     cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
       with_bwd_arith4(p.eps, [&](auto at) {
-        sinkhorn4_bwd_kernel<T, false, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
-        FUSEDOPS_CUDA_LAUNCH_CHECK(kSinkhorn);
+        cuda::launch_pdl(kSinkhorn, ctx.device.index, sinkhorn4_bwd_kernel<T, false, decltype(at)::value>,
+                         blocks4(p.rows), kThreads4, smem, stream, p);
       });
     });
     return;
@@ -1096,8 +1128,8 @@ void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
       with_fwd_arith4(p.eps, [&](auto at) {
-        sinkhorn4_fwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, 0, stream>>>(p);
-        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+        cuda::launch_pdl(kSplit, ctx.device.index, sinkhorn4_fwd_kernel<T, true, decltype(at)::value>,
+                         blocks4(p.rows), kThreads4, 0, stream, p);
       });
       return;
     }
@@ -1143,8 +1175,8 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
       with_bwd_arith4(p.eps, [&](auto at) {
-        sinkhorn4_bwd_kernel<T, true, decltype(at)::value><<<blocks4(p.rows), kThreads4, smem, stream>>>(p);
-        FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+        cuda::launch_pdl(kSplit, ctx.device.index, sinkhorn4_bwd_kernel<T, true, decltype(at)::value>,
+                         blocks4(p.rows), kThreads4, smem, stream, p);
       });
     });
   } else if (partials > 0) {
@@ -1158,10 +1190,9 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
       });
     });
   }
-  const unsigned reduce_blocks = static_cast<unsigned>((np * 32 + 255) / 256);
-  split_param_reduce_kernel<<<reduce_blocks, 256, 0, stream>>>(
-      p.partials, partials, np, a.dhc_scale.data_as<float>(), a.dhc_base.data_as<float>());
-  FUSEDOPS_CUDA_LAUNCH_CHECK(kSplit);
+  cuda::launch_pdl(kSplit, ctx.device.index, split_param_reduce_kernel, static_cast<unsigned>(np),
+                   kReduceThreads, 0, stream, static_cast<const float*>(p.partials), partials, np,
+                   a.dhc_scale.data_as<float>(), a.dhc_base.data_as<float>());
 }
 
 }  // namespace
