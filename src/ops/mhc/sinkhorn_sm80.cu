@@ -549,20 +549,28 @@ __device__ __forceinline__ void sigmoid_n(const float (&u)[N], float (&out)[N]) 
 // Rows [row0, row0 + nrows) of a [rows, W] matrix of T (row stride rs elements) as floats at
 // tile[r * ld + off + c], read coalesced by the whole block; a null matrix reads as zeros.
 // (One thread per row reading its own row touches a new 32-byte sector per thread per element.)
-// A full block issues all W of a thread's loads before the first shared-memory store: one memory
-// latency per call instead of one per element (the loop below waits for each load in turn).
+// In two halves, so that a kernel staging several matrices issues every load before the first
+// shared-memory store (one memory latency in all, not one per matrix): tile_fetch loads a full
+// block's share of this thread into v; tile_put stores it (or, for a partial block or a null
+// matrix, reads and stores element by element).
 template <class T, int W>
-__device__ __forceinline__ void tile_in(const void* src, int64_t rs, int64_t row0, int nrows,
-                                        float* tile, int ld, int off) {
+__device__ __forceinline__ void tile_fetch(const void* src, int64_t rs, int64_t row0, int nrows,
+                                           float (&v)[W]) {
   const T* m = static_cast<const T*>(src);
   if (m && nrows == kThreads4) {
-    float v[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
       const int r = i / W, c = i - r * W;
       v[k] = to_f(m[(row0 + r) * rs + c]);
     }
+  }
+}
+template <class T, int W>
+__device__ __forceinline__ void tile_put(const void* src, int64_t rs, int64_t row0, int nrows,
+                                         const float (&v)[W], float* tile, int ld, int off) {
+  const T* m = static_cast<const T*>(src);
+  if (m && nrows == kThreads4) {
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
@@ -606,12 +614,28 @@ __device__ __forceinline__ int rows_in_block4(const SkParams& p) {
   return static_cast<int>(left < kThreads4 ? left : kThreads4);
 }
 
+// hc_split_sinkhorn's parameters (a0, a1, a2) and the (2+n)n biases, loaded at the start of the
+// kernels so that their latency overlaps the staging loads.
+struct Prm4 {
+  float a[3];
+  float b[(2 + kN4) * kN4];
+};
 template <bool kFused>
-__device__ __forceinline__ void logits4(const SkParams& p, const float* v, float (&L)[16]) {
+__device__ __forceinline__ void load_prm4(const SkParams& p, Prm4& q) {
+  if constexpr (kFused) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) q.a[i] = p.scale[i];
+#pragma unroll
+    for (int e = 0; e < (2 + kN4) * kN4; ++e) q.b[e] = p.base[e];
+  }
+}
+
+template <bool kFused>
+__device__ __forceinline__ void logits4(const Prm4& q, const float* v, float (&L)[16]) {
 #pragma unroll
   for (int e = 0; e < 16; ++e) {
     if constexpr (kFused) {
-      L[e] = p.scale[2] * v[2 * kN4 + e] + p.base[2 * kN4 + e];
+      L[e] = q.a[2] * v[2 * kN4 + e] + q.b[2 * kN4 + e];
     } else {
       L[e] = v[e];
     }
@@ -750,20 +774,26 @@ __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
   const bool act = static_cast<int>(threadIdx.x) < nrows;
   cuda::wait_prior_grid();
-  tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, tile, kLd, 0);
+  Prm4 q;
+  {
+    float st[Tl::kIn];
+    tile_fetch<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, st);
+    load_prm4<kFused>(p, q);
+    tile_put<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, st, tile, kLd, 0);
+  }
   __syncthreads();
   float v[Tl::kIn];
 #pragma unroll
   for (int c = 0; c < Tl::kIn; ++c) v[c] = act ? tile[threadIdx.x * kLd + c] : 0.0f;
   float L[16], K[16];
-  logits4<kFused>(p, v, L);
+  logits4<kFused>(q, v, L);
   float pre[kN4], post[kN4];
   if constexpr (kFused) {
     float u[2 * kN4], sg[2 * kN4];
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
-      u[i] = p.scale[0] * v[i] + p.base[i];
-      u[kN4 + i] = p.scale[1] * v[kN4 + i] + p.base[kN4 + i];
+      u[i] = q.a[0] * v[i] + q.b[i];
+      u[kN4 + i] = q.a[1] * v[kN4 + i] + q.b[kN4 + i];
     }
     sigmoid_n<2 * kN4>(u, sg);
 #pragma unroll
@@ -812,13 +842,24 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kThreads4;
   const bool act = static_cast<int>(threadIdx.x) < nrows;
   cuda::wait_prior_grid();
+  Prm4 q;
+  load_prm4<kFused>(p, q);
 
-  // Inputs, coalesced: [mixes or logits | dcomb | dpre | dpost] per row.
-  tile_in<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, hist, kLd, 0);
-  tile_in<T, 16>(p.dcomb, p.dcomb_rs, row0, nrows, hist, kLd, Tl::kIn);
-  if constexpr (kFused) {
-    tile_in<T, kN4>(p.dpre, p.dpre_rs, row0, nrows, hist, kLd, Tl::kIn + 16);
-    tile_in<T, kN4>(p.dpost, p.dpost_rs, row0, nrows, hist, kLd, Tl::kIn + 16 + kN4);
+  // Inputs, coalesced: [mixes or logits | dcomb | dpre | dpost] per row; every load first.
+  {
+    float s_in[Tl::kIn], s_dc[16], s_dp[kN4], s_dq[kN4];
+    tile_fetch<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, s_in);
+    tile_fetch<T, 16>(p.dcomb, p.dcomb_rs, row0, nrows, s_dc);
+    if constexpr (kFused) {
+      tile_fetch<T, kN4>(p.dpre, p.dpre_rs, row0, nrows, s_dp);
+      tile_fetch<T, kN4>(p.dpost, p.dpost_rs, row0, nrows, s_dq);
+    }
+    tile_put<T, Tl::kIn>(p.in, p.in_rs, row0, nrows, s_in, hist, kLd, 0);
+    tile_put<T, 16>(p.dcomb, p.dcomb_rs, row0, nrows, s_dc, hist, kLd, Tl::kIn);
+    if constexpr (kFused) {
+      tile_put<T, kN4>(p.dpre, p.dpre_rs, row0, nrows, s_dp, hist, kLd, Tl::kIn + 16);
+      tile_put<T, kN4>(p.dpost, p.dpost_rs, row0, nrows, s_dq, hist, kLd, Tl::kIn + 16 + kN4);
+    }
   }
   __syncthreads();
   float v[Tl::kBwdIn];
@@ -826,7 +867,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
   for (int c = 0; c < Tl::kBwdIn; ++c) v[c] = act ? hist[threadIdx.x * kLd + c] : 0.0f;
   __syncthreads();  // the tile becomes the history
   float L[16], K[16], G[16];
-  logits4<kFused>(p, v, L);
+  logits4<kFused>(q, v, L);
 #pragma unroll
   for (int e = 0; e < 16; ++e) G[e] = v[Tl::kIn + e];
 
@@ -897,13 +938,13 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
 #pragma unroll
     for (int e = 0; e < 16; ++e) out[e] = dL[e];
   } else {
-    const float a0 = p.scale[0], a1 = p.scale[1], a2 = p.scale[2];
+    const float a0 = q.a[0], a1 = q.a[1], a2 = q.a[2];
     float* pr = part + threadIdx.x * kP;  // this row's contributions, zeros past the end
     float u[2 * kN4], sg[2 * kN4];
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
-      u[i] = a0 * v[i] + p.base[i];
-      u[kN4 + i] = a1 * v[kN4 + i] + p.base[kN4 + i];
+      u[i] = a0 * v[i] + q.b[i];
+      u[kN4 + i] = a1 * v[kN4 + i] + q.b[kN4 + i];
     }
     sigmoid_n<2 * kN4>(u, sg);
     float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f;
@@ -993,13 +1034,13 @@ bool fast4(int n, int variant) { return n == kN4 && variant != kLog && fast4_ena
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
 // The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above) per direction, from
-// FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Defaults (stop 25,
-// 32768 rows, bench/NOTES.md "GPU, stop 25"): forward "approx" (7.7 -> 6.4 us, output errors
-// unchanged), backward "rn" (19.8 -> 17.0 us). Backward "approx" gives 13.1 us, but a two-thread
-// backward tried with it exceeded the tolerance on one case (dmixes 6.2e-7 against 4.9e-7), so
-// its margin is not trusted and it stays a knob. "approx" needs every denominator d = sum + eps
-// in the normal range: it falls back to "rn" unless 1e-30 <= eps <= 1e30 (the sums are <= n after
-// the first step).
+// FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Default "approx"
+// both ways (bench/NOTES.md "GPU, stop 25" and "Stop 36"): in the backward it only concerns the
+// recomputed forward, since the reverse steps on H = G * K take no reciprocal; at 32768 rows it
+// gives 11.5 us against 13.6 with "rn", with errors of dlogits / dmixes within 1.1x those of the
+// fp32 composite (tolerance 2x). "approx" needs every denominator d = sum + eps in the normal
+// range: it falls back to "rn" unless 1e-30 <= eps <= 1e30 (the sums are <= n after the first
+// step).
 int arith4_from_env(const char* name, int fallback) {
   const char* v = std::getenv(name);
   const std::string s = v ? v : "";
@@ -1024,7 +1065,7 @@ void with_fwd_arith4(float eps, Fn&& fn) {
 }
 template <class Fn>
 void with_bwd_arith4(float eps, Fn&& fn) {
-  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_BWD", kMulRn);
+  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_BWD", kMulApprox);
   with_arith4(choice, eps, fn);
 }
 
