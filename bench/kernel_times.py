@@ -7,8 +7,8 @@ launch gaps included) per call.
     python bench/kernel_times.py                    # every scenario
     python bench/kernel_times.py hc_split ce        # some of them
 
-Scenarios (the report's shapes): hc_split (fwd+bwd, fp32 [32768, 24]), ce (fwd+bwd, bf16
-[8192, 128256]), ce_fwd (the same, loss only, reduction none), chunk_loss / chunk_loss_mg
+Scenarios (the report's shapes): hc_split / hc_split_ds (fwd+bwd, fp32 [32768, 24], mindspeed /
+deepseek), ce (fwd+bwd, bf16 [8192, 128256]), ce_fwd (the same, loss only, reduction none), chunk_loss / chunk_loss_mg
 (fwd+bwd, N=8192 H=4096 V=128256 bf16; default budget / caller's fp32 main_grad at 1 GiB chunks), mhc_pre (fwd, T=32768 n=4 C=4096 bf16),
 conv (causal_conv1d fwd, [4, 4096, 8192] W=4 silu bf16), gdn / gdn_fwd and kda / kda_fwd
 (chunk_gated_delta_rule and chunk_kda fwd+bwd / fwd, B=8 T=4096 H=16 K=V=128 bf16), gdn_long /
@@ -34,7 +34,7 @@ def _gen(seed=0):
     return torch.Generator(device=DEV).manual_seed(seed)
 
 
-def hc_split():
+def hc_split(variant: str = "mindspeed"):
     rows, n = 32768, 4
     w = (2 + n) * n
     g = _gen()
@@ -44,9 +44,13 @@ def hc_split():
     dy = torch.randn(rows, w, generator=g, device=DEV)
 
     def step():
-        outs = fusedops.hc_split_sinkhorn(m, s, b, n, 20, 1e-6)
+        outs = fusedops.hc_split_sinkhorn(m, s, b, n, 20, 1e-6, variant=variant)
         torch.autograd.grad(outs, [m], [dy[:, :n], dy[:, n:2 * n], dy[:, 2 * n:].reshape(-1, n, n)])
     return step
+
+
+def hc_split_ds():
+    return hc_split("deepseek")
 
 
 def ce():
@@ -171,7 +175,7 @@ def kda_fwd():
     return _linear_attention(False, True)
 
 
-SCENARIOS = {f.__name__: f for f in (hc_split, ce, ce_fwd, chunk_loss, chunk_loss_mg, mhc_pre, conv, gdn, gdn_fwd,
+SCENARIOS = {f.__name__: f for f in (hc_split, hc_split_ds, ce, ce_fwd, chunk_loss, chunk_loss_mg, mhc_pre, conv, gdn, gdn_fwd,
                                      kda, kda_fwd, gdn_long, gdn_long_fwd, gdn_varlen)}
 
 

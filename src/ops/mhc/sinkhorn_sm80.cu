@@ -590,6 +590,15 @@ template <class T, int W>
 __device__ __forceinline__ void tile_out(void* dst, int64_t row0, int nrows, const float* tile,
                                          int ld, int off) {
   T* m = static_cast<T*>(dst);
+  if (nrows == kThreads4) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads4;
+      const int r = i / W, c = i - r * W;
+      m[row0 * W + i] = from_f<T>(tile[r * ld + off + c]);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < nrows * W; i += kThreads4) {
     const int r = i / W, c = i - r * W;
     m[(row0 + r) * W + c] = from_f<T>(tile[r * ld + off + c]);
@@ -699,15 +708,14 @@ __device__ __forceinline__ int at4(int a, int o) {
   return kRow ? a * kN4 + o : o * kN4 + a;
 }
 
-// Every K is >= +0 (or NaN), so starting the sums at K[0] instead of 0 + K[0] changes no bit.
+// The sums are pairwise, (K0 + K1) + (K2 + K3): two dependent additions instead of three on the
+// chain each step waits for (one thread per matrix leaves few warps to hide it; stop 36).
 template <bool kRow, int kArith>
 __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)[kN4]) {
   float inv[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
-    float s = K[at4<kRow>(a, 0)];
-#pragma unroll
-    for (int o = 1; o < kN4; ++o) s += K[at4<kRow>(a, o)];
+    const float s = (K[at4<kRow>(a, 0)] + K[at4<kRow>(a, 1)]) + (K[at4<kRow>(a, 2)] + K[at4<kRow>(a, 3)]);
     d[a] = s + eps;
   }
   recip4<kArith>(d, inv);
@@ -721,24 +729,26 @@ __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)
   }
 }
 
-// Iterations [t0, t1); with `hist`, the 8 denominators of iteration t go to
-// hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] (k < 4: rows, k >= 4: columns).
-template <int kArith>
+// Iterations [t0, t1); with kHist, the 8 denominators of iteration t go to
+// hist[((t - t0) * 8 + k) * kThreads4] (k < 4: rows, k >= 4: columns), hist being this thread's
+// column of the history (the block's history + threadIdx.x).
+template <int kArith, bool kHist>
 __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps, int t0, int t1,
                                          float* hist) {
   for (int t = t0; t < t1; ++t) {
     float d[kN4];
+    float* h = hist + (t - t0) * 8 * kThreads4;
     if (has_row_step(variant, t)) {
       normalise4<true, kArith>(K, eps, d);
-      if (hist) {
+      if constexpr (kHist) {
 #pragma unroll
-        for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + k) * kThreads4 + threadIdx.x] = d[k];
+        for (int k = 0; k < kN4; ++k) h[k * kThreads4] = d[k];
       }
     }
     normalise4<false, kArith>(K, eps, d);
-    if (hist) {
+    if constexpr (kHist) {
 #pragma unroll
-      for (int k = 0; k < kN4; ++k) hist[((t - t0) * 8 + 4 + k) * kThreads4 + threadIdx.x] = d[k];
+      for (int k = 0; k < kN4; ++k) h[(4 + k) * kThreads4] = d[k];
     }
   }
 }
@@ -750,7 +760,7 @@ template <bool kRow>
 __device__ __forceinline__ void reverse4(float (&K)[16], float (&H)[16], const float* hist_t) {
   float d[kN4];
 #pragma unroll
-  for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4 + threadIdx.x];
+  for (int a = 0; a < kN4; ++a) d[a] = hist_t[((kRow ? 0 : 4) + a) * kThreads4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
     const float sum = (H[at4<kRow>(a, 0)] + H[at4<kRow>(a, 1)]) + (H[at4<kRow>(a, 2)] + H[at4<kRow>(a, 3)]);
@@ -803,7 +813,7 @@ __global__ void __launch_bounds__(kThreads4) sinkhorn4_fwd_kernel(SkParams p) {
     }
   }
   init4<kArith>(L, K, p.variant, p.eps);
-  iterate4<kArith>(K, p.variant, p.eps, 0, p.iters, nullptr);
+  iterate4<kArith, false>(K, p.variant, p.eps, 0, p.iters, nullptr);
   cuda::allow_dependent_grid();
   __syncthreads();  // every row has been read from the tile
   float* mine = tile + threadIdx.x * kLd;
@@ -872,18 +882,19 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
   for (int e = 0; e < 16; ++e) G[e] = v[Tl::kIn + e];
 
   // The reverse walks H = G * K (reverse4); G becomes H after the last step's recomputation.
+  float* const my_hist = hist + threadIdx.x;
   int end = p.iters;
   while (end > 0) {
     const int start = max(0, end - p.seg);
     init4<kArith>(L, K, p.variant, p.eps);
-    iterate4<kArith>(K, p.variant, p.eps, 0, start, nullptr);
-    iterate4<kArith>(K, p.variant, p.eps, start, end, hist);
+    iterate4<kArith, false>(K, p.variant, p.eps, 0, start, nullptr);
+    iterate4<kArith, true>(K, p.variant, p.eps, start, end, my_hist);
     if (end == p.iters) {
 #pragma unroll
       for (int e = 0; e < 16; ++e) G[e] *= K[e];
     }
     for (int t = end - 1; t >= start; --t) {
-      const float* h = hist + (t - start) * 8 * kThreads4;
+      const float* h = my_hist + (t - start) * 8 * kThreads4;
       reverse4<false>(K, G, h);
       if (has_row_step(p.variant, t)) reverse4<true>(K, G, h);
     }
