@@ -659,13 +659,13 @@ __device__ __forceinline__ void logits4(const Prm4& q, const float* v, float (&L
 //              every denominator there, 1e-30 <= eps <= 1e30).
 constexpr int kDivRn = 0, kMulRn = 1, kMulApprox = 2;
 
-template <int kArith>
-__device__ __forceinline__ void recip4(const float (&d)[kN4], float (&inv)[kN4]) {
+template <int kArith, int N = kN4>
+__device__ __forceinline__ void recip4(const float (&d)[N], float (&inv)[N]) {
   if constexpr (kArith == kMulApprox) {
 #pragma unroll
-    for (int i = 0; i < kN4; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
+    for (int i = 0; i < N; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
   } else {
-    cuda::rcp_rn<kN4>(d, inv);
+    cuda::rcp_rn<N>(d, inv);
   }
 }
 
@@ -930,14 +930,14 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
         e[i * kN4 + j] = over<kArith>(e[i * kN4 + j], s[i], inv[i]);  // S, as recomputed
         k0[i * kN4 + j] = e[i * kN4 + j] + p.eps;
       }
-    cuda::rcp_rn<16>(k0, rk0);
+    recip4<kArith, 16>(k0, rk0);
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
       float dot = 0.0f;
 #pragma unroll
       for (int j = 0; j < kN4; ++j) {
         const int k = i * kN4 + j;
-        G[k] = k0[k] > 0.0f ? div_rn(G[k], k0[k], rk0[k]) : 0.0f;  // dK0 (S = 0: no gradient)
+        G[k] = k0[k] > 0.0f ? over<kArith>(G[k], k0[k], rk0[k]) : 0.0f;  // dK0 (S = 0: no gradient)
         dot += G[k] * e[k];
       }
 #pragma unroll
