@@ -708,66 +708,49 @@ __device__ __forceinline__ int at4(int a, int o) {
   return kRow ? a * kN4 + o : o * kN4 + a;
 }
 
-// The iterations keep the matrix as K = diag(r) Ks: a row step only rescales r (4 values), and
-// a column step forms its sums from Ks and r by FMA and rescales Ks; K is formed once at the end.
-// That is 64 instead of 72 floating-point instructions per iteration, on a chain as long as
-// before (stop 36). Sums are pairwise: (a0 + a1) + (a2 + a3).
-//
-// Row step: d_a = r_a * sum_o Ks[a][o] + eps, r_a <- r_a / d_a.
-template <int kArith>
-__device__ __forceinline__ void row_step4(const float (&Ks)[16], float (&r)[kN4], float eps, float (&d)[kN4]) {
+// The sums are pairwise, (K0 + K1) + (K2 + K3): two dependent additions instead of three on the
+// chain each step waits for (one thread per matrix leaves few warps to hide it; stop 36).
+template <bool kRow, int kArith>
+__device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)[kN4]) {
   float inv[kN4];
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
-    const float s = (Ks[a * kN4 + 0] + Ks[a * kN4 + 1]) + (Ks[a * kN4 + 2] + Ks[a * kN4 + 3]);
-    d[a] = fmaf(r[a], s, eps);
+    const float s = (K[at4<kRow>(a, 0)] + K[at4<kRow>(a, 1)]) + (K[at4<kRow>(a, 2)] + K[at4<kRow>(a, 3)]);
+    d[a] = s + eps;
   }
   recip4<kArith>(d, inv);
 #pragma unroll
-  for (int a = 0; a < kN4; ++a) r[a] = over<kArith>(r[a], d[a], inv[a]);
+  for (int a = 0; a < kN4; ++a) {
+#pragma unroll
+    for (int o = 0; o < kN4; ++o) {
+      float& k = K[at4<kRow>(a, o)];
+      k = over<kArith>(k, d[a], inv[a]);
+    }
+  }
 }
 
-// Column step: d_c = sum_a r_a Ks[a][c] + eps, Ks[:, c] <- Ks[:, c] / d_c.
-template <int kArith>
-__device__ __forceinline__ void col_step4(float (&Ks)[16], const float (&r)[kN4], float eps, float (&d)[kN4]) {
-  float inv[kN4];
-#pragma unroll
-  for (int c = 0; c < kN4; ++c)
-    d[c] = fmaf(Ks[1 * kN4 + c], r[1], Ks[c] * r[0]) + fmaf(Ks[3 * kN4 + c], r[3], fmaf(Ks[2 * kN4 + c], r[2], eps));
-  recip4<kArith>(d, inv);
-#pragma unroll
-  for (int a = 0; a < kN4; ++a)
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) Ks[a * kN4 + c] = over<kArith>(Ks[a * kN4 + c], d[c], inv[c]);
-}
-
-// Iterations [t0, t1) on K; with kHist, the 8 denominators of iteration t go to
+// Iterations [t0, t1); with kHist, the 8 denominators of iteration t go to
 // hist[((t - t0) * 8 + k) * kThreads4] (k < 4: rows, k >= 4: columns), hist being this thread's
 // column of the history (the block's history + threadIdx.x).
 template <int kArith, bool kHist>
 __device__ __forceinline__ void iterate4(float (&K)[16], int variant, float eps, int t0, int t1,
                                          float* hist) {
-  float r[kN4] = {1.0f, 1.0f, 1.0f, 1.0f};
   for (int t = t0; t < t1; ++t) {
     float d[kN4];
     float* h = hist + (t - t0) * 8 * kThreads4;
     if (has_row_step(variant, t)) {
-      row_step4<kArith>(K, r, eps, d);
+      normalise4<true, kArith>(K, eps, d);
       if constexpr (kHist) {
 #pragma unroll
         for (int k = 0; k < kN4; ++k) h[k * kThreads4] = d[k];
       }
     }
-    col_step4<kArith>(K, r, eps, d);
+    normalise4<false, kArith>(K, eps, d);
     if constexpr (kHist) {
 #pragma unroll
       for (int k = 0; k < kN4; ++k) h[(4 + k) * kThreads4] = d[k];
     }
   }
-#pragma unroll
-  for (int a = 0; a < kN4; ++a)
-#pragma unroll
-    for (int c = 0; c < kN4; ++c) K[a * kN4 + c] *= r[a];
 }
 
 // Reverse of a row step (kRow) or a column step whose output is the current K, on H = G * K
