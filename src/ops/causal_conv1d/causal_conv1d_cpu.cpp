@@ -29,10 +29,10 @@ constexpr int64_t kCols = 512;  // channels per task (W rows of them stay in L1)
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-// e^x to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it vectorise.
-inline float vexp(float x) {
+// e^x for x <= 0 to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it
+// vectorise; x below -87 gives e^-87 (the smallest result kept normal).
+inline float vexp_nonpos(float x) {
   x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
   const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);  // std::floor would not inline here
   const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -48,16 +48,32 @@ inline float vexp(float x) {
   return p * scale;
 }
 
-// a = silu(a) over a row.
-void silu_row(float* __restrict a, int64_t nd) {
-  for (int64_t d = 0; d < nd; ++d) a[d] = a[d] / (1.0f + vexp(-a[d]));
+// silu(a) = a / (1 + e^-a), as (a >= 0 ? a : a e) / (1 + e) with e = e^-|a| in (0, 1]. No
+// intermediate leaves the normal range. (Stop 36: the former a / (1 + e^-a), with e^-a clamped
+// at e^88, was vectorised with every lane also computing the clamped branch a / (1 + e^88), a
+// subnormal; on Intel CPUs each such division takes a microcode assist: the forward with SiLU
+// ran at 7.3 ms instead of ~1.5 on a 2-core Xeon. AMD serves subnormals at full speed.)
+inline float silu(float a) {
+  const float e = vexp_nonpos(-std::fabs(a));
+  return (a >= 0.0f ? a : a * e) / (1.0f + e);
 }
 
-// a = dy * silu'(a) over a row.
+// a = silu(a) over a row.
+void silu_row(float* __restrict a, int64_t nd) {
+  for (int64_t d = 0; d < nd; ++d) a[d] = silu(a[d]);
+}
+
+// a = dy * silu'(a) over a row: silu'(a) = s (1 + a (1 - s)), s = sigmoid(a); s and 1 - s are
+// 1 / (1 + e) and e / (1 + e) (or the reverse for a < 0), e = e^-|a|.
 void silu_grad_row(const float* __restrict dy, float* __restrict a, int64_t nd) {
   for (int64_t d = 0; d < nd; ++d) {
-    const float s = 1.0f / (1.0f + vexp(-a[d]));
-    a[d] = dy[d] * s * (1.0f + a[d] * (1.0f - s));
+    const float v = a[d];
+    const float e = vexp_nonpos(-std::fabs(v));
+    const float r = 1.0f / (1.0f + e);
+    const float er = e * r;
+    const float s = v >= 0.0f ? r : er;
+    const float sc = v >= 0.0f ? er : r;
+    a[d] = dy[d] * s * (1.0f + v * sc);
   }
 }
 
@@ -85,7 +101,7 @@ __attribute__((noinline)) void fused_step(const T* __restrict xt, float* __restr
     if constexpr (W >= 3) a += w[D + d] * r1[d];
     if constexpr (W >= 4) a += w[2 * D + d] * r2[d];
     a += w[(W - 1) * D + d] * x;
-    if constexpr (kSilu) a = a / (1.0f + vexp(-a));
+    if constexpr (kSilu) a = silu(a);
     y[d] = from_float<T>(a);
   }
 }
