@@ -155,6 +155,7 @@ inline __m512 exp_nonpositive16(__m512 x) {
 }
 #endif
 
+#ifdef FUSEDOPS_CE_AVX512
 // 16 values as floats in a register, converted in registers (the same values as block_floats).
 // Stop 36: exp_sum went through block_floats' stack array, two 32-byte stores read back by one
 // 64-byte load, which store forwarding does not serve on Intel CPUs: a stall per 16 logits
@@ -164,16 +165,18 @@ inline __m512 load16(const T* a) {
   if constexpr (std::is_same_v<T, float>) {
     return _mm512_loadu_ps(a);
   } else if constexpr (std::is_same_v<T, bf16_t>) {
-    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    // The zero-masking forms: GCC 12's unmasked ones trip -Wmaybe-uninitialized (as above).
+    const __m512i u = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, u, 16));
   } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
   } else {
     float f[kLanes];
     block_floats(a, f);
     return _mm512_loadu_ps(f);
   }
 }
+#endif
 
 // a[i] = exp(a[i] - m); returns the lane-blocked sum of the results.
 float exp_shift_sum(float* a, int64_t n, float m) {
