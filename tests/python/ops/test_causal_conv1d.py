@@ -144,6 +144,36 @@ def test_forward_and_gradients_match_float64(backend_case, cfg, fresh_normal, se
         assert_close(g, gbase, gref, dt, f"{case.id} {cfg[0]} {name}")
 
 
+@pytest.mark.dtypes(torch.float32, torch.bfloat16)
+def test_silu_at_extreme_preactivations(backend_case):
+    # Pre-activations from -1e4 to 1e4, through the exp clamps (|a| > 87) and around 0: y = silu(x)
+    # with the last tap 1 and the others 0. The CPU's SiLU takes e = exp(-|a|) and
+    # (a >= 0 ? a : a e) / (1 + e), so that no lane forms a subnormal (Intel's slow divisions).
+    case = backend_case
+    dt, dev = case.dtype, case.device
+    vals = torch.tensor([-1e4, -300.0, -104.0, -90.0, -88.5, -87.0, -80.0, -20.0, -1.0, -1e-3, -1e-30,
+                         0.0, 1e-30, 1e-3, 1.0, 20.0, 80.0, 88.5, 90.0, 300.0, 1e4], dtype=torch.float64)
+    D = 48  # several vector widths and a tail
+    x = vals.repeat(D * 3 // vals.numel() + 1)[: D * 3].reshape(1, 3, D)
+    x = torch.cat([x, x.flip(1)], 1).to(dt)  # [1, 6, D]
+    w = torch.zeros(4, D, dtype=torch.float64)
+    w[-1] = 1.0
+    w = w.to(dt)
+    gy = torch.linspace(-2.0, 2.0, x.numel(), dtype=torch.float64).reshape(x.shape).to(dt)
+    none = [None, None, None, None]  # bias, residual, initial_state, cu_seqlens
+    with fusedops.use_backend(**{OP: case.backend}):
+        y, _, (dx, dw) = _run(fusedops.causal_conv1d, *_leaves([x.to(dev), w.to(dev)]), *none, "silu",
+                              False, gy.to(dev), None)
+    y64, _, (dx64, dw64) = _run(composite, *_leaves([x.double(), w.double()]), *none, "silu", False,
+                                gy.double(), None)
+    yb, _, (dxb, dwb) = _run(composite, *_leaves([x.to(dev), w.to(dev)]), *none, "silu", False,
+                             gy.to(dev), None)
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all() and torch.isfinite(dw).all()
+    assert_close(y, yb, y64, dt, f"{case.id} y")
+    assert_close(dx, dxb, dx64, dt, f"{case.id} dx")
+    assert_close(dw, dwb, dw64, dt, f"{case.id} dweight")
+
+
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[10]], ids=_cfg_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_reference_matches_own_float64_composite(cfg, dtype, fresh_normal, seed_of):

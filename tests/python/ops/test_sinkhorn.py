@@ -104,6 +104,32 @@ def test_many_matrices_and_wide_logits(backend_case, variant, fresh_normal, seed
     run_and_check(backend_case, (9, 4, 4), 20, variant, seed_of("wide", variant), fresh_normal, std=10.0)
 
 
+@pytest.mark.dtypes(torch.float32)
+@pytest.mark.parametrize("n", [4, 5])
+def test_deepseek_without_eps_where_the_softmax_underflows(backend_case, n, seed_of):
+    # eps = 0 and logits 120 below their row's diagonal: those softmax entries are exactly 0 in
+    # fp32, so K0 = S has zeros. The backward forms dK0 = (dP_0 * K0) / K0 (n = 4 kernels and the
+    # CPU): an exact zero must give no gradient (as S * (...) does), not 0 / 0.
+    case = backend_case
+    g = torch.Generator().manual_seed(seed_of("underflow", n))
+    L = torch.randn(6, n, n, generator=g, dtype=torch.float64)
+    far = torch.rand(6, n, n, generator=g) < 0.5
+    L = torch.where(far, torch.full_like(L, -120.0), L)
+    L = L - torch.diag_embed(torch.diagonal(L, dim1=-2, dim2=-1))  # diagonal 0: no column all zero
+    dP = torch.randn(6, n, n, generator=g, dtype=torch.float64)
+    x = L.float().to(case.device).requires_grad_()
+    with forced(case):
+        P = fusedops.sinkhorn(x, 20, 0.0, "deepseek")
+        dL = grad_of(P, x, dP.float().to(case.device))
+    L64 = L.clone().requires_grad_()
+    P64 = composite(L64, 20, 0.0, "deepseek")
+    Lb = L.float().requires_grad_()
+    Pb = composite(Lb, 20, 0.0, "deepseek")
+    assert torch.isfinite(P).all() and torch.isfinite(dL).all()
+    assert_close(P, Pb, P64, torch.float32, f"{case.id} n={n} P")
+    assert_close(dL, grad_of(Pb, Lb, dP.float()), grad_of(P64, L64, dP), torch.float32, f"{case.id} n={n} dlogits")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_reference_matches_own_float64_composite(variant, dtype, seed_of):
