@@ -41,19 +41,29 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
-// The device's SM count (at least 1), read once per device and cached (thread-safe): launch
-// heuristics size grids by it.
-inline int sm_count(const char* op, int device) {
+// A device attribute (at least 1), read once per device and cached (thread-safe).
+template <cudaDeviceAttr kAttr>
+int cached_attribute(const char* op, int device) {
   static std::atomic<int> cache[64];
   if (device >= 0 && device < 64) {
     const int v = cache[device].load(std::memory_order_relaxed);
     if (v > 0) return v;
   }
   int n = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&n, kAttr, device));
   n = std::max(n, 1);
   if (device >= 0 && device < 64) cache[device].store(n, std::memory_order_relaxed);
   return n;
+}
+
+// The device's SM count: launch heuristics size grids by it.
+inline int sm_count(const char* op, int device) {
+  return cached_attribute<cudaDevAttrMultiProcessorCount>(op, device);
+}
+
+// The device's compute capability major version.
+inline int cc_major(const char* op, int device) {
+  return cached_attribute<cudaDevAttrComputeCapabilityMajor>(op, device);
 }
 
 }  // namespace fusedops::cuda

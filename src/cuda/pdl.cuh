@@ -8,10 +8,9 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <utility>
 
-#include "src/cuda/check.cuh"
+#include "src/cuda/check.cuh"  // cc_major, FUSEDOPS_CUDA_CHECK
 
 namespace fusedops::cuda {
 
@@ -25,19 +24,6 @@ __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-}
-
-// The device's compute capability major version, read once per device and cached.
-inline int cc_major(const char* op, int device) {
-  static std::atomic<int> cache[64];
-  if (device >= 0 && device < 64) {
-    const int v = cache[device].load(std::memory_order_relaxed);
-    if (v > 0) return v;
-  }
-  int major = 0;
-  FUSEDOPS_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (device >= 0 && device < 64) cache[device].store(major, std::memory_order_relaxed);
-  return major;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with PDL on sm_90 and later.

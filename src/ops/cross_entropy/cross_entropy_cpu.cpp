@@ -168,12 +168,9 @@ inline __m512 load16(const T* a) {
     // The zero-masking forms: GCC 12's unmasked ones trip -Wmaybe-uninitialized (as above).
     const __m512i u = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
     return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, u, 16));
-  } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
   } else {
-    float f[kLanes];
-    block_floats(a, f);
-    return _mm512_loadu_ps(f);
+    static_assert(std::is_same_v<T, fp16_t>, "logits are float, bf16 or fp16 here");
+    return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
   }
 }
 #endif

@@ -660,7 +660,7 @@ __device__ __forceinline__ void logits4(const Prm4& q, const float* v, float (&L
 constexpr int kDivRn = 0, kMulRn = 1, kMulApprox = 2;
 
 template <int kArith, int N = kN4>
-__device__ __forceinline__ void recip4(const float (&d)[N], float (&inv)[N]) {
+__device__ __forceinline__ void recip(const float (&d)[N], float (&inv)[N]) {
   if constexpr (kArith == kMulApprox) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv[i]) : "f"(d[i]));
@@ -691,7 +691,7 @@ __device__ __forceinline__ void init4(const float (&L)[16], float (&K)[16], int 
   }
   if (variant == kDeepSeek) {
     float inv[kN4];
-    recip4<kArith>(s, inv);
+    recip<kArith>(s, inv);
 #pragma unroll
     for (int i = 0; i < kN4; ++i)
 #pragma unroll
@@ -718,7 +718,7 @@ __device__ __forceinline__ void normalise4(float (&K)[16], float eps, float (&d)
     const float s = (K[at4<kRow>(a, 0)] + K[at4<kRow>(a, 1)]) + (K[at4<kRow>(a, 2)] + K[at4<kRow>(a, 3)]);
     d[a] = s + eps;
   }
-  recip4<kArith>(d, inv);
+  recip<kArith>(d, inv);
 #pragma unroll
   for (int a = 0; a < kN4; ++a) {
 #pragma unroll
@@ -921,7 +921,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
         s[i] += e[i * kN4 + j];
       }
     }
-    recip4<kArith>(s, inv);
+    recip<kArith>(s, inv);
     float k0[16], rk0[16];
 #pragma unroll
     for (int i = 0; i < kN4; ++i)
@@ -930,7 +930,7 @@ __global__ void __launch_bounds__(kThreads4, 4) sinkhorn4_bwd_kernel(SkParams p)
         e[i * kN4 + j] = over<kArith>(e[i * kN4 + j], s[i], inv[i]);  // S, as recomputed
         k0[i * kN4 + j] = e[i * kN4 + j] + p.eps;
       }
-    recip4<kArith, 16>(k0, rk0);
+    recip<kArith, 16>(k0, rk0);
 #pragma unroll
     for (int i = 0; i < kN4; ++i) {
       float dot = 0.0f;
