@@ -13,17 +13,19 @@ from .ops.causal_conv1d import causal_conv1d
 class FusedCrossEntropyLoss(torch.nn.Module):
     """Cross-entropy with the gradient computed in the forward, backed by
     :func:`fusedops.fused_cross_entropy_loss` (the options of flash-linear-attention's
-    ``FusedCrossEntropyLoss`` plus MindSpeed's per-token ``loss_weight``).
+    ``FusedCrossEntropyLoss``, in its positional order, plus MindSpeed's per-token
+    ``loss_weight``).
 
     ``forward(logits, target, loss_weight=None)`` returns the loss, or ``(loss, z_loss)`` with
-    ``return_z_loss``. ``reduction=None`` means ``"sum"`` when a ``loss_weight`` is given and
-    ``"mean"`` otherwise.
+    ``return_z_loss`` (keyword-only: FLA's 8th positional is ``process_group``).
+    ``reduction=None`` means ``"sum"`` when a ``loss_weight`` is given and ``"mean"`` otherwise
+    (FLA's default ``"mean"`` for calls without a weight).
     """
 
     def __init__(self, ignore_index: int = -100, reduction: Optional[str] = None,
                  label_smoothing: float = 0.0, logit_scale: float = 1.0,
-                 logit_softcapping: Optional[float] = None, lse_square_scale: float = 0.0,
-                 return_z_loss: bool = False, inplace_backward: bool = False) -> None:
+                 lse_square_scale: float = 0.0, logit_softcapping: Optional[float] = None,
+                 inplace_backward: bool = False, *, return_z_loss: bool = False) -> None:
         super().__init__()
         self.ignore_index = ignore_index
         self.reduction = reduction
@@ -47,19 +49,23 @@ class FusedCrossEntropyLoss(torch.nn.Module):
 class ChunkLoss(torch.nn.Module):
     """The LM head and cross-entropy without materialized logits, backed by
     :func:`fusedops.chunk_loss`: ``forward(hidden, weight, labels, loss_weight=None, alpha=None)``
-    returns ``CE(hidden @ weight.T)`` (and the z-loss with ``return_z_loss``)."""
+    returns ``CE(hidden @ weight.T)`` (and the z-loss with ``return_z_loss``). The soft cap is
+    ``logit_softcapping`` (``softcap=`` is an alias), as in :class:`FusedCrossEntropyLoss`."""
 
     def __init__(self, chunk_size: Optional[int] = None, ignore_index: int = -100,
                  reduction: str = "sum", label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
-                 softcap: Optional[float] = None, logit_scale: float = 1.0,
-                 memory_budget: Optional[int] = None, return_z_loss: bool = False) -> None:
+                 logit_softcapping: Optional[float] = None, logit_scale: float = 1.0,
+                 memory_budget: Optional[int] = None, return_z_loss: bool = False, *,
+                 softcap: Optional[float] = None) -> None:
         super().__init__()
+        from .ops.cross_entropy import softcap_alias
+
         self.chunk_size = chunk_size
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
         self.lse_square_scale = lse_square_scale
-        self.softcap = softcap
+        self.logit_softcapping = softcap_alias("ChunkLoss", logit_softcapping, softcap)
         self.logit_scale = logit_scale
         self.memory_budget = memory_budget
         self.return_z_loss = return_z_loss
@@ -71,34 +77,39 @@ class ChunkLoss(torch.nn.Module):
         return chunk_loss(hidden, weight, labels, loss_weight, chunk_size=self.chunk_size,
                           ignore_index=self.ignore_index, reduction=self.reduction, alpha=alpha,
                           label_smoothing=self.label_smoothing,
-                          lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+                          lse_square_scale=self.lse_square_scale,
+                          logit_softcapping=self.logit_softcapping,
                           logit_scale=self.logit_scale, memory_budget=self.memory_budget,
                           return_z_loss=self.return_z_loss)
 
 
 class RMSNormGated(torch.nn.Module):
-    """Gated RMSNorm (flash-linear-attention's ``RMSNormGated`` / ``FusedRMSNormGated``), backed
-    by :func:`fusedops.rms_norm_gated`.
+    """Gated RMSNorm with flash-linear-attention's ``RMSNormGated`` constructor and defaults
+    (``fla.modules.layernorm_gated``), backed by :func:`fusedops.rms_norm_gated`.
 
-    Defaults follow FLA's ``layernorm_gated.RMSNormGated``: eps 1e-5, ``norm_before_gate=False``
-    (``y = x*silu(z) * r * weight``), a weight initialised to ones and no bias. With
-    ``norm_before_gate=True`` the gate comes after the norm and may be ``"sigmoid"``;
-    ``forward`` then also takes FLA ``fused_norm_gate``'s residual / prenorm / residual_in_fp32.
+    The default, as in FLA's ``RMSNormGated``, gates first and then normalises
+    (``norm_before_gate=False``: ``y = u * r(u) * weight`` with ``u = x * silu(z)``), eps 1e-5, a
+    weight initialised to ones and no bias. FLA's *other* module, ``FusedRMSNormGated``
+    (normalise, then gate), is :class:`FusedRMSNormGated`: each fusedops module has the default
+    math of the FLA module of the same name (docs/compat.md). With ``norm_before_gate=True`` the
+    gate may be ``"sigmoid"`` and ``forward`` also takes FLA ``fused_norm_gate``'s residual /
+    prenorm / residual_in_fp32.
 
     Args:
         hidden_size: D.
         eps: added to the mean of squares.
         group_size: columns per rstd group (None: one group per row).
         norm_before_gate: where the gate goes (see above).
-        activation: ``"silu"``/``"swish"`` or ``"sigmoid"`` (norm_before_gate only).
-        elementwise_affine: learn a weight (default True).
-        bias: learn a bias (default False).
         device, dtype: of the parameters.
+        activation: ``"silu"``/``"swish"`` or ``"sigmoid"`` (norm_before_gate only); keyword-only.
+        elementwise_affine: learn a weight (default True); keyword-only.
+        bias: learn a bias (default False); keyword-only.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: Optional[int] = None,
-                 norm_before_gate: bool = False, activation: str = "silu",
-                 elementwise_affine: bool = True, bias: bool = False, device=None, dtype=None) -> None:
+                 norm_before_gate: bool = False, device=None, dtype=None, *,
+                 activation: str = "silu", elementwise_affine: bool = True,
+                 bias: bool = False) -> None:
         super().__init__()
         if activation not in ("silu", "swish", "sigmoid"):
             raise ValueError(f"fusedops: RMSNormGated: activation must be one of 'silu', 'swish', "
@@ -130,9 +141,48 @@ class RMSNormGated(torch.nn.Module):
                 prenorm: bool = False, residual_in_fp32: bool = False):
         from .ops.rmsnorm_gated import rms_norm_gated
 
-        return rms_norm_gated(x, z, self.weight, self.bias, self.eps, self.group_size,
-                              self.norm_before_gate, self.activation, residual, prenorm,
-                              residual_in_fp32)
+        return rms_norm_gated(x, z, self.weight, self.bias, self.activation, residual, prenorm,
+                              residual_in_fp32, self.eps, group_size=self.group_size,
+                              norm_before_gate=self.norm_before_gate)
+
+
+class FusedRMSNormGated(torch.nn.Module):
+    """flash-linear-attention's ``FusedRMSNormGated`` (``fla.modules.fused_norm_gate``): normalise,
+    then gate, ``y = x * r * weight * act(g)`` with ``act`` swish (default) or sigmoid, eps 1e-5,
+    no bias; ``forward(x, g, residual=None, prenorm=False, residual_in_fp32=False)``. Backed by
+    :func:`fusedops.rms_norm_gated`. (:class:`RMSNormGated` is FLA's other module, which gates
+    first by default.)"""
+
+    def __init__(self, hidden_size: int, elementwise_affine: bool = True, eps: float = 1e-5,
+                 activation: str = "swish", device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in ("swish", "silu", "sigmoid"):
+            raise ValueError(f"fusedops: FusedRMSNormGated: activation must be one of 'swish', "
+                             f"'silu', 'sigmoid', got {activation!r}")
+        self.hidden_size = hidden_size
+        self.elementwise_affine = elementwise_affine
+        self.eps = eps
+        self.activation = activation
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.elementwise_affine:
+            torch.nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, activation={self.activation}"
+
+    def forward(self, x: Tensor, g: Tensor, residual: Optional[Tensor] = None,
+                prenorm: bool = False, residual_in_fp32: bool = False):
+        from .ops.rmsnorm_gated import rms_norm_gated
+
+        return rms_norm_gated(x, g, self.weight, self.bias, self.activation, residual, prenorm,
+                              residual_in_fp32, self.eps)
 
 
 class ShortConvolution(torch.nn.Conv1d):
@@ -190,7 +240,8 @@ class ShortConvolution(torch.nn.Conv1d):
             x = x * mask.unsqueeze(-1).to(x.dtype)
         decode = cache is not None and not torch.is_grad_enabled() and B * T == N
         y, final = causal_conv1d(x, self.weight[:, 0, :].t(), self.bias, residual, cache,
-                                 self.activation, cu_seqlens, output_final_state or decode)
+                                 output_final_state or decode, self.activation,
+                                 cu_seqlens=cu_seqlens)
         if decode:
             cache.copy_(final)
             final = cache

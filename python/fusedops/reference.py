@@ -310,15 +310,19 @@ class _RmsNormGated(torch.autograd.Function):
         return (*out, None)
 
 
-def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tensor] = None,
-                   bias: Optional[Tensor] = None, eps: float = 1e-6, group_size: Optional[int] = None,
-                   norm_before_gate: bool = True, activation: str = "silu",
-                   residual: Optional[Tensor] = None) -> Tensor:
+def rms_norm_gated(x: Tensor, g: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                   bias: Optional[Tensor] = None, activation: str = "swish",
+                   residual: Optional[Tensor] = None, *, eps: float = 1e-6,
+                   group_size: Optional[int] = None, norm_before_gate: bool = True,
+                   z: Optional[Tensor] = None) -> Tensor:
     """float64 reference of :func:`fusedops.rms_norm_gated` (y only; with a residual the norm
-    applies to ``x + residual`` in float64). Gradients flow back in the inputs' dtypes."""
+    applies to ``x + residual`` in float64; ``z`` is an alias of ``g``). Gradients flow back in
+    the inputs' dtypes."""
+    if z is not None:
+        g = z
     act = {"silu": 0, "swish": 0, "sigmoid": 1}[activation]
     args = (float(eps), 0 if group_size is None else int(group_size), bool(norm_before_gate), act)
-    return _RmsNormGated.apply(x, z, weight, bias, residual, args)
+    return _RmsNormGated.apply(x, g, weight, bias, residual, args)
 
 
 class _CausalConv1d(torch.autograd.Function):
@@ -369,8 +373,8 @@ class _CausalConv1d(torch.autograd.Function):
 
 def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                   residual: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
-                  activation: Optional[str] = None, cu_seqlens: Optional[Tensor] = None,
-                  output_final_state: bool = False, *, weight_layout: str = "WD"):
+                  output_final_state: bool = False, activation: Optional[str] = None, *,
+                  cu_seqlens: Optional[Tensor] = None, weight_layout: str = "WD"):
     """float64 reference of :func:`fusedops.causal_conv1d` (same arguments; y and final_state
     float64)."""
     if weight_layout.upper() == "DW":

@@ -139,26 +139,35 @@ _fwd = DifferentiableOp("causal_conv1d_fwd", _fwd_impl, _fwd_fake, _setup, _back
 
 def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                   residual: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
-                  activation: Optional[str] = None, cu_seqlens: Optional[Tensor] = None,
-                  output_final_state: bool = False, *, weight_layout: str = "WD",
+                  output_final_state: bool = False, activation: Optional[str] = None, *,
+                  cu_seqlens: Optional[Tensor] = None, weight_layout: str = "WD",
                   **kwargs) -> tuple[Tensor, Optional[Tensor]]:
-    """Depthwise causal short convolution (MindSpeed-Ops ``causal_conv1d``).
+    """Depthwise causal short convolution (MindSpeed-Ops / flash-linear-attention
+    ``causal_conv1d``).
 
     ``a[t] = sum_k weight[k] * x~[t-W+1+k] + bias``, ``y = act(a) + residual`` per channel, where
     ``x~`` is x preceded by the initial state's tokens (or zeros); ``weight[W-1]`` multiplies
     the current token (``F.conv1d`` cross-correlation with left padding W-1).
 
+    The positional order is flash-linear-attention 0.6.0's and MindSpeed-Ops' ``(x, weight,
+    bias, residual, initial_state, output_final_state, activation)``; the rest is keyword-only
+    (FLA's 8th positional is ``backend``, MindSpeed's ``cu_seqlens``).
+
     Args:
         x: ``[B, T, D]`` (dims after T are flattened into D); varlen: ``[1, T_total, D]``.
-        weight: ``[W, D]`` (``weight_layout="DW"`` takes FLA's ``[D, W]``).
+        weight: ``[W, D]`` (MindSpeed-Ops' layout); ``weight_layout="DW"`` takes FLA's ``[D, W]``
+            (``fusedops.compat.fla`` passes FLA's layout for you).
         bias: ``[D]`` or None.
         residual: like x, added after the activation, or None.
         initial_state: ``[N, D, W]`` (slot j = token j-W before the start; slot 0 is not read
             by the convolution) or None = zeros. N = B, or the number of sequences.
-        activation: None, ``"silu"`` or ``"swish"`` (the same).
-        cu_seqlens: int32/int64 ``[N+1]`` offsets of packed sequences (needs B == 1), or None.
         output_final_state: also return ``final_state[n, :, j]`` = token ``L-W+j`` of sequence n
             (taken from the initial state, or 0, when L < W), dtype of x.
+        activation: None, ``"silu"`` or ``"swish"`` (the same).
+        cu_seqlens: int32/int64 ``[N+1]`` offsets of packed sequences (needs B == 1), or None.
+        weight_layout: ``"WD"`` (default) or ``"DW"``.
+        cu_seqlens_cpu, chunk_indices, chunk_size: accepted and ignored (they only steer the
+            chunking of the FLA / MindSpeed Triton kernels).
 
     Returns ``(y, final_state or None)``. Differentiable in x, weight, bias, residual and
     initial_state, with a gradient flowing in through final_state. fp32/bf16/fp16 on CPU and
@@ -167,6 +176,10 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     unknown = set(kwargs) - _IGNORED_KWARGS
     if unknown:
         raise TypeError(f"causal_conv1d() got unexpected keyword arguments {sorted(unknown)}")
+    if isinstance(output_final_state, str) or isinstance(activation, Tensor):
+        raise TypeError("fusedops: causal_conv1d: the positional order is (x, weight, bias, "
+                        "residual, initial_state, output_final_state, activation) (FLA 0.6.0's and "
+                        "MindSpeed-Ops'); pass activation=..., cu_seqlens=... by keyword")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fusedops: causal_conv1d: activation must be one of None, 'silu', "
                          f"'swish', got {activation!r}")
@@ -180,6 +193,11 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if weight.dim() != 2:
         raise ValueError(f"fusedops: causal_conv1d: weight must have shape [W,D], got "
                          f"{list(weight.shape)}")
+    D = _channels(x)
+    if layout == "WD" and weight.shape[1] != D and weight.shape[0] == D:
+        raise ValueError(f"fusedops: causal_conv1d: weight must have shape [W,D] with D = {D}, got "
+                         f"{list(weight.shape)}, which is FLA's [D,W] layout: pass "
+                         f"weight_layout='DW' (or call fusedops.compat.fla's causal_conv1d)")
     if layout == "DW":
         weight = weight.t()
     y, final = _fwd(x, weight, bias, residual, initial_state, cu_seqlens,

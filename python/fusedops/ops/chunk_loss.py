@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import _validate, context, rows_view
-from .cross_entropy import _acc, _grad_loss, _is_eager
+from .cross_entropy import _acc, _grad_loss, _is_eager, softcap_alias
 
 _OP = "chunk_loss"
 _EMPTY = (0,)
@@ -222,10 +222,10 @@ class _Accumulate(torch.autograd.Function):
 def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Optional[Tensor] = None,
                *, chunk_size: Optional[int] = None, ignore_index: int = -100, reduction: str = "sum",
                alpha: Union[None, float, Tensor] = None, label_smoothing: float = 0.0,
-               lse_square_scale: float = 0.0, softcap: Optional[float] = None,
+               lse_square_scale: float = 0.0, logit_softcapping: Optional[float] = None,
                bias: Optional[Tensor] = None, logit_scale: float = 1.0,
                memory_budget: Optional[int] = None, return_z_loss: bool = False,
-               grad_weight_buffer: Optional[Tensor] = None):
+               grad_weight_buffer: Optional[Tensor] = None, softcap: Optional[float] = None):
     """``CE(hidden @ weight.T)`` computed in chunks of tokens so that the ``[N, V]`` logits never
     exist (ops.md section 10, MindSpeed-MM's ChunkLoss with the loss of section 1).
 
@@ -235,7 +235,8 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
       the whole batch). ``alpha``: MindSpeed's normaliser, the loss is divided by it; a ``[B]``
       tensor divides each sample's rows by its own alpha.
     * The cross-entropy options (``ignore_index``, ``label_smoothing``, ``lse_square_scale``
-      z-loss, ``softcap``, ``logit_scale``) are those of :func:`fused_cross_entropy_loss`.
+      z-loss, ``logit_softcapping``, ``logit_scale``) are those of
+      :func:`fused_cross_entropy_loss`; ``softcap`` is an alias of ``logit_softcapping``.
     * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
       gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 32 MiB on the CPU).
       On CUDA with 16-bit operands the budget goes to the 16-bit gradient chunk first and the
@@ -248,6 +249,7 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
 
     Returns the float32 scalar loss (and the z-loss, not differentiable, with ``return_z_loss``).
     """
+    softcap = softcap_alias(_OP, logit_softcapping, softcap)
     if reduction not in ("sum", "mean"):
         raise ValueError(f"fusedops: {_OP}: reduction must be 'sum' or 'mean' (the weight "
                          f"gradient cannot be rescaled per row after the forward), got {reduction!r}")

@@ -218,12 +218,23 @@ class _InplaceBackward(torch.autograd.Function):
         return dlogits, None, dlw, None, None, None, None, None, None, None, None
 
 
+def softcap_alias(op: str, logit_softcapping: Optional[float], softcap: Optional[float]):
+    """The soft cap from its name ``logit_softcapping`` (FLA, fusedops) or its alias ``softcap``
+    (Liger); both given is an error."""
+    if softcap is None:
+        return logit_softcapping
+    if logit_softcapping is not None:
+        raise TypeError(f"fusedops: {op}: pass the soft cap as logit_softcapping or as its alias "
+                        f"softcap, not both")
+    return softcap
+
+
 def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor] = None,
                              *, ignore_index: int = -100, reduction: Optional[str] = None,
                              label_smoothing: float = 0.0, logit_scale: float = 1.0,
                              logit_softcapping: Optional[float] = None,
                              lse_square_scale: float = 0.0, return_z_loss: bool = False,
-                             inplace_backward: bool = False):
+                             inplace_backward: bool = False, softcap: Optional[float] = None):
     """Cross-entropy over the last dimension of ``logits`` with the gradient computed in the
     forward pass (ops.md section 1).
 
@@ -241,11 +252,14 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
       (unweighted, for logging; not differentiable).
     * ``inplace_backward``: the gradient overwrites ``logits`` (which must be contiguous and
       must not be needed afterwards), saving a ``[N, V]`` buffer. Ignored under torch.compile.
+    * ``softcap``: an alias of ``logit_softcapping`` (the name :func:`fusedops.chunk_loss` also
+      uses).
 
     Labels outside ``[0, V)`` that are not ``ignore_index`` give a NaN loss for their row; inside
     ``fusedops.validation()`` they raise ``ValueError``. The backward rescales the saved gradient
     in place, so backpropagating twice through the same call raises ``RuntimeError``.
     """
+    logit_softcapping = softcap_alias(_OP, logit_softcapping, softcap)
     if reduction is None:
         reduction = "sum" if loss_weight is not None else "mean"
     if reduction not in ("none", "sum", "mean"):
@@ -270,13 +284,31 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
     return loss
 
 
-class FusedCrossEntropyLossFunction:
-    """The MindSpeed-Ops entry point: ``FusedCrossEntropyLossFunction.apply(logits, loss_weight,
-    labels)`` returns the scalar ``sum_i CE_i * loss_weight_i``; its backward fills the gradients
-    of ``logits`` and of ``loss_weight``. ``ignore_index`` (default -100) rows contribute 0."""
+class FusedCrossEntropyLossFunction(torch.autograd.Function):
+    """The MindSpeed-Ops entry point, a ``torch.autograd.Function``:
+    ``FusedCrossEntropyLossFunction.apply(logits, loss_weight, labels, ignore_index=-100)``
+    returns the float32 scalar ``sum_i CE_i * loss_weight_i`` (``loss_weight`` None: weight 1);
+    rows whose label is ``ignore_index`` contribute 0. Its backward gives the gradients of
+    ``logits`` and of ``loss_weight`` (those of :func:`fused_cross_entropy_loss`, computed in the
+    forward)."""
 
     @staticmethod
-    def apply(logits: Tensor, loss_weight: Optional[Tensor], labels: Tensor,
-              ignore_index: int = -100) -> Tensor:
-        return fused_cross_entropy_loss(logits, labels, loss_weight, ignore_index=ignore_index,
-                                        reduction="sum")
+    def forward(ctx, logits: Tensor, loss_weight: Optional[Tensor], labels: Tensor,
+                ignore_index: int = -100) -> Tensor:
+        x = logits.detach().requires_grad_(logits.requires_grad)
+        w = None if loss_weight is None else loss_weight.detach().requires_grad_(
+            loss_weight.requires_grad)
+        with torch.enable_grad():
+            loss = fused_cross_entropy_loss(x, labels, w, ignore_index=ignore_index, reduction="sum")
+        ctx.inner = (x, w, loss)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w, loss = ctx.inner
+        ctx.inner = None
+        wrt = [t for t in (x, w) if t is not None and t.requires_grad]
+        got = list(torch.autograd.grad(loss, wrt, grad)) if wrt and loss.requires_grad else []
+        dx = got.pop(0) if x.requires_grad else None
+        dw = got.pop(0) if w is not None and w.requires_grad else None
+        return dx, dw, None, None

@@ -2,14 +2,15 @@
 
 Two entry points, as in flash-linear-attention:
 
-* :func:`rms_norm_gated` — the union API of the spec (``fla.modules.fused_norm_gate`` names:
-  activation silu/swish/sigmoid, residual / prenorm / residual_in_fp32, plus ``group_size`` and
-  ``norm_before_gate``), eps default 1e-6;
+* :func:`rms_norm_gated` — ``fla.modules.fused_norm_gate.rms_norm_gated``'s positional order
+  (gate ``g``, activation silu/swish/sigmoid, residual / prenorm / residual_in_fp32, eps 1e-6)
+  plus the keyword-only ``group_size`` and ``norm_before_gate``;
 * :func:`rmsnorm_fn` — ``fla.modules.layernorm_gated.rmsnorm_fn(x, weight, bias, z=None, eps=1e-6,
   group_size=None, norm_before_gate=True)``.
 
-The module :class:`fusedops.nn.RMSNormGated` uses eps 1e-5 and norm_before_gate=False (FLA's
-``RMSNormGated`` defaults).
+The modules follow the FLA modules of the same names: :class:`fusedops.nn.RMSNormGated` (eps
+1e-5, norm_before_gate=False: gate, then normalise) and :class:`fusedops.nn.FusedRMSNormGated`
+(eps 1e-5, normalise, then gate with swish/sigmoid).
 """
 
 from __future__ import annotations
@@ -146,25 +147,40 @@ def _activation_code(activation: str) -> int:
     return _ACTIVATIONS[activation]
 
 
-def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tensor] = None,
-                   bias: Optional[Tensor] = None, eps: float = 1e-6, group_size: Optional[int] = None,
-                   norm_before_gate: bool = True, activation: str = "silu",
+def rms_norm_gated(x: Tensor, g: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                   bias: Optional[Tensor] = None, activation: str = "swish",
                    residual: Optional[Tensor] = None, prenorm: bool = False,
-                   residual_in_fp32: bool = False):
+                   residual_in_fp32: bool = False, eps: float = 1e-6, *,
+                   group_size: Optional[int] = None, norm_before_gate: bool = True,
+                   z: Optional[Tensor] = None):
     """Gated RMSNorm over the last dimension (ops.md section 5.2).
 
-    * ``norm_before_gate=True``: ``y = (x * r_G * weight + bias) * act(z)`` with
+    The positional order and defaults are flash-linear-attention 0.6.0's
+    ``fla.modules.fused_norm_gate.rms_norm_gated(x, g, weight, bias, activation="swish",
+    residual=None, prenorm=False, residual_in_fp32=False, eps=1e-6)``; ``group_size`` and
+    ``norm_before_gate`` (FLA's ``layernorm_gated`` options) are keyword-only, and ``z=`` is an
+    alias of the gate ``g`` (this function's name for it before).
+
+    * ``norm_before_gate=True`` (default): ``y = (x * r_G * weight + bias) * act(g)`` with
       ``r_G = (mean_G(x**2) + eps) ** -0.5`` per group of ``group_size`` columns (one group when
       None) and ``act`` silu/swish or sigmoid.
-    * ``norm_before_gate=False`` (Mamba-2 ``RMSNormGated``): ``u = x * silu(z)``,
+    * ``norm_before_gate=False`` (Mamba-2 ``RMSNormGated``): ``u = x * silu(g)``,
       ``y = u * r_G(u) * weight + bias``.
 
-    ``z=None`` gives a plain (grouped) RMSNorm; weight and bias are optional ``[D]`` tensors (x's
+    ``g=None`` gives a plain (grouped) RMSNorm; weight and bias are optional ``[D]`` tensors (x's
     dtype or float32). With ``residual`` (norm_before_gate only) the norm applies to
     ``x + residual``, kept in the residual's dtype; ``prenorm=True`` returns ``(y, x + residual)``
     (``x`` itself without a residual, in float32 with ``residual_in_fp32``). Differentiable in x,
-    z, weight, bias and residual; fp32 math; deterministic weight and bias gradients.
+    g, weight, bias and residual; fp32 math; deterministic weight and bias gradients.
     """
+    if z is not None:
+        if g is not None:
+            raise TypeError("fusedops: rmsnorm_gated: pass the gate as g or as its alias z, not both")
+        g = z
+    if not isinstance(activation, str) or (residual is not None and not isinstance(residual, Tensor)):
+        raise TypeError("fusedops: rmsnorm_gated: the positional order is flash-linear-attention's "
+                        "(x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps); "
+                        "pass eps=, group_size=, norm_before_gate= by keyword")
     act = _activation_code(activation)
     if not norm_before_gate:
         if act != 0:
@@ -180,7 +196,7 @@ def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tenso
     if group_size is not None and (gs <= 0 or D % gs):
         raise ValueError(f"fusedops: rmsnorm_gated: group_size must divide D: D = {D}, "
                          f"group_size = {group_size}")
-    y, res_out, _ = _fwd(x, z, weight, bias, residual, float(eps), gs, bool(norm_before_gate), act)
+    y, res_out, _ = _fwd(x, g, weight, bias, residual, float(eps), gs, bool(norm_before_gate), act)
     if not prenorm:
         return y
     if residual is None:
@@ -191,4 +207,5 @@ def rms_norm_gated(x: Tensor, z: Optional[Tensor] = None, weight: Optional[Tenso
 def rmsnorm_fn(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], z: Optional[Tensor] = None,
                eps: float = 1e-6, group_size: Optional[int] = None, norm_before_gate: bool = True) -> Tensor:
     """flash-linear-attention's ``layernorm_gated.rmsnorm_fn`` signature (silu gate)."""
-    return rms_norm_gated(x, z, weight, bias, eps, group_size, norm_before_gate, "silu")
+    return rms_norm_gated(x, z, weight, bias, "silu", eps=eps, group_size=group_size,
+                          norm_before_gate=norm_before_gate)

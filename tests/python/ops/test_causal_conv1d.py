@@ -21,8 +21,8 @@ BITWISE_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bf
                 torch.float16: torch.int16}
 
 
-def composite(x, weight, bias=None, residual=None, initial_state=None, activation=None,
-              cu_seqlens=None, output_final_state=False):
+def composite(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
+              activation=None, *, cu_seqlens=None):
     """The plain PyTorch composite: per sequence, the initial state's tokens (or zeros) before x,
     a depthwise F.conv1d, silu, + residual; final_state = the last W tokens of that extension."""
     B, T = x.shape[0], x.shape[1]
@@ -103,7 +103,7 @@ def _leaves(tensors):
 
 
 def _run(fn, x, w, b, r, h, cu, act, out_final, gy, gf):
-    y, final = fn(x, w, b, r, h, act, cu, out_final)
+    y, final = fn(x, w, b, r, h, out_final, act, cu_seqlens=cu)
     loss = (y.double() * gy.double()).sum()
     if out_final:
         loss = loss + (final.double() * gf.double()).sum()
@@ -209,19 +209,19 @@ def test_state_chaining_equals_whole_sequence(backend_case, split, fresh_normal,
     gf = fresh_normal(h.shape, dt, dev, seed + 11)
     with fusedops.use_backend(**{OP: case.backend}):
         xw, ww, bw, rw, hw = _leaves([x, w, b, r, h])
-        y_whole, f_whole = fusedops.causal_conv1d(xw, ww, bw, rw, hw, act, None, True)
+        y_whole, f_whole = fusedops.causal_conv1d(xw, ww, bw, rw, hw, True, act)
         ((y_whole * gy).sum() + (f_whole * gf).sum()).backward()
         xc, wc, bc, rc, hc = _leaves([x, w, b, r, h])
-        y1, f1 = fusedops.causal_conv1d(xc[:, :split], wc, bc, rc[:, :split], hc, act, None, True)
-        y2, f2 = fusedops.causal_conv1d(xc[:, split:], wc, bc, rc[:, split:], f1, act, None, True)
+        y1, f1 = fusedops.causal_conv1d(xc[:, :split], wc, bc, rc[:, :split], hc, True, act)
+        y2, f2 = fusedops.causal_conv1d(xc[:, split:], wc, bc, rc[:, split:], f1, True, act)
         ((torch.cat([y1, y2], 1) * gy).sum() + (f2 * gf).sum()).backward()
     assert bitwise_equal(torch.cat([y1, y2], 1), y_whole)
     assert bitwise_equal(f2, f_whole)
     x64, w64, b64, r64, h64 = _leaves([t.cpu().double() for t in (x, w, b, r, h)])
-    y64, f64 = composite(x64, w64, b64, r64, h64, act, None, True)
+    y64, f64 = composite(x64, w64, b64, r64, h64, True, act)
     ((y64 * gy.cpu().double()).sum() + (f64 * gf.cpu().double()).sum()).backward()
     xb, wb, bb, rb, hb = _leaves([x, w, b, r, h])
-    yb, fb = composite(xb, wb, bb, rb, hb, act, None, True)
+    yb, fb = composite(xb, wb, bb, rb, hb, True, act)
     ((yb * gy).sum() + (fb * gf).sum()).backward()
     for name, whole, chained, ref, base in zip(
             ("dx", "dweight", "dbias", "dresidual", "dinitial"), (xw, ww, bw, rw, hw),
@@ -242,10 +242,10 @@ def test_varlen_equals_separate_sequences(backend_case, fresh_normal, seed_of):
     w = fresh_normal((W, D), dt, dev, seed + 1, std=0.6)
     h = fresh_normal((len(lens), D, W), dt, dev, seed + 2)
     with fusedops.use_backend(**{OP: case.backend}):
-        y, f = fusedops.causal_conv1d(x, w, None, None, h, "silu", cu, True)
+        y, f = fusedops.causal_conv1d(x, w, None, None, h, True, "silu", cu_seqlens=cu)
         for n in range(len(lens)):
             s, e = int(cu[n]), int(cu[n + 1])
-            yn, fn = fusedops.causal_conv1d(x[:, s:e], w, None, None, h[n:n + 1], "silu", None, True)
+            yn, fn = fusedops.causal_conv1d(x[:, s:e], w, None, None, h[n:n + 1], True, "silu")
             assert bitwise_equal(y[:, s:e], yn), f"sequence {n}"
             assert bitwise_equal(f[n:n + 1], fn), f"sequence {n}"
     assert bitwise_equal(f[0], h[0]) and bitwise_equal(f[3], h[3])  # L = 0: the state passes through
@@ -270,12 +270,12 @@ def test_non_contiguous_inputs_and_weight_layouts(backend_case, fresh_normal, se
         res = src[..., :D]
         with fusedops.use_backend(**{OP: case.backend}):
             if variant == "dw_layout":
-                y, _ = fusedops.causal_conv1d(x, wl.t().contiguous(), None, res, None, "silu",
-                                              weight_layout="DW")
+                y, _ = fusedops.causal_conv1d(x, wl.t().contiguous(), None, res, None,
+                                              activation="silu", weight_layout="DW")
             elif variant == "transposed_view":
-                y, _ = fusedops.causal_conv1d(x, wl.t().contiguous().t(), None, res, None, "silu")
+                y, _ = fusedops.causal_conv1d(x, wl.t().contiguous().t(), None, res, None, activation="silu")
             else:
-                y, _ = fusedops.causal_conv1d(x, wl, None, res, None, "silu")
+                y, _ = fusedops.causal_conv1d(x, wl, None, res, None, activation="silu")
             (y * gy).sum().backward()
         results.append((y.detach(), src.grad, wl.grad))
     for _i, (name, r) in enumerate(zip(("strided", "dw_layout", "transposed_view"), results[1:])):
@@ -289,14 +289,14 @@ def test_empty_inputs(device):
     w = torch.randn(W, D, device=device, requires_grad=True)
     h = torch.randn(2, D, W, device=device, requires_grad=True)
     x = torch.randn(2, 0, D, device=device, requires_grad=True)
-    y, f = fusedops.causal_conv1d(x, w, None, None, h, "silu", None, True)
+    y, f = fusedops.causal_conv1d(x, w, None, None, h, True, "silu")
     assert y.shape == (2, 0, D) and torch.equal(f, h)
     g = torch.randn_like(f)
     (f * g).sum().backward()
     assert torch.equal(h.grad, g), "L = 0: the whole state (slot 0 too) passes through"
     assert torch.equal(w.grad, torch.zeros_like(w))
     xb = torch.randn(0, 5, D, device=device, requires_grad=True)
-    y, f = fusedops.causal_conv1d(xb, w, None, None, None, None, None, True)
+    y, f = fusedops.causal_conv1d(xb, w, None, None, None, True)
     assert y.shape == (0, 5, D) and f.shape == (0, D, W)
     y, _ = fusedops.causal_conv1d(torch.randn(2, 3, 0, device=device), torch.randn(W, 0, device=device))
     assert y.shape == (2, 3, 0)
@@ -343,8 +343,8 @@ def test_opcheck(device, with_options):
 
 
 def _loss_fn(x, w, b, h, gy):
-    y, f = fusedops.causal_conv1d(x, w, b, None, h, "silu", None, True)
-    y2, _ = fusedops.causal_conv1d(y, w, None, x, f, None)
+    y, f = fusedops.causal_conv1d(x, w, b, None, h, True, "silu")
+    y2, _ = fusedops.causal_conv1d(y, w, None, x, f)
     return (y2 * gy).sum() + f.sum()
 
 
@@ -393,6 +393,18 @@ def test_errors(device):
         fusedops.causal_conv1d(x, w, nonsense=1)
     with pytest.raises(ValueError, match="weight_layout"):
         fusedops.causal_conv1d(x, w, weight_layout="xy")
+    # The positional order is FLA's / MindSpeed's: the old (..., activation, cu_seqlens,
+    # output_final_state) positions raise instead of running with swapped meanings.
+    with pytest.raises(TypeError, match=r"positional order is \(x, weight, bias, residual, "
+                                        r"initial_state, output_final_state, activation\)"):
+        fusedops.causal_conv1d(x, w, None, None, None, "silu")
+    with pytest.raises(TypeError, match="positional order"):
+        fusedops.causal_conv1d(x[:1], w, None, None, None, False, cu)
+    with pytest.raises(TypeError):
+        fusedops.causal_conv1d(x[:1], w, None, None, None, False, "silu", cu)
+    # FLA's [D, W] weight given without weight_layout="DW" is named as such.
+    with pytest.raises(ValueError, match=r"FLA's \[D,W\] layout: pass weight_layout='DW'"):
+        fusedops.causal_conv1d(x, w.t().contiguous())
 
 
 @pytest.mark.parametrize("offsets,message", [

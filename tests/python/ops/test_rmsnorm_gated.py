@@ -179,7 +179,7 @@ def test_rmsnorm_fn_and_module_defaults(device):
     z = torch.randn(6, 64, device=device)
     w = torch.rand(64, device=device) + 0.5
     a = fusedops.rmsnorm_fn(x, w, None, z, group_size=32, norm_before_gate=False)
-    b = fusedops.rms_norm_gated(x, z, w, None, 1e-6, 32, False)
+    b = fusedops.rms_norm_gated(x, z, w, None, eps=1e-6, group_size=32, norm_before_gate=False)
     assert bitwise_equal(a, b)
     m = fusedops.nn.RMSNormGated(64, group_size=32, device=device)
     assert m.eps == 1e-5 and m.norm_before_gate is False and m.bias is None
@@ -187,7 +187,7 @@ def test_rmsnorm_fn_and_module_defaults(device):
     with torch.no_grad():
         m.weight.copy_(w)
     c = m(x, z)
-    d = fusedops.rms_norm_gated(x, z, w, None, 1e-5, 32, False)
+    d = fusedops.rms_norm_gated(x, z, w, None, eps=1e-5, group_size=32, norm_before_gate=False)
     assert bitwise_equal(c, d)
     c.sum().backward()
     assert m.weight.grad is not None and m.weight.grad.shape == (64,)
