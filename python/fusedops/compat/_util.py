@@ -1,0 +1,94 @@
+"""Shared pieces of the compat layer: errors for unsupported arguments and the gate-unit
+conversion of FLA's sub-operators (no operator math lives here)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+#: FLA 0.6 keeps chunk-cumulative gates in log2 units (scaled by 1/ln 2) inside its pipelines and
+#: its sub-operators read them with exp2; fusedops' sub-operators read natural-log gates.
+LN2 = math.log(2.0)
+RCP_LN2 = 1.0 / LN2
+
+
+def unsupported(lib: str, op: str, what: str, alternative: str, exc=NotImplementedError):
+    """Raise ``exc`` naming the library form, the argument and what to do instead."""
+    raise exc(f"fusedops.compat.{lib}: {op}: {what} is not supported; {alternative}")
+
+
+def reject_cp_context(lib: str, op: str, cp_context) -> None:
+    if cp_context is not None:
+        unsupported(lib, op, "cp_context (context parallelism)",
+                    "fusedops has no context-parallel path yet: run each packed sequence whole on "
+                    "one rank (cu_seqlens) with cp_context=None")
+
+
+def log2_to_natural(g: Optional[Tensor]) -> Optional[Tensor]:
+    """A gate FLA's sub-operators read as exp2(g), in the natural-log units fusedops' read
+    (float32, float64 kept)."""
+    if g is None:
+        return None
+    dt = torch.float64 if g.dtype == torch.float64 else torch.float32
+    return g.to(dt) * LN2
+
+
+def state_to_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
+    """A state (or stack of states) in FLA's layout, as fusedops' sub-operators take it
+    ([..., K, V]); ``state_v_first`` states are [..., V, K]."""
+    if h is None or not state_v_first:
+        return h
+    return h.transpose(-1, -2).contiguous()
+
+
+def state_from_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
+    """A [..., K, V] state back in the caller's layout."""
+    if h is None or not state_v_first:
+        return h
+    return h.transpose(-1, -2).contiguous()
+
+
+def process_group_kwargs(lib: str, op: str, native, process_group) -> dict:
+    """``{"process_group": group}`` when a group is given and the native function takes one
+    (vocab parallelism); a clear error when it does not."""
+    if process_group is None:
+        return {}
+    import inspect
+
+    if "process_group" not in inspect.signature(native).parameters:
+        unsupported(lib, op, "process_group (vocab parallelism)",
+                    "this fusedops build has no vocab-parallel loss; compute the loss on the "
+                    "gathered logits with process_group=None")
+    return {"process_group": process_group}
+
+
+def autograd_function(name: str, fn, doc: str) -> type:
+    """A ``torch.autograd.Function`` named ``name`` whose ``apply(*args)`` returns ``fn(*args)``
+    (one tensor) and whose backward is ``fn``'s own (``fn`` is a differentiable fusedops call):
+    the call forms of libraries whose entry points are autograd Functions."""
+
+    def forward(ctx, *args):
+        leaves = [a.detach().requires_grad_(a.requires_grad)
+                  if isinstance(a, Tensor) and a.is_floating_point() else a for a in args]
+        with torch.enable_grad():
+            out = fn(*leaves)
+        ctx.leaves, ctx.out = leaves, out
+        return out.detach()
+
+    def backward(ctx, grad):
+        idx = [i for i, a in enumerate(ctx.leaves) if isinstance(a, Tensor) and a.requires_grad]
+        grads = [None] * len(ctx.leaves)
+        if idx and ctx.out.requires_grad:
+            got = torch.autograd.grad(ctx.out, [ctx.leaves[i] for i in idx], grad,
+                                      allow_unused=True)
+            for i, gr in zip(idx, got):
+                grads[i] = gr
+        ctx.leaves = ctx.out = None
+        return tuple(grads)
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward),
+                 "__doc__": doc, "__module__": "fusedops.compat"})

@@ -1,0 +1,1 @@
+"""``fla.ops.common``: the chunk sub-operators shared by GDN and KDA."""

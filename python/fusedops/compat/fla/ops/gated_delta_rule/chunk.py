@@ -1,0 +1,67 @@
+"""``fla.ops.gated_delta_rule.chunk``: ``chunk_gated_delta_rule`` (alias ``chunk_gdn``)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+from torch import Tensor
+
+from fusedops.compat._util import reject_cp_context
+from fusedops.ops import gated_delta_rule as _gdn
+
+__all__ = ["chunk_gated_delta_rule", "chunk_gdn"]
+
+
+def chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens_cpu: Optional[Tensor] = None,
+    chunk_indices: Optional[Tensor] = None,
+    cp_context=None,
+    **kwargs,
+):
+    """FLA 0.6.0's ``chunk_gated_delta_rule`` on :func:`fusedops.chunk_gated_delta_rule`.
+
+    Keyword-only extras read from ``**kwargs`` as FLA does: ``chunk_size`` (16/32/64, default
+    64), ``use_gate_in_kernel``, ``A_log``, ``dt_bias`` and the deprecated
+    ``transpose_state_layout``; ``head_first`` raises; other keywords are ignored, as in FLA.
+    ``chunk_indices`` is accepted and ignored (fusedops derives the chunks from cu_seqlens).
+    ``cp_context`` is rejected (no context parallelism yet). Returns ``(o, final_state)``.
+    """
+    op = "chunk_gated_delta_rule"
+    reject_cp_context("fla", op, cp_context)
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=2)
+        state_v_first = kwargs.pop("transpose_state_layout")
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
+    use_gate_in_kernel = kwargs.get("use_gate_in_kernel", False)
+    o, final_state = _gdn.chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        chunk_size=kwargs.get("chunk_size", 64), use_gate_in_kernel=use_gate_in_kernel,
+        A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"),
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first)
+    if final_state is not None and state_v_first:
+        final_state = final_state.contiguous()
+    return o, final_state
+
+
+chunk_gdn = chunk_gated_delta_rule

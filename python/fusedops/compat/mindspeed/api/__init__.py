@@ -1,0 +1,3 @@
+"""``mindspeed_ops.api``."""
+
+from . import atb, triton  # noqa: F401
