@@ -142,6 +142,11 @@ def test_fused_recurrent_positional_order_and_forms():
     on, hn = fusedops.fused_recurrent_kda(q, k, v, gk, beta, initial_state=h0, output_final_state=True,
                                           cu_seqlens=torch.tensor([0, 40]))
     assert bitwise(o, on) and bitwise(ht, hn)
+    # the raw gate in the kernel, beta already a probability: the gate op, then the recurrence
+    A_log, dt_bias = torch.randn(4) * 0.3, torch.randn(4)
+    o, _ = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, use_gate_in_kernel=True, A_log=A_log,
+                                            dt_bias=dt_bias)
+    assert bitwise(o, gdn.fused_recurrent_gated_delta_rule(q, k, v, gdn.fused_gdn_gate(g, A_log, dt_bias), beta)[0])
     with pytest.raises(NotImplementedError, match="gv"):
         fused_recurrent_gated_delta_rule(q, k, v, gv=torch.zeros_like(v), beta=beta)
     with pytest.raises(NotImplementedError, match="g together with gk"):
