@@ -36,6 +36,25 @@ def log2_to_natural(g: Optional[Tensor]) -> Optional[Tensor]:
     return g.to(dt) * LN2
 
 
+def state_v_first_from(state_v_first: bool, kwargs: dict) -> bool:
+    """FLA's handling of the deprecated ``transpose_state_layout`` keyword (popped from
+    ``kwargs``): a DeprecationWarning, an error when given with ``state_v_first``."""
+    if "transpose_state_layout" not in kwargs:
+        return state_v_first
+    if state_v_first:
+        raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+    import warnings
+
+    warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                  DeprecationWarning, stacklevel=3)
+    return kwargs.pop("transpose_state_layout")
+
+
+def contiguous_state(state: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
+    """A native op's ``[..., V, K]`` final state (a transposed view) as FLA allocates it."""
+    return state.contiguous() if state is not None and state_v_first else state
+
+
 def state_to_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
     """A state (or stack of states) in FLA's layout, as fusedops' sub-operators take it
     ([..., K, V]); ``state_v_first`` states are [..., V, K]."""

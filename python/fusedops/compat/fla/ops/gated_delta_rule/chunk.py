@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import reject_cp_context
+from fusedops.compat._util import contiguous_state, reject_cp_context, state_v_first_from
 from fusedops.ops import gated_delta_rule as _gdn
 
 __all__ = ["chunk_gated_delta_rule", "chunk_gdn"]
@@ -42,12 +41,7 @@ def chunk_gated_delta_rule(
     """
     op = "chunk_gated_delta_rule"
     reject_cp_context("fla", op, cp_context)
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-        state_v_first = kwargs.pop("transpose_state_layout")
+    state_v_first = state_v_first_from(state_v_first, kwargs)
     if "head_first" in kwargs:
         raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
     use_gate_in_kernel = kwargs.get("use_gate_in_kernel", False)
@@ -59,9 +53,7 @@ def chunk_gated_delta_rule(
         A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"),
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         state_v_first=state_v_first)
-    if final_state is not None and state_v_first:
-        final_state = final_state.contiguous()
-    return o, final_state
+    return o, contiguous_state(final_state, state_v_first)
 
 
 chunk_gdn = chunk_gated_delta_rule

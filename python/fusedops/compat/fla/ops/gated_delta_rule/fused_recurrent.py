@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from fusedops.compat._util import state_from_kv, state_to_kv, unsupported
+from fusedops.compat._util import state_from_kv, state_to_kv, state_v_first_from, unsupported
 from fusedops.ops import gated_delta_rule as _gdn
 from fusedops.ops import kda as _kda
 
@@ -51,12 +50,7 @@ def fused_recurrent_gated_delta_rule(
     the result is differentiable. Returns ``(o, final_state)``.
     """
     op = "fused_recurrent_gated_delta_rule"
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-        state_v_first = kwargs.pop("transpose_state_layout")
+    state_v_first = state_v_first_from(state_v_first, kwargs)
     if gv is not None:
         unsupported("fla", op, "gv (a per-value decay)",
                     "fusedops implements the per-head decay g and the per-key decay gk")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import reject_cp_context, unsupported
+from fusedops.compat._util import contiguous_state, reject_cp_context, state_v_first_from, unsupported
 from fusedops.ops import kda as _kda
 
 __all__ = ["chunk_kda"]
@@ -52,12 +51,7 @@ def chunk_kda(
         unsupported("fla", op, "return_intermediate_states",
                     "run chunk_gated_delta_rule_fwd_h on the outputs of chunk_kda_fwd_intra for the "
                     "per-chunk states")
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-        state_v_first = kwargs.pop("transpose_state_layout")
+    state_v_first = state_v_first_from(state_v_first, kwargs)
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if use_gate_in_kernel else (None, None)
     o, final_state = _kda.chunk_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -67,6 +61,4 @@ def chunk_kda(
         lower_bound=lower_bound, cu_seqlens=cu_seqlens, chunk_size=kwargs.get("chunk_size", 64),
         cu_seqlens_cpu=cu_seqlens_cpu, allow_neg_eigval=allow_neg_eigval,
         state_v_first=state_v_first)
-    if final_state is not None and state_v_first:
-        final_state = final_state.contiguous()
-    return o, final_state
+    return o, contiguous_state(final_state, state_v_first)

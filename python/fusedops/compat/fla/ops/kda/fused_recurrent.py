@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 from torch import Tensor
 
+from fusedops.compat._util import contiguous_state, state_v_first_from
 from fusedops.ops import kda as _kda
 
 __all__ = ["fused_recurrent_kda"]
@@ -36,12 +36,7 @@ def fused_recurrent_kda(
     :func:`fusedops.fused_recurrent_kda`; with ``allow_neg_eigval`` the same recurrence runs
     through :func:`fusedops.chunk_kda`, which has the flag. Differentiable (FLA's is forward
     only). Returns ``(o, final_state)``."""
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-        state_v_first = kwargs.pop("transpose_state_layout")
+    state_v_first = state_v_first_from(state_v_first, kwargs)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
     common = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -53,6 +48,4 @@ def fused_recurrent_kda(
         o, final_state = _kda.chunk_kda(q, k, v, g, beta, allow_neg_eigval=True, **common)
     else:
         o, final_state = _kda.fused_recurrent_kda(q, k, v, g=g, beta=beta, **common)
-    if final_state is not None and state_v_first:
-        final_state = final_state.contiguous()
-    return o, final_state
+    return o, contiguous_state(final_state, state_v_first)
