@@ -129,6 +129,8 @@ def test_short_convolution_is_flas_module():
     torch.testing.assert_close(ys[:, 0], whole[:, -1], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="Invalid backend"):
         ShortConvolution(D, W, backend="mix")
+    with pytest.warns(UserWarning, match="use_fast_conv1d"):
+        ShortConvolution(D, W, use_fast_conv1d=True)
 
 
 # ---- gated RMSNorm, L2Norm --------------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -81,6 +82,9 @@ class ShortConvolution(_nn.ShortConvolution):
                  **kwargs) -> None:
         super().__init__(hidden_size, kernel_size, bias=bias, activation=activation, device=device,
                          dtype=dtype)
+        if "use_fast_conv1d" in kwargs:
+            warnings.warn("The `use_fast_conv1d` parameter is deprecated and will be ignored. "
+                          "Please use the `backend` parameter instead.", stacklevel=2)
         self.backend = os.environ.get("FLA_CONV_BACKEND", backend)
         if self.backend not in ("cuda", "triton"):
             raise ValueError(f"Invalid backend: {self.backend}, must be one of ['cuda', 'triton']")
