@@ -244,11 +244,23 @@ def gpt_oss_gate(experts) -> dict:
     return dict(alpha=float(experts.alpha), limit=float(experts.limit), bias=1.0, interleaved=True)
 
 
+def _grouped(x: Tensor, weight: Tensor, offsets: Tensor, bias: Optional[Tensor], transposed: bool):
+    """One GEMM per expert over its rows: transformers' ``_grouped_linear`` (torch grouped_mm
+    where it exists), or its per-expert loop for the dtypes grouped_mm lacks (float64)."""
+    from transformers.integrations.moe import _grouped_linear
+
+    if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return _grouped_linear(x, weight, offsets, bias=bias, is_transposed=transposed)
+    w = weight if transposed else weight.transpose(-2, -1)
+    out = torch.ops.transformers.grouped_mm_fallback(x, w, offsets)
+    return out if bias is None else out + bias
+
+
 def experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
     """transformers' ``grouped_mm`` experts path with the (token, slot) rows grouped by expert
     through ``sort_chunks_by_idx`` (one row per chunk, stable expert order; its row map brings
     them back) and the gated activation through ``clipped_swiglu`` over all experts' rows."""
-    from transformers.integrations.moe import _grouped_linear, grouped_mm_experts_forward
+    from transformers.integrations.moe import grouped_mm_experts_forward
 
     base = getattr(type(self), "_fusedops_base", type(self))
     gate_of = EXPERT_GATES.get(base)
@@ -267,10 +279,10 @@ def experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weig
     counts = torch.histc(counts_in, bins=self.num_experts, min=0, max=self.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     bias_up = self.gate_up_proj_bias[ids_sorted] if self.has_bias else None
-    h = _grouped_linear(grouped, self.gate_up_proj, offsets, bias=bias_up, is_transposed=self.is_transposed)
+    h = _grouped(grouped, self.gate_up_proj, offsets, bias_up, self.is_transposed)
     h = fusedops.clipped_swiglu(h, **gate)
     bias_down = self.down_proj_bias[ids_sorted] if self.has_bias else None
-    y = _grouped_linear(h, self.down_proj, offsets, bias=bias_down, is_transposed=self.is_transposed)
+    y = _grouped(h, self.down_proj, offsets, bias_down, self.is_transposed)
     y = sort_chunks_by_map(y, row_map, None, y.shape[0], H, False)[0]
     y = y.view(N, k, H) * top_k_weights.unsqueeze(-1)
     return y.sum(dim=1).to(hidden_states.dtype)

@@ -26,7 +26,10 @@ def check_transformers() -> str:
     except ImportError as e:
         raise ImportError(f"fusedops.transformers needs transformers {SUPPORTED_RANGE}: "
                           f"pip install 'fusedops[transformers]'") from e
-    version = transformers.__version__
+    version = getattr(transformers, "__version__", None)
+    if version is None:  # a directory named transformers on sys.path, not the package
+        raise ImportError(f"fusedops.transformers needs transformers {SUPPORTED_RANGE}: "
+                          f"pip install 'fusedops[transformers]'")
     if not _LOW <= _parse(version) < _HIGH:
         raise ImportError(f"fusedops.transformers supports transformers {SUPPORTED_RANGE}, found "
                           f"{version}: pip install 'transformers{SUPPORTED_RANGE}'")
