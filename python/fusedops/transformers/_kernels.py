@@ -30,10 +30,10 @@ def packed_cu_seqlens(position_ids: Optional[Tensor]) -> Optional[Tensor]:
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
         return None
     p = position_ids[0]
-    starts = torch.nonzero(torch.diff(p, prepend=p[:1] - 1) != 1).flatten()
-    if starts.numel() <= 1:
+    starts = torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1
+    if starts.numel() == 0:
         return None
-    return torch.cat([starts, starts.new_tensor([p.numel()])]).to(torch.int32)
+    return torch.cat([starts.new_zeros(1), starts, starts.new_tensor([p.numel()])]).to(torch.int32)
 
 
 def _seqlens(cu_seqlens: Optional[Tensor], kwargs: dict) -> Optional[Tensor]:

@@ -110,9 +110,9 @@ def float64_oracle():
     """float64 everywhere for float64 tensors (see the module docstring) and fusedops' float64
     reference backend."""
     T = torch.Tensor
-    saved = (T.float, T.to, F.softmax, torch.softmax, T.softmax)
+    saved = (T.float, T.to, T.type, F.softmax, torch.softmax, T.softmax)
     f32, f64 = torch.float32, torch.float64
-    o_float, o_to = T.float, T.to
+    o_float, o_to, o_type = T.float, T.to, T.type
 
     def _float(self, *a, **k):
         return self if self.dtype == f64 else o_float(self, *a, **k)
@@ -130,6 +130,13 @@ def float64_oracle():
                 kwargs["dtype"] = f64
         return o_to(self, *args, **kwargs)
 
+    def _type(self, dtype=None, *a, **k):
+        if dtype is None:
+            return o_type(self)
+        if self.dtype == f64 and dtype in (f32, "torch.FloatTensor"):
+            return self
+        return o_type(self, dtype, *a, **k)
+
     def _softmax(orig):
         def softmax(x, *a, **k):
             if x.dtype == f64 and k.get("dtype") is f32:
@@ -137,13 +144,13 @@ def float64_oracle():
             return orig(x, *a, **k)
         return softmax
 
-    T.float, T.to = _float, _to
-    F.softmax, torch.softmax, T.softmax = _softmax(saved[2]), _softmax(saved[3]), _softmax(saved[4])
+    T.float, T.to, T.type = _float, _to, _type
+    F.softmax, torch.softmax, T.softmax = _softmax(saved[3]), _softmax(saved[4]), _softmax(saved[5])
     try:
         with fusedops.use_backend("ref"):
             yield
     finally:
-        T.float, T.to, F.softmax, torch.softmax, T.softmax = saved
+        T.float, T.to, T.type, F.softmax, torch.softmax, T.softmax = saved
 
 
 def is_fused(model) -> bool:
