@@ -130,6 +130,11 @@ def apply_fusedops(model, **switches):
     error). Raises ValueError listing the supported model types otherwise. Returns ``model``."""
     config = getattr(model, "config", None)
     fn = _apply_function(getattr(config, "model_type", None))
+    names = [p for p in inspect.signature(fn).parameters if p != "model"]
+    for name in switches:
+        if name not in names:
+            raise TypeError(f"fusedops.transformers: {fn.__name__} has no switch {name!r}; its switches: "
+                            f"{', '.join(names)}")
     return fn(model=model, **switches)
 
 
@@ -149,15 +154,11 @@ class AutoFusedopsModelForCausalLM:
     the rest to transformers."""
 
     @classmethod
-    def _finish(cls, model, switches):
-        return apply_fusedops(model, **switches)
-
-    @classmethod
     def from_config(cls, config, **kwargs):
         from transformers import AutoModelForCausalLM
 
         switches = _split_switches(_apply_function(getattr(config, "model_type", None)), kwargs)
-        return cls._finish(AutoModelForCausalLM.from_config(config, **kwargs), switches)
+        return apply_fusedops(AutoModelForCausalLM.from_config(config, **kwargs), **switches)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config: Optional[object] = None,
@@ -171,4 +172,4 @@ class AutoFusedopsModelForCausalLM:
         switches = _split_switches(_apply_function(getattr(config, "model_type", None)), kwargs)
         model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, *model_args,
                                                      config=config, **kwargs)
-        return cls._finish(model, switches)
+        return apply_fusedops(model, **switches)

@@ -223,10 +223,6 @@ def hooked(spec_name: str) -> Optional[frozenset]:
 
 def apply(spec: ModelSpec, switches: dict, model: Optional[torch.nn.Module]):
     check_transformers()
-    unknown = set(switches) - set(spec.switches)
-    if unknown:
-        raise TypeError(f"fusedops.transformers: apply_fusedops_to_{spec.name}: unknown switches "
-                        f"{sorted(unknown)}; it takes {', '.join(spec.switches)}")
     on = frozenset(k for k, v in switches.items() if v)
     if model is None:
         install_hook(spec, on)

@@ -28,6 +28,7 @@ if not hasattr(transformers, "__version__"):
 import fusedops  # noqa: E402
 import fusedops.transformers as ft  # noqa: E402
 from fusedops.transformers import _kernels as kernels  # noqa: E402,F401  (for the tests)
+from fusedops.transformers import _version  # noqa: E402,F401
 
 FAMILIES = ("qwen3_next", "qwen3_5", "deepseek_v4", "gpt_oss", "llama", "qwen3", "kimi_linear")
 LINEAR_ATTENTION = ("qwen3_next", "qwen3_5", "kimi_linear")
