@@ -257,3 +257,6 @@ class ShortConvolution(torch.nn.Conv1d):
             cache = x.new_zeros(N, self.hidden_size, self.kernel_size[0])
         return self.forward(x, residual=residual, cache=cache,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+from .layers.kda import KimiDeltaAttention  # noqa: E402,F401  (a layer: fusedops/layers/kda.py)

@@ -18,7 +18,15 @@ from torch import Tensor
 import fusedops
 from fusedops.ops.sort_chunks import sort_chunks_by_idx_with_map, sort_chunks_by_map
 
-from . import _fla as fla  # TEMPORARY: fusedops.compat.fla once it is on main
+# TEMPORARY: from fusedops.compat.fla.ops.gated_delta_rule / .kda and fusedops.compat.causal_conv1d
+from .._compat_pending import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    chunk_gated_delta_rule,
+    chunk_kda,
+    fused_recurrent_gated_delta_rule,
+    fused_recurrent_kda,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Packed sequences
@@ -71,7 +79,7 @@ def packed_model_forward(self, input_ids=None, attention_mask=None, position_ids
 def gdn_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
     """``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) -> chunk_gated_delta_rule."""
-    return fla.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
+    return chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
                                       output_final_state=output_final_state,
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                       cu_seqlens=_seqlens(cu_seqlens, kwargs))
@@ -80,7 +88,7 @@ def gdn_chunk(query, key, value, g, beta, initial_state=None, output_final_state
 def gdn_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
     """``torch_recurrent_gated_delta_rule`` (one-token decoding) -> fused_recurrent_gated_delta_rule."""
-    return fla.fused_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta,
+    return fused_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta,
                                                 initial_state=initial_state,
                                                 output_final_state=output_final_state,
                                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -98,7 +106,7 @@ def _state_for(q: Tensor, state: Optional[Tensor]) -> Optional[Tensor]:
 def kda_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
     """``chunk_kimi_delta_attention`` (Kimi-Linear) -> chunk_kda."""
-    return fla.chunk_kda(query, key, value, g=g, beta=beta, initial_state=_state_for(query, initial_state),
+    return chunk_kda(query, key, value, g=g, beta=beta, initial_state=_state_for(query, initial_state),
                          output_final_state=output_final_state,
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                          cu_seqlens=_seqlens(cu_seqlens, kwargs))
@@ -107,7 +115,7 @@ def kda_chunk(query, key, value, g, beta, initial_state=None, output_final_state
 def kda_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
     """``recurrent_kimi_delta_attention`` (one-token decoding) -> fused_recurrent_kda."""
-    return fla.fused_recurrent_kda(query, key, value, g=g, beta=beta,
+    return fused_recurrent_kda(query, key, value, g=g, beta=beta,
                                    initial_state=_state_for(query, initial_state),
                                    output_final_state=output_final_state,
                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -123,7 +131,7 @@ def conv_slots(modeling) -> dict:
     activation the operator does not have."""
     torch_fn, torch_update = modeling.causal_conv1d_fn, modeling.causal_conv1d_update
 
-    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+    def conv_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         if activation not in _CONV_ACTIVATIONS:
             return torch_fn(hidden_states, weight, bias, activation=activation, **kwargs)
         seq_idx = kwargs.get("seq_idx")
@@ -140,14 +148,14 @@ def conv_slots(modeling) -> dict:
             lengths[0] += extra
             seq_idx = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device,
                                                            dtype=torch.int32), lengths)[None]
-        return fla.causal_conv1d_fn(hidden_states, weight, bias, seq_idx=seq_idx, activation=activation)
+        return causal_conv1d_fn(hidden_states, weight, bias, seq_idx=seq_idx, activation=activation)
 
-    def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **kwargs):
+    def conv_update(hidden_states, conv_state, weight, bias=None, activation=None, **kwargs):
         if activation not in _CONV_ACTIVATIONS:
             return torch_update(hidden_states, conv_state, weight, bias, activation)
-        return fla.causal_conv1d_update(hidden_states, conv_state, weight, bias, activation)
+        return causal_conv1d_update(hidden_states, conv_state, weight, bias, activation)
 
-    return {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update}
+    return {"causal_conv1d_fn": conv_fn, "causal_conv1d_update": conv_update}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,8 +75,8 @@ def test_switches_choose_what_is_swapped(monkeypatch):
             return fn(*a, **k)
         return wrapper
 
-    monkeypatch.setattr(kernels.fla, "causal_conv1d_fn", count("conv", kernels.fla.causal_conv1d_fn))
-    monkeypatch.setattr(kernels.fla, "chunk_gated_delta_rule", count("gdn", kernels.fla.chunk_gated_delta_rule))
+    monkeypatch.setattr(kernels, "causal_conv1d_fn", count("conv", kernels.causal_conv1d_fn))
+    monkeypatch.setattr(kernels, "chunk_gated_delta_rule", count("gdn", kernels.chunk_gated_delta_rule))
     _outputs(model, tokens(1, 8))
     assert calls == {"conv": 0, "gdn": 2}
     ft.apply_fusedops_to_qwen3_next(model=model)  # now everything

@@ -1,6 +1,7 @@
-"""TEMPORARY: the flash-linear-attention / causal_conv1d call forms that transformers' kernel slots
-expect, until ``fusedops.compat.fla`` (issue 36) lands on main. Every name here has the original
-package's signature; the switch to the compat layer is this module's import lines only.
+"""TEMPORARY: the flash-linear-attention 0.6.0 / causal_conv1d call forms that fusedops.transformers
+and fusedops.layers use, until ``fusedops.compat`` (issue 36) is on main; then this module goes
+and its users import the same names from ``fusedops.compat.fla.ops.gated_delta_rule``,
+``fusedops.compat.fla.ops.kda``, ``fusedops.compat.causal_conv1d`` and ``fusedops.nn``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
                         use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                         allow_neg_eigval: bool = False, lower_bound: Optional[float] = None,
                         state_v_first: bool = False, cu_seqlens: Optional[Tensor] = None, **kwargs):
+    if allow_neg_eigval:
+        beta = 2 * torch.sigmoid(beta) if use_beta_sigmoid_in_kernel else 2 * beta
+        use_beta_sigmoid_in_kernel = False
     return fusedops.fused_recurrent_kda(
         q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -118,3 +122,24 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Op
         conv_state.copy_(torch.cat([conv_state, x.to(conv_state.dtype)], -1)[..., -S:])
     y = y.transpose(1, 2)
     return y.squeeze(-1) if squeeze else y
+
+
+class FusedRMSNormGated(torch.nn.Module):
+    """FLA's ``FusedRMSNormGated``: ``y = x * r * weight * act(g)`` (normalise, then gate)."""
+
+    def __init__(self, hidden_size: int, elementwise_affine: bool = True, eps: float = 1e-5,
+                 activation: str = "swish", device=None, dtype=None) -> None:
+        super().__init__()
+        self.hidden_size, self.eps, self.activation = hidden_size, eps, activation
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor, g: Tensor, residual: Optional[Tensor] = None, prenorm: bool = False,
+                residual_in_fp32: bool = False):
+        return fusedops.rms_norm_gated(x, g, self.weight, self.bias, eps=self.eps, norm_before_gate=True,
+                                       activation=self.activation, residual=residual, prenorm=prenorm,
+                                       residual_in_fp32=residual_in_fp32)
