@@ -795,16 +795,22 @@ def _fwd_bwd(model, tokens, labels):
 
 def peak_step_memory(model, tokens, labels, device) -> int:
     """Bytes allocated at the peak of one forward+backward, above what was allocated before."""
+    return peak_memory(lambda: _fwd_bwd(model, tokens, labels), device)
+
+
+def peak_memory(fn, device) -> int:
+    """Bytes allocated at the peak of ``fn()``, above what was allocated before (also used by
+    examples/hf_finetune.py)."""
     if torch.device(device).type == "cuda":
         _sync(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        _fwd_bwd(model, tokens, labels)
+        fn()
         _sync(device)
         return torch.cuda.max_memory_allocated(device) - base
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _fwd_bwd(model, tokens, labels)
+        fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     cur = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):

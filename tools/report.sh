@@ -18,3 +18,12 @@ if [ "${FUSEDOPS_DEMO:-1}" != "0" ]; then
   echo "== end to end: examples/train_hybrid.py ${demo_args[*]:-} =="
   python examples/train_hybrid.py "${demo_args[@]}"
 fi
+# Hugging Face transformers: examples/hf_finetune.py trains a tiny Qwen3-Next with and without
+# fusedops.transformers, side by side (CPU fp32, 40 steps; 10 with --quick).
+if [ "${FUSEDOPS_DEMO:-1}" != "0" ]; then
+  hf_args=()
+  for a in "$@"; do [ "$a" = "--quick" ] && hf_args=(--steps 10); done
+  echo
+  echo "== Hugging Face transformers: examples/hf_finetune.py ${hf_args[*]:-} =="
+  python examples/hf_finetune.py "${hf_args[@]}"
+fi
