@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from hf_models import _version, build, ft, fused, kernels, tiny_config, tokens, transformers
+from hf_models import _version, build, ft, fused, kernels, run, tiny_config, tokens, transformers
 
 
 def _classes(model):
@@ -230,3 +230,17 @@ def test_logits_to_keep():
         got = ours(input_ids=ids, use_cache=False, logits_to_keep=3).logits
     assert got.shape == (2, 3, 96)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "deepseek_v4"])
+def test_activation_checkpointing(family):
+    """Patched layers recompute under transformers' activation checkpointing: same loss and
+    gradients."""
+    model = fused(build(family))
+    ids = tokens(2, 24)
+    want = run(model, ids)
+    model.activation_checkpointing_enable()
+    got = run(model, ids)
+    assert torch.equal(got[1], want[1])
+    for name, g in want[2].items():
+        assert torch.equal(got[2][name], g), name
