@@ -76,25 +76,6 @@ def packed_model_forward(self, input_ids=None, attention_mask=None, position_ids
 # (`use_kernel_func_from_hub_with_fallback` fills them with FLA / causal_conv1d when installed).
 
 
-def gdn_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) -> chunk_gated_delta_rule."""
-    return chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
-                                      output_final_state=output_final_state,
-                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                      cu_seqlens=_seqlens(cu_seqlens, kwargs))
-
-
-def gdn_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
-                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """``torch_recurrent_gated_delta_rule`` (one-token decoding) -> fused_recurrent_gated_delta_rule."""
-    return fused_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta,
-                                                initial_state=initial_state,
-                                                output_final_state=output_final_state,
-                                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                                cu_seqlens=_seqlens(cu_seqlens, kwargs))
-
-
 def _state_for(q: Tensor, state: Optional[Tensor]) -> Optional[Tensor]:
     """KDA keeps its state in float32 (float64 for float64 inputs); transformers' Kimi-Linear
     cache stores it in float32."""
@@ -103,23 +84,28 @@ def _state_for(q: Tensor, state: Optional[Tensor]) -> Optional[Tensor]:
     return state.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
-def kda_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """``chunk_kimi_delta_attention`` (Kimi-Linear) -> chunk_kda."""
-    return chunk_kda(query, key, value, g=g, beta=beta, initial_state=_state_for(query, initial_state),
-                         output_final_state=output_final_state,
-                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                         cu_seqlens=_seqlens(cu_seqlens, kwargs))
+def _core_slot(slot: str, op, state_to_op_dtype: bool = False):
+    """transformers' ``slot`` (the linear-attention core a layer calls) -> the fusedops function
+    ``op()`` returns (its flash-linear-attention call form; looked up at each call), with
+    transformers' packed-sequence keyword arguments turned into ``cu_seqlens``."""
+
+    def core(query, key, value, g, beta, initial_state=None, output_final_state=False,
+             use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        if state_to_op_dtype:
+            initial_state = _state_for(query, initial_state)
+        return op()(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                    output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    cu_seqlens=_seqlens(cu_seqlens, kwargs))
+
+    core.__name__ = core.__qualname__ = f"fusedops_{slot}"
+    core.__doc__ = f"``{slot}`` -> ``{op().__name__}``."
+    return core
 
 
-def kda_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
-                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-    """``recurrent_kimi_delta_attention`` (one-token decoding) -> fused_recurrent_kda."""
-    return fused_recurrent_kda(query, key, value, g=g, beta=beta,
-                                   initial_state=_state_for(query, initial_state),
-                                   output_final_state=output_final_state,
-                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                   cu_seqlens=_seqlens(cu_seqlens, kwargs))
+gdn_chunk = _core_slot("torch_chunk_gated_delta_rule", lambda: chunk_gated_delta_rule)
+gdn_recurrent = _core_slot("torch_recurrent_gated_delta_rule", lambda: fused_recurrent_gated_delta_rule)
+kda_chunk = _core_slot("chunk_kimi_delta_attention", lambda: chunk_kda, state_to_op_dtype=True)
+kda_recurrent = _core_slot("recurrent_kimi_delta_attention", lambda: fused_recurrent_kda, state_to_op_dtype=True)
 
 
 _CONV_ACTIVATIONS = (None, "silu", "swish")
