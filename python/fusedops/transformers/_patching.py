@@ -59,15 +59,14 @@ def fused_class(base: type, attrs: dict) -> type:
     """The fusedops subclass of ``base`` with ``attrs`` (cached: the same attrs give the same
     class, so re-applying does not multiply classes)."""
     key = (base, tuple(sorted((k, id(v)) for k, v in attrs.items())))
-    cls = _SUBCLASSES.get(key)
-    if cls is None:
+    entry = _SUBCLASSES.get(key)
+    if entry is None:
         body = dict(attrs)
         body.update(_fusedops_base=base, __module__=base.__module__, __qualname__=base.__qualname__,
                     _get_name=lambda self: "Fusedops" + base.__name__)
-        cls = type(base.__name__, (base,), body)
-        _SUBCLASSES[key] = (cls, attrs)  # keep attrs alive: the key holds their ids
-        return cls
-    return cls[0]
+        # the class holds attrs, whose ids are in the key, alive
+        entry = _SUBCLASSES[key] = type(base.__name__, (base,), body)
+    return entry
 
 
 def base_class(module: torch.nn.Module) -> type:
@@ -152,8 +151,11 @@ def _set_experts(spec: ModelSpec, model: torch.nn.Module, on: bool) -> None:
         if current != "fusedops":
             model.__dict__["_fusedops_prev_experts"] = current
             model.set_experts_implementation("fusedops")
-        elif _owner_prev_experts(model) is not None:
-            model.__dict__.setdefault("_fusedops_prev_experts", _owner_prev_experts(model))
+        elif "_fusedops_prev_experts" not in model.__dict__:
+            # set by a sub-model's patch (the construction hook patches it first): keep its record
+            prev = _owner_prev_experts(model)
+            if prev is not None:
+                model.__dict__["_fusedops_prev_experts"] = prev
     elif current == "fusedops":
         _restore_experts(model)
 
