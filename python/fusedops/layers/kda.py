@@ -20,9 +20,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-# TEMPORARY: from fusedops.compat.fla.ops.kda and fusedops.nn once fusedops.compat is on main
-from .._compat_pending import FusedRMSNormGated, chunk_kda, fused_recurrent_kda
-from ..nn import ShortConvolution
+from ..compat.fla.ops.kda import chunk_kda, fused_recurrent_kda
+from ..nn import FusedRMSNormGated, ShortConvolution
 
 
 def _unpad(x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -16,17 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import fusedops
+from fusedops.compat.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+from fusedops.compat.fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from fusedops.compat.fla.ops.kda import chunk_kda, fused_recurrent_kda
 from fusedops.ops.sort_chunks import sort_chunks_by_idx_with_map, sort_chunks_by_map
-
-# TEMPORARY: from fusedops.compat.fla.ops.gated_delta_rule / .kda and fusedops.compat.causal_conv1d
-from .._compat_pending import (
-    causal_conv1d_fn,
-    causal_conv1d_update,
-    chunk_gated_delta_rule,
-    chunk_kda,
-    fused_recurrent_gated_delta_rule,
-    fused_recurrent_kda,
-)
 
 # ---------------------------------------------------------------------------------------------
 # Packed sequences
