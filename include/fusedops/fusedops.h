@@ -18,3 +18,4 @@
 #include "fusedops/ops/mhc.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/kda.h"
+#include "fusedops/ops/context_parallel.h"

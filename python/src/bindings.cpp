@@ -182,4 +182,5 @@ NB_MODULE(_C, m) {
   bind_mhc(m);
   bind_gated_delta_rule(m);
   bind_kda(m);
+  bind_context_parallel(m);
 }

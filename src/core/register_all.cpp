@@ -29,6 +29,8 @@ void register_all_backends(Registry& r) {
   register_mhc_cpu(r);
   register_kda_ref(r);
   register_kda_cpu(r);
+  register_context_parallel_ref(r);
+  register_context_parallel_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
@@ -43,6 +45,7 @@ void register_all_backends(Registry& r) {
   register_mhc_cuda_sm80(r);
   register_gated_delta_rule_cuda_sm80(r);
   register_kda_cuda_sm80(r);
+  register_context_parallel_cuda_sm80(r);
 #endif
 #ifdef FUSEDOPS_WITH_SM90
   register_gated_delta_rule_cuda_sm90(r);

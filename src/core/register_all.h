@@ -50,4 +50,8 @@ void register_mhc_cuda_sm80(Registry& r);
 void register_kda_ref(Registry& r);
 void register_kda_cpu(Registry& r);
 void register_kda_cuda_sm80(Registry& r);
+void register_context_parallel_ref(Registry& r);
+void register_context_parallel_cpu(Registry& r);
+void register_context_parallel_cuda_sm80(Registry& r);
+
 }  // namespace fusedops
