@@ -402,6 +402,8 @@ def chunk_gated_delta_rule(
     state_v_first: bool = False,
     transpose_state_layout: Optional[bool] = None,
     keep_intermediates: Optional[bool] = None,
+    cp=None,
+    cp_context=None,
     **kwargs,
 ):
     """Chunked gated delta rule (flash-linear-attention's ``chunk_gated_delta_rule``).
@@ -421,6 +423,8 @@ def chunk_gated_delta_rule(
     and Vnew from the forward instead of recomputing them in the backward (faster backward; saved
     memory grows by ~(3 + K*V/(chunk_size*K)) x the size of v, e.g. 5x at K=V=128, chunk 64).
     Default (None): on the CPU, not on CUDA (as flash-linear-attention, which recomputes).
+    ``cp`` (alias ``cp_context``): a context-parallel plan (``fusedops.distributed``): the inputs
+    are this rank's tokens; initial_state / final_state hold every global sequence.
     """
     if "head_first" in kwargs:
         raise DeprecationWarning(
@@ -459,6 +463,14 @@ def chunk_gated_delta_rule(
     h0 = initial_state
     if h0 is not None and state_v_first:
         h0 = h0.transpose(-1, -2).contiguous()
+    if cp is not None or cp_context is not None:
+        from ..distributed._linear_attention import chunk_gated_delta_rule_cp
+        o, ht = chunk_gated_delta_rule_cp(
+            q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cp, cp_context,
+            chunk_size=chunk_size, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            keep_intermediates=keep_intermediates, cu_seqlens=cu_seqlens)
+        return o, (ht.transpose(-1, -2) if ht is not None and state_v_first else ht)
     out = _chunk_fwd(q, k, v, g, beta, float(scale), h0, bool(output_final_state),
                      bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                      A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,

@@ -238,6 +238,8 @@ def chunk_kda(
     allow_neg_eigval: bool = False,
     state_v_first: bool = False,
     transpose_state_layout: Optional[bool] = None,
+    cp=None,
+    cp_context=None,
     **kwargs,
 ):
     """Chunked Kimi delta attention (flash-linear-attention's ``chunk_kda``).
@@ -254,6 +256,8 @@ def chunk_kda(
     packs sequences along T (B == 1). Returns ``(o [B,T,HV,V] in q's dtype, final_state fp32 or
     None)``; differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.
     ``state_v_first`` (alias ``transpose_state_layout``) stores the states as ``[V,K]``.
+    ``cp`` (alias ``cp_context``): a context-parallel plan (``fusedops.distributed``): the inputs
+    are this rank's tokens; initial_state / final_state hold every global sequence.
     """
     op = "chunk_kda"
     if "head_first" in kwargs:
@@ -291,6 +295,8 @@ def chunk_kda(
     if cu_seqlens is not None and B != 1:
         _fail(op, f"with cu_seqlens the batch size must be 1 (sequences are packed along T), got B={B}")
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if cp is not None or cp_context is not None:  # the plan's global sequences
+        N = getattr(cp if cp is not None else cp_context, "num_seqs", N)
     if initial_state is not None:
         want = torch.float64 if q.dtype == torch.float64 else torch.float32
         if initial_state.dtype != want:
@@ -304,6 +310,14 @@ def chunk_kda(
         initial_state = initial_state.transpose(-1, -2).contiguous()
     if use_gate_in_kernel and dt_bias is not None and not dt_bias.is_contiguous():
         dt_bias = dt_bias.contiguous()
+    if cp is not None or cp_context is not None:
+        from ..distributed._linear_attention import chunk_kda_cp
+        o, ht = chunk_kda_cp(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cp, cp_context, chunk_size=chunk_size, use_gate_in_kernel=use_gate_in_kernel,
+                             A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                             allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                             cu_seqlens=cu_seqlens)
+        return o, (ht.transpose(-1, -2) if ht is not None and state_v_first else ht)
     has_lb = lower_bound is not None
     out = _chunk_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
                      bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
