@@ -141,7 +141,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                   residual: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
                   output_final_state: bool = False, activation: Optional[str] = None, *,
                   cu_seqlens: Optional[Tensor] = None, weight_layout: str = "WD",
-                  **kwargs) -> tuple[Tensor, Optional[Tensor]]:
+                  cp=None, cp_context=None, **kwargs) -> tuple[Tensor, Optional[Tensor]]:
     """Depthwise causal short convolution (MindSpeed-Ops / flash-linear-attention
     ``causal_conv1d``).
 
@@ -168,6 +168,9 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         weight_layout: ``"WD"`` (default) or ``"DW"``.
         cu_seqlens_cpu, chunk_indices, chunk_size: accepted and ignored (they only steer the
             chunking of the FLA / MindSpeed Triton kernels).
+        cp (alias cp_context): a context-parallel plan (``fusedops.distributed.context_parallel``
+            with ``conv_width=W``): x is this rank's tokens; the ``W-1`` tokens before them come
+            from the ranks that hold them; initial_state / final_state hold every global sequence.
 
     Returns ``(y, final_state or None)``. Differentiable in x, weight, bias, residual and
     initial_state, with a gradient flowing in through final_state. fp32/bf16/fp16 on CPU and
@@ -200,6 +203,12 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                          f"weight_layout='DW' (or call fusedops.compat.fla's causal_conv1d)")
     if layout == "DW":
         weight = weight.t()
+    if cp is not None or cp_context is not None:
+        if cp is not None and cp_context is not None:
+            raise ValueError("fusedops: causal_conv1d: pass cp or its alias cp_context, not both")
+        from ..distributed._conv import causal_conv1d_cp
+        return causal_conv1d_cp(x, weight, bias, residual, initial_state, _ACTIVATIONS[activation],
+                                output_final_state, cp if cp is not None else cp_context, cu_seqlens)
     y, final = _fwd(x, weight, bias, residual, initial_state, cu_seqlens,
                     _ACTIVATIONS[activation], bool(output_final_state))
     return y, (final if output_final_state else None)

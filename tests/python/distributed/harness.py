@@ -62,6 +62,12 @@ def _entry(rank: int, world_size: int, fn: Callable, tmpdir: str, be: str, colle
             with open(os.path.join(tmpdir, "result.json"), "w") as f:
                 json.dump(result, f)
         dist.barrier()
+    except BaseException:
+        # Every failing rank leaves its traceback: the first one the parent notices may only be a
+        # peer's "connection closed".
+        with open(os.path.join(tmpdir, f"error-{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -77,18 +83,29 @@ def run_world(world_size: int, fn: Callable, timeout: float = 240.0, collective_
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"distributed test world of {world_size} ranks did not finish within "
                                        f"{timeout:.0f} s (a rank is stuck); terminated")
-        except mp.ProcessRaisedException as e:
-            raise RuntimeError(f"a rank of the distributed test world failed:\n{e}") from None
-        except mp.ProcessExitedException as e:
-            raise RuntimeError(f"a rank of the distributed test world died: {e}") from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            _terminate(procs)
+            errors = [f"--- rank {r}:\n{_read(os.path.join(tmpdir, f'error-{r}.txt'))}"
+                      for r in range(world_size) if os.path.exists(os.path.join(tmpdir, f"error-{r}.txt"))]
+            raise RuntimeError(f"a rank of the distributed test world of {world_size} failed ({e.__class__.__name__}: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})\n" + "\n".join(errors)) from None
         finally:
-            for p in procs.processes:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs.processes:
-                p.join(5)
+            _terminate(procs)
         with open(os.path.join(tmpdir, "result.json")) as f:
             return json.load(f)
+
+
+def _terminate(procs) -> None:
+    for p in procs.processes:
+        if p.is_alive():
+            p.terminate()
+    for p in procs.processes:
+        p.join(5)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def guarded(fn: Callable) -> Callable:
