@@ -51,6 +51,34 @@ void bind_cross_entropy(nb::module_& m) {
         nb::arg("ctx"), nb::arg("grad_loss"), nb::arg("saved_grad_logits").none(),
         nb::arg("grad_logits").none(), nb::arg("saved_grad_loss_weight").none(),
         nb::arg("grad_loss_weight").none(), nb::arg("reduction"), release_gil());
+  // The vocabulary-parallel pieces (fusedops.distributed): only ignore_index, logit_scale and
+  // logit_softcapping of the options matter to them.
+  auto shard_options = [](int64_t ignore_index, double logit_scale, std::optional<double> softcap) {
+    CrossEntropyOptions o;
+    o.ignore_index = ignore_index;
+    o.logit_scale = logit_scale;
+    o.logit_softcapping = softcap;
+    return o;
+  };
+  m.def("fused_cross_entropy_loss_shard_stats",
+        [shard_options](const Context& ctx, const Array& logits, const Array& labels, const Array& stats,
+                        int64_t vocab_start, int64_t ignore_index, double logit_scale,
+                        std::optional<double> softcap) {
+          fused_cross_entropy_loss_shard_stats(ctx, {view(logits), view(labels), view(stats), vocab_start,
+                                                     shard_options(ignore_index, logit_scale, softcap)});
+        },
+        nb::arg("ctx"), nb::arg("logits"), nb::arg("labels"), nb::arg("stats"), nb::arg("vocab_start"),
+        nb::arg("ignore_index"), nb::arg("logit_scale"), nb::arg("logit_softcapping").none(), release_gil());
+  m.def("fused_cross_entropy_loss_shard_bwd",
+        [shard_options](const Context& ctx, const Array& logits, const Array& labels, const Array& row_grads,
+                        const Array& grad_logits, int64_t vocab_start, int64_t ignore_index, double logit_scale,
+                        std::optional<double> softcap) {
+          fused_cross_entropy_loss_shard_bwd(ctx, {view(logits), view(labels), view(row_grads), view(grad_logits),
+                                                   vocab_start, shard_options(ignore_index, logit_scale, softcap)});
+        },
+        nb::arg("ctx"), nb::arg("logits"), nb::arg("labels"), nb::arg("row_grads"), nb::arg("grad_logits"),
+        nb::arg("vocab_start"), nb::arg("ignore_index"), nb::arg("logit_scale"),
+        nb::arg("logit_softcapping").none(), release_gil());
 }
 
 }  // namespace fusedops::py

@@ -31,6 +31,8 @@ void register_all_backends(Registry& r) {
   register_kda_cpu(r);
   register_context_parallel_ref(r);
   register_context_parallel_cpu(r);
+  register_cross_entropy_shard_ref(r);
+  register_cross_entropy_shard_cpu(r);
 #ifdef FUSEDOPS_WITH_CUDA
   register_rmsnorm_without_weight_cuda_sm80(r);
   register_l2norm_cuda_sm80(r);
@@ -46,6 +48,7 @@ void register_all_backends(Registry& r) {
   register_gated_delta_rule_cuda_sm80(r);
   register_kda_cuda_sm80(r);
   register_context_parallel_cuda_sm80(r);
+  register_cross_entropy_shard_cuda_sm80(r);
 #endif
 #ifdef FUSEDOPS_WITH_SM90
   register_gated_delta_rule_cuda_sm90(r);

@@ -53,5 +53,8 @@ void register_kda_cuda_sm80(Registry& r);
 void register_context_parallel_ref(Registry& r);
 void register_context_parallel_cpu(Registry& r);
 void register_context_parallel_cuda_sm80(Registry& r);
+void register_cross_entropy_shard_ref(Registry& r);
+void register_cross_entropy_shard_cpu(Registry& r);
+void register_cross_entropy_shard_cuda_sm80(Registry& r);
 
 }  // namespace fusedops

@@ -98,4 +98,46 @@ void fused_cross_entropy_loss_bwd_ref(const Context& ctx, const CrossEntropyBwdA
 // (0 on the CPU).
 size_t cross_entropy_workspace_size(const Context& ctx, int64_t rows, int64_t vocab);
 
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel pieces (fusedops.distributed): each row's logits are split along V over the
+// ranks of a group; this rank's shard logits [..., Vs] holds the vocabulary entries
+// [vocab_start, vocab_start + Vs) of V. z_v is computed as in fused_cross_entropy_loss (logit_scale,
+// then softcapping); ignore_index, logit_scale and logit_softcapping are read from `options`.
+//
+// Statistics of the shard, per row i with label y (fp32 math; float64 in ref):
+//   stats[i] = ( max_v z_v,  sum_v exp(z_v - max_v z_v),  z_{y - vocab_start} if the label falls
+//                in the shard else 0,  sum_v z_v ),       all 0 for rows with y == ignore_index.
+// The ranks combine them into the row's log-sum-exp, target logit and sum of z over the whole
+// vocabulary (one MAX and one SUM all-reduce).
+//   logits: [..., Vs], Vs >= 1, fp32/bf16/fp16 (ref: also fp64), rows addressable.
+//   labels: logits' shape without Vs, int32/int64, contiguous (global vocabulary indices).
+//   stats:  [rows, 4] fp32 (ref: also fp64), contiguous. Overwritten.
+struct CrossEntropyShardStatsArgs {
+  TensorView logits;
+  TensorView labels;
+  TensorView stats;
+  int64_t vocab_start = 0;
+  CrossEntropyOptions options;
+};
+
+// The shard's gradient for given per-row gradients of the combined statistics:
+//   grad_logits[i,v] = dz_v/dx_v * ( d_lse_i exp(z_v - lse_i) + d_zy_i [v + vocab_start == y_i]
+//                                    + d_sz_i ),     dz/dx = logit_scale (1 - t_v^2 with softcapping),
+// 0 for rows with y == ignore_index. row_grads: [rows, 4] fp32 (ref: also fp64), contiguous, the
+// columns (lse_i, d_lse_i, d_zy_i, d_sz_i). grad_logits: logits' shape and dtype, contiguous; it may
+// be logits itself (in place), any other overlap is an error. Overwritten.
+struct CrossEntropyShardBwdArgs {
+  TensorView logits;
+  TensorView labels;
+  TensorView row_grads;
+  TensorView grad_logits;
+  int64_t vocab_start = 0;
+  CrossEntropyOptions options;
+};
+
+void fused_cross_entropy_loss_shard_stats(const Context& ctx, const CrossEntropyShardStatsArgs& args);
+void fused_cross_entropy_loss_shard_bwd(const Context& ctx, const CrossEntropyShardBwdArgs& args);
+void fused_cross_entropy_loss_shard_stats_ref(const Context& ctx, const CrossEntropyShardStatsArgs& args);
+void fused_cross_entropy_loss_shard_bwd_ref(const Context& ctx, const CrossEntropyShardBwdArgs& args);
+
 }  // namespace fusedops

@@ -225,7 +225,8 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
                lse_square_scale: float = 0.0, logit_softcapping: Optional[float] = None,
                bias: Optional[Tensor] = None, logit_scale: float = 1.0,
                memory_budget: Optional[int] = None, return_z_loss: bool = False,
-               grad_weight_buffer: Optional[Tensor] = None, softcap: Optional[float] = None):
+               grad_weight_buffer: Optional[Tensor] = None, softcap: Optional[float] = None,
+               process_group=None, vocab_start: Optional[int] = None):
     """``CE(hidden @ weight.T)`` computed in chunks of tokens so that the ``[N, V]`` logits never
     exist (ops.md section 10, MindSpeed-MM's ChunkLoss with the loss of section 1).
 
@@ -246,6 +247,10 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
       inside ``fusedops.validation()``).
     * ``bias`` is rejected (``ValueError``), as in MindSpeed.
+    * ``process_group``: ``weight`` is this rank's shard ``[V_shard, H]`` of a vocabulary sharded
+      over the group (``fusedops.distributed``; rows ``[vocab_start, vocab_start + V_shard)``,
+      default: the shards in rank order). The loss is the same on every rank; the gradients are
+      computed in the backward (the logits chunks again), d_hidden summed over the group.
 
     Returns the float32 scalar loss (and the z-loss, not differentiable, with ``return_z_loss``).
     """
@@ -256,6 +261,16 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"fusedops: {_OP}: chunk_size must be > 0 (or None to choose it from "
                          f"memory_budget), got {chunk_size}")
+    if process_group is not None:
+        if bias is not None:
+            raise ValueError(f"fusedops: {_OP}: bias must be None (MindSpeed's chunk loss has none)")
+        from ..distributed._vocab import chunk_loss_tp
+        return chunk_loss_tp(hidden, weight, labels, loss_weight, chunk_size=chunk_size, ignore_index=ignore_index,
+                             reduction=reduction, alpha=alpha, label_smoothing=label_smoothing,
+                             lse_square_scale=lse_square_scale, softcap=softcap, logit_scale=logit_scale,
+                             memory_budget=memory_budget, return_z_loss=return_z_loss,
+                             grad_weight_buffer=grad_weight_buffer, process_group=process_group,
+                             vocab_start=vocab_start)
     h, lab, alpha_s, alpha_t = _prepare(hidden, labels, alpha)
     grad_on = torch.is_grad_enabled()
     want_dh = grad_on and hidden.requires_grad

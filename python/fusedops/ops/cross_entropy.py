@@ -234,7 +234,8 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
                              label_smoothing: float = 0.0, logit_scale: float = 1.0,
                              logit_softcapping: Optional[float] = None,
                              lse_square_scale: float = 0.0, return_z_loss: bool = False,
-                             inplace_backward: bool = False, softcap: Optional[float] = None):
+                             inplace_backward: bool = False, softcap: Optional[float] = None,
+                             process_group=None, vocab_start: Optional[int] = None):
     """Cross-entropy over the last dimension of ``logits`` with the gradient computed in the
     forward pass (ops.md section 1).
 
@@ -255,6 +256,11 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
     * ``softcap``: an alias of ``logit_softcapping`` (the name :func:`fusedops.chunk_loss` also
       uses).
 
+    * ``process_group``: the vocabulary is sharded over this group (``fusedops.distributed``):
+      ``logits`` holds entries ``[vocab_start, vocab_start + V_shard)`` of every row (default
+      ``vocab_start``: the shards in rank order); the loss is over the whole vocabulary and the
+      same on every rank; the gradient is computed in the backward.
+
     Labels outside ``[0, V)`` that are not ``ignore_index`` give a NaN loss for their row; inside
     ``fusedops.validation()`` they raise ``ValueError``. The backward rescales the saved gradient
     in place, so backpropagating twice through the same call raises ``RuntimeError``.
@@ -268,6 +274,13 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
     if logits.dim() < 2:
         raise ValueError(f"fusedops: {_OP}: logits must have rank >= 2, got rank {logits.dim()} "
                          f"with shape {list(logits.shape)}")
+    if process_group is not None:
+        from ..distributed._vocab import cross_entropy_tp
+        return cross_entropy_tp(logits, labels, loss_weight, ignore_index=ignore_index, reduction=reduction,
+                                label_smoothing=label_smoothing, logit_scale=logit_scale,
+                                logit_softcapping=logit_softcapping, lse_square_scale=lse_square_scale,
+                                return_z_loss=return_z_loss, inplace_backward=inplace_backward,
+                                process_group=process_group, vocab_start=vocab_start)
     grad_on = torch.is_grad_enabled()
     want_grad = grad_on and logits.requires_grad
     want_weight_grad = grad_on and loss_weight is not None and loss_weight.requires_grad
