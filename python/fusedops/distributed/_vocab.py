@@ -13,7 +13,6 @@ gradient is then summed over the group (one SUM all-reduce).
 from __future__ import annotations
 
 import math
-import threading
 from typing import Optional, Union
 
 import torch
@@ -25,8 +24,6 @@ from .._backend import context, rows_view
 from ._comm import all_gather_rows, all_reduce
 
 _OP = "cross_entropy_shard"
-_layouts: dict = {}
-_layouts_lock = threading.Lock()
 
 # Default memory for one chunk of fp32 logits in chunk_loss (chunk_loss's own defaults).
 _BUDGET = {"cuda": 2 << 30, "cpu": 32 << 20}
@@ -36,37 +33,32 @@ def _acc(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def vocab_layout(group: Optional[dist.ProcessGroup], shard: int, device: torch.device,
-                 vocab_start: Optional[int]) -> tuple[int, int]:
-    """(vocab_start, vocab_size) of this rank's shard of `shard` entries: the shard sizes are
-    gathered once per (group, shard size) and kept (a host synchronization on the first call
-    only); without vocab_start the shards are taken in rank order."""
-    key = (id(group), dist.get_rank(group), shard)
-    with _layouts_lock:
-        sizes = _layouts.get(key)
-    if sizes is None:
-        sizes = [int(s) for s in all_gather_rows(torch.tensor([shard], dtype=torch.int64, device=device),
-                                                 group).view(-1).tolist()]
-        with _layouts_lock:
-            _layouts[key] = sizes
-    total = sum(sizes)
-    start = sum(sizes[: dist.get_rank(group)]) if vocab_start is None else int(vocab_start)
-    if not 0 <= start <= total - shard:
-        raise ValueError(f"fusedops: vocab_start={start} puts this rank's {shard} vocabulary entries outside the "
-                         f"{total} of the group")
-    return start, total
+def vocab_start_of(group: Optional[dist.ProcessGroup], shard: int, device: torch.device,
+                   vocab_start: Optional[int]) -> int:
+    """This rank's first vocabulary index: vocab_start when given, else the sum of the shard
+    sizes of the ranks before it (one all-gather read on the host: a synchronization per call,
+    which passing vocab_start avoids)."""
+    if vocab_start is not None:
+        if int(vocab_start) < 0:
+            raise ValueError(f"fusedops: vocab_start must be >= 0, got {vocab_start}")
+        return int(vocab_start)
+    sizes = all_gather_rows(torch.tensor([shard], dtype=torch.int64, device=device), group).view(-1).tolist()
+    return int(sum(sizes[: dist.get_rank(group)]))
 
 
-def _combine(stats: Tensor, labels: Tensor, ignore_index: int, group) -> tuple[Tensor, Tensor, Tensor]:
-    """(lse, z_y, sum z) over the whole vocabulary from every rank's [N, 4] shard statistics."""
+def _combine(stats: Tensor, labels: Tensor, ignore_index: int, shard: int, group):
+    """(lse, z_y, sum z, V) per row over the whole vocabulary from every rank's [N, 4] shard
+    statistics: one MAX all-reduce of the row maxima, one SUM all-reduce of the packed rescaled
+    sums, target logits, logit sums and shard sizes (V, the vocabulary size, without a host read)."""
     m = stats[:, 0].clone()
     all_reduce(m, dist.ReduceOp.MAX, group)
-    packed = torch.stack((stats[:, 1] * torch.exp(stats[:, 0] - m), stats[:, 2], stats[:, 3]), 1)
+    packed = torch.stack((stats[:, 1] * torch.exp(stats[:, 0] - m), stats[:, 2], stats[:, 3],
+                          torch.full_like(m, float(shard))), 1)
     all_reduce(packed, dist.ReduceOp.SUM, group)
     valid = labels.reshape(-1) != ignore_index
     # Ignored rows have zero statistics everywhere: lse 0 there instead of log(0).
     lse = m + torch.log(torch.where(valid, packed[:, 0], torch.ones_like(m)))
-    return lse, packed[:, 1], packed[:, 2]
+    return lse, packed[:, 1], packed[:, 2], packed[:, 3]
 
 
 def _row_grads(lse: Tensor, d_lse, d_zy, d_sz) -> Tensor:
@@ -84,14 +76,15 @@ class _ShardStats(torch.autograd.Function):
         lab = labels.reshape(-1).contiguous()
         stats = torch.empty(x.shape[0], 4, dtype=_acc(logits), device=logits.device)
         _C.fused_cross_entropy_loss_shard_stats(context(_OP, x), x, lab, stats, start, ignore_index, scale, softcap)
-        lse, zy, sz = _combine(stats, lab, ignore_index, group)
+        lse, zy, sz, vocab = _combine(stats, lab, ignore_index, logits.shape[-1], group)
         ctx.opts = (start, ignore_index, scale, softcap, inplace)
         ctx.save_for_backward(logits, lab, lse)
         ctx.set_materialize_grads(False)
-        return lse, zy, sz
+        ctx.mark_non_differentiable(vocab)
+        return lse, zy, sz, vocab
 
     @staticmethod
-    def backward(ctx, d_lse, d_zy, d_sz):
+    def backward(ctx, d_lse, d_zy, d_sz, _d_vocab):
         logits, lab, lse = ctx.saved_tensors
         start, ignore_index, scale, softcap, inplace = ctx.opts
         x = rows_view(logits).reshape(-1, logits.shape[-1])
@@ -102,7 +95,7 @@ class _ShardStats(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
-def _row_losses(lse, zy, sz, labels, vocab: int, ignore_index: int, eps: float, lam: float):
+def _row_losses(lse, zy, sz, labels, vocab: Tensor, ignore_index: int, eps: float, lam: float):
     """Per row: (loss l_i, z-loss term, valid) as fused_cross_entropy_loss defines them (NaN for a
     label outside the vocabulary that is not ignore_index; 0 for ignored rows)."""
     lab = labels.reshape(-1)
@@ -127,8 +120,8 @@ def cross_entropy_tp(logits: Tensor, labels: Tensor, loss_weight: Optional[Tenso
     if labels.numel() != logits.numel() // max(1, logits.shape[-1]):
         raise ValueError(f"fusedops: {op}: labels must have one entry per row of logits, got {list(labels.shape)} "
                          f"for logits {list(logits.shape)}")
-    start, vocab = vocab_layout(process_group, logits.shape[-1], logits.device, vocab_start)
-    lse, zy, sz = _ShardStats.apply(logits, labels, process_group, start, int(ignore_index), float(logit_scale),
+    start = vocab_start_of(process_group, logits.shape[-1], logits.device, vocab_start)
+    lse, zy, sz, vocab = _ShardStats.apply(logits, labels, process_group, start, int(ignore_index), float(logit_scale),
                                     None if logit_softcapping is None else float(logit_softcapping),
                                     bool(inplace_backward))
     loss, zl, valid = _row_losses(lse, zy, sz, labels, vocab, int(ignore_index), float(label_smoothing),
@@ -173,15 +166,16 @@ class _LinearShardStats(torch.autograd.Function):
             z = _mm(hidden[r0: r0 + chunk], weight.t(), None if w32 is None else w32.t())
             _C.fused_cross_entropy_loss_shard_stats(context(_OP, z), z, labels[r0: r0 + chunk],
                                                     stats[r0: r0 + chunk], start, ignore_index, scale, softcap)
-        lse, zy, sz = _combine(stats, labels, ignore_index, group)
+        lse, zy, sz, vocab = _combine(stats, labels, ignore_index, Vs, group)
         ctx.opts = (group, start, ignore_index, scale, softcap, chunk, Vs)
         ctx.buffer = buffer
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.set_materialize_grads(False)
-        return lse, zy, sz
+        ctx.mark_non_differentiable(vocab)
+        return lse, zy, sz, vocab
 
     @staticmethod
-    def backward(ctx, d_lse, d_zy, d_sz):
+    def backward(ctx, d_lse, d_zy, d_sz, _d_vocab):
         hidden, weight, labels, lse = ctx.saved_tensors
         group, start, ignore_index, scale, softcap, chunk, Vs = ctx.opts
         N = hidden.shape[0]
@@ -230,7 +224,7 @@ def chunk_loss_tp(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: O
                                            or grad_weight_buffer.dtype != torch.float32):
         raise ValueError(f"fusedops: {op}: grad_weight_buffer must be float32 of the weight shard's shape "
                          f"{list(weight.shape)}, got {grad_weight_buffer.dtype} {list(grad_weight_buffer.shape)}")
-    start, vocab = vocab_layout(process_group, weight.shape[0], weight.device, vocab_start)
+    start = vocab_start_of(process_group, weight.shape[0], weight.device, vocab_start)
     h2, lab = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).contiguous()
     N = h2.shape[0]
     if chunk_size:
@@ -238,7 +232,7 @@ def chunk_loss_tp(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: O
     else:
         budget = memory_budget or _BUDGET["cuda" if hidden.is_cuda else "cpu"]
         chunk = max(1, min(N, budget // max(1, weight.shape[0] * 4)))
-    lse, zy, sz = _LinearShardStats.apply(h2, weight, lab, process_group, start, int(ignore_index),
+    lse, zy, sz, vocab = _LinearShardStats.apply(h2, weight, lab, process_group, start, int(ignore_index),
                                           float(logit_scale), None if softcap is None else float(softcap),
                                           max(1, chunk), grad_weight_buffer)
     loss, zl, valid = _row_losses(lse, zy, sz, lab, vocab, int(ignore_index), float(label_smoothing),

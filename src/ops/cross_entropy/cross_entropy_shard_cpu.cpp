@@ -56,12 +56,17 @@ void stats(const Context&, const CrossEntropyShardStatsArgs& a) {
         std::fill(o, o + 4, 0.0f);
         if (y == a.options.ignore_index) continue;
         load_z<T>(a.logits, r, c, z.data(), nullptr);
-        float m = -std::numeric_limits<float>::infinity(), sz = 0.0f, se = 0.0f;
+        // Lane-blocked sums (kLanes partial sums, then a fixed tree): a long row's rounding error
+        // grows as for a pairwise sum, not as for one running sum.
+        float lm[cpu::kLanes], ls[cpu::kLanes] = {}, le[cpu::kLanes] = {};
+        std::fill(lm, lm + cpu::kLanes, -std::numeric_limits<float>::infinity());
         for (int64_t v = 0; v < Vs; ++v) {
-          m = std::max(m, z[v]);
-          sz += z[v];
+          lm[v % cpu::kLanes] = std::max(lm[v % cpu::kLanes], z[v]);
+          ls[v % cpu::kLanes] += z[v];
         }
-        for (int64_t v = 0; v < Vs; ++v) se += std::exp(z[v] - m);
+        const float m = *std::max_element(lm, lm + cpu::kLanes), sz = cpu::reduce_lanes(ls);
+        for (int64_t v = 0; v < Vs; ++v) le[v % cpu::kLanes] += std::exp(z[v] - m);
+        const float se = cpu::reduce_lanes(le);
         const int64_t local = y - a.vocab_start;
         o[0] = m;
         o[1] = se;
