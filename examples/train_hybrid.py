@@ -34,6 +34,15 @@ does not exist yet), so that the rest can still be measured.
         --seq-len 2048 --batch 8 --steps 300 --json out.json --plot loss.png
     python examples/train_hybrid.py --control                # + a plain model from weights
                                                              #   perturbed by 1e-7 (drift yardstick)
+    torchrun --nproc-per-node 2 examples/train_hybrid.py --cp 2          # context parallel
+    torchrun --nproc-per-node 4 examples/train_hybrid.py --cp 2 --tp 2   # + vocabulary-parallel head
+
+With ``--cp N`` / ``--tp M`` (under ``torchrun``, N*M processes; gloo on the CPU, NCCL on CUDA)
+the fused model runs distributed: each group of M ranks holds 1/N of the packed batch's tokens
+(the short convolutions and the gated-delta-rule layers with ``cp=plan``, the MoE load-balancing
+statistics summed over the CP group) and the LM head's vocabulary is split over the M ranks
+(``chunk_loss(..., process_group=tp)``); every rank also trains the same fused model on the whole
+batch in one process, and rank 0 prints both losses per step (see docs/distributed.md).
 
 Data: the Python standard library's own ``.py`` files (no download), as bytes; windows drawn
 with a fixed seed, the same batches for both models.
@@ -141,6 +150,44 @@ class FusedLinearFn(torch.autograd.Function):
         return dx, None, None
 
 
+@dataclass
+class Distributed:
+    """The distributed run's state (--cp / --tp), active while the distributed model runs."""
+    active: bool = False
+    plan: object = None          # fusedops.distributed.ContextParallel of the current batch
+    cp_group: object = None
+    tp_group: object = None
+    cp_size: int = 1
+    tokens: int = 0              # tokens of the whole batch (the loss is their mean)
+    vocab_start: int = 0
+
+
+DIST = Distributed()
+
+
+class GroupSum(torch.autograd.Function):
+    """all_reduce(SUM) over a group whose backward is the same sum of the gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as tdist
+        ctx.group = group
+        x = x.clone()
+        tdist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch.distributed as tdist
+        g = g.clone()
+        tdist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def _cp():
+    return DIST.plan if DIST.active else None
+
+
 # Operators that run as their plain PyTorch form inside the fused model (--torch-ops; "auto" adds
 # those with no backend for the device). The MoE permutation and its inverse go together.
 FALLBACK: set = set()
@@ -175,7 +222,7 @@ class Fused:
 
     @_fused("causal_conv1d")
     def short_conv(conv, x):
-        return conv(x)[0]
+        return conv(x, cp=_cp())[0]
 
     @_fused("rmsnorm_gated")
     def gated_norm(norm, x, z):
@@ -185,7 +232,7 @@ class Fused:
     def gdn(q, k, v, a, b, A_log, dt_bias, chunk_size):
         o, _ = fusedops.chunk_gated_delta_rule(
             q, k, v, a, b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-            dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
+            dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size, cp=_cp())
         return o
 
     @_fused("chunk_kda")
@@ -196,7 +243,7 @@ class Fused:
                 "not have yet; use --mixer gdn")
         o, _ = fusedops.chunk_kda(q, k, v, f, b, use_qk_l2norm_in_kernel=True,
                                   use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                                  use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size)
+                                  use_beta_sigmoid_in_kernel=True, chunk_size=chunk_size, cp=_cp())
         return o
 
     @_fused("rmsnorm_without_weight")
@@ -237,6 +284,9 @@ class Fused:
 
     @_fused("chunk_loss")
     def lm_loss(h, weight, labels):
+        if DIST.active:  # this rank's tokens and vocabulary slice; the mean over the whole batch
+            return fusedops.chunk_loss(h, weight, labels, reduction="sum", process_group=DIST.tp_group,
+                                       vocab_start=DIST.vocab_start) / DIST.tokens
         return fusedops.chunk_loss(h, weight, labels, reduction="mean")
 
 
@@ -530,7 +580,16 @@ class MoE(nn.Module):
         top_p, top_e = probs.topk(k, -1)
         top_p = top_p / top_p.sum(-1, keepdim=True)
         counts = torch.bincount(top_e.reshape(-1), minlength=E)
-        self.aux_loss = E * ((counts.to(probs.dtype) / (N * k)) * probs.mean(0)).sum()
+        if DIST.active:  # the statistics of the whole batch, summed over the CP group
+            import torch.distributed as tdist
+            counts_all = counts.clone()
+            tdist.all_reduce(counts_all, group=DIST.cp_group)
+            p_all = GroupSum.apply(probs.sum(0), DIST.cp_group)
+            n_all = DIST.tokens
+            # Each rank adds its 1/cp share: the gradients summed over the group are the whole one.
+            self.aux_loss = E * ((counts_all.to(probs.dtype) / (n_all * k)) * (p_all / n_all)).sum() / DIST.cp_size
+        else:
+            self.aux_loss = E * ((counts.to(probs.dtype) / (N * k)) * probs.mean(0)).sum()
         rows = xf.repeat_interleave(k, 0)                                   # row r = token r // k
         xs, ps, perm = kern.permute(rows, top_p.reshape(-1).to(x.dtype), top_e.reshape(-1), counts)
         sizes = counts.tolist()
@@ -896,6 +955,96 @@ def op_profile(model, tokens, labels, device, passes: int = 3) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Distributed: --cp N (context parallel) and --tp M (vocabulary-parallel LM head) under torchrun
+
+
+def _dist_groups(cp: int, tp: int):
+    """(cp group, tp group, cp index, tp index) of this rank: rank = cp index * tp + tp index."""
+    import torch.distributed as tdist
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    if world != cp * tp:
+        raise SystemExit(f"train_hybrid: --cp {cp} --tp {tp} needs {cp * tp} processes, torchrun started {world}")
+    cp_groups = [tdist.new_group([c * tp + t for c in range(cp)]) for t in range(tp)]
+    tp_groups = [tdist.new_group([c * tp + t for t in range(tp)]) for c in range(cp)]
+    ci, ti = divmod(rank, tp)
+    return cp_groups[ti], tp_groups[ci], ci, ti
+
+
+def _dist_clip(model, clip: float, tp_group) -> None:
+    """clip_grad_norm_ over the whole model: the LM head's norm summed over its vocabulary shards."""
+    import torch.distributed as tdist
+    head = model.lm_head.grad.double().square().sum()
+    tdist.all_reduce(head, group=tp_group)
+    rest = sum(float(p.grad.double().square().sum()) for n, p in model.named_parameters()
+               if p.grad is not None and n != "lm_head")
+    coef = min(1.0, clip / (math.sqrt(float(head) + rest) + 1e-6))
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(coef)
+
+
+def run_distributed(args, cfg: Config, dtype) -> None:
+    """Train the fused model distributed (--cp N tokens groups x --tp M vocabulary shards) next to
+    the same fused model on the whole batch in one process; rank 0 prints both losses."""
+    import torch.distributed as tdist
+    from fusedops.distributed import context_parallel
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    cp_group, tp_group, ci, ti = _dist_groups(args.cp, args.tp)
+    rank = tdist.get_rank()
+    single, _ = build_models(cfg, device, dtype, args.seed)
+    model, _ = build_models(cfg, device, dtype, args.seed)
+    V = cfg.vocab
+    shards = [V // args.tp + (1 if t < V % args.tp else 0) for t in range(args.tp)]
+    v0 = sum(shards[:ti])
+    model.lm_head = nn.Parameter(model.lm_head.detach()[v0:v0 + shards[ti]].clone())
+    opts = {"single": make_optimizer(single, args.lr), "dist": make_optimizer(model, args.lr)}
+    data = Batches(load_corpus(), args.batch, args.seq_len, args.seed)
+    B, L = args.batch, args.seq_len
+    cu = torch.arange(0, B * L + 1, L, dtype=torch.int32)
+    rel = []
+    if rank == 0:
+        print(f"train_hybrid: distributed, {args.cp} context-parallel x {args.tp} vocabulary-parallel ranks "
+              f"({tdist.get_backend()}); {B} sequences x {L} tokens per step, packed")
+    for step in range(args.steps):
+        tokens, labels = (t.to(device) for t in data.next())
+        for opt in opts.values():
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, args.steps, args.lr, 20)
+        l_single = train_step(single, opts["single"], tokens, labels)
+        # The distributed step: this rank's tokens of the packed batch, its vocabulary slice.
+        plan = context_parallel(cu, cp_group, conv_width=cfg.conv_size, device=device)
+        DIST.plan, DIST.cp_group, DIST.tp_group, DIST.cp_size = plan, cp_group, tp_group, args.cp
+        DIST.tokens, DIST.vocab_start, DIST.active = B * L, v0, True
+        try:
+            zero_grads(model)
+            loss, total = model(plan.shard(tokens.reshape(1, -1)), plan.shard(labels.reshape(1, -1)))
+            total.backward()
+        finally:
+            DIST.active = False
+        collect_grads(model)
+        for p in model.parameters():  # every rank's tokens: the gradients sum over the CP group
+            if p.grad is not None:
+                tdist.all_reduce(p.grad, group=cp_group)
+        _dist_clip(model, 1.0, tp_group)
+        opts["dist"].step()
+        l_dist = loss.detach().clone()
+        tdist.all_reduce(l_dist, group=cp_group)
+        l_dist = float(l_dist)
+        rel.append(abs(l_dist - l_single) / abs(l_single))
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss distributed {l_dist:.6f}  one process {l_single:.6f}  "
+                  f"rel.diff {rel[-1]:.2e}")
+    if rank == 0:
+        print(f"\n|rel. diff| of the losses: first step {rel[0]:.2e}, max over the first 10 steps "
+              f"{max(rel[:10]):.2e}, max {max(rel):.2e}")
+    tdist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -927,6 +1076,10 @@ def _parse(argv):
     p.add_argument("--control", action="store_true",
                    help="also train the plain model from weights perturbed by 1e-7 relative: the "
                         "yardstick for how fast rounding-sized differences grow in training")
+    p.add_argument("--cp", type=int, default=1,
+                   help="context-parallel ranks (run under torchrun with cp*tp processes)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="vocabulary-parallel ranks for the LM head (under torchrun)")
     p.add_argument("--profile-passes", type=int, default=3)
     p.add_argument("--json", help="write a summary here")
     p.add_argument("--plot", help="write a PNG of the two loss curves here (needs matplotlib)")
@@ -950,6 +1103,8 @@ def main(argv=None):
                   head_dim=args.head_dim, experts=args.experts, top_k=args.top_k,
                   expert_dim=args.expert_dim or args.dim, mixer=args.mixer,
                   grad_accum_fusion=not args.no_grad_accum_fusion and "matmul_add" not in FALLBACK)
+    if args.cp > 1 or args.tp > 1:
+        return run_distributed(args, cfg, dtype)
     n_params = sum(p.numel() for p in HybridLM(cfg, "torch").parameters())
     print(f"train_hybrid: {n_params / 1e6:.2f}M parameters, {cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.mixer} mixer, {cfg.experts} experts top-{cfg.top_k}, mHC n={cfg.hc_mult}; "

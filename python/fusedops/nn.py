@@ -223,13 +223,15 @@ class ShortConvolution(torch.nn.Conv1d):
 
     def forward(self, x: Tensor, residual: Optional[Tensor] = None, mask: Optional[Tensor] = None,
                 cache: Optional[Tensor] = None, output_final_state: bool = False,
-                cu_seqlens: Optional[Tensor] = None, **kwargs) -> tuple[Tensor, Optional[Tensor]]:
+                cu_seqlens: Optional[Tensor] = None, cp=None, cp_context=None,
+                **kwargs) -> tuple[Tensor, Optional[Tensor]]:
         """``x [B, T, D]`` (B == 1 with ``cu_seqlens``) -> ``(y, final_state or None)``.
 
         ``cache [N, D, W]`` is the initial state. As in FLA, a decoding call (one token per
         sequence, autograd off) with a cache writes the new state into ``cache`` in place; other
         calls leave it untouched and return the new state when ``output_final_state``.
         ``mask [B, T]`` zeroes padded positions of x first (not with ``cu_seqlens``).
+        ``cp`` (alias ``cp_context``): a context-parallel plan (see ``causal_conv1d``).
         """
         B, T = x.shape[0], x.shape[1]
         N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -241,7 +243,7 @@ class ShortConvolution(torch.nn.Conv1d):
         decode = cache is not None and not torch.is_grad_enabled() and B * T == N
         y, final = causal_conv1d(x, self.weight[:, 0, :].t(), self.bias, residual, cache,
                                  output_final_state or decode, self.activation,
-                                 cu_seqlens=cu_seqlens)
+                                 cu_seqlens=cu_seqlens, cp=cp, cp_context=cp_context)
         if decode:
             cache.copy_(final)
             final = cache
