@@ -43,13 +43,15 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _time(fn, device, reps: int, warmup: int = 2) -> float:
-    """Median seconds of fn() over reps runs, every rank starting each run together."""
+def _time(fn, device, reps: int, warmup: int = 2, together: bool = True) -> float:
+    """Median seconds of fn() over reps runs, every rank starting each run together (a barrier
+    first) unless together is False."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
-        dist.barrier()
+        if together:
+            dist.barrier()
         _sync(device)
         t0 = time.perf_counter()
         fn()
@@ -83,6 +85,19 @@ def _op_call(args, plan=None, cu=None):
         return op(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=h0, cp=plan, cu_seqlens=cu,
                   **kw)[0]
     return call
+
+
+def _passes(call, inputs, dout):
+    """(forward without autograd, forward + backward) of call on inputs."""
+    leaves = [t.detach().clone().requires_grad_(t.dim() > 1) for t in inputs]
+
+    def fwd():
+        with torch.no_grad():
+            call(*inputs)
+
+    def fwd_bwd():
+        call(*leaves).backward(dout)
+    return fwd, fwd_bwd
 
 
 def run(rank: int, world: int, args) -> dict:
@@ -145,49 +160,19 @@ def run(rank: int, world: int, args) -> dict:
     res["local_bwd_s"] = _time(lambda: la._local_bwd(o, q, k, v, g, beta, h0, A_log, dt_bias, saved, do, dht, plan),
                                device, args.reps)
 
-    # The whole CP layer, and one process over every token.
-    call_cp = _op_call(args, plan=plan)
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and t.dim() > 1) for t in local]
-
-    def cp_fwd():
-        with torch.no_grad():
-            call_cp(*local)
-
-    def cp_fwd_bwd():
-        call_cp(*leaves).backward(do)
+    # The whole CP layer, and one process over every token (rank 0 alone; the others wait at the
+    # barrier below).
+    cp_fwd, cp_fwd_bwd = _passes(_op_call(args, plan=plan), local, do)
     res["cp_fwd_s"] = _time(cp_fwd, device, args.reps)
     res["cp_fwd_bwd_s"] = _time(cp_fwd_bwd, device, args.reps)
     if rank == 0:
-        call_one = _op_call(args, cu=None)
-        full_leaves = [t.detach().clone().requires_grad_(t.dim() > 1) for t in full]
-        dof = torch.randn(1, T, HV, V, dtype=do.dtype, device=device)
-
-        def one_fwd():
-            with torch.no_grad():
-                call_one(*full)
-
-        def one_fwd_bwd():
-            call_one(*full_leaves).backward(dof)
-        # Rank 0 alone; the others wait at the barrier below.
-        res["one_process_fwd_s"] = _time_solo(one_fwd, device, args.reps)
-        res["one_process_fwd_bwd_s"] = _time_solo(one_fwd_bwd, device, args.reps)
+        one_fwd, one_fwd_bwd = _passes(_op_call(args), full, torch.randn(1, T, HV, V, dtype=do.dtype, device=device))
+        res["one_process_fwd_s"] = _time(one_fwd, device, args.reps, together=False)
+        res["one_process_fwd_bwd_s"] = _time(one_fwd_bwd, device, args.reps, together=False)
     dist.barrier()
     every = [None] * world
     dist.all_gather_object(every, res)
     return every
-
-
-def _time_solo(fn, device, reps):
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 PIECES = [("fwd summary", "fwd_summary_s"), ("fwd exchange", "fwd_exchange_s"), ("fwd fold", "fwd_fold_s"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 

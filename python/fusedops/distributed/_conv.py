@@ -45,9 +45,7 @@ class _CausalConv1dCP(torch.autograd.Function):
         sdt = h0.dtype if h0 is not None else x.dtype
         h0_loc = None
         if T and (plan.incoming is not None or (h0 is not None and plan.start_rows.numel())):
-            h0_loc = torch.zeros(plan.num_local_seqs, D, W, dtype=sdt, device=x.device)
-            if h0 is not None and plan.start_rows.numel():
-                h0_loc.index_copy_(0, plan.start_rows, h0.index_select(0, plan.start_ids))
+            h0_loc = plan.local_states(h0, "start", (D, W), sdt, x.device)
             if plan.incoming is not None:
                 for p, buf in recv:  # local slot j holds the token W - j before the first
                     h0_loc[0, :, p.slot + 1: p.slot + 1 + buf.shape[0]] = buf.t().to(sdt)
@@ -61,11 +59,7 @@ class _CausalConv1dCP(torch.autograd.Function):
             y, final_loc = torch.empty(x.shape, dtype=x.dtype, device=x.device), None
         final = x.new_empty(0)
         if output_final_state:
-            final = torch.zeros(plan.num_seqs, D, W, dtype=x.dtype, device=x.device)
-            if want_final:
-                final.index_copy_(0, plan.end_ids, final_loc.index_select(0, plan.end_rows))
-            if plan.empty_seqs and h0 is not None:
-                final.index_copy_(0, plan.empty_ids, h0.index_select(0, plan.empty_ids).to(x.dtype))
+            final = plan.global_states(final_loc, "end", (D, W), x.dtype, x.device, empty_from=h0)
         ctx.plan, ctx.activation, ctx.output_final_state = plan, activation, output_final_state
         ctx.has = (bias is not None, residual is not None, h0 is not None)
         ctx.h0_dtype = sdt
@@ -86,8 +80,7 @@ class _CausalConv1dCP(torch.autograd.Function):
             dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
         dht_loc = None
         if T and dfinal is not None and plan.end_rows.numel():
-            dht_loc = torch.zeros(plan.num_local_seqs, D, W, dtype=dfinal.dtype, device=x.device)
-            dht_loc.index_copy_(0, plan.end_rows, dfinal.index_select(0, plan.end_ids))
+            dht_loc = plan.local_states(dfinal, "end", (D, W), dfinal.dtype, x.device)
         if T:
             dx, dw, db, dh0_loc = _conv._bwd_impl(x, weight, bias, h0_loc, plan.cu_seqlens, dy, dht_loc,
                                                   ctx.activation, True, has_bias, h0_loc is not None)
@@ -106,15 +99,11 @@ class _CausalConv1dCP(torch.autograd.Function):
             dxf[p.start - plan.start: p.end - plan.start] += buf
         dh0 = None
         if has_h0 and needs[7]:
-            dh0 = torch.zeros(plan.num_seqs, D, W, dtype=ctx.h0_dtype, device=x.device)
-            if dh0_loc is not None and plan.start_rows.numel():
-                dh0.index_copy_(0, plan.start_ids, dh0_loc.index_select(0, plan.start_rows))
+            dh0 = plan.global_states(dh0_loc, "start", (D, W), ctx.h0_dtype, x.device, empty_from=dfinal)
             if plan.incoming is not None:
                 n, off = _user_slots(plan, W)
                 if n:
-                    dh0[plan.incoming, :, off: off + n] += dh0_loc[0, :, :n]
-            if plan.empty_seqs and dfinal is not None:
-                dh0.index_copy_(0, plan.empty_ids, dfinal.index_select(0, plan.empty_ids).to(dh0.dtype))
+                    dh0[plan.incoming, :, off: off + n] += dh0_loc[0, :, :n].to(dh0.dtype)
         return (None, None, None, dx, dw if needs[4] else None, db if has_bias and needs[5] else None,
                 dy if has_res and needs[6] else None, dh0)
 

@@ -87,9 +87,7 @@ class _LinearAttentionCP(torch.autograd.Function):
         # caller's for those that start here.
         h0_loc = None
         if T and (plan.incoming is not None or (h0 is not None and plan.start_rows.numel())):
-            h0_loc = torch.zeros(plan.num_local_seqs, HV, K, V, dtype=acc, device=dev)
-            if h0 is not None and plan.start_rows.numel():
-                h0_loc.index_copy_(0, plan.start_rows, h0.index_select(0, plan.start_ids).to(acc))
+            h0_loc = plan.local_states(h0, "start", (HV, K, V), acc, dev)
             if plan.incoming is not None:
                 start = h0[plan.incoming].contiguous() if h0 is not None else None
                 _C.la_cp_fold_fwd(context(_OP_FOLD, gathered), gathered, start, plan.fold_lo, plan.rank, h0_loc[0])
@@ -104,11 +102,7 @@ class _LinearAttentionCP(torch.autograd.Function):
             o_loc, ht_loc = v.new_empty(1, 0, HV, V), None
         ht = q.new_empty(0, dtype=acc)
         if o.output_final_state:
-            ht = torch.zeros(plan.num_seqs, HV, K, V, dtype=acc, device=dev)
-            if want_ht:
-                ht.index_copy_(0, plan.end_ids, ht_loc.index_select(0, plan.end_rows))
-            if plan.empty_seqs and h0 is not None:
-                ht.index_copy_(0, plan.empty_ids, h0.index_select(0, plan.empty_ids).to(acc))
+            ht = plan.global_states(ht_loc, "end", (HV, K, V), acc, dev, empty_from=h0)
         # The M of the ranks after this one, for the backward fold.
         later = gathered[plan.rank + 1: plan.fold_hi].clone() if plan.outgoing is not None else None
         ctx.o, ctx.plan, ctx.n_saved = o, plan, len(saved)
@@ -139,9 +133,7 @@ class _LinearAttentionCP(torch.autograd.Function):
         # caller's for those that end here.
         dht_loc = None
         if T and (plan.outgoing is not None or (dht is not None and plan.end_rows.numel())):
-            dht_loc = torch.zeros(plan.num_local_seqs, HV, K, V, dtype=acc, device=dev)
-            if dht is not None and plan.end_rows.numel():
-                dht_loc.index_copy_(0, plan.end_rows, dht.index_select(0, plan.end_ids).to(acc))
+            dht_loc = plan.local_states(dht, "end", (HV, K, V), acc, dev)
             if plan.outgoing is not None:
                 _C.la_cp_fold_bwd(context(_OP_FOLD, gathered), later, gathered[plan.rank + 1: plan.fold_hi], 0,
                                   later.shape[0], dht_loc[-1])
@@ -156,11 +148,7 @@ class _LinearAttentionCP(torch.autograd.Function):
             ddb = torch.zeros_like(dt_bias) if o.gate and dt_bias is not None else None
         dh0 = None
         if ctx.has_h0 and ctx.needs_input_grad[7]:
-            dh0 = torch.zeros(plan.num_seqs, HV, K, V, dtype=acc, device=dev)
-            if dh0_loc is not None and plan.start_rows.numel():
-                dh0.index_copy_(0, plan.start_ids, dh0_loc.index_select(0, plan.start_rows))
-            if plan.empty_seqs and dht is not None:
-                dh0.index_copy_(0, plan.empty_ids, dht.index_select(0, plan.empty_ids).to(acc))
+            dh0 = plan.global_states(dh0_loc, "start", (HV, K, V), acc, dev, empty_from=dht)
         return (None, None, dq, dk, dv, dg, dbeta, dh0, dA if o.gate and A_log is not None else None,
                 ddb if o.gate and dt_bias is not None else None)
 

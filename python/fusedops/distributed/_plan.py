@@ -100,6 +100,12 @@ class ContextParallel:
         def idx(v):
             return torch.tensor(list(v), dtype=torch.int64, device=device)
 
+        # The chunk tables of the local sequences, made now (on the host, then copied once) so that
+        # the operators find them and read nothing back from the device.
+        if self.num_tokens:
+            from ..ops.gated_delta_rule import _indices
+            for chunk_size in (16, 32, 64):
+                _indices(self.cu_seqlens, self.cu_seqlens_cpu, chunk_size, self.num_tokens)
         self.start_rows, self.start_ids = idx(self._start_rows), idx(self.seq_ids[i] for i in self._start_rows)
         self.end_rows, self.end_ids = idx(self._end_rows), idx(self.seq_ids[i] for i in self._end_rows)
         self.empty_ids = idx(self.empty_seqs)
@@ -142,6 +148,32 @@ class ContextParallel:
         return pieces
 
     # -----------------------------------------------------------------------------------------
+    def _rows(self, which: str) -> tuple[Tensor, Tensor]:
+        return (self.start_rows, self.start_ids) if which == "start" else (self.end_rows, self.end_ids)
+
+    def local_states(self, t: Optional[Tensor], which: str, shape, dtype, device) -> Tensor:
+        """``[num_local_seqs, *shape]`` zeros holding, in the rows of the local sequences that
+        start (``which="start"``) or end (``"end"``) on this rank, their rows of the global ``t``
+        (``[num_seqs, *shape]``; None: all zeros)."""
+        out = torch.zeros((self.num_local_seqs, *shape), dtype=dtype, device=device)
+        rows, ids = self._rows(which)
+        if t is not None and rows.numel():
+            out.index_copy_(0, rows, t.index_select(0, ids).to(dtype))
+        return out
+
+    def global_states(self, t_loc: Optional[Tensor], which: str, shape, dtype, device,
+                      empty_from: Optional[Tensor] = None) -> Tensor:
+        """``[num_seqs, *shape]`` zeros holding the rows of ``t_loc`` (local) of the sequences
+        that start / end on this rank; with ``empty_from``, the empty sequences' rows (rank 0's)
+        copied from it (an empty sequence's final state is its initial state, and back)."""
+        out = torch.zeros((self.num_seqs, *shape), dtype=dtype, device=device)
+        rows, ids = self._rows(which)
+        if t_loc is not None and rows.numel():
+            out.index_copy_(0, ids, t_loc.index_select(0, rows).to(dtype))
+        if empty_from is not None and self.empty_seqs:
+            out.index_copy_(0, self.empty_ids, empty_from.index_select(0, self.empty_ids).to(dtype))
+        return out
+
     def shard(self, t: Tensor, dim: int = 1) -> Tensor:
         """This rank's tokens of a global packed tensor (``dim`` is the token dimension)."""
         return t.narrow(dim, self.start, self.num_tokens)

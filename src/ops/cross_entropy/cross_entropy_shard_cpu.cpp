@@ -15,15 +15,8 @@
 namespace fusedops {
 namespace {
 
-struct Cap {
-  float scale, cap;
-  bool capped;
-};
-
-Cap cap_of(const CrossEntropyOptions& o) {
-  return {static_cast<float>(o.logit_scale),
-          o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 1.0f, o.logit_softcapping.has_value()};
-}
+using ce::Cap;
+using ce::cap_of;
 
 // z (and, when given, dz/dx) of row r into z[0, Vs).
 template <class T>

@@ -8,6 +8,7 @@
 #include "src/cuda/check.cuh"
 #include "src/cuda/reduce.cuh"
 #include "src/cuda/vec.cuh"
+#include "src/ops/cross_entropy/ce_shard.h"
 
 namespace fusedops {
 namespace {
@@ -15,15 +16,8 @@ namespace {
 constexpr const char* kOp = "cross_entropy_shard";
 constexpr int kThreads = 256;
 
-struct Cap {
-  float scale, cap;
-  bool capped;
-};
-
-Cap cap_of(const CrossEntropyOptions& o) {
-  return {static_cast<float>(o.logit_scale),
-          o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 1.0f, o.logit_softcapping.has_value()};
-}
+using ce::Cap;
+using ce::cap_of;
 
 __device__ __forceinline__ float zval(float x, const Cap& c, float* dzdx) {
   x *= c.scale;
@@ -101,41 +95,37 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(const T* logits, int64_t 
   }
 }
 
+// Calls launch(T, L) with the logits' storage type and the labels' index type, then checks the
+// launch.
 template <class Fn>
-void with_label_type(const TensorView& labels, Fn&& fn) {
-  if (labels.dtype() == DType::kInt64) fn(int64_t{});
-  else fn(int32_t{});
+void with_types(const Context& ctx, const TensorView& logits, const TensorView& labels, Fn&& launch) {
+  cuda::DeviceGuard guard(kOp, ctx.device.index);
+  cuda::visit_dtype(logits.dtype(), [&](auto t) {
+    if (labels.dtype() == DType::kInt64) launch(t, int64_t{});
+    else launch(t, int32_t{});
+  });
+  FUSEDOPS_CUDA_LAUNCH_CHECK(kOp);
 }
 
 void stats(const Context& ctx, const CrossEntropyShardStatsArgs& a) {
-  cuda::DeviceGuard guard(kOp, ctx.device.index);
-  const Cap c = cap_of(a.options);
-  cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    with_label_type(a.labels, [&](auto ltag) {
-      using L = decltype(ltag);
-      stats_kernel<T, L><<<static_cast<unsigned>(a.logits.rows()), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
-          a.logits.data_as<const T>(), a.logits.row_stride(), a.labels.data_as<const L>(), a.stats.data_as<float>(),
-          a.logits.size(-1), a.vocab_start, a.options.ignore_index, c);
-    });
+  with_types(ctx, a.logits, a.labels, [&](auto t, auto l) {
+    using T = decltype(t);
+    using L = decltype(l);
+    stats_kernel<T, L><<<static_cast<unsigned>(a.logits.rows()), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
+        a.logits.data_as<const T>(), a.logits.row_stride(), a.labels.data_as<const L>(), a.stats.data_as<float>(),
+        a.logits.size(-1), a.vocab_start, a.options.ignore_index, cap_of(a.options));
   });
-  FUSEDOPS_CUDA_LAUNCH_CHECK(kOp);
 }
 
 void bwd(const Context& ctx, const CrossEntropyShardBwdArgs& a) {
-  cuda::DeviceGuard guard(kOp, ctx.device.index);
-  const Cap c = cap_of(a.options);
-  cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    with_label_type(a.labels, [&](auto ltag) {
-      using L = decltype(ltag);
-      bwd_kernel<T, L><<<static_cast<unsigned>(a.logits.rows()), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
-          a.logits.data_as<const T>(), a.logits.row_stride(), a.labels.data_as<const L>(),
-          a.row_grads.data_as<const float>(), a.grad_logits.data_as<T>(), a.logits.size(-1), a.vocab_start,
-          a.options.ignore_index, c);
-    });
+  with_types(ctx, a.logits, a.labels, [&](auto t, auto l) {
+    using T = decltype(t);
+    using L = decltype(l);
+    bwd_kernel<T, L><<<static_cast<unsigned>(a.logits.rows()), kThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
+        a.logits.data_as<const T>(), a.logits.row_stride(), a.labels.data_as<const L>(),
+        a.row_grads.data_as<const float>(), a.grad_logits.data_as<T>(), a.logits.size(-1), a.vocab_start,
+        a.options.ignore_index, cap_of(a.options));
   });
-  FUSEDOPS_CUDA_LAUNCH_CHECK(kOp);
 }
 
 bool sup_stats(const CrossEntropyShardStatsArgs& a) {

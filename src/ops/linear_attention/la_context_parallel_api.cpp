@@ -94,27 +94,31 @@ void check_chunk_size(const ArgCheck& c, int64_t bt) {
 // ---------------------------------------------------------------------------------------------
 // Forward summary.
 
-struct FwdDims {
+// The dimensions of a segment: k (or q) [1,Ts,H,K], v [1,Ts,HV,V]; a [1,Ts,HV,K] gate is KDA's.
+struct SegDims {
   int64_t Ts = 0, H = 0, K = 0, HV = 0, V = 0, BT = 64, NT = 0;
   bool kda = false;
-  DType kdt = DType::kFloat32, vdt = DType::kFloat32, acc = DType::kFloat32;
+  DType kdt = DType::kFloat32, vdt = DType::kFloat32, ddt = DType::kFloat32, acc = DType::kFloat32;
 };
 
-FwdDims fwd_dims(const LaCpFwdSummaryArgs& a) {
-  FwdDims d;
-  d.Ts = a.k.size(1);
-  d.H = a.k.size(2);
-  d.K = a.k.size(3);
-  d.HV = a.v.size(2);
-  d.V = a.v.size(3);
-  d.BT = a.chunk_size;
+SegDims seg_dims(const TensorView& k, const TensorView& v, const TensorView& gate, int64_t chunk_size) {
+  SegDims d;
+  d.Ts = k.size(1);
+  d.H = k.size(2);
+  d.K = k.size(3);
+  d.HV = v.size(2);
+  d.V = v.size(3);
+  d.BT = chunk_size;
   d.NT = (d.Ts + d.BT - 1) / d.BT;
-  d.kda = a.g.ndim() == 4;
-  d.kdt = a.k.dtype();
-  d.vdt = a.v.dtype();
-  d.acc = acc_of(a.k.dtype());
+  d.kda = gate.ndim() == 4;
+  d.kdt = k.dtype();
+  d.vdt = d.ddt = v.dtype();
+  d.acc = acc_of(k.dtype());
   return d;
 }
+
+using FwdDims = SegDims;
+FwdDims fwd_dims(const LaCpFwdSummaryArgs& a) { return seg_dims(a.k, a.v, a.g, a.chunk_size); }
 
 struct FwdWork {
   TensorView kn, rstd, bs, ga, gc, kkt, A, Aqk, kg, w, u, u0, eye, hM, hS;
@@ -181,26 +185,10 @@ FwdDims check_fwd(const Context& ctx, const LaCpFwdSummaryArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // Backward summary.
 
-struct BwdDims {
-  int64_t Ts = 0, H = 0, K = 0, HV = 0, V = 0, BT = 64, NT = 0;
-  bool kda = false;
-  DType kdt = DType::kFloat32, vdt = DType::kFloat32, ddt = DType::kFloat32, acc = DType::kFloat32;
-};
-
+using BwdDims = SegDims;
 BwdDims bwd_dims(const LaCpBwdSummaryArgs& a) {
-  BwdDims d;
-  d.Ts = a.q.size(1);
-  d.H = a.q.size(2);
-  d.K = a.q.size(3);
-  d.HV = a.v.size(2);
-  d.V = a.v.size(3);
-  d.BT = a.chunk_size;
-  d.NT = (d.Ts + d.BT - 1) / d.BT;
-  d.kda = a.g_cumsum.ndim() == 4;
-  d.kdt = a.q.dtype();
-  d.vdt = a.v.dtype();
-  d.ddt = a.dout.defined() ? a.dout.dtype() : a.v.dtype();
-  d.acc = acc_of(a.q.dtype());
+  BwdDims d = seg_dims(a.q, a.v, a.g_cumsum, a.chunk_size);
+  if (a.dout.defined()) d.ddt = a.dout.dtype();
   return d;
 }
 

@@ -21,12 +21,12 @@ its part. A case returns None on rank 0 when every comparison passes, else the f
 
 from __future__ import annotations
 
+import fusedops
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import fusedops
 from fusedops.distributed import context_parallel
+
 from tests.common import tolerance
 
 CASES: dict = {}

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import random
 
+import fusedops
 import pytest
 import torch
-
-import fusedops
 from fusedops.distributed import ContextParallel
 
 
