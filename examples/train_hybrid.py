@@ -983,16 +983,20 @@ def _dist_clip(model, clip: float, tp_group) -> None:
             p.grad.mul_(coef)
 
 
-def run_distributed(args, cfg: Config, dtype) -> None:
+def run_distributed(args, cfg: Config, dtype, log=print) -> list:
     """Train the fused model distributed (--cp N tokens groups x --tp M vocabulary shards) next to
-    the same fused model on the whole batch in one process; rank 0 prints both losses."""
+    the same fused model on the whole batch in one process; rank 0 prints both losses. Returns
+    the relative differences of the two losses per step. Joins the default process group
+    (torchrun's environment) unless one exists already."""
     import torch.distributed as tdist
     from fusedops.distributed import context_parallel
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    own_group = not tdist.is_initialized()
+    if own_group:
+        tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cp_group, tp_group, ci, ti = _dist_groups(args.cp, args.tp)
     rank = tdist.get_rank()
     single, _ = build_models(cfg, device, dtype, args.seed)
@@ -1006,9 +1010,9 @@ def run_distributed(args, cfg: Config, dtype) -> None:
     B, L = args.batch, args.seq_len
     cu = torch.arange(0, B * L + 1, L, dtype=torch.int32)
     rel = []
-    if rank == 0:
-        print(f"train_hybrid: distributed, {args.cp} context-parallel x {args.tp} vocabulary-parallel ranks "
-              f"({tdist.get_backend()}); {B} sequences x {L} tokens per step, packed")
+    log = log if rank == 0 else (lambda *a, **k: None)
+    log(f"train_hybrid: distributed, {args.cp} context-parallel x {args.tp} vocabulary-parallel ranks "
+        f"({tdist.get_backend()}); {B} sequences x {L} tokens per step, packed")
     for step in range(args.steps):
         tokens, labels = (t.to(device) for t in data.next())
         for opt in opts.values():
@@ -1035,13 +1039,14 @@ def run_distributed(args, cfg: Config, dtype) -> None:
         tdist.all_reduce(l_dist, group=cp_group)
         l_dist = float(l_dist)
         rel.append(abs(l_dist - l_single) / abs(l_single))
-        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss distributed {l_dist:.6f}  one process {l_single:.6f}  "
-                  f"rel.diff {rel[-1]:.2e}")
-    if rank == 0:
-        print(f"\n|rel. diff| of the losses: first step {rel[0]:.2e}, max over the first 10 steps "
-              f"{max(rel[:10]):.2e}, max {max(rel):.2e}")
-    tdist.destroy_process_group()
+        if step % args.log_every == 0 or step == args.steps - 1:
+            log(f"step {step:4d}  loss distributed {l_dist:.6f}  one process {l_single:.6f}  "
+                f"rel.diff {rel[-1]:.2e}")
+    log(f"\n|rel. diff| of the losses: first step {rel[0]:.2e}, max over the first 10 steps "
+        f"{max(rel[:10]):.2e}, max {max(rel):.2e}")
+    if own_group:
+        tdist.destroy_process_group()
+    return rel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1104,7 +1109,8 @@ def main(argv=None):
                   expert_dim=args.expert_dim or args.dim, mixer=args.mixer,
                   grad_accum_fusion=not args.no_grad_accum_fusion and "matmul_add" not in FALLBACK)
     if args.cp > 1 or args.tp > 1:
-        return run_distributed(args, cfg, dtype)
+        run_distributed(args, cfg, dtype)
+        return None
     n_params = sum(p.numel() for p in HybridLM(cfg, "torch").parameters())
     print(f"train_hybrid: {n_params / 1e6:.2f}M parameters, {cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.mixer} mixer, {cfg.experts} experts top-{cfg.top_k}, mHC n={cfg.hc_mult}; "

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._backend import context
+from .._backend import context, rows_view
 from ..ops import gated_delta_rule as _gdn
 from ..ops import kda as _kda
 from ._comm import all_gather_rows
@@ -55,8 +55,14 @@ def _workspace(n: int, like: Tensor) -> Optional[Tensor]:
 def _fwd_summary(o: _Opts, plan: ContextParallel, k, v, g, beta, A_log, dt_bias, summary: Tensor) -> None:
     """The outgoing segment's (M, S_loc) into summary (M = I, S_loc = 0 without one)."""
     s = plan.outgoing_start
-    t = [k[:, s:], v[:, s:], g[:, s:], beta[:, s:], A_log if o.gate else None,
-         dt_bias if o.gate else None, summary, None]
+    # The operator's own argument forms: the row-wise steps (l2norm, gate, sigmoid) take rows
+    # that flatten with one stride (a slice of a fused projection may need a copy).
+    k, g, beta = k[:, s:], g[:, s:], beta[:, s:]
+    k = rows_view(k) if o.l2 else _gdn._last_unit(k)
+    g = rows_view(g) if o.gate and not o.kda else _gdn._last_unit(g)
+    beta = rows_view(beta) if o.sig else _gdn._last_unit(beta)
+    t = [k, _gdn._last_unit(v[:, s:]), g, beta, A_log if o.gate else None, dt_bias if o.gate else None, summary,
+         None]
     t[-1] = _workspace(_C.la_cp_fwd_summary_workspace_size(t, o.chunk_size, o.l2, o.gate, o.sig), k)
     _C.la_cp_fwd_summary(context("la_cp_fwd_summary", k), t, chunk_size=o.chunk_size,
                          use_qk_l2norm_in_kernel=o.l2, use_gate_in_kernel=o.gate,
@@ -190,7 +196,7 @@ def _local_bwd_summary(o: _Opts, q, k, v, beta, saved, do, dht_in, end: int, out
         A, bs, Aqk = saved[5], saved[6], None
         w = saved[7] if o.keep else None
     bb = bs if o.sig else beta
-    cut = lambda t: None if t is None else t[:, :end]  # noqa: E731
+    cut = lambda t: None if t is None else _gdn._last_unit(t[:, :end])  # noqa: E731
     _bwd_summary(o, cut(qs), cut(ks), cut(v), cut(bb), cut(gc), cut(A), cut(Aqk), cut(w), cut(do), dht_in, out)
 
 
