@@ -370,6 +370,7 @@ _ce("ce_sum_label_smoothing_zloss", reduction="sum", label_smoothing=0.1, lse_sq
 _ce("ce_none_softcap_scale", reduction="none", logit_softcapping=4.0, logit_scale=0.8, seed=20)
 _ce("ce_odd_vocab_32003", N=8, V=32003, reduction="mean", label_smoothing=0.05, weighted=False, seed=30)
 _ce("ce_bfloat16", dtype=torch.bfloat16, reduction="mean", label_smoothing=0.1, seed=40)
+_ce("ce_inplace_backward", reduction="mean", inplace_backward=True, seed=45)
 _ce("ce_float64_exact", dtype=torch.float64, reduction="sum", lse_square_scale=1e-2, logit_softcapping=6.0, seed=50)
 
 
