@@ -270,7 +270,7 @@ def _conv_case(rank, world, device, *, cu, split, W, dtype=torch.float32, D=12, 
 
     def run(ins, **extra):
         xx, ww, bb, ss, rr = ins
-        return fusedops.causal_conv1d(xx, ww, bb, rr, ss, activation, output_final_state=ofs, **extra)
+        return fusedops.causal_conv1d(xx, ww, bb, rr, ss, activation=activation, output_final_state=ofs, **extra)
 
     plan = context_parallel(cu, split=_resolve_split(split, world, T), conv_width=W, device=device)
     local = _leaves([plan.shard(x), w, b, s0, None if res is None else plan.shard(res)])
