@@ -990,11 +990,12 @@ def run_distributed(args, cfg: Config, dtype, log=print) -> list:
     (torchrun's environment) unless one exists already."""
     import torch.distributed as tdist
     from fusedops.distributed import context_parallel
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
     own_group = not tdist.is_initialized()
+    device = torch.device(args.device)
+    if device.type == "cuda":  # torchrun's LOCAL_RANK, or the device a caller's group already set
+        index = int(os.environ.get("LOCAL_RANK", 0)) if own_group else torch.cuda.current_device()
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
     if own_group:
         tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cp_group, tp_group, ci, ti = _dist_groups(args.cp, args.tp)

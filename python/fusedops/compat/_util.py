@@ -20,11 +20,18 @@ def unsupported(lib: str, op: str, what: str, alternative: str, exc=NotImplement
     raise exc(f"fusedops.compat.{lib}: {op}: {what} is not supported; {alternative}")
 
 
-def reject_cp_context(lib: str, op: str, cp_context) -> None:
-    if cp_context is not None:
-        unsupported(lib, op, "cp_context (context parallelism)",
-                    "fusedops has no context-parallel path yet: run each packed sequence whole on "
-                    "one rank (cu_seqlens) with cp_context=None")
+def cp_plan(lib: str, op: str, cp_context):
+    """FLA's ``cp_context`` as fusedops takes it: None, or the context-parallel plan of
+    ``fusedops.distributed.context_parallel`` (FLA's own FLACPContext is not read). With a plan
+    the call runs context parallel and, as in FLA, the plan's sequences replace cu_seqlens."""
+    if cp_context is None:
+        return None
+    from fusedops.distributed import ContextParallel
+    if isinstance(cp_context, ContextParallel):
+        return cp_context
+    unsupported(lib, op, f"cp_context of type {type(cp_context).__name__} (context parallelism)",
+                "pass the plan of fusedops.distributed.context_parallel(cu_seqlens, group, conv_width=W), "
+                "made once per packed batch (docs/distributed.md)")
 
 
 def log2_to_natural(g: Optional[Tensor]) -> Optional[Tensor]:

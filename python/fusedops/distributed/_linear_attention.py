@@ -111,7 +111,7 @@ class _LinearAttentionCP(torch.autograd.Function):
             ht = plan.global_states(ht_loc, "end", (HV, K, V), acc, dev, empty_from=h0)
         # The M of the ranks after this one, for the backward fold.
         later = gathered[plan.rank + 1: plan.fold_hi].clone() if plan.outgoing is not None else None
-        ctx.o, ctx.plan, ctx.n_saved = o, plan, len(saved)
+        ctx.o, ctx.plan = o, plan
         ctx.has_h0 = h0 is not None
         ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0_loc, later, *saved)
         ctx.set_materialize_grads(False)

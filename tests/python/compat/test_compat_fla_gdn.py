@@ -121,7 +121,7 @@ def test_chunk_layer_form_gate_in_kernel_and_chunk_size():
 def test_chunk_errors():
     q, k, v, g, beta, _ = la_inputs(1, 8, 2, 2, 16, 16, torch.float32, 14)
     with pytest.raises(NotImplementedError, match=r"fusedops.compat.fla: chunk_gated_delta_rule: "
-                                                  r"cp_context \(context parallelism\) is not supported"):
+                                                  r"cp_context of type object \(context parallelism\) is not supported"):
         chunk_gated_delta_rule(q, k, v, g, beta, cp_context=object())
     with pytest.raises(DeprecationWarning, match="head_first has been removed"):
         chunk_gated_delta_rule(q, k, v, g, beta, head_first=False)

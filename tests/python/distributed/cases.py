@@ -437,6 +437,38 @@ _cl("chunk_loss_bfloat16", dtype=torch.bfloat16, reduction="mean", seed=40)
 
 
 # ---------------------------------------------------------------------------------------------
+# flash-linear-attention's call forms (fusedops.compat.fla) take the plan as cp_context.
+
+
+@case("compat_fla_cp_context")
+def _compat(rank, world, device):
+    from fusedops.compat.fla.modules.causal_conv1d.ops import causal_conv1d as fla_conv
+    from fusedops.compat.fla.ops.gated_delta_rule.chunk import chunk_gated_delta_rule as fla_gdn
+    from fusedops.compat.fla.ops.kda.chunk import chunk_kda as fla_kda
+    cu = [0, 50, 130]
+    plan = context_parallel(cu, conv_width=4, device=device)
+    T, H, K = cu[-1], 2, 16
+    q, k, v = (plan.shard(_data((1, T, H, K), torch.float32, device, i)) for i in (1, 2, 3))
+    k = F.normalize(k, dim=-1)
+    g, gk = -_data((1, T, H), torch.float32, device, 4, 0.3, "uniform"), \
+        -_data((1, T, H, K), torch.float32, device, 5, 0.3, "uniform")
+    g, gk = plan.shard(g), plan.shard(gk)
+    beta = plan.shard(_data((1, T, H), torch.float32, device, 6, kind="uniform"))
+    x, w = plan.shard(_data((1, T, 8), torch.float32, device, 7)), _data((8, 4), torch.float32, device, 8)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=device)  # replaced by the plan's, as in FLA
+    pairs = [(fla_gdn(q, k, v, g, beta, cu_seqlens=cu_t, cp_context=plan)[0],
+              fusedops.chunk_gated_delta_rule(q, k, v, g, beta, cp=plan)[0]),
+             (fla_kda(q, k, v, gk, beta, cu_seqlens=cu_t, cp_context=plan)[0],
+              fusedops.chunk_kda(q, k, v, gk, beta, cp=plan)[0]),
+             (fla_conv(x, w, activation="silu", cp_context=plan)[0],
+              fusedops.causal_conv1d(x, w.t(), activation="silu", cp=plan)[0])]
+    bad = [i for i, (a, b) in enumerate(pairs) if not torch.equal(a, b)]
+    if rank != 0:
+        return None
+    return f"the compat forms {bad} differ from the native cp calls" if bad else None
+
+
+# ---------------------------------------------------------------------------------------------
 # The example: examples/train_hybrid.py --cp <world> (a tiny model, 3 steps) against one process.
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from fusedops import nn as _nn
-from fusedops.compat._util import reject_cp_context, unsupported
+from fusedops.compat._util import cp_plan, unsupported
 from fusedops.ops.causal_conv1d import causal_conv1d as _conv
 
 __all__ = ["ShortConvolution", "causal_conv1d", "causal_conv1d_update"]
@@ -36,17 +36,18 @@ def causal_conv1d(
 ) -> tuple[Tensor, Optional[Tensor]]:
     """FLA 0.6.0's ``causal_conv1d`` (weight ``[D, W]``) on :func:`fusedops.causal_conv1d`.
     ``backend`` ("triton", "cuda", "mix"), ``cu_seqlens_cpu``, ``chunk_indices`` and other
-    keywords (e.g. ``seq_idx``) are accepted and ignored; ``weight=None`` and ``cp_context`` are
-    rejected. Returns ``(y, final_state or None)``."""
+    keywords (e.g. ``seq_idx``) are accepted and ignored; ``weight=None`` is rejected;
+    ``cp_context`` takes a plan of ``fusedops.distributed.context_parallel`` (with
+    ``conv_width``). Returns ``(y, final_state or None)``."""
     op = "causal_conv1d"
-    reject_cp_context("fla", op, cp_context)
+    plan = cp_plan("fla", op, cp_context)
     if backend not in _BACKENDS:
         raise ValueError(f"Unsupported backend: {backend}")
     if weight is None:
         unsupported("fla", op, "weight=None (an unweighted window sum)",
                     "pass a [D, W] weight of ones")
     return _conv(x, weight, bias, residual, initial_state, bool(output_final_state), activation,
-                 cu_seqlens=cu_seqlens, weight_layout="DW")
+                 cu_seqlens=None if plan is not None else cu_seqlens, weight_layout="DW", cp=plan)
 
 
 def causal_conv1d_update(x: Tensor, cache: Tensor, residual: Optional[Tensor] = None,

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import contiguous_state, reject_cp_context, state_v_first_from
+from fusedops.compat._util import contiguous_state, cp_plan, state_v_first_from
 from fusedops.ops import gated_delta_rule as _gdn
 
 __all__ = ["chunk_gated_delta_rule", "chunk_gdn"]
@@ -37,10 +37,11 @@ def chunk_gated_delta_rule(
     64), ``use_gate_in_kernel``, ``A_log``, ``dt_bias`` and the deprecated
     ``transpose_state_layout``; ``head_first`` raises; other keywords are ignored, as in FLA.
     ``chunk_indices`` is accepted and ignored (fusedops derives the chunks from cu_seqlens).
-    ``cp_context`` is rejected (no context parallelism yet). Returns ``(o, final_state)``.
+    ``cp_context`` takes a plan of ``fusedops.distributed.context_parallel`` (the call then runs
+    context parallel on this rank's tokens). Returns ``(o, final_state)``.
     """
     op = "chunk_gated_delta_rule"
-    reject_cp_context("fla", op, cp_context)
+    plan = cp_plan("fla", op, cp_context)
     state_v_first = state_v_first_from(state_v_first, kwargs)
     if "head_first" in kwargs:
         raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
@@ -48,11 +49,12 @@ def chunk_gated_delta_rule(
     o, final_state = _gdn.chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        cu_seqlens=None if plan is not None else cu_seqlens,
+        cu_seqlens_cpu=None if plan is not None else cu_seqlens_cpu,
         chunk_size=kwargs.get("chunk_size", 64), use_gate_in_kernel=use_gate_in_kernel,
         A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"),
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first)
+        state_v_first=state_v_first, cp=plan)
     return o, contiguous_state(final_state, state_v_first)
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import contiguous_state, reject_cp_context, state_v_first_from, unsupported
+from fusedops.compat._util import contiguous_state, cp_plan, state_v_first_from, unsupported
 from fusedops.ops import kda as _kda
 
 __all__ = ["chunk_kda"]
@@ -42,11 +42,12 @@ def chunk_kda(
     ``A_log``, ``dt_bias`` and ``chunk_size`` (32/64) come through ``**kwargs`` as in FLA; other
     keywords are ignored, as in FLA (``transpose_state_layout`` is the deprecated
     ``state_v_first``). ``disable_recompute``, ``use_graph`` and ``max_num_seqs`` are accepted
-    and ignored (the results are the same); ``return_intermediate_states`` and ``cp_context``
-    are rejected. Returns ``(o, final_state)``.
+    and ignored (the results are the same); ``return_intermediate_states`` is rejected;
+    ``cp_context`` takes a plan of ``fusedops.distributed.context_parallel``. Returns
+    ``(o, final_state)``.
     """
     op = "chunk_kda"
-    reject_cp_context("fla", op, cp_context)
+    plan = cp_plan("fla", op, cp_context)
     if return_intermediate_states:
         unsupported("fla", op, "return_intermediate_states",
                     "run chunk_gated_delta_rule_fwd_h on the outputs of chunk_kda_fwd_intra for the "
@@ -58,7 +59,8 @@ def chunk_kda(
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, safe_gate=safe_gate,
-        lower_bound=lower_bound, cu_seqlens=cu_seqlens, chunk_size=kwargs.get("chunk_size", 64),
-        cu_seqlens_cpu=cu_seqlens_cpu, allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first)
+        lower_bound=lower_bound, cu_seqlens=None if plan is not None else cu_seqlens,
+        chunk_size=kwargs.get("chunk_size", 64),
+        cu_seqlens_cpu=None if plan is not None else cu_seqlens_cpu, allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first, cp=plan)
     return o, contiguous_state(final_state, state_v_first)
