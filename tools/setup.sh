@@ -11,7 +11,7 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
-dpkg -s libopenblas-dev >/dev/null 2>&1 || need+=(libopenblas-dev)
+# (The CPU GEMMs' oneDNN comes from PyPI with the Python packages below: tools/requirements-dev.txt.)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"

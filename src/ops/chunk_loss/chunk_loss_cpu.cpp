@@ -1,8 +1,8 @@
-// chunk_loss, CPU backend: per chunk of rows, Z = H_c W^T (cpu::sgemm), the cross-entropy
-// engine writing the gradient over Z in place, dH_c = G W and dW += G^T H_c (sgemm, fp32).
-// fp32 copies of 16-bit operands: the weight once ([V, H]), hidden one chunk at a time. bf16 on a
-// CPU with AVX-512 BF16: the three products on bf16 operands (cpu::bgemm, fp32 sums), G rounded to
-// bf16 as the CUDA backend stores it, no fp32 copies.
+// chunk_loss, CPU backend: per chunk of rows, Z = H_c W^T, the cross-entropy engine writing the
+// gradient G over Z, dH_c = G W and dW += G^T H_c (cpu::sgemm / cpu::bgemm: oneDNN, fp32 sums).
+// fp32 and bf16 operands go to the GEMMs as they are (bf16: G rounded to bf16, as the CUDA
+// backend stores it); fp16 ones are copied to fp32 (the weight once, hidden a chunk at a time).
+// Without gradients (torch.no_grad) only the logits GEMM and the loss pass run.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -123,8 +123,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.row_norm = row_norm.data();
   cpu::ce::row_scales(sp);
 
-  // bf16 products straight on the operands where the CPU has bf16 dot products.
-  const bool bf = dt == DType::kBFloat16 && cpu::have_bf16_gemm();
+  // bf16 products straight on the operands.
+  const bool bf = dt == DType::kBFloat16;
   // fp32 operands.
   std::unique_ptr<float[]> w32_big, dw_big, z_big, h32_big, dh32_big;
   std::unique_ptr<bf16_t[]> gb_big;
@@ -165,7 +165,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     int64_t ldhc = H;
     const bf16_t* Hb = bf ? a.hidden.data_as<const bf16_t>() + r0 * ldh : nullptr;
     if (bf) {
-      cpu::bgemm(false, true, rows, V, H, 1.0f, Hb, ldh, Wb, H, 0.0f, z, V);
+      cpu::bgemm(false, true, rows, V, H, Hb, ldh, Wb, H, false, z, V);
     } else if (f32) {
       Hc = a.hidden.data_as<const float>() + r0 * ldh;
       ldhc = ldh;
@@ -175,7 +175,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       Hc = h32;
       ldhc = H;
     }
-    if (!bf) cpu::sgemm(false, true, rows, V, H, 1.0f, Hc, ldhc, W, H, 0.0f, z, V);
+    if (!bf) cpu::sgemm(false, true, rows, V, H, Hc, ldhc, W, H, false, z, V);
 
     cpu::ce::RowsParams rp{};
     rp.logits = z;
@@ -203,26 +203,25 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     if (bf && want_grad) {
       // dH_c = G W and dW += G^T H_c.
       if (a.grad_hidden.defined()) {
-        cpu::bgemm(false, false, rows, H, V, 1.0f, gb, V, Wb, H, 0.0f, dh32, H);
+        cpu::bgemm(false, false, rows, H, V, gb, V, Wb, H, false, dh32, H);
         from_float_rows(dh32, rows, H,
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
       if (dW) {
-        cpu::bgemm(true, false, V, H, rows, 1.0f, gb, V, Hb, ldh, dw_started ? 1.0f : 0.0f, dW, H);
+        cpu::bgemm(true, false, V, H, rows, gb, V, Hb, ldh, dw_started, dW, H);
         dw_started = true;
       }
     } else if (a.grad_hidden.defined()) {
       if (f32) {
-        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f,
-                   a.grad_hidden.data_as<float>() + r0 * H, H);
+        cpu::sgemm(false, false, rows, H, V, z, V, W, H, false, a.grad_hidden.data_as<float>() + r0 * H, H);
       } else {
-        cpu::sgemm(false, false, rows, H, V, 1.0f, z, V, W, H, 0.0f, dh32, H);
+        cpu::sgemm(false, false, rows, H, V, z, V, W, H, false, dh32, H);
         from_float_rows(dh32, rows, H,
                         static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
       }
     }
     if (dW && !bf) {
-      cpu::sgemm(true, false, V, H, rows, 1.0f, z, V, Hc, ldhc, dw_started ? 1.0f : 0.0f, dW, H);
+      cpu::sgemm(true, false, V, H, rows, z, V, Hc, ldhc, dw_started, dW, H);
       dw_started = true;
     }
   }

@@ -1,8 +1,7 @@
-// matmul_add, CPU backend: one fp32 GEMM with beta = 1 (cpu::sgemm: the AVX-512 kernel, OpenBLAS
-// or the built-in one) straight on fp32 operands; bf16 operands on a CPU with AVX-512 BF16 go straight to
-// cpu::bgemm (bf16 dot products, fp32 sums); otherwise bf16/fp16 operands are converted to fp32 a
-// block of tokens at a time (never the whole tensors) and each block is accumulated with its own
-// beta = 1 GEMM.
+// matmul_add, CPU backend: one GEMM accumulating into main_grad (cpu::sgemm / cpu::bgemm, oneDNN's
+// matmul with a sum post-op: fp32 sums, main_grad read and written once) straight on fp32 and bf16
+// operands; fp16 operands are converted to fp32 a block of tokens at a time (never the whole
+// tensors) and each block is accumulated with its own GEMM.
 #include <algorithm>
 #include <memory>
 
@@ -39,11 +38,9 @@ void run(const MatmulAddFwdArgs& a) {
   float* C = a.main_grad.data_as<float>();
   if constexpr (std::is_same_v<T, float>) {
     // main_grad[O, I] += grad_output[T, O]^T @ input[T, I]
-    cpu::sgemm(true, false, O, I, tokens, 1.0f, g, ldg, x, ldx, 1.0f, C, I);
-  } else if (std::is_same_v<T, bf16_t> && cpu::have_bf16_gemm()) {
-    // bf16 dot products with fp32 sums, straight on the operands (no fp32 copies).
-    cpu::bgemm(true, false, O, I, tokens, 1.0f, reinterpret_cast<const bf16_t*>(g), ldg,
-               reinterpret_cast<const bf16_t*>(x), ldx, 1.0f, C, I);
+    cpu::sgemm(true, false, O, I, tokens, g, ldg, x, ldx, true, C, I);
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    cpu::bgemm(true, false, O, I, tokens, g, ldg, x, ldx, true, C, I);
   } else {
     const int64_t block = block_tokens(tokens, O, I);
     // Uninitialized: every element is written by the conversion before the GEMM reads it.
@@ -59,7 +56,7 @@ void run(const MatmulAddFwdArgs& a) {
           cpu::load_float(x + (t0 + r) * ldx, xb.get() + r * I, I);
         }
       });
-      cpu::sgemm(true, false, O, I, n, 1.0f, gb.get(), O, xb.get(), I, 1.0f, C, I);
+      cpu::sgemm(true, false, O, I, n, gb.get(), O, xb.get(), I, true, C, I);
     }
   }
 }
