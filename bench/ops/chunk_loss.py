@@ -6,6 +6,9 @@ Passes:
            entropy, the two gradient GEMMs for fusedops and Liger; a linear + CE forward for
            eager); output: the loss
   fwd+bwd  fwd + loss.backward(); outputs: d_hidden and d_weight
+The "no_grad" variant (evaluation) runs the loss under torch.no_grad(): fusedops then does only
+the logits GEMM and the loss pass, eager its linear + CE forward. It has no backward; its fwd+bwd
+pass repeats the forward.
 This op is bound by its three GEMMs (6 N V H flops: 25.8 TFLOP at N=8192, H=4096, V=128256), so
 the byte count below (read hidden and weight, write their gradients) gives a floor that is far
 from the real one; the time and the peak memory are the numbers to read.
@@ -180,6 +183,30 @@ def _base_fn(state):
     return base
 
 
+def _no_grad_impls(device) -> list[Impl]:
+    """fusedops, eager and Liger under torch.no_grad(): the loss only (both passes)."""
+    def no_grad(loss_of):
+        def run(inp):
+            with torch.no_grad():
+                return {"loss": loss_of(inp)}
+        return run
+
+    out = []
+    for impl in (_fusedops_impl(), _eager_impl(), _liger_impl(device)):
+        if impl.available:
+            fn = no_grad(lambda inp, f=impl.fwd: f(inp)["loss"])
+            impl = Impl(impl.name, fn, fn, note=impl.note and impl.note + " (under torch.no_grad)")
+        out.append(impl)
+    return out
+
+
+def _loss_only(fn):
+    def loss_only(inp) -> dict:
+        r = fn(inp)
+        return {"fwd": r["fwd"], "fwd+bwd": r["fwd"]}
+    return loss_only
+
+
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
     if device.type == "cuda":
         shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
@@ -199,4 +226,17 @@ def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
             bytes_moved=bytes_moved(nhv, dtype), bytes_note=BYTES_NOTE,
             ref_row_budget_elems=1 << 62,
         ))
+        if device.type == "cpu":
+            fwd_bytes = bytes_moved(nhv, dtype)["fwd"]
+            state = {}  # this case's own (the report makes each case's inputs with its own seed)
+            out.append(Case(
+                op=OP, shape=(1, n * h), dtype=dtype, variant="no_grad",
+                params={"N": n, "H": h, "V": v, "reduction": "mean", "grad": "off"},
+                make_inputs=lambda dev, seed, nhv=nhv, dtype=dtype, state=state: _make_inputs(nhv, dtype, dev, seed,
+                                                                                              state),
+                impls=_no_grad_impls(device), reference=_loss_only(_reference_fn(state)),
+                base=_loss_only(_base_fn(state)), bytes_moved={"fwd": fwd_bytes, "fwd+bwd": fwd_bytes},
+                bytes_note={"fwd": BYTES_NOTE["fwd"], "fwd+bwd": "no backward under no_grad: the forward again"},
+                ref_row_budget_elems=1 << 62,
+            ))
     return out
