@@ -29,6 +29,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const fl
 void bgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t* A,
            int64_t lda, const bf16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc);
 
+// bf16 A and B, C written in bf16: the fp32 sums (plus `addend[M,N]`, fp32 with leading dimension
+// ld_addend, when not null) rounded once to bf16 (round to nearest even). For a last product whose
+// fp32 result would only be converted, e.g. a weight gradient accumulated over chunks in fp32.
+// Where oneDNN has no bf16 kernel: bgemm into fp32, then the same rounding.
+void bgemm_to_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t* A,
+                   int64_t lda, const bf16_t* B, int64_t ldb, const float* addend,
+                   int64_t ld_addend, bf16_t* C, int64_t ldc);
+
 // The oneDNN implementation serving a product (e.g. "brg:avx512_core_amx"), for tests and the
 // benchmark; creates the primitive if needed.
 std::string gemm_impl(bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -94,6 +94,40 @@ void check_all(bool bf16) {
 TEST(CpuGemm, SgemmMatchesDoubleLoops) { check_all(false); }
 TEST(CpuGemm, BgemmMatchesDoubleLoops) { check_all(true); }
 
+// bgemm_to_bf16: the fp32 sums plus an fp32 addend (or none), rounded once to bf16.
+TEST(CpuGemm, BgemmToBf16MatchesDoubleLoops) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist;
+  for (auto [M, N, K] : kShapes) {
+    for (bool ta : {false, true}) {
+      for (bool with_addend : {false, true}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                     " K=" + std::to_string(K) + " ta=" + std::to_string(ta) +
+                     " addend=" + std::to_string(with_addend));
+        const Problem p(ta, false, M, N, K, true, gen);
+        const int64_t ld_add = N + 5;
+        std::vector<float> add(M * ld_add);
+        for (auto& v : add) v = dist(gen);
+        std::vector<bf16_t> C(M * p.ldc, float_to_bf16(-7.0f));
+        cpu::bgemm_to_bf16(ta, false, M, N, K, p.Ab.data(), p.lda, p.Bb.data(), p.ldb,
+                           with_addend ? add.data() : nullptr, ld_add, C.data(), p.ldc);
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < N; ++j) {
+            const double expect =
+                p.expect(i, j) + (with_addend ? double(add[i * ld_add + j]) : 0.0);
+            // One bf16 rounding (half an ulp: 2^-9 relative) after fp32 sums.
+            ASSERT_NEAR(to_float(C[i * p.ldc + j]), expect,
+                        std::abs(expect) * 0x1p-8 + 1e-4 * (1 + std::sqrt(double(K))))
+                << i << "," << j;
+          }
+          for (int64_t j = N; j < p.ldc; ++j)
+            ASSERT_EQ(C[i * p.ldc + j].bits, float_to_bf16(-7.0f).bits);
+        }
+      }
+    }
+  }
+}
+
 // Where oneDNN has a bf16 kernel bgemm uses it; with ONEDNN_MAX_CPU_ISA=AVX2 (the second CMake
 // run of this suite) it has none and bgemm must widen (oneDNN cannot even make the primitive).
 TEST(CpuGemm, BgemmKernelOrWidening) {

@@ -136,7 +136,13 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     to_float_rows(a.weight.data(), dt, H, V, H, w32);
     W = w32;
   }
-  // fp32 weight-gradient accumulator: the output itself when it is fp32.
+  const int64_t C = chunk_loss_chunk_rows(ctx, a);
+  const int64_t ldh = a.hidden.row_stride();
+  const int64_t Cn = std::min(C, N);
+  // fp32 weight-gradient accumulator: the output itself when it is fp32. A bf16 output is written
+  // by the last chunk's GEMM (bgemm_to_bf16: the earlier chunks' fp32 sum added, one rounding),
+  // so with a single chunk there is no accumulator at all.
+  const bool dw_to_bf16 = bf && a.grad_weight.defined() && a.grad_weight.dtype() == DType::kBFloat16;
   float* dw_own = nullptr;
   float* dW = nullptr;
   bool dw_started = false;
@@ -144,18 +150,17 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     if (a.grad_weight.dtype() == DType::kFloat32) {
       dW = a.grad_weight.data_as<float>();
       dw_started = a.accumulate_grad_weight;
-    } else {
+    } else if (!dw_to_bf16 || N > C) {
       dw_own = scratch(kSlotDw, V * H, dw_big);
       dW = dw_own;
     }
   }
 
-  const int64_t C = chunk_loss_chunk_rows(ctx, a);
-  const int64_t ldh = a.hidden.row_stride();
-  const int64_t Cn = std::min(C, N);
   float* const z = scratch(kSlotZ, Cn * V, z_big);
   float* const h32 = scratch(kSlotH32, f32 || bf ? 0 : Cn * H, h32_big);
-  float* const dh32 = scratch(kSlotDh32, (a.grad_hidden.defined() && !f32) ? Cn * H : 0, dh32_big);
+  // (bf16 dH is written by its GEMM.)
+  float* const dh32 =
+      scratch(kSlotDh32, (a.grad_hidden.defined() && !f32 && !bf) ? Cn * H : 0, dh32_big);
   bf16_t* const gb = scratch(kSlotGb, bf && want_grad ? Cn * V : 0, gb_big);
   const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
   const size_t label_size = int64 ? 8 : 4;
@@ -202,18 +207,21 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
 
     if (bf && want_grad) {
       // dH_c = G W and dW += G^T H_c.
-      if (a.grad_hidden.defined()) {
-        cpu::bgemm(false, false, rows, H, V, gb, V, Wb, H, false, dh32, H);
-        from_float_rows(dh32, rows, H,
-                        static_cast<uint8_t*>(a.grad_hidden.data()) + r0 * H * dtype_size(dt), dt);
-      }
-      if (dW) {
+      if (a.grad_hidden.defined())
+        cpu::bgemm_to_bf16(false, false, rows, H, V, gb, V, Wb, H, nullptr, 0,
+                           a.grad_hidden.data_as<bf16_t>() + r0 * H, H);
+      if (dw_to_bf16 && r0 + rows == N) {
+        cpu::bgemm_to_bf16(true, false, V, H, rows, gb, V, Hb, ldh, dw_started ? dW : nullptr, H,
+                           a.grad_weight.data_as<bf16_t>(), H);
+        dw_own = nullptr;  // written
+      } else if (dW) {
         cpu::bgemm(true, false, V, H, rows, gb, V, Hb, ldh, dw_started, dW, H);
         dw_started = true;
       }
     } else if (a.grad_hidden.defined()) {
       if (f32) {
-        cpu::sgemm(false, false, rows, H, V, z, V, W, H, false, a.grad_hidden.data_as<float>() + r0 * H, H);
+        cpu::sgemm(false, false, rows, H, V, z, V, W, H, false,
+                   a.grad_hidden.data_as<float>() + r0 * H, H);
       } else {
         cpu::sgemm(false, false, rows, H, V, z, V, W, H, false, dh32, H);
         from_float_rows(dh32, rows, H,
@@ -224,6 +232,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       cpu::sgemm(true, false, V, H, rows, z, V, Hc, ldhc, dw_started, dW, H);
       dw_started = true;
     }
+  }
+  if (N == 0 && dw_to_bf16) {  // no rows: a zero gradient
+    bf16_t* out = a.grad_weight.data_as<bf16_t>();
+    std::fill(out, out + static_cast<size_t>(V) * H, float_to_bf16(0.0f));
   }
   if (dW && !dw_started) std::fill(dW, dW + static_cast<size_t>(V) * H, 0.0f);  // no rows
   if (dw_own) from_float_rows(dw_own, V, H, a.grad_weight.data(), a.grad_weight.dtype());

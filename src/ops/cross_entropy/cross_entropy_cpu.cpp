@@ -253,6 +253,24 @@ template <class TIn>
 float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, float scale) {
   v8f acc0 = splat(-std::numeric_limits<float>::max()), acc1 = acc0;
   int64_t i = 0;
+#ifdef FUSEDOPS_CE_AVX512
+  // In registers, as exp_sum (the stack array of block_floats stalls store forwarding on Intel:
+  // this pass was chunk_loss's largest non-GEMM cost on a Xeon). The same lanes and selects
+  // (vmaxps returns its second operand, the accumulator, for a NaN), so the same maximum.
+  {
+    __m512 vacc = _mm512_set1_ps(-std::numeric_limits<float>::max());
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (; i + kLanes <= n; i += kLanes) {
+      const __m512 v = _mm512_mul_ps(load16(x + i), vs);
+      _mm512_storeu_ps(z + i, v);
+      vacc = _mm512_max_ps(v, vacc);
+    }
+    float acc[kLanes];
+    _mm512_storeu_ps(acc, vacc);
+    acc0 = load8(acc);
+    acc1 = load8(acc + 8);
+  }
+#endif
   for (; i + kLanes <= n; i += kLanes) {
     float f[kLanes];
     block_floats(x + i, f);
