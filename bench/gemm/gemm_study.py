@@ -112,7 +112,8 @@ def _fmt_ms(ms: float) -> str:
 
 def render(paths: list[str]) -> str:
     """The README's decision table: per study file, product and thread count, each candidate's
-    median (minimum) and GFLOP/s, and oneDNN's cold first call."""
+    median (minimum), GFLOP/s at the median and, on one thread, the median thread CPU time; and
+    oneDNN's cold first call."""
     lines = []
     for path in paths:
         d = json.loads(Path(path).read_text())
@@ -120,7 +121,8 @@ def render(paths: list[str]) -> str:
         isa = f", ONEDNN_MAX_CPU_ISA={d['onednn_max_cpu_isa']}" if d.get("onednn_max_cpu_isa") else ""
         lines.append(f"`{Path(path).relative_to(ROOT) if Path(path).is_absolute() else path}`: {m.get('cpu', '?')} "
                      f"({m.get('nproc')} cores; {', '.join(m.get('isa', []))}{isa}), commit {d['commit']}, {d['date'][:10]}; "
-                     "median (minimum) per call, GFLOP/s at the median; load "
+                     "median (minimum) per call, GFLOP/s at the median, on one thread the calling thread's CPU "
+                     "time (median); load "
                      + "; ".join(f"{r['threads']} thr {r['loadavg_before'].split()[0]}→{r['loadavg_after'].split()[0]}"
                                  for r in d["runs"]) + ".")
         lines.append("")
@@ -141,8 +143,10 @@ def render(paths: list[str]) -> str:
                 cells = []
                 for c in cands:
                     x = by.get(c)
+                    cpu = (f"; cpu {_fmt_ms(x['thread_cpu_median_ms'])}"
+                           if x is not None and x.get("thread_cpu_median_ms") else "")
                     cells.append("—" if x is None else
-                                 f"{_fmt_ms(x['median_ms'])} ({_fmt_ms(x['min_ms'])}) {x['gflops_median']:.0f}")
+                                 f"{_fmt_ms(x['median_ms'])} ({_fmt_ms(x['min_ms'])}) {x['gflops_median']:.0f}{cpu}")
                 on = by.get("onednn")
                 form = any_["form"]
                 lines.append(f"| {prod} `{form}` | {dt} | {M}×{N}×{K} | {r['threads']} | " + " | ".join(cells)

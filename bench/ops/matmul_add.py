@@ -6,7 +6,7 @@ rate's measurement: ``torch.matmul(grad_output.t(), input)`` of the same shape, 
 accumulation. Rate of fusedops as a fraction of it = median(matmul) / median(fusedops).
 
 Rows (case shape [out, in], params tokens):
-  fusedops  fusedops.matmul_add (cuBLASLt beta = 1 into fp32 main_grad; CPU: sgemm beta = 1)
+  fusedops  fusedops.matmul_add (cuBLASLt beta = 1 into fp32 main_grad; CPU: oneDNN, sum post-op)
   eager     main_grad.add_(grad_output.t() @ input): the product in the operand dtype, then added
   addmm     the fused form PyTorch has: CUDA torch.addmm(..., out_dtype=float32, out=main_grad);
             CPU main_grad.addmm_ on fp32 copies of the operands (the CPU has no mixed addmm)

@@ -75,9 +75,9 @@ def matmul_add(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> Tensor:
         main_grad: ``[out, in]`` float32, contiguous: the weight's gradient accumulator.
 
     The products accumulate in fp32 inside one GEMM whose epilogue adds main_grad (cuBLASLt with
-    beta = 1 on CUDA; on the CPU an sgemm with beta = 1 (an AVX-512 kernel, else OpenBLAS, else a
-    built-in one), bf16 on a CPU with AVX-512 BF16 by bf16 dot products, other 16-bit operands
-    converted a block of tokens at a time). Not differentiable (it is a backward helper).
+    beta = 1 on CUDA; on the CPU oneDNN's matmul with a sum post-op, fp32 and bf16 operands as
+    they are (AMX for bf16 where the CPU has it), fp16 operands converted a block of tokens at a
+    time). Not differentiable (it is a backward helper).
     """
     _matmul_add(grad_output, input, main_grad)
     return main_grad
