@@ -64,12 +64,21 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
     >"$LOGS/wheels.log" 2>&1 || fail "wheel install"
 fi
 
+# oneDNN (the CPU GEMMs; required by the build): its two PyPI wheels (onednn-cpu-gomp,
+# onednn-devel-cpu-gomp) from .whl/ into a prefix that CMake is pointed at.
+DNNL_ARG=()
+if compgen -G "$ROOT/.whl/onednn*gomp*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --prefix "$WORK/dnnl" "$ROOT"/.whl/onednn*gomp*.whl \
+    >"$LOGS/onednn.log" 2>&1 || fail "oneDNN wheel install"
+  DNNL_ARG=(-Ddnnl_ROOT="$WORK/dnnl")
+fi
+
 step "build (library, C++ tests, Python extension)"
 GTEST_ARG=()
 [ -d "$ROOT/.gpu/googletest" ] && GTEST_ARG=(-DFUSEDOPS_GTEST_SOURCE_DIR="$ROOT/.gpu/googletest")
 cmake -S "$ROOT" -B "$WORK/build" -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS="$ARCH" \
   -DFUSEDOPS_BUILD_TESTS=ON -DFUSEDOPS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
-  "${GTEST_ARG[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; fail cmake; }
+  "${GTEST_ARG[@]}" "${DNNL_ARG[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; fail cmake; }
 cmake --build "$WORK/build" -j "$(nproc)" >"$LOGS/build.log" 2>&1 ||
   { grep -B2 -A8 "error" "$LOGS/build.log" | head -60; fail build; exit 1; }
 rm -rf "$WORK/py" && mkdir -p "$WORK/py" && cp -r "$ROOT/python/fusedops" "$WORK/py/" &&
