@@ -263,7 +263,7 @@ float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, flo
     for (; i + kLanes <= n; i += kLanes) {
       const __m512 v = _mm512_mul_ps(load16(x + i), vs);
       _mm512_storeu_ps(z + i, v);
-      vacc = _mm512_max_ps(v, vacc);
+      vacc = _mm512_mask_max_ps(vacc, 0xFFFF, v, vacc);  // masked form: see exp_nonpositive16
     }
     float acc[kLanes];
     _mm512_storeu_ps(acc, vacc);
