@@ -7,6 +7,7 @@
 #include "fusedops/core/error.h"
 #include "fusedops/core/registry.h"
 #include "fusedops/core/tensor.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/causal_conv1d.h"
 #include "fusedops/ops/l2norm.h"
 #include "fusedops/ops/rmsnorm.h"

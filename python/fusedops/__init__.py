@@ -10,6 +10,7 @@ import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
 from . import _C
 from ._backend import backends, use_backend, validation
+from ._trace import dispatch_trace
 from .ops.causal_conv1d import causal_conv1d
 from .ops.l2norm import l2norm
 from .ops.rmsnorm import rmsnorm_without_weight
@@ -37,6 +38,7 @@ __all__ = [
     "backends",
     "use_backend",
     "validation",
+    "dispatch_trace",
     "rmsnorm_without_weight",
     "l2norm",
     "causal_conv1d",

@@ -54,6 +54,7 @@ void bind_mhc(nb::module_& m);
 void bind_gated_delta_rule(nb::module_& m);
 void bind_kda(nb::module_& m);
 void bind_context_parallel(nb::module_& m);
+void bind_trace(nb::module_& m);
 
 }  // namespace fusedops::py
 

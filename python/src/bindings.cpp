@@ -183,4 +183,5 @@ NB_MODULE(_C, m) {
   bind_gated_delta_rule(m);
   bind_kda(m);
   bind_context_parallel(m);
+  bind_trace(m);
 }

@@ -10,6 +10,7 @@
 
 #include "fusedops/core/context.h"
 #include "fusedops/core/dtype.h"
+#include "fusedops/core/trace.h"
 
 namespace fusedops {
 
@@ -85,10 +86,12 @@ class Registry {
 // Syntax: "op=backend,op2=backend" or "backend" (every op); "*=backend" also means every op.
 std::string env_backend_override(const std::string& op);
 
-// Selects and runs the backend for one call.
+// Selects and runs the backend for one call (recorded by a dispatch trace, see trace.h).
 template <class Args>
 void dispatch(const char* op, Direction dir, const Context& ctx, DType dtype, const Args& args) {
-  Registry::instance().select(op, dir, ctx, dtype, &args).run(ctx, &args);
+  const KernelEntry& entry = Registry::instance().select(op, dir, ctx, dtype, &args);
+  TraceScope trace(op, direction_name(dir), entry.spec.id);
+  entry.run(ctx, &args);
 }
 
 // Compute capability x10 of a CUDA device (cached per device), 0 when CUDA is unavailable.

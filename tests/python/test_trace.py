@@ -1,0 +1,61 @@
+"""fusedops.dispatch_trace(): the registry records which backend served every call, sub-operators of
+composed ops included, in the forward and in autograd's backward."""
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+import fusedops
+
+
+def keys(trace):
+    return {(e["op"], e["direction"], e["backend"]) for e in trace.dispatches()}
+
+
+def test_records_the_backend_that_ran_and_counts_calls():
+    x = torch.randn(4, 64)
+    fusedops.l2norm(x)  # before the block: not recorded
+    with fusedops.dispatch_trace() as t:
+        fusedops.l2norm(x)
+        with fusedops.use_backend("ref"):
+            fusedops.l2norm(x)
+            fusedops.l2norm(x)
+    assert [(e["op"], e["direction"], e["backend"], e["count"]) for e in t.events] == [
+        ("l2norm", "fwd", "cpu", 1), ("l2norm", "fwd", "ref", 2)]
+    assert t.kernels() == []
+    assert "l2norm fwd: ref x2" in t.summary()
+    with fusedops.dispatch_trace() as empty:
+        pass
+    assert empty.events == []
+
+
+def test_backward_and_other_threads_are_recorded():
+    x = torch.randn(8, 32, requires_grad=True)
+    with fusedops.dispatch_trace() as t:
+        fusedops.rmsnorm_without_weight(x, return_normalized=True)[0].sum().backward()
+        worker = threading.Thread(target=lambda: fusedops.l2norm(torch.randn(2, 16)))
+        worker.start()
+        worker.join()
+    assert {("rmsnorm_without_weight", "fwd", "cpu"), ("rmsnorm_without_weight", "bwd", "cpu"),
+            ("l2norm", "fwd", "cpu")} <= keys(t)
+
+
+def test_a_composed_op_shows_the_steps_it_dispatched():
+    torch.manual_seed(0)
+    B, T, H, K = 1, 80, 2, 16
+    q = F.normalize(torch.randn(B, T, H, K), dim=-1).requires_grad_()
+    k = F.normalize(torch.randn(B, T, H, K), dim=-1).requires_grad_()
+    v = torch.randn(B, T, H, K, requires_grad=True)
+    g = F.logsigmoid(torch.randn(B, T, H)).requires_grad_()
+    beta = torch.rand(B, T, H).requires_grad_()
+    with fusedops.dispatch_trace() as t:
+        o, _ = fusedops.chunk_gated_delta_rule(q, k, v, g, beta)
+        o.sum().backward()
+    got = keys(t)
+    # The top level in both directions, and steps of the chunked algorithm below it, all on cpu.
+    assert ("chunk_gated_delta_rule", "fwd", "cpu") in got
+    assert ("chunk_gated_delta_rule", "bwd", "cpu") in got
+    steps = {op for op, _, _ in got} - {"chunk_gated_delta_rule"}
+    assert len(steps) >= 3, got
+    assert {b for _, _, b in got} == {"cpu"}
