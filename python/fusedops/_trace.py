@@ -11,9 +11,10 @@ from . import _C
 class DispatchTrace:
     """The events of one ``dispatch_trace()`` block, filled when the block exits.
 
-    ``events``: one dict per distinct (op, direction, backend, kernel), in first-seen order, with
-    its ``count``. ``kernel`` is ``""`` for a dispatch (the registry chose ``backend`` for
-    ``op``), else the kernel variant that backend named at its launch site.
+    ``events``: one dict per distinct (op, direction, backend, kernel, parent), in first-seen
+    order, with its ``count``. ``kernel`` is ``""`` for a dispatch (the registry chose ``backend``
+    for ``op``), else the kernel variant that backend named at its launch site; ``parent`` is the
+    ``"op direction"`` of the dispatch it ran inside (a step of a composed op), ``""`` at top level.
     """
 
     def __init__(self) -> None:
@@ -26,12 +27,14 @@ class DispatchTrace:
         return [e for e in self.events if e["kernel"]]
 
     def summary(self) -> str:
-        """One line per event: ``op direction: backend [kernel] xcount``."""
+        """One line per event, steps indented under the composed op they ran in:
+        ``op direction: backend [kernel] xcount``."""
         lines = []
         for e in self.events:
             where = f"{e['op']} {e['direction']}".strip() or "(outside any dispatch)"
             what = e["backend"] + (f" {e['kernel']}" if e["kernel"] else "")
-            lines.append(f"{where}: {what.strip()} x{e['count']}")
+            indent = "  " if e["parent"] else ""
+            lines.append(f"{indent}{where}: {what.strip()} x{e['count']}")
         return "\n".join(lines)
 
 

@@ -16,13 +16,15 @@ void bind_trace(nb::module_& m) {
           d["direction"] = e.direction;
           d["backend"] = e.backend;
           d["kernel"] = e.kernel;
+          d["parent"] = e.parent;
           d["count"] = e.count;
           out.append(d);
         }
         return out;
       },
-      "Stop recording; the distinct (op, direction, backend, kernel) events in first-seen order, "
-      "each with its count. kernel is '' for a dispatch, else the variant a backend named.");
+      "Stop recording; the distinct (op, direction, backend, kernel, parent) events in first-seen "
+      "order, each with its count. kernel is '' for a dispatch, else the variant a backend named; "
+      "parent is 'op direction' of the enclosing dispatch, '' at top level.");
 }
 
 }  // namespace fusedops::py

@@ -26,17 +26,20 @@ Log& log() {
 // A trace is read by a person or a report: past this many distinct events it stops growing.
 constexpr size_t kMaxEvents = 4096;
 
+std::string name_of(const Frame* f) { return f ? f->op + " " + f->direction : std::string(); }
+
 void record(const std::string& op, const std::string& direction, const std::string& backend,
-            const char* kernel) {
+            const char* kernel, const std::string& parent) {
   Log& l = log();
   std::lock_guard<std::mutex> lock(l.mu);
   for (auto& e : l.events) {
-    if (e.op == op && e.direction == direction && e.backend == backend && e.kernel == kernel) {
+    if (e.op == op && e.direction == direction && e.backend == backend && e.kernel == kernel &&
+        e.parent == parent) {
       ++e.count;
       return;
     }
   }
-  if (l.events.size() < kMaxEvents) l.events.push_back({op, direction, backend, kernel, 1});
+  if (l.events.size() < kMaxEvents) l.events.push_back({op, direction, backend, kernel, parent, 1});
 }
 
 }  // namespace
@@ -51,7 +54,7 @@ std::atomic<bool>& trace_flag() {
 void trace_enter(const char* op, const char* direction, const std::string& backend) {
   auto* frame = new Frame{op, direction, backend, t_current};
   t_current = frame;
-  record(frame->op, frame->direction, frame->backend, "");
+  record(frame->op, frame->direction, frame->backend, "", name_of(frame->outer));
 }
 
 void trace_leave() {
@@ -64,7 +67,8 @@ void trace_leave() {
 void trace_kernel_slow(const char* name) {
   static const std::string none;
   const Frame* f = t_current;
-  record(f ? f->op : none, f ? f->direction : none, f ? f->backend : none, name ? name : "");
+  record(f ? f->op : none, f ? f->direction : none, f ? f->backend : none, name ? name : "",
+         f ? name_of(f->outer) : none);
 }
 
 }  // namespace detail

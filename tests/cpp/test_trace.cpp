@@ -76,7 +76,11 @@ TEST(Trace, KernelsBelongToTheInnermostDispatchOfTheirThread) {
   const TraceEvent* step = find_event(events, "step_op", "bwd", "cuda_sm80", "step_kernel_a");
   ASSERT_NE(step, nullptr);
   EXPECT_EQ(step->count, 2);
-  EXPECT_NE(find_event(events, "step_op", "bwd", "cuda_sm80", ""), nullptr);
+  const TraceEvent* step_dispatch = find_event(events, "step_op", "bwd", "cuda_sm80", "");
+  ASSERT_NE(step_dispatch, nullptr);
+  EXPECT_EQ(step_dispatch->parent, "composed_op bwd");
+  EXPECT_EQ(step->parent, "composed_op bwd");
+  EXPECT_EQ(outer->parent, "");
   EXPECT_NE(find_event(events, "", "", "", "loose_kernel"), nullptr);
   EXPECT_NE(find_event(events, "threaded_op", "fwd", "cpu", "threaded_kernel"), nullptr);
   EXPECT_NE(find_event(events, "", "", "", "after_kernel"), nullptr);

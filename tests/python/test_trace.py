@@ -3,10 +3,9 @@ composed ops included, in the forward and in autograd's backward."""
 
 import threading
 
+import fusedops
 import torch
 import torch.nn.functional as F
-
-import fusedops
 
 
 def keys(trace):
@@ -21,8 +20,8 @@ def test_records_the_backend_that_ran_and_counts_calls():
         with fusedops.use_backend("ref"):
             fusedops.l2norm(x)
             fusedops.l2norm(x)
-    assert [(e["op"], e["direction"], e["backend"], e["count"]) for e in t.events] == [
-        ("l2norm", "fwd", "cpu", 1), ("l2norm", "fwd", "ref", 2)]
+    assert [(e["op"], e["direction"], e["backend"], e["count"], e["parent"]) for e in t.events] == [
+        ("l2norm", "fwd", "cpu", 1, ""), ("l2norm", "fwd", "ref", 2, "")]
     assert t.kernels() == []
     assert "l2norm fwd: ref x2" in t.summary()
     with fusedops.dispatch_trace() as empty:
@@ -59,3 +58,8 @@ def test_a_composed_op_shows_the_steps_it_dispatched():
     steps = {op for op, _, _ in got} - {"chunk_gated_delta_rule"}
     assert len(steps) >= 3, got
     assert {b for _, _, b in got} == {"cpu"}
+    for e in t.dispatches():  # every step names the composed op it ran inside
+        if e["op"] == "chunk_gated_delta_rule":
+            assert e["parent"] == "", e
+        else:
+            assert e["parent"] in ("chunk_gated_delta_rule fwd", "chunk_gated_delta_rule bwd"), e

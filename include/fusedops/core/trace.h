@@ -7,7 +7,8 @@
 //
 //   fusedops::trace_start();
 //   fusedops::chunk_gated_delta_rule_fwd(ctx, args);
-//   for (const auto& e : fusedops::trace_stop()) ...  // e.op, e.direction, e.backend, e.kernel
+//   for (const auto& e : fusedops::trace_stop()) ...  // e.op, e.direction, e.backend, e.kernel,
+//                                                     // e.parent
 #pragma once
 
 #include <atomic>
@@ -22,12 +23,14 @@ struct TraceEvent {
   std::string direction;  // "fwd" or "bwd"
   std::string backend;    // backend id of the dispatch ("ref", "cpu", "cuda_sm80", "cuda_sm90")
   std::string kernel;     // "" for the dispatch itself; else the kernel variant it launched
+  std::string parent;     // "op direction" of the dispatch this one ran inside ("" at top level)
   int64_t count = 0;      // how many times this event happened while recording
 };
 
 // Clears the recorded events and starts recording (every thread).
 void trace_start();
-// Stops recording and returns the distinct events in the order they were first seen.
+// Stops recording and returns the distinct events (op, direction, backend, kernel, parent) in the
+// order they were first seen, each with its count.
 std::vector<TraceEvent> trace_stop();
 
 namespace detail {
