@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from bench.fmt import fmt_bytes, fmt_err, fmt_time  # noqa: F401  (re-exported for bench/ops)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PASSES = ("fwd", "fwd+bwd")
@@ -50,6 +52,8 @@ class Impl:
     `setup()` runs once, untimed, before the first call (peers are imported there, after
     fusedops's first calls, so that their imports warm nothing fusedops's first call would pay).
     `status` is "ok" or why the implementation cannot run here ("not installed", ...).
+    `workarounds` lists, one sentence each, anything the report changed in a peer so that it
+    runs (e.g. a version guard bypassed for timing); they are recorded in the JSON and printed.
     """
 
     name: str
@@ -59,6 +63,7 @@ class Impl:
     note: str = ""
     prepare: Callable[[dict], None] | None = None
     setup: Callable[[], None] | None = None
+    workarounds: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def available(self) -> bool:
@@ -503,33 +508,89 @@ def peak_extra_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Any,
 
 
 # --------------------------------------------------------------------------------------------
-# Formatting
+# Provenance: what ran, with what, built how
+
+# Distributions whose versions every report records when they are installed: the peers compared
+# against and what they run on.
+PEER_DISTRIBUTIONS = ("flash-linear-attention", "fla-core", "liger-kernel", "flash-qla", "tilelang",
+                      "triton", "pytorch-triton")
 
 
-def fmt_time(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "-"
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} us" if s < 1e-4 else f"{s * 1e6:.0f} us"
-    if s < 1:
-        return f"{s * 1e3:.2f} ms" if s < 1e-2 else f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
+def distribution_versions(names=PEER_DISTRIBUTIONS) -> dict[str, str]:
+    """{distribution: version} of those installed (importlib.metadata; nothing is imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+def cuda_driver_versions() -> dict[str, str | int | None]:
+    """The NVIDIA driver (nvidia-smi) and the CUDA version its libcuda implements, or None."""
+    out: dict[str, str | int | None] = {"nvidia_driver": None, "cuda_driver_api": None}
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            out["cuda_driver_api"] = f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    try:
+        import subprocess
+
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            out["nvidia_driver"] = r.stdout.strip().splitlines()[0]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return out
 
 
-def fmt_err(e: float | None) -> str:
-    if e is None or (isinstance(e, float) and math.isnan(e)):
-        return "-"
-    if math.isinf(e):
-        return "inf"
-    if e == 0:
-        return "0"
-    return f"{e:.1e}"
+def provenance(fusedops, device: torch.device) -> dict:
+    """Versions of everything that ran, every FUSEDOPS_* variable set and how fusedops was built.
+    The kernels that ran are recorded per pass (see dispatch_trace)."""
+    import platform
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "numpy": _version_of("numpy"), "fusedops": fusedops.__version__,
+                "torch_cuda": torch.version.cuda}
+    if device.type == "cuda":
+        versions.update(cuda_driver_versions())
+    try:
+        build = dict(fusedops._C.build_info())
+    except AttributeError:  # an extension built before build_info existed
+        build = {"built_with_cuda": fusedops.built_with_cuda()}
+    return {
+        "versions": versions,
+        "peers": distribution_versions(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FUSEDOPS_")},
+        "build": build,
+    }
+
+
+def _version_of(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def dispatch_trace(fusedops):
+    """fusedops.dispatch_trace() when the extension has it, else a trace that stays empty."""
+    if hasattr(fusedops, "dispatch_trace"):
+        with fusedops.dispatch_trace() as t:
+            yield t
+    else:
+        class _Empty:
+            events: list = []
+        yield _Empty()

@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -58,6 +57,15 @@ def parse_args(argv):
                    help="timed repetitions (CUDA: exactly; CPU: at least)")
     p.add_argument("--json", metavar="PATH", default=None, help="write every result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of speed-ups")
+    p.add_argument("--save", action="store_true",
+                   help="write (replace) the current result of every op run: "
+                        "bench/results/<device>/<op>.json and .txt (a full run: not with --quick, "
+                        "--cases or --dtype)")
+    p.add_argument("--study", metavar="NAME", default=None,
+                   help="write the whole run to bench/results/<device>/studies/NAME.json and .txt "
+                        "(special runs a doc cites: A/B comparisons, sweeps, single cases)")
+    p.add_argument("--results-dir", metavar="DIR", default=str(ROOT / "bench" / "results"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="",
                    help="comma-separated implementation names not to run (e.g. fla: no Triton autotuning)")
@@ -179,7 +187,7 @@ def short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-def run_case_checks_and_timing(common, case, inputs, records, timer, device, progress):
+def run_case_checks_and_timing(common, fusedops, case, inputs, records, timer, device, progress):
     """Correctness + peak memory (one call) and timing for every available implementation."""
     d = case.shape[-1]
     rows = common.row_sample(case.rows, d, case.ref_row_budget_elems)
@@ -200,7 +208,11 @@ def run_case_checks_and_timing(common, case, inputs, records, timer, device, pro
             try:
                 if prep:
                     prep()
-                out, peak = common.peak_extra_memory(lambda fn=fn: fn(inputs), device)
+                # The correctness call is traced: the kernels recorded are those of this pass.
+                with common.dispatch_trace(fusedops) as trace:
+                    out, peak = common.peak_extra_memory(lambda fn=fn: fn(inputs), device)
+                if trace.events:
+                    rec["dispatch"] = trace.events
                 rec["peak_extra_bytes"] = peak
                 outputs, ok = {}, True
                 for name, r in ref[p].items():
@@ -239,86 +251,7 @@ def finish_case(case, records, copy_bw):
 
 
 # --------------------------------------------------------------------------------------------
-# Output
-
-COLUMNS = [  # header, width, align
-    ("impl", 9, "<"), ("pass", 7, "<"), ("max-abs", 7, ">"), ("rms-rel", 7, ">"), ("check", 5, "<"),
-    ("median", 8, ">"), ("BW", 6, ">"), ("%copy", 5, ">"), ("vs eager", 8, ">"),
-    ("peak mem", 9, ">"), ("1st call", 8, ">"),
-]
-
-
-def fmt_row(cells) -> str:
-    parts = []
-    for (_header, width, align), cell in zip(COLUMNS, cells):
-        cell = str(cell)
-        parts.append(f"{cell:{align}{width}}" if len(cell) <= width else cell)
-    return "  ".join(parts).rstrip()
-
-
-def render_case(common, case, info, records, device, copy_bw) -> str:
-    bw_unit, bw_scale = ("TB/s", 1e12) if device.type == "cuda" else ("GB/s", 1e9)
-    lines = []
-    params = ", ".join(f"{k}={v}" for k, v in case.params.items())
-    variant = f" {case.variant}" if case.variant else ""
-    lines.append(f"== {case.op}  x{list(case.shape)} {common.dtype_name(case.dtype)}{variant}  ({params})")
-    floors = ", ".join(
-        f"{p} {common.fmt_bytes(case.bytes_moved[p])} -> {common.fmt_time(case.bytes_moved[p] / copy_bw)}"
-        for p in common.PASSES)
-    detail = (f"bytes moved and floor at copy bandwidth: {floors}; fusedops backend "
-              f"fwd={info['backend']['fwd']} bwd={info['backend']['bwd']}; checked on "
-              f"{info['ref_rows']} vs float64 (errors of y / dx)")
-    lines += textwrap.wrap(detail, WIDTH, initial_indent="   ", subsequent_indent="   ")
-    headers = [h if h != "BW" else bw_unit for h, _, _ in COLUMNS]
-    lines.append(fmt_row(headers))
-    lines.append("-" * len(fmt_row(headers)))
-    notes, problems = [], []
-    for impl in case.impls:
-        if impl.note and impl.name not in ("fusedops",):
-            notes.append(f"{impl.name}: {impl.note}")
-        if not impl.available:
-            if len(impl.status) > 60:
-                lines.append(fmt_row([impl.name, "(could not run, see below)"]))
-                problems.append(f"{impl.name}: {impl.status}")
-            else:
-                lines.append(fmt_row([impl.name, f"({impl.status})"]))
-            continue
-        for p in common.PASSES:
-            rec = records[(impl.name, p)]
-            chk = rec.get("check")
-            if rec["status"] != "ok":
-                lines.append(fmt_row([impl.name, p, "-", "-", "ERROR"]))
-                problems.append(f"{impl.name} {p}: {rec.get('error', rec['status'])}")
-                continue
-            prim = chk["outputs"].get(chk["primary"], {}) if chk else {}
-            verdict = "pass" if chk and chk["passed"] else "FAIL"
-            if chk and not chk["passed"]:
-                for name, o in chk["outputs"].items():
-                    if not o["passed"]:
-                        problems.append(f"{impl.name} {p}: {name} max-abs {o['max_abs']:.3e} > "
-                                        f"tolerance {o['tol']:.3e} (base {o['base_max_abs']:.3e})")
-            sp = rec.get("speedup_vs_eager")
-            bw = rec.get("bytes_per_s")
-            lines.append(fmt_row([
-                impl.name, p, common.fmt_err(prim.get("max_abs")), common.fmt_err(prim.get("rms_rel")),
-                verdict, common.fmt_time(rec.get("time", {}).get("median_s")),
-                f"{bw / bw_scale:.2f}" if bw else "-",
-                f"{100 * rec['frac_of_copy']:.0f}%" if rec.get("frac_of_copy") else "-",
-                f"{sp:.2f}x" if sp else "-",
-                common.fmt_bytes(rec.get("peak_extra_bytes")),
-                common.fmt_time(rec.get("first_call_s")),
-            ]))
-    host = [f"{impl.name} {common.fmt_time(records[(impl.name, 'fwd')]['time'].get('host_s_per_call'))}"
-            f" / {common.fmt_time(records[(impl.name, 'fwd+bwd')]['time'].get('host_s_per_call'))}"
-            for impl in case.impls
-            if impl.available and all("time" in records[(impl.name, p)] for p in common.PASSES)]
-    if device.type == "cuda" and host:
-        notes.append("host time to issue one call, fwd / fwd+bwd (Python, dispatch, launches; the "
-                     "GPU was kept busy meanwhile, so the times above exclude launch gaps): "
-                     + ", ".join(host))
-    for text in notes + problems:
-        lines += textwrap.wrap(text, WIDTH, initial_indent="   * ", subsequent_indent="     ")
-    return "\n".join(lines)
+# Output (text rendering and the results layout: bench/record.py)
 
 
 def write_plot(path, results):
@@ -383,6 +316,10 @@ def write_json(path_arg, results) -> Path:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.save and (args.quick or args.cases or args.dtype):
+        print("report.py: --save records full runs only (no --quick, --cases or --dtype); "
+              "use --study NAME for a partial run", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     if args.device != "cpu" and not args.keep_triton_cache and "TRITON_CACHE_DIR" not in os.environ:
         # Before anything imports Triton; removed at exit.
@@ -392,7 +329,7 @@ def main(argv=None) -> int:
     import fusedops
     import torch
 
-    from bench import common
+    from bench import common, record
     from bench.ops import registry
 
     load = common.MachineLoad()
@@ -436,16 +373,24 @@ def main(argv=None) -> int:
             c.ref_row_budget_elems = 1 << 18
     dinfo = device_info(torch, device)
     git = git_commit()
+    results = {
+        "metadata": {
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "device": str(device), "device_info": dinfo, "torch": torch.__version__,
+            "python": platform.python_version(), "fusedops_version": fusedops.__version__,
+            "fusedops_built_with_cuda": fusedops.built_with_cuda(),
+            "commit": git["commit"], "dirty": git["dirty"], "argv": sys.argv[1:] if argv is None else argv,
+            "quick": args.quick, "seed": args.seed,
+            "provenance": common.provenance(fusedops, device),
+        },
+        "cases": [],
+    }
+    meta = results["metadata"]
 
     n_avail = sum(len(common.PASSES) for c in cases for i in c.impls if i.available)
     progress = Progress(total=2 * n_avail + 1)
     out = progress.print
-    out(f"fusedops operator report  {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
-    out(f"device {device}: {dinfo['name']}"
-        + (f" ({dinfo['cores']} cores, torch threads {dinfo['torch_threads']})" if device.type == "cpu" else
-           f" (sm_{dinfo['compute_capability'].replace('.', '')}, {dinfo['sm_count']} SMs)"))
-    out(f"torch {torch.__version__}, fusedops {fusedops.__version__} "
-        f"commit {git['commit'] or 'unknown'}{' (dirty tree)' if git['dirty'] else ''}")
+    out("\n".join(record.render_header(meta)))
 
     inputs = {}
     records = {}
@@ -510,14 +455,7 @@ def main(argv=None) -> int:
     timer = common.Timer(device, args.quick, args.reps)
     out("")
 
-    results = {
-        "metadata": {
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "device": str(device), "device_info": dinfo, "torch": torch.__version__,
-            "python": platform.python_version(), "fusedops_version": fusedops.__version__,
-            "fusedops_built_with_cuda": fusedops.built_with_cuda(),
-            "commit": git["commit"], "dirty": git["dirty"], "argv": sys.argv[1:],
-            "quick": args.quick, "seed": args.seed,
+    meta.update({
             "copy_bandwidth": cbw,
             "timing": {"warmup": timer.warmup, "reps": timer.reps,
                        "flush_bytes": timer.flush_bytes,
@@ -535,9 +473,7 @@ def main(argv=None) -> int:
                           "warmed PyTorch itself; each other implementation's just before its case "
                           "is timed); fwd+bwd after the fwd's first call",
             "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR") if device.type == "cuda" else None,
-        },
-        "cases": [],
-    }
+    })
 
     fusedops_ok = True
     for ci, c in enumerate(cases):
@@ -546,16 +482,18 @@ def main(argv=None) -> int:
             if impl.available and impl.name != "fusedops":
                 first_calls(ci, impl)
         case_records = {(name, p): rec for (i, name, p), rec in records.items() if i == ci}
-        info = run_case_checks_and_timing(common, c, inputs[ci], case_records, timer, device,
-                                          progress)
+        info = run_case_checks_and_timing(common, fusedops, c, inputs[ci], case_records, timer,
+                                          device, progress)
         info["backend"] = fusedops_backend(fusedops, c, device)
         finish_case(c, case_records, copy_bw)
+        for impl in c.impls:  # a peer's setup may have changed its note or applied a workaround
+            for p in common.PASSES:
+                case_records[(impl.name, p)]["note"] = impl.note
+                if impl.workarounds:
+                    case_records[(impl.name, p)]["workarounds"] = list(impl.workarounds)
         del inputs[ci]
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        out(render_case(common, c, info, case_records, device, copy_bw))
-        out(f"   ({c.label} done in {time.perf_counter() - t_case:.1f} s)")
-        out("")
         for (name, _), rec in case_records.items():
             if name == "fusedops" and (rec["status"] != "ok" or not rec.get("check", {}).get("passed")):
                 fusedops_ok = False
@@ -567,6 +505,9 @@ def main(argv=None) -> int:
             "fusedops_backend": info["backend"], "checked_rows": info["ref_rows"],
             "results": list(case_records.values()),
         })
+        out(record.render_case(results["cases"][-1], device.type, copy_bw))
+        out(f"   ({c.label} done in {time.perf_counter() - t_case:.1f} s)")
+        out("")
         if args.json:  # every finished case, in case the run is cut short (complete: false)
             write_json(args.json, {**results, "complete": False})
     progress.stop()
@@ -603,13 +544,26 @@ def main(argv=None) -> int:
                      f"{busy['cores']} cores busy during this run (steal "
                      f"{busy['steal_cores_avg']:.2f}); {'host-side ' if device.type == 'cuda' else ''}"
                      "timings are slower and noisier than on an idle machine.")
+    workarounds = sorted({f"{r['impl']}: {w}" for c in results["cases"] for r in c["results"]
+                          for w in r.get("workarounds", [])})
+    meta["provenance"]["workarounds"] = workarounds
+    if workarounds:
+        notes.append("peer workarounds applied in this run: " + "; ".join(workarounds))
+    meta["notes"] = notes
     for n in notes:
-        out("\n".join(textwrap.wrap(n, WIDTH, initial_indent="note: ", subsequent_indent="      ")))
+        out("\n".join(record.wrap(n, "note: ", "      ")))
     out(f"fusedops correctness: {'all checks pass' if fusedops_ok else 'FAILED (see above)'}; "
         f"wall time {wall:.1f} s")
 
+    results["complete"] = True
     if args.json:
-        out(f"wrote {write_json(args.json, {**results, 'complete': True})}")
+        out(f"wrote {write_json(args.json, results)}")
+    if args.save:
+        for path in record.save_current(results, Path(args.results_dir)):
+            out(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    if args.study:
+        for path in record.save_study(results, args.study, Path(args.results_dir)):
+            out(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     if args.plot:
         write_plot(args.plot, results)
         out(f"wrote {args.plot}")
