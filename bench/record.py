@@ -251,8 +251,8 @@ def render_header(meta: dict) -> list[str]:
     else:
         lines += wrap("provenance: not recorded (a run from before the report recorded versions, "
                       "environment and dispatched kernels)", "", "   ")
-    if meta.get("rendered_from"):
-        lines += wrap(meta["rendered_from"], "", "   ")
+    if meta.get("record_note"):
+        lines += wrap(meta["record_note"], "", "   ")
     cbw = meta.get("copy_bandwidth", {})
     if cbw:
         bw = cbw["bytes_per_s"]
