@@ -1,7 +1,7 @@
 """Shared pieces of the operator report: the case description, timing, copy bandwidth, peak
 memory, and the precision policy of design.md section 6.
 
-Timing (design.md section 7, .library/device/METHOD.md):
+Timing (design.md section 7):
   * CUDA: a CUDA event pair around each call, a 256 MiB buffer written between timed calls (not
     timed) so that every call starts with a cold L2, median of many runs after warm-up. A sleep
     kernel queued first keeps the GPU busy while the host enqueues every timed call, so the
