@@ -288,7 +288,7 @@ def block_family(arg: str) -> str:
     """`family:op1,op2`: the rows of these ops on every device that has results for them."""
     ops = arg.split(",")
     parts = []
-    for device in sorted(p.name for p in RESULTS.iterdir() if p.is_dir()):
+    for device in sorted((p.name for p in RESULTS.iterdir() if p.is_dir()), key=lambda d: (d == "cpu", d)):
         rows = table_rows(device, ops)
         if not rows:
             continue
