@@ -510,10 +510,10 @@ def peak_extra_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Any,
 # --------------------------------------------------------------------------------------------
 # Provenance: what ran, with what, built how
 
-# Distributions whose versions every report records when they are installed: the peers compared
-# against and what they run on.
+# Distributions whose versions every report records when they are installed: the peer libraries
+# compared against and the compilers they bring.
 PEER_DISTRIBUTIONS = ("flash-linear-attention", "fla-core", "liger-kernel", "flash-qla", "tilelang",
-                      "triton", "pytorch-triton")
+                      "nvidia-cutlass-dsl")
 
 
 def distribution_versions(names=PEER_DISTRIBUTIONS) -> dict[str, str]:
@@ -560,6 +560,7 @@ def provenance(fusedops, device: torch.device) -> dict:
 
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "numpy": _version_of("numpy"), "fusedops": fusedops.__version__,
+                "triton": _version_of("triton") or _version_of("pytorch-triton"),
                 "torch_cuda": torch.version.cuda}
     if device.type == "cuda":
         versions.update(cuda_driver_versions())

@@ -502,7 +502,9 @@ def main(argv=None) -> int:
             **({"variant": c.variant} if c.variant else {}),
             "params": c.params, "bytes_moved": c.bytes_moved, "bytes_note": c.bytes_note,
             "floor_time_s": {p: c.bytes_moved[p] / copy_bw for p in common.PASSES},
-            "fusedops_backend": info["backend"], "checked_rows": info["ref_rows"],
+            # What the registry would pick for the case's device and dtype; what ran is each
+            # result's "dispatch" (older files have only this, as "fusedops_backend").
+            "registry_preference": info["backend"], "checked_rows": info["ref_rows"],
             "results": list(case_records.values()),
         })
         out(record.render_case(results["cases"][-1], device.type, copy_bw))
