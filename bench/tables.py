@@ -327,6 +327,30 @@ def block_demo(_arg: str = "") -> str:
             f"log and loss curves: [{Path(DEMO).with_suffix('').name}.*]({rel_from_doc(DEMO)}).")
 
 
+FIRST_RUN = "cpu/first_run.json"
+
+
+def block_first_run(_arg: str = "") -> str:
+    """How long the README's two commands take from a bare clone (tools/time_first_run.sh)."""
+    path = RESULTS / FIRST_RUN
+    if not path.exists():
+        return "(not measured yet: run tools/time_first_run.sh)"
+    d = record.load(path)
+    m = d["metadata"]
+    parts = []
+    for cmd, r in d["commands"].items():
+        mins, secs = divmod(int(r["wall_s"]), 60)
+        parts.append(f"`{cmd}` {mins} min {secs:02d} s")
+    others = max(r["other_processes_cores_avg"] for r in d["commands"].values())
+    return (f"Measured from a bare clone on a {m['cores']}-core machine ({m['cpu']}; commit "
+            f"{m['commit'][:7]}, {m['date'][:10]}), no GPU visible, Python packages already "
+            f"installed, no compiler cache: {' then '.join(parts)}. Other processes kept up to "
+            f"{others:.1f} of the {m['cores']} cores busy meanwhile"
+            + (", so these are upper bounds." if others > 0.2 else ".")
+            + f" ([{Path(FIRST_RUN).name}]({rel_from_doc(FIRST_RUN)}), written by "
+            "tools/time_first_run.sh)")
+
+
 # Row kernels: one pass over memory each, the cases that the copy-bandwidth sentence covers.
 ROW_KERNELS = ["rmsnorm_without_weight", "l2norm", "rmsnorm_gated", "causal_conv1d", "clipped_swiglu",
                "sort_chunks_by_idx", "fused_cross_entropy_loss", "mhc_pre_bmm", "mhc_post"]
@@ -352,7 +376,7 @@ def block_copy_range(arg: str = "") -> str:
             "generic sm_80 code, so Hopper-only instructions would not pay there.")
 
 
-BLOCKS = {"h200": block_h200, "copy-range": block_copy_range, "readme-h200": block_readme_h200, "cpu": block_cpu,
+BLOCKS = {"h200": block_h200, "copy-range": block_copy_range, "first-run": block_first_run, "readme-h200": block_readme_h200, "cpu": block_cpu,
           "family": block_family, "demo": block_demo}
 
 
@@ -371,6 +395,8 @@ def uses_of_block(name: str) -> set[str]:
     kind, _, arg = name.partition(":")
     if kind == "demo":
         return {DEMO}
+    if kind == "first-run":
+        return {FIRST_RUN} if (RESULTS / FIRST_RUN).exists() else set()
     if kind == "copy-range":
         return {f"{arg or 'h200'}/{op}.json" for op in ROW_KERNELS
                 if (RESULTS / (arg or "h200") / f"{op}.json").exists()}
@@ -484,6 +510,12 @@ def index_text(cited: dict[str, list[str]]) -> str:
                                  f"{cmd} | {prov} | {cite} |")
                     continue
                 d = src.data
+                if rel == FIRST_RUN:
+                    m = d["metadata"]
+                    lines.append(f"| {name} | times of the README's commands from a bare clone | "
+                                 f"{m['commit'][:7]} | {m['date'][:10]} | `tools/time_first_run.sh` "
+                                 f"| - | {cite} |")
+                    continue
                 lines.append(f"| {name} | the training demo, {d.get('gpu', d.get('device'))} "
                              f"{d.get('dtype')} | {str(d.get('commit', '?'))[:7]} | - | "
                              f"`{d.get('command', 'examples/train_hybrid.py')}` | - | {cite} |")
