@@ -106,7 +106,10 @@ def case_label(case: dict, siblings: list[dict]) -> str:
             parts.insert(0, f"{case['shape']}")
     else:
         parts = [f"{case['shape']} {dt}"]
-    if case.get("variant"):
+    cu = case["params"].get("cu_seqlens")
+    if cu:  # packed sequences: say how many and how many tokens they hold together
+        parts.append(f"{len(cu) - 1} packed sequences totalling {cu[-1]} tokens")
+    elif case.get("variant"):
         parts.append(case["variant"])
     same = [c for c in siblings if c is not case and c["op"] == case["op"]
             and c["shape"] == case["shape"] and c["dtype"] == case["dtype"]
