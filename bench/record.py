@@ -6,7 +6,11 @@
 `<device>` is `h200`, `a100`, ... for a GPU (from its name) and `cpu` for the CPU; `<op>` is the
 `op` of the report's cases (an operator family's bench module can report several ops, e.g. the
 mHC module reports mhc_pre_bmm, mhc_post and hc_split_sinkhorn). `bench/report.py --save` writes
-(replaces) the file of every op it ran; `--study NAME` writes one study file. The text file is
+(replaces) the file of every op it ran; `--study NAME` writes one study file. A report JSON made
+elsewhere (`--json`, e.g. by tools/gpu_check.sh on a GPU machine) goes into the layout with
+
+    python bench/record.py save report.json             # every op of a full run
+    python bench/record.py study NAME report.json       # one study file The text file is
 rendered from the JSON by `render_report`, the same function that prints the live report, so the
 two always agree. No torch here: the doc tables (bench/tables.py) and CI read results with it.
 """
@@ -15,12 +19,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import textwrap
 from pathlib import Path
 
-from bench.fmt import fmt_bytes, fmt_err, fmt_time
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
+
+from bench.fmt import fmt_bytes, fmt_err, fmt_time  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 PASSES = ("fwd", "fwd+bwd")
 WIDTH = 100
@@ -281,3 +289,39 @@ def render_report(results: dict) -> str:
 
 def load(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench/record.py",
+                                 description="Put a report JSON into bench/results/<device>/.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sv = sub.add_parser("save", help="write <device>/<op>.json + .txt for every op of a full run")
+    sv.add_argument("report")
+    st = sub.add_parser("study", help="write <device>/studies/NAME.json + .txt")
+    st.add_argument("name")
+    st.add_argument("report")
+    for p in (sv, st):
+        p.add_argument("--device-folder", default=None, help="default: from the run's device")
+        p.add_argument("--results-dir", default=str(RESULTS), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    results = load(args.report)
+    meta = results["metadata"]
+    if args.cmd == "save":
+        if meta.get("quick") or results.get("complete") is False or any(
+                a in meta.get("argv", []) for a in ("--cases", "--dtype")):
+            print("record.py save: a full run only (not --quick, --cases, --dtype, nor an "
+                  "incomplete run); use `study`", file=sys.stderr)
+            return 2
+        written = save_current(results, Path(args.results_dir), args.device_folder)
+    else:
+        written = save_study(results, args.name, Path(args.results_dir), args.device_folder)
+    for w in written:
+        print(f"wrote {w}")
+    print("then: python bench/tables.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
