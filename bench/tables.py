@@ -478,6 +478,10 @@ def index_text(cited: dict[str, list[str]]) -> str:
         "python bench/tables.py                        # the tables in the docs and this index",
         "```",
         "",
+        "A report JSON written elsewhere (`tools/gpu_check.sh OUT` on a GPU machine writes "
+        "`OUT/report.json`) goes into the layout with `python bench/record.py save OUT/report.json` "
+        "(`study NAME OUT/report.json` for a partial run).",
+        "",
         "`h200/gpu_tests.txt` holds the GPU test evidence: the last full C++ + memcheck + CUDA "
         "pytest run and the test lines of every later GPU session.",
         "",
