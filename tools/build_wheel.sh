@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds a binary wheel of fusedops into dist/cpu/ or dist/cuda/: the Python package and the extension fusedops._C
-# (libfusedops linked in statically), portable CPU code (no -march=native), and with CUDA the
-# kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with auditwheel: OpenMP
+# Builds a binary wheel of fusedops into dist/cpu/ or dist/cuda/: the Python package and the
+# extension fusedops._C (libfusedops linked in statically), portable CPU code (no -march=native),
+# and with CUDA the kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with auditwheel: OpenMP
 # and OpenBLAS are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and every CUDA 13 build
 # of PyTorch installs it: the extension looks for it beside torch's NVIDIA libraries).
 #
