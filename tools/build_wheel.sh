@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a binary wheel of fusedops into dist/cpu/ or dist/cuda/: the Python package and the
 # extension fusedops._C (libfusedops linked in statically), portable CPU code (no -march=native),
-# and with CUDA the kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with auditwheel: OpenMP
-# and OpenBLAS are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and every CUDA 13 build
-# of PyTorch installs it: the extension looks for it beside torch's NVIDIA libraries).
+# and with CUDA the kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with
+# auditwheel: OpenMP and OpenBLAS are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and
+# every CUDA 13 build of PyTorch installs it: the extension looks for it beside torch's NVIDIA
+# libraries).
 #
 #   tools/build_wheel.sh cpu      # CPU-only wheel (what CI builds and tests)
 #   tools/build_wheel.sh cuda     # CPU + CUDA (needs nvcc; FUSEDOPS_CUDA_ARCHS, default "80;90a")
