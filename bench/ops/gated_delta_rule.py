@@ -212,8 +212,8 @@ def _impls(device, K, T, cu=None):
 
         def setup():
             if _fla_guard_bypassed():
-                impl.note = note + ("; its Triton-version guard on the Hopper backward was bypassed "
-                                    "for timing only (Triton < 3.7.1)")
+                impl.workarounds.append("its Triton-version guard on the Hopper backward was "
+                                        "bypassed for timing only (Triton < 3.7.1)")
 
         impl = _impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale, cu_seqlens=cu_t)[0],
                      note=note)
