@@ -1,7 +1,7 @@
 """Shared pieces of the operator report: the case description, timing, copy bandwidth, peak
-memory, and the precision policy of design.md section 6.
+memory, and the precision policy of docs/design.md section 6.
 
-Timing (design.md section 7):
+Timing (docs/design.md section 7):
   * CUDA: a CUDA event pair around each call, a 256 MiB buffer written between timed calls (not
     timed) so that every call starts with a cold L2, median of many runs after warm-up. A sleep
     kernel queued first keeps the GPU busy while the host enqueues every timed call, so the
@@ -156,7 +156,7 @@ def peer_status(module: str, device: torch.device) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Precision policy (design.md section 6): the one implementation in tests/common/tolerance.py
+# Precision policy (docs/design.md section 6): the one implementation in tests/common/tolerance.py
 #
 #   pass <=> err(ours, ref64) <= 2 * err(base, ref64) + floor(dtype) * max(1, max|ref64|)
 #
@@ -234,7 +234,7 @@ class Timing:
     reps: int
     host_s_per_call: float | None = None  # CUDA: host time to enqueue one call (Python, launches)
     # CPU: the median count of the process's minor page faults during one call (first touches of
-    # freshly mapped memory, which this VM charges ~1.5-2 us each; see bench/NOTES.md).
+    # freshly mapped memory, which this VM charges ~1.5-2 us each; see bench/notes/ARCHIVE.md).
     minor_faults: int | None = None
 
 

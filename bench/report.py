@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The fusedops operator report (design.md section 7, issue 2 item 5).
+"""The fusedops operator report (docs/design.md section 7, issue 2 item 5).
 
 For every registered case (bench/ops/*.py) and every implementation (fusedops, PyTorch eager,
 Liger-Kernel / flash-linear-attention when importable), per pass (forward, forward+backward):

@@ -1,4 +1,4 @@
-"""causal_conv1d (ops.md section 4) in the operator report.
+"""causal_conv1d (docs/specs/ops.md section 4) in the operator report.
 
 y = silu(conv(x) + bias) with a depthwise causal filter of width W over x [B, T, D] (no bias,
 residual or states here: the ShortConvolution use of GDN / KDA layers). The forward saves x; the

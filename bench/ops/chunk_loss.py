@@ -1,4 +1,4 @@
-"""chunk_loss (ops.md section 10) in the operator report: the LM head and cross-entropy,
+"""chunk_loss (docs/specs/ops.md section 10) in the operator report: the LM head and cross-entropy,
 loss = CE(hidden @ weight.T), reduction "mean", every label valid.
 
 Passes:

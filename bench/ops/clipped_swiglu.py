@@ -1,4 +1,4 @@
-"""clipped_swiglu (ops.md section 7) in the operator report.
+"""clipped_swiglu (docs/specs/ops.md section 7) in the operator report.
 
 GPT-OSS semantics (alpha 1.702, limit 7.0, bias 1.0, clamp_mode 0) on x [N, 2H] -> y [N, H].
 Minimum bytes (s = element size, N rows, K = 2H inputs per row):

@@ -1,4 +1,4 @@
-"""fused_cross_entropy_loss (ops.md section 1) in the operator report.
+"""fused_cross_entropy_loss (docs/specs/ops.md section 1) in the operator report.
 
 Passes (x = logits [N, V], every label valid):
   fwd      per-row losses (reduction "none") without a gradient: read x once

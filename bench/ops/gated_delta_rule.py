@@ -1,4 +1,4 @@
-"""chunk_gated_delta_rule (GDN, linear_attention.md section 1) in the operator report.
+"""chunk_gated_delta_rule (GDN, docs/specs/linear_attention.md section 1) in the operator report.
 
 The op is bound by arithmetic (chunk products of 64 x 128 x 128), not bytes. FLOPs per
 (sequence, head) chunk of C tokens with K = V = D (multiply-adds x 2):

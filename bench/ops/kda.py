@@ -1,4 +1,4 @@
-"""chunk_kda (Kimi delta attention, linear_attention.md section 9) in the operator report.
+"""chunk_kda (Kimi delta attention, docs/specs/linear_attention.md section 9) in the operator report.
 
 The op is bound by arithmetic: per (sequence, head) chunk of C tokens with K = V = D the chunk
 products are those of GDN (kkt, w/u, state, output: ~2*(3.5 C^2 D + 3 C D^2) FLOPs forward) plus

@@ -1,4 +1,4 @@
-"""l2norm (ops.md section 8) in the operator report.
+"""l2norm (docs/specs/ops.md section 8) in the operator report.
 
 y = x * rstd with rstd = (sum(x**2, -1) + eps) ** -0.5; the forward saves y and rstd, the
 backward reads them. Minimum bytes (s = element size of x, N rows of D):

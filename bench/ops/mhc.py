@@ -1,4 +1,4 @@
-"""mHC family (ops.md sections 3 and 9) in the operator report: mhc_pre_bmm, mhc_post and
+"""mHC family (docs/specs/ops.md sections 3 and 9) in the operator report: mhc_pre_bmm, mhc_post and
 hc_split_sinkhorn. ``--ops mhc`` runs all three.
 
 Minimum bytes per pass (T tokens, n streams, C channels, s = element size of x; coefficients

@@ -1,4 +1,4 @@
-"""rmsnorm_without_weight (ops.md section 2) in the operator report.
+"""rmsnorm_without_weight (docs/specs/ops.md section 2) in the operator report.
 
 Mode: return_normalized=True, outputs y = x * rstd (x's dtype) and rstd (float32, one per row).
 Minimum bytes (s = element size of x, N rows of D):

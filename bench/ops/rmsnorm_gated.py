@@ -1,4 +1,4 @@
-"""rmsnorm_gated (ops.md section 5) in the operator report.
+"""rmsnorm_gated (docs/specs/ops.md section 5) in the operator report.
 
 Norm before a silu gate, with a weight (FLA ``fused_norm_gate.rms_norm_gated``, the GDN / KDA
 output norm): y = x * rstd * w * silu(z); rstd fp32 per row saved. Minimum bytes (s = element

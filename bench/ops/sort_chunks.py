@@ -1,4 +1,4 @@
-"""sort_chunks_by_idx (ops.md section 6) in the operator report.
+"""sort_chunks_by_idx (docs/specs/ops.md section 6) in the operator report.
 
 The MoE chunk permutation of Megatron's token dispatcher: N tokens arrive grouped by
 (source rank, local expert) in S = ep * experts chunks and are regrouped expert-major

@@ -113,7 +113,7 @@ class _SortChunksByIdx(torch.autograd.Function):
 
 def sort_chunks_by_idx(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
                        probs: Optional[Tensor] = None):
-    """Reference of :func:`fusedops.sort_chunks_by_idx` (plain loops over ops.md section 6.3):
+    """Reference of :func:`fusedops.sort_chunks_by_idx` (plain loops over docs/specs/ops.md section 6.3):
     ``(out, probs_out)``, float64 for floating inputs (the values are copied exactly), the input
     dtype otherwise; gradients flow back in the input dtypes."""
     return _SortChunksByIdx.apply(inp, split_sizes, sorted_index, probs)
@@ -384,7 +384,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     return y, (final if output_final_state else None)
 
 
-# ---- mHC family: sinkhorn, hc_split_sinkhorn, mhc_pre_bmm, mhc_post (ops.md 3 and 9) ----------
+# ---- mHC family: sinkhorn, hc_split_sinkhorn, mhc_pre_bmm, mhc_post (docs/specs/ops.md 3 and 9) ----------
 
 
 def _cpu64c(t: Optional[Tensor]) -> Optional[Tensor]:

@@ -1,4 +1,4 @@
-// Explicit registration of every backend (design.md section 4).
+// Explicit registration of every backend (docs/design.md section 4).
 #pragma once
 
 #include "fusedops/core/registry.h"

@@ -225,7 +225,7 @@ void launch_rownorm_fwd(const char* op, RowNormFwdParams p, cudaStream_t stream)
   constexpr int N = kVec16<TX>;
   const bool vec = p.D % N == 0 && p.x_row_stride % N == 0 && aligned_to(p.x, 16) &&
                    (!p.y || aligned_to(p.y, sizeof(TY) * N));
-  // Units per thread, measured on the H200 (bench/NOTES.md): 4 for long rows ([32768,4096] bf16:
+  // Units per thread, measured on the H200 (bench/notes/ARCHIVE.md): 4 for long rows ([32768,4096] bf16:
   // 133 us at 4, 143 at 2), 2 for short ones ([524288,128] bf16: 69.9 us at 2, 71.3 at 4, 93 at 1).
   const int per_thread = p.D / N <= 32 ? 2 : 4;
   const RowPlan plan = plan_rows(p.rows, p.D, N, vec, per_thread);

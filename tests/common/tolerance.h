@@ -1,4 +1,4 @@
-// The precision policy of design.md section 6, shared by every C++ test.
+// The precision policy of docs/design.md section 6, shared by every C++ test.
 //
 //   pass  <=>  err(ours, ref64) <= 2 * err(base, ref64) + floor(dtype) * max(1, max|ref64|)
 //

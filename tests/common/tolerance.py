@@ -1,4 +1,4 @@
-"""The precision policy of design.md section 6, shared by every Python test (mirrors tolerance.h).
+"""The precision policy of docs/design.md section 6, shared by every Python test (mirrors tolerance.h).
 
     pass  <=>  err(ours, ref64) <= 2 * err(base, ref64) + floor(dtype) * max(1, max|ref64|)
 

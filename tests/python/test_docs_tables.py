@@ -96,3 +96,16 @@ def test_save_refuses_a_partial_run():
 
     for extra in (["--quick"], ["--cases", "x"], ["--dtype", "fp32"]):
         assert report.main(["--save", *extra]) == 2
+
+
+def test_the_repository_cites_only_its_own_documents(capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import cite_docs
+
+    assert cite_docs.main(["--check"]) == 0, capsys.readouterr().out
+    outside = re.compile(r"\.\./shared|/work/shared|\.library/")
+    for p in cite_docs.tracked_text_files():
+        if p == Path(__file__).resolve():
+            continue
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            assert not outside.search(line), f"{p.relative_to(ROOT)}:{i} cites a file outside the repo"

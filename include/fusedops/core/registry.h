@@ -1,4 +1,4 @@
-// The backend registry (design.md section 4). One entry per (op, direction, backend); a call
+// The backend registry (docs/design.md section 4). One entry per (op, direction, backend); a call
 // picks the highest-priority entry that fits the device, its compute capability, the dtype and
 // the arguments, unless a backend is forced by Context::backend or FUSEDOPS_BACKEND.
 #pragma once

@@ -1,4 +1,4 @@
-// causal_conv1d (ops.md section 4): depthwise causal short convolution with optional bias,
+// causal_conv1d (docs/specs/ops.md section 4): depthwise causal short convolution with optional bias,
 // SiLU, residual, initial / final state and varlen sequences.
 #pragma once
 

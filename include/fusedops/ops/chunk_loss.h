@@ -1,4 +1,4 @@
-// chunk_loss (ops.md section 10): the LM head and cross-entropy without materialized logits.
+// chunk_loss (docs/specs/ops.md section 10): the LM head and cross-entropy without materialized logits.
 #pragma once
 
 #include <cstddef>

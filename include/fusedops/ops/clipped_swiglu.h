@@ -1,4 +1,4 @@
-// clipped_swiglu (ops.md section 7): the GPT-OSS SwiGLU with clamped halves, as CANN's
+// clipped_swiglu (docs/specs/ops.md section 7): the GPT-OSS SwiGLU with clamped halves, as CANN's
 // clipped_swiglu / clipped_swiglu_grad define it.
 #pragma once
 

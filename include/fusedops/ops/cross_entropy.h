@@ -1,4 +1,4 @@
-// Cross-entropy family. This header: fused_cross_entropy_loss (ops.md section 1).
+// Cross-entropy family. This header: fused_cross_entropy_loss (docs/specs/ops.md section 1).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,7 @@ const char* loss_reduction_name(LossReduction reduction);
 // "none", "sum" or "mean"; anything else raises a kValue Error naming `op` and the choices.
 LossReduction parse_loss_reduction(const std::string& name, const char* op);
 
-// The options of ops.md section 1.2 shared by fused_cross_entropy_loss and chunk_loss.
+// The options of docs/specs/ops.md section 1.2 shared by fused_cross_entropy_loss and chunk_loss.
 struct CrossEntropyOptions {
   int64_t ignore_index = -100;
   LossReduction reduction = LossReduction::kMean;
@@ -38,7 +38,7 @@ struct CrossEntropyOptions {
 //   sum / mean:  loss = sum_i w_i l_i / norm            (0-d)
 //   none:        loss[i] = w_i l_i                       (labels' shape)
 //   z_loss:      the same reduction of lambda lse_i^2, unweighted (0 for ignored rows)
-// The gradient is computed here, for an upstream gradient of 1 (ops.md 1.4):
+// The gradient is computed here, for an upstream gradient of 1 (docs/specs/ops.md 1.4):
 //   grad_logits[i,v] = logit_scale (1 - t_v^2 if softcapping) * w_i / norm *
 //                      ((1 + 2 lambda lse) softmax(z)_v - (1-eps) [v == y] - eps / V)
 //   grad_loss_weight[i] = l_i / norm

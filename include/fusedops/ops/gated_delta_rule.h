@@ -1,4 +1,4 @@
-// Gated delta rule (GDN, linear_attention.md sections 0-8, 10-11): the chunked operator
+// Gated delta rule (GDN, docs/specs/linear_attention.md sections 0-8, 10-11): the chunked operator
 // chunk_gated_delta_rule, every chunk sub-operator it is composed of, and the per-token
 // recurrent form fused_recurrent_gated_delta_rule.
 //

@@ -1,4 +1,4 @@
-// Kimi delta attention (KDA, linear_attention.md section 9 with sections 0, 10-15): the gated
+// Kimi delta attention (KDA, docs/specs/linear_attention.md section 9 with sections 0, 10-15): the gated
 // delta rule with a per-key-channel decay. The chunked operator chunk_kda, the KDA-specific chunk
 // sub-operators, the per-channel gate and the per-token form fused_recurrent_kda.
 //

@@ -1,4 +1,4 @@
-// l2norm (ops.md section 8): normalisation by the L2 norm of the last dimension.
+// l2norm (docs/specs/ops.md section 8): normalisation by the L2 norm of the last dimension.
 #pragma once
 
 #include "fusedops/core/context.h"

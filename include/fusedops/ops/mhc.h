@@ -1,4 +1,4 @@
-// mHC family (ops.md sections 3 and 9): Sinkhorn normalisation of small matrices, the fused
+// mHC family (docs/specs/ops.md sections 3 and 9): Sinkhorn normalisation of small matrices, the fused
 // hc_split_sinkhorn of DeepSeek-V4 / MindSpeed, and the stream-mixing ops mhc_pre_bmm and
 // mhc_post. Every op is per token (per matrix); all math is fp32 in the CPU and CUDA backends
 // and float64 in the reference.
@@ -13,9 +13,9 @@
 namespace fusedops {
 
 // ---------------------------------------------------------------------------------------------
-// Sinkhorn (ops.md 3.2 - 3.3)
+// Sinkhorn (docs/specs/ops.md 3.2 - 3.3)
 
-// The three iteration schedules of ops.md 3.2 (rows normalised along the last axis, columns
+// The three iteration schedules of docs/specs/ops.md 3.2 (rows normalised along the last axis, columns
 // along the second-to-last; T = num_iters):
 //   kMindSpeed: K = exp(L - rowmax(L)); T times: K /= rowsum(K)+eps, then K /= colsum(K)+eps.
 //   kDeepSeek:  K = softmax_row(L) + eps; K /= colsum(K)+eps; T-1 times: row, then column step.
@@ -42,7 +42,7 @@ struct SinkhornFwdArgs {
   SinkhornVariant variant = SinkhornVariant::kMindSpeed;
 };
 
-// Backward: the exact derivative of the unrolled iteration (ops.md 3.3), with rowmax treated
+// Backward: the exact derivative of the unrolled iteration (docs/specs/ops.md 3.3), with rowmax treated
 // as a constant (mindspeed). The forward is recomputed inside the backward.
 //   logits: as in the forward. dout: [..., n, n] dtype of logits, contiguous.
 //   dlogits: [..., n, n] contiguous, dtype of logits, overwritten.
@@ -61,7 +61,7 @@ void sinkhorn_fwd_ref(const Context& ctx, const SinkhornFwdArgs& args);
 void sinkhorn_bwd_ref(const Context& ctx, const SinkhornBwdArgs& args);
 
 // ---------------------------------------------------------------------------------------------
-// hc_split_sinkhorn (ops.md 3.4)
+// hc_split_sinkhorn (docs/specs/ops.md 3.4)
 
 // Forward, per row of mixes [..., (2+n)n] laid out [pre(n) | post(n) | res(n*n, row-major)]:
 //   pre  = sigmoid(a0 * m_pre  + b_pre) + eps
@@ -86,7 +86,7 @@ struct HcSplitSinkhornFwdArgs {
   SinkhornVariant variant = SinkhornVariant::kMindSpeed;
 };
 
-// Backward (ops.md 3.4), with u = a0*m_pre + b_pre, s' = sigmoid(u)(1 - sigmoid(u)):
+// Backward (docs/specs/ops.md 3.4), with u = a0*m_pre + b_pre, s' = sigmoid(u)(1 - sigmoid(u)):
 //   dm_pre = g_pre s' a0,  da0 = sum_rows,i g_pre s' m_pre,  db_pre = sum_rows g_pre s';
 //   post: the same with a factor 2; res: dZ = sinkhorn_bwd(g_comb), dm_res = a2 dZ,
 //   da2 = sum dZ * m_res, db_res = sum_rows dZ.
@@ -126,7 +126,7 @@ void hc_split_sinkhorn_fwd_ref(const Context& ctx, const HcSplitSinkhornFwdArgs&
 void hc_split_sinkhorn_bwd_ref(const Context& ctx, const HcSplitSinkhornBwdArgs& args);
 
 // ---------------------------------------------------------------------------------------------
-// mhc_pre_bmm (ops.md 9.2)
+// mhc_pre_bmm (docs/specs/ops.md 9.2)
 
 // Forward: y[t, c] = sum_i h_pre[t, i] * x[t, i, c]   (fp32 accumulation), t over the tokens.
 //   x:     [B, T, n, C] or [T, n, C], fp32/bf16/fp16 (ref: also fp64); last dim stride 1 and the
@@ -159,7 +159,7 @@ void mhc_pre_bmm_fwd_ref(const Context& ctx, const MhcPreBmmFwdArgs& args);
 void mhc_pre_bmm_bwd_ref(const Context& ctx, const MhcPreBmmBwdArgs& args);
 
 // ---------------------------------------------------------------------------------------------
-// mhc_post (ops.md 9.3; torch_npu / CANN argument order)
+// mhc_post (docs/specs/ops.md 9.3; torch_npu / CANN argument order)
 
 // Forward (row j of h_res = source stream, column k = destination):
 //   out[t, k, c] = h_post[t, k] * h_out[t, c] + sum_j h_res[t, j, k] * x[t, j, c]

@@ -1,4 +1,4 @@
-// RMSNorm family. This header: rmsnorm_without_weight (ops.md section 2).
+// RMSNorm family. This header: rmsnorm_without_weight (docs/specs/ops.md section 2).
 #pragma once
 
 #include "fusedops/core/context.h"
@@ -42,7 +42,7 @@ void rmsnorm_without_weight_bwd_ref(const Context& ctx, const RmsNormWithoutWeig
 
 }  // namespace fusedops
 
-// rmsnorm_gated (ops.md section 5): RMSNorm with an optional weight and bias, a per-group rstd,
+// rmsnorm_gated (docs/specs/ops.md section 5): RMSNorm with an optional weight and bias, a per-group rstd,
 // and an optional gate z, applied after the norm (FLA fused_norm_gate / rmsnorm_fn with
 // norm_before_gate=True) or before it (Mamba-2's RMSNormGated, norm_before_gate=False).
 namespace fusedops {

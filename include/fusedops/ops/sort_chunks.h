@@ -1,4 +1,4 @@
-// sort_chunks family (ops.md section 6): sort_chunks_by_idx, the MoE chunk permutation, and its
+// sort_chunks family (docs/specs/ops.md section 6): sort_chunks_by_idx, the MoE chunk permutation, and its
 // helpers make_chunk_sort_map and sort_chunks_by_map.
 //
 // The rows of inp [N, Hd] are split into S consecutive chunks of split_sizes[c] rows and the

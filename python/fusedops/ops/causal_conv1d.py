@@ -1,4 +1,4 @@
-"""causal_conv1d (ops.md section 4): the C++ core behind autograd (see fusedops._op)."""
+"""causal_conv1d (docs/specs/ops.md section 4): the C++ core behind autograd (see fusedops._op)."""
 
 from typing import Optional
 

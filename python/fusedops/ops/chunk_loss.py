@@ -1,4 +1,4 @@
-"""chunk_loss (ops.md section 10): the LM head and cross-entropy without materialized logits, as
+"""chunk_loss (docs/specs/ops.md section 10): the LM head and cross-entropy without materialized logits, as
 torch.library custom ops with autograd.
 
 The forward runs the whole computation chunk by chunk over the tokens (logits GEMM, fused
@@ -228,7 +228,7 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
                grad_weight_buffer: Optional[Tensor] = None, softcap: Optional[float] = None,
                process_group=None, vocab_start: Optional[int] = None):
     """``CE(hidden @ weight.T)`` computed in chunks of tokens so that the ``[N, V]`` logits never
-    exist (ops.md section 10, MindSpeed-MM's ChunkLoss with the loss of section 1).
+    exist (docs/specs/ops.md section 10, MindSpeed-MM's ChunkLoss with the loss of section 1).
 
     * ``hidden``: ``[B, S, H]`` or ``[N, H]``; ``weight``: ``[V, H]`` (same dtype); ``labels``:
       hidden's shape without ``H`` (already shifted); ``loss_weight``: per token, differentiable.

@@ -1,4 +1,4 @@
-"""clipped_swiglu (ops.md section 7) as torch.library custom ops with autograd."""
+"""clipped_swiglu (docs/specs/ops.md section 7) as torch.library custom ops with autograd."""
 
 from __future__ import annotations
 

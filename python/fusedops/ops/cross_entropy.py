@@ -1,4 +1,4 @@
-"""fused_cross_entropy_loss (ops.md section 1) as torch.library custom ops with autograd.
+"""fused_cross_entropy_loss (docs/specs/ops.md section 1) as torch.library custom ops with autograd.
 
 The forward computes the loss and, in the same pass over the logits, the gradient for an upstream
 gradient of 1 (as Liger-Kernel and TransformerEngine do); the backward only rescales it. In eager
@@ -237,7 +237,7 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
                              inplace_backward: bool = False, softcap: Optional[float] = None,
                              process_group=None, vocab_start: Optional[int] = None):
     """Cross-entropy over the last dimension of ``logits`` with the gradient computed in the
-    forward pass (ops.md section 1).
+    forward pass (docs/specs/ops.md section 1).
 
     Per row: ``z = logit_scale * logits`` (then ``s * tanh(z / s)`` with
     ``logit_softcapping=s``), ``l = (1-eps) (lse - z_y) + eps (lse - mean z) +

@@ -1,4 +1,4 @@
-"""Gated delta rule (GDN, linear_attention.md sections 0-8, 10-11).
+"""Gated delta rule (GDN, docs/specs/linear_attention.md sections 0-8, 10-11).
 
 Top level (differentiable, torch.library custom ops):
     chunk_gated_delta_rule(q, k, v, g, beta, ...)            -> (o, final_state)

@@ -1,4 +1,4 @@
-"""Kimi delta attention (KDA, linear_attention.md section 9): the gated delta rule with a
+"""Kimi delta attention (KDA, docs/specs/linear_attention.md section 9): the gated delta rule with a
 per-key-channel decay ``g [B,T,HV,K]``.
 
 Top level (differentiable, torch.library custom ops):

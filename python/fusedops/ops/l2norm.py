@@ -1,4 +1,4 @@
-"""l2norm (ops.md section 8): the C++ core behind autograd (see fusedops._op)."""
+"""l2norm (docs/specs/ops.md section 8): the C++ core behind autograd (see fusedops._op)."""
 
 from typing import Optional
 

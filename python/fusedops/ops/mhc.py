@@ -1,4 +1,4 @@
-"""mHC family (ops.md sections 3 and 9) as torch.library custom ops with autograd.
+"""mHC family (docs/specs/ops.md sections 3 and 9) as torch.library custom ops with autograd.
 
 * ``sinkhorn(logits, num_iters=20, eps=1e-6, variant="mindspeed")``: Sinkhorn-Knopp
   normalisation of every [n, n] matrix of ``logits`` [..., n, n] (n <= 16);
@@ -178,7 +178,7 @@ torch.library.register_autograd("fusedops::hc_split_sinkhorn_fwd", _split_backwa
 
 def hc_split_sinkhorn(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int = 4,
                       sinkhorn_iters: int = 20, eps: float = 1e-6, *, variant: str = "mindspeed"):
-    """The fused mHC coefficient split of DeepSeek-V4 / MindSpeed (ops.md 3.4).
+    """The fused mHC coefficient split of DeepSeek-V4 / MindSpeed (docs/specs/ops.md 3.4).
 
     ``mixes`` [..., (2+n)n] (layout ``[pre(n) | post(n) | res(n*n)]``), ``hc_scale`` [3] =
     (a_pre, a_post, a_res), ``hc_base`` [(2+n)n]. Returns ``(pre, post, comb)`` in mixes' dtype:
@@ -264,7 +264,7 @@ torch.library.register_autograd("fusedops::mhc_pre_bmm_fwd", _pre_backward, setu
 
 
 def mhc_pre_bmm(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
-    """mHC pre-mixing (ops.md 9.2): ``y[..., c] = sum_i h_pre[..., i] * x[..., i, c]``.
+    """mHC pre-mixing (docs/specs/ops.md 9.2): ``y[..., c] = sum_i h_pre[..., i] * x[..., i, c]``.
 
     ``x`` [B, T, n, C] or [T, n, C] (fp32/bf16/fp16), ``h_pre`` [..., n] (fp32; other float
     dtypes are upcast). Any n (n = 4 is the fast path). fp32 accumulation; ``y`` [..., C] in
@@ -324,7 +324,7 @@ torch.library.register_autograd("fusedops::mhc_post_fwd", _post_backward, setup_
 
 
 def mhc_post(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
-    """mHC post-mixing (ops.md 9.3, torch_npu / CANN argument order):
+    """mHC post-mixing (docs/specs/ops.md 9.3, torch_npu / CANN argument order):
 
     ``out[..., k, c] = h_post[..., k] * h_out[..., c] + sum_j h_res[..., j, k] * x[..., j, c]``
 

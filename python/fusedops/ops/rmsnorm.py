@@ -1,4 +1,4 @@
-"""rmsnorm_without_weight (ops.md section 2): the C++ core behind autograd (see fusedops._op)."""
+"""rmsnorm_without_weight (docs/specs/ops.md section 2): the C++ core behind autograd (see fusedops._op)."""
 
 from typing import Optional
 

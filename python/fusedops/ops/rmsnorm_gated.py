@@ -1,4 +1,4 @@
-"""rmsnorm_gated (ops.md section 5) as torch.library custom ops with autograd.
+"""rmsnorm_gated (docs/specs/ops.md section 5) as torch.library custom ops with autograd.
 
 Two entry points, as in flash-linear-attention:
 
@@ -153,7 +153,7 @@ def rms_norm_gated(x: Tensor, g: Optional[Tensor] = None, weight: Optional[Tenso
                    residual_in_fp32: bool = False, eps: float = 1e-6, *,
                    group_size: Optional[int] = None, norm_before_gate: bool = True,
                    z: Optional[Tensor] = None):
-    """Gated RMSNorm over the last dimension (ops.md section 5.2).
+    """Gated RMSNorm over the last dimension (docs/specs/ops.md section 5.2).
 
     The positional order and defaults are flash-linear-attention 0.6.0's
     ``fla.modules.fused_norm_gate.rms_norm_gated(x, g, weight, bias, activation="swish",

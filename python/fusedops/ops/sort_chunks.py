@@ -1,4 +1,4 @@
-"""sort_chunks_by_idx (ops.md section 6): the MoE chunk permutation, as torch.library custom ops
+"""sort_chunks_by_idx (docs/specs/ops.md section 6): the MoE chunk permutation, as torch.library custom ops
 with autograd, and its MindSpeed / TransformerEngine / Megatron entry points.
 
 The rows of ``inp [N, Hd]`` are cut into chunks of ``split_sizes`` rows and the chunks are

@@ -1,4 +1,4 @@
-// causal_conv1d, float64 reference: plain loops, the executable form of ops.md section 4.
+// causal_conv1d, float64 reference: plain loops, the executable form of docs/specs/ops.md section 4.
 #include <cmath>
 #include <vector>
 

@@ -1,5 +1,5 @@
 // chunk_loss, float64 reference: plain loops over rows (no chunking: chunks change only the
-// order of the float32 sums of the other backends), the executable form of ops.md 10.3.
+// order of the float32 sums of the other backends), the executable form of docs/specs/ops.md 10.3.
 #include <algorithm>
 #include <vector>
 

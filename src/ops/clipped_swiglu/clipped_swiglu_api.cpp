@@ -1,4 +1,4 @@
-// clipped_swiglu: argument checks (ops.md section 7.5), then dispatch to the selected backend.
+// clipped_swiglu: argument checks (docs/specs/ops.md section 7.5), then dispatch to the selected backend.
 #include <cmath>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// clipped_swiglu, float64 reference: plain loops, the executable form of ops.md section 7.
+// clipped_swiglu, float64 reference: plain loops, the executable form of docs/specs/ops.md section 7.
 #include <cmath>
 
 #include "fusedops/core/registry.h"

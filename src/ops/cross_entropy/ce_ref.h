@@ -1,4 +1,4 @@
-// The float64 cross-entropy of one row (ops.md 1.3-1.4), shared by the reference backends of
+// The float64 cross-entropy of one row (docs/specs/ops.md 1.3-1.4), shared by the reference backends of
 // fused_cross_entropy_loss and chunk_loss.
 #pragma once
 

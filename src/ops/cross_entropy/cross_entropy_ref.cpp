@@ -1,4 +1,4 @@
-// fused_cross_entropy_loss, float64 reference: plain loops, the executable form of ops.md 1.3-1.4.
+// fused_cross_entropy_loss, float64 reference: plain loops, the executable form of docs/specs/ops.md 1.3-1.4.
 #include <algorithm>
 #include <vector>
 

@@ -2,7 +2,7 @@
 // products (wgmma), taken by the cuda_sm90 top-level backward (compose_bwd's dqkwg hook); the
 // sub-operator's own entry point stays cuda_sm80's dqkwg_mma_kernel.
 //
-// Why (bench/NOTES.md, GPU stop 31): dqkwg_mma_kernel (649 µs at B=8 T=4096 H=16 K=V=128 bf16,
+// Why (bench/notes/ARCHIVE.md, GPU stop 31): dqkwg_mma_kernel (649 µs at B=8 T=4096 H=16 K=V=128 bf16,
 // 46% of DRAM peak) waits mostly on shared memory. Its warps issue one instruction every 2.7 cycles,
 // and the top stall is the short scoreboard of the ldmatrix loads that feed every m16n8k16 product,
 // where each B fragment is read by four warps. wgmma reads both operands from shared memory itself.

@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
 // SM, else 1 (dhu_mma_kernel; 32 columns only); FUSEDOPS_GDN_DHU_STAGES=1|2|3 forces one (1 taken
 // as 2 by the 16-column form). 1 where the device's shared memory does not hold the staged form.
 // On the H200 at B = 1, T = 32768, H = 16 (32 columns): 2311 us with 1, 1993 us with 2, 2010 us
-// with 3 (bench/NOTES.md, stop 33).
+// with 3 (bench/notes/ARCHIVE.md, stop 33).
 int dhu_stages(const Context& ctx, int64_t states, int cols) {
   static const int forced = mma16::env_count("FUSEDOPS_GDN_DHU_STAGES", 1, 3);
   int want = forced != 0 ? forced : mma16::narrow_one_per_sm(ctx, states, cols) ? 2 : 1;

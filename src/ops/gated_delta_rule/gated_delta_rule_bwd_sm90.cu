@@ -7,7 +7,7 @@
 // Everything else of the backward is cuda_sm80's (compose_bwd with these two as its hooks; the
 // sub-operator entry points stay cuda_sm80).
 //
-// Why (bench/NOTES.md, GPU stops 28-29): cuda_sm80's kernels for these steps (fwd_h_mma_kernel
+// Why (bench/notes/ARCHIVE.md, GPU stops 28-29): cuda_sm80's kernels for these steps (fwd_h_mma_kernel
 // 308 µs, dhu_mma_kernel 428 µs at B=8 T=4096 H=16 K=V=128 bf16) read every B fragment once per
 // warp through ldmatrix; the forward's wgmma kernel (fwd_ho_wg_kernel) does the recurrence and
 // the output together in 237 µs.

@@ -589,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 // loaded into a register one chunk ahead. One CTA per SM, so the narrow form takes S = 3 when its
 // CTAs (4 per state) fit one per SM, and S = 2 otherwise (FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces
 // one). With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132 SMs) a chunk step took
-// 2.94 us with S = 2 and 2.55 us with S = 3 on the H200 (S = 4: 2.62 us; bench/NOTES.md, stop 33).
+// 2.94 us with S = 2 and 2.55 us with S = 3 on the H200 (S = 4: 2.62 us; bench/notes/ARCHIVE.md, stop 33).
 namespace fwdh {
 template <int NG, int S = 2, int NJ = 4>
 struct Geo {

@@ -3,7 +3,7 @@
 // products (wgmma, gdn_wgmma_sm90.cuh). Everything else of the top level, forward and backward,
 // is cuda_sm80's (the sub-operator entry points stay cuda_sm80).
 //
-// Why (bench/NOTES.md, GPU stops 20 and 26): cuda_sm80's fused kernel (fwd_ho_mma_kernel) spends
+// Why (bench/notes/ARCHIVE.md, GPU stops 20 and 26): cuda_sm80's fused kernel (fwd_ho_mma_kernel) spends
 // its time on shared-memory traffic, not on the tensor cores (L1/shared pipe 64% busy, tensor pipe
 // 23%): on mma.sync every warp of a 64-row product reads its B fragments itself. wgmma reads each
 // operand once per warpgroup from shared memory, with no ldmatrix.

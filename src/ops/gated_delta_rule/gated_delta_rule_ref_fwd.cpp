@@ -1,5 +1,5 @@
 // Gated delta rule, float64 reference: plain loops over chunks and value heads, the executable
-// form of linear_attention.md. Forward-direction operators; the backward ones are in
+// form of docs/specs/linear_attention.md. Forward-direction operators; the backward ones are in
 // gated_delta_rule_ref_bwd.cpp.
 #include <cmath>
 #include <vector>

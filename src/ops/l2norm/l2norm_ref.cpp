@@ -1,4 +1,4 @@
-// l2norm, float64 reference: plain loops, the executable form of ops.md section 8.
+// l2norm, float64 reference: plain loops, the executable form of docs/specs/ops.md section 8.
 #include <cmath>
 
 #include "fusedops/core/registry.h"

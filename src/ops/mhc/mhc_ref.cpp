@@ -1,5 +1,5 @@
 // mhc_pre_bmm and mhc_post, float64 reference: plain loops over tokens, streams and channels,
-// the executable form of ops.md 9.2 and 9.3.
+// the executable form of docs/specs/ops.md 9.2 and 9.3.
 #include <vector>
 
 #include "fusedops/core/registry.h"

@@ -1,6 +1,6 @@
 // sinkhorn and hc_split_sinkhorn, float64 reference: plain loops, the executable form of
-// ops.md 3.2 - 3.4. The forward keeps every intermediate matrix; the backward walks the steps
-// in reverse with the formula of ops.md 3.3 (no recomputation tricks).
+// docs/specs/ops.md 3.2 - 3.4. The forward keeps every intermediate matrix; the backward walks the steps
+// in reverse with the formula of docs/specs/ops.md 3.3 (no recomputation tricks).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -103,7 +103,7 @@ Mat forward(const Mat& l, int n, int iters, double eps, SinkhornVariant variant,
   return k;
 }
 
-// dL for the unrolled iteration (ops.md 3.3); rowmax is a constant.
+// dL for the unrolled iteration (docs/specs/ops.md 3.3); rowmax is a constant.
 Mat backward(const Mat& l, const Mat& dp, int n, int iters, double eps, SinkhornVariant variant) {
   Trace tr;
   const Mat p = forward(l, n, iters, eps, variant, &tr);

@@ -6,7 +6,7 @@
 // each thread rescales its two copies; the two copies of an element always see the same
 // operations, so they stay bitwise equal. A block of 128 threads holds 128 / G matrices.
 //
-// Backward (ops.md 3.3, the unrolled iteration): recompute the forward keeping every step's
+// Backward (docs/specs/ops.md 3.3, the unrolled iteration): recompute the forward keeping every step's
 // denominator d = sum + eps (thread g keeps those of row g and column g: 2 floats per iteration)
 // in shared memory, then walk the steps in reverse: G <- (G - sum_axis(G * Q)) / d and rebuild
 // the step's input as Q * d. When the history of all iterations does not fit (48 KB per block),
@@ -1046,7 +1046,7 @@ unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 
 
 // The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above) per direction, from
 // FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Default "approx"
-// both ways (bench/NOTES.md "GPU, stop 25" and "Stop 36"): in the backward it only concerns the
+// both ways (bench/notes/ARCHIVE.md "GPU, stop 25" and "Stop 36"): in the backward it only concerns the
 // recomputed forward, since the reverse steps on H = G * K take no reciprocal; at 32768 rows it
 // gives 11.5 us against 13.6 with "rn", with errors of dlogits / dmixes within 1.1x those of the
 // fp32 composite (tolerance 2x). "approx" needs every denominator d = sum + eps in the normal

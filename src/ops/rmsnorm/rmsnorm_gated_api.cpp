@@ -1,4 +1,4 @@
-// rmsnorm_gated: argument checks (ops.md section 5.5), then dispatch to the selected backend.
+// rmsnorm_gated: argument checks (docs/specs/ops.md section 5.5), then dispatch to the selected backend.
 #include <cmath>
 #include <string>
 #include <tuple>

@@ -1,4 +1,4 @@
-// rmsnorm_gated, float64 reference: plain loops, the executable form of ops.md section 5.
+// rmsnorm_gated, float64 reference: plain loops, the executable form of docs/specs/ops.md section 5.
 #include <cmath>
 
 #include "fusedops/core/registry.h"

@@ -1,4 +1,4 @@
-// rmsnorm_without_weight, float64 reference: plain loops, the executable form of ops.md section 2.
+// rmsnorm_without_weight, float64 reference: plain loops, the executable form of docs/specs/ops.md section 2.
 #include <cmath>
 
 #include "fusedops/core/registry.h"

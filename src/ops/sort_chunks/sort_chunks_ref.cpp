@@ -1,4 +1,4 @@
-// sort_chunks family, reference: plain loops over the definition of ops.md section 6.3, one
+// sort_chunks family, reference: plain loops over the definition of docs/specs/ops.md section 6.3, one
 // row at a time. The executable spec that the faster backends are tested against.
 #include <cstring>
 #include <vector>

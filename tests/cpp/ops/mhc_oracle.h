@@ -1,4 +1,4 @@
-// Oracles of the mHC family tests, written from ops.md 3 and 9 independently of the library:
+// Oracles of the mHC family tests, written from docs/specs/ops.md 3 and 9 independently of the library:
 // plain loops in a floating type F, so F = double gives the float64 oracle and F = float the
 // "plain composite in fp32" baseline of the precision policy (what the PyTorch composite that
 // upcasts to fp32 computes: every operation rounded to fp32).
@@ -89,7 +89,7 @@ struct Sinkhorn {
     axis.push_back(ax);
   }
 
-  // dL for the output gradient dp (ops.md 3.3; rowmax is a constant).
+  // dL for the output gradient dp (docs/specs/ops.md 3.3; rowmax is a constant).
   std::vector<F> backward(const std::vector<F>& dp) const {
     const int nn = n * n;
     std::vector<F> dl(nn, F(0));

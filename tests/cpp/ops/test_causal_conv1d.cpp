@@ -1,7 +1,7 @@
 // causal_conv1d: every runnable backend against a float64 oracle written here (not the library's
 // ref backend), forward and every gradient, NaN-poisoned outputs, L < W, L = 1, varlen with
 // zero-length and length-1 sequences, odd channel counts, strided inputs, empty inputs, state
-// chaining, determinism, and the error messages of ops.md section 4.5.
+// chaining, determinism, and the error messages of docs/specs/ops.md section 4.5.
 #include <cmath>
 #include <cstring>
 

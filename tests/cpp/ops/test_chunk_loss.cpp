@@ -1,5 +1,5 @@
 // chunk_loss: every runnable backend against a float64 oracle written here (logits = h W^T in
-// double, the cross-entropy of ops.md section 1, dH and dW by the chain rule), the loss, z-loss,
+// double, the cross-entropy of docs/specs/ops.md section 1, dH and dW by the chain rule), the loss, z-loss,
 // grad_hidden, grad_weight (overwritten and accumulated) and grad_loss_weight, for row counts
 // that are not a multiple of the chunk, V = 32003, all rows ignored, per-sample alpha, large
 // logits; the backward rescaling; determinism; the error messages.

@@ -1,7 +1,7 @@
 // clipped_swiglu: every runnable backend against a float64 oracle written here (plain loops, not
 // the library's ref backend), forward and backward, both clamp modes, interleaved and split
 // halves, dim != -1, group_index row masks, values exactly at +-limit, odd and empty shapes,
-// NaN-poisoned outputs, determinism and the error messages of ops.md section 7.5.
+// NaN-poisoned outputs, determinism and the error messages of docs/specs/ops.md section 7.5.
 #include <cmath>
 
 #include "tests/common/tolerance.h"

@@ -1,5 +1,5 @@
 // Gated delta rule sub-operators: every runnable backend against float64 oracles written here
-// (plain loops over the chunks of each sequence, following linear_attention.md sections 2-8 and
+// (plain loops over the chunks of each sequence, following docs/specs/linear_attention.md sections 2-8 and
 // 11), with the base of the precision policy = the same loops rounding every intermediate to the
 // input dtype. Fixed length and varlen (with an empty sequence), partial chunks, grouped value
 // heads, K/V that are not multiples of the vector width, NaN-poisoned outputs, errors.

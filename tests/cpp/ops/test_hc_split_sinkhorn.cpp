@@ -1,8 +1,8 @@
 // hc_split_sinkhorn: every runnable backend against an extended-precision oracle written in the
-// test (ops.md 3.4 with the Sinkhorn of tests/cpp/ops/mhc_oracle.h), forward, dmixes and the
+// test (docs/specs/ops.md 3.4 with the Sinkhorn of tests/cpp/ops/mhc_oracle.h), forward, dmixes and the
 // parameter gradients (reduced over rows), n = 1..16, the three variants, strided mixes, missing
 // output gradients, many rows (many partial sums), empty input, determinism and the errors of
-// ops.md 3.5.
+// docs/specs/ops.md 3.5.
 #include <cmath>
 #include <string>
 

@@ -1,6 +1,6 @@
 // KDA sub-operators, the per-channel gate, fused_recurrent_kda and chunk_kda: every runnable
 // backend against float64 oracles written here (plain loops over the chunks of each sequence,
-// following linear_attention.md section 9), with the base of the precision policy = the same
+// following docs/specs/linear_attention.md section 9), with the base of the precision policy = the same
 // loops rounding every intermediate to the input dtype. Fixed length and varlen (with an empty
 // sequence), partial chunks and sub-blocks, grouped value heads, K/V that are not multiples of
 // the vector width, NaN-poisoned outputs, bitwise-repeatable backward, errors.

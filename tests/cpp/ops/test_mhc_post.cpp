@@ -1,7 +1,7 @@
 // mhc_post: every runnable backend against an extended-precision oracle written here (plain loops
-// of ops.md 9.3), forward and all four gradients, n = 1..16 (n = 4 is the CUDA fast path, other n
+// of docs/specs/ops.md 9.3), forward and all four gradients, n = 1..16 (n = 4 is the CUDA fast path, other n
 // the multi-pass path), odd C (scalar path), strided and misaligned inputs, empty inputs, many
-// blocks, determinism and the errors of ops.md 9.3.
+// blocks, determinism and the errors of docs/specs/ops.md 9.3.
 #include <cmath>
 #include <string>
 

@@ -1,7 +1,7 @@
 // mhc_pre_bmm: every runnable backend against an extended-precision oracle written here (plain
-// loops of ops.md 9.2), forward and both gradients, n = 1..16 (n = 4 is the CUDA fast path),
+// loops of docs/specs/ops.md 9.2), forward and both gradients, n = 1..16 (n = 4 is the CUDA fast path),
 // odd C (scalar path), strided and misaligned x, fp32 and input-dtype outputs, empty inputs,
-// many blocks, determinism and the errors of ops.md 9.2.
+// many blocks, determinism and the errors of docs/specs/ops.md 9.2.
 #include <cmath>
 #include <string>
 

@@ -2,7 +2,7 @@
 // library's ref backend), forward and every gradient (x, z, weight, bias, residual), both gate
 // positions, silu and sigmoid, group sizes, optional weight / bias / z, a residual in x's dtype or
 // fp32, odd and empty shapes, strided rows, NaN-poisoned outputs, determinism and the error
-// messages of ops.md section 5.5.
+// messages of docs/specs/ops.md section 5.5.
 #include <cmath>
 #include <optional>
 

@@ -2,7 +2,7 @@
 // (tests/cpp/ops/mhc_oracle.h, itself checked against finite differences), forward and backward,
 // the three variants, n = 1..16, num_iters = 1 and many (including more iterations than the CUDA
 // history holds at once), NaN-poisoned outputs, empty batches, determinism, and the errors of
-// ops.md 3.5.
+// docs/specs/ops.md 3.5.
 #include <cmath>
 #include <string>
 
@@ -94,7 +94,7 @@ void check_case(const BackendCase& b, DType dtype, const std::vector<int64_t>& b
 
 TEST(Sinkhorn, OracleGradientMatchesFiniteDifferences) {
   // The oracle's backward against central differences of its own forward (long double). The
-  // backward treats rowmax as a constant (ops.md 3.3), exact only for eps = 0 in mindspeed (the
+  // backward treats rowmax as a constant (docs/specs/ops.md 3.3), exact only for eps = 0 in mindspeed (the
   // first row step then removes any row scaling); otherwise the rowmax path adds O(eps).
   for (SinkhornVariant v : kVariants) {
     const double eps = v == SinkhornVariant::kMindSpeed ? 0.0 : kEps;

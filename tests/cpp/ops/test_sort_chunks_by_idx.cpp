@@ -2,7 +2,7 @@
 // backend against an oracle written here (the concatenation of the chunks in sorted order), for
 // every element dtype, bit for bit: odd row sizes, zero-size chunks, reversed and random orders,
 // sum of sizes below N, no chunks at all, strided inputs, empty tensors; the backward as the
-// exact inverse; poisoned outputs; determinism; every error of ops.md section 6.5.
+// exact inverse; poisoned outputs; determinism; every error of docs/specs/ops.md section 6.5.
 #include <algorithm>
 #include <cstring>
 #include <numeric>

@@ -1,4 +1,4 @@
-"""causal_conv1d (ops.md section 4) through the torch layer.
+"""causal_conv1d (docs/specs/ops.md section 4) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and every
 gradient (x, weight, bias, residual, initial_state, and the gradient flowing in through
@@ -362,7 +362,7 @@ def test_torch_compile_fullgraph_matches_eager(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors (ops.md section 4.5) reach Python as exceptions that say what is wrong.
+# Errors (docs/specs/ops.md section 4.5) reach Python as exceptions that say what is wrong.
 
 
 def test_errors(device):

@@ -1,4 +1,4 @@
-"""chunk_loss (ops.md section 10) through the torch layer.
+"""chunk_loss (docs/specs/ops.md section 10) through the torch layer.
 
 Every registered backend is forced in turn and compared with ``linear + cross_entropy`` written
 here as a float64 PyTorch composite (autograd gives d_hidden, d_weight and d_loss_weight); the
@@ -38,7 +38,7 @@ CASES = {
 
 def composite(hidden, weight, labels, loss_weight=None, *, reduction="sum", alpha=None, ignore_index=-100,
               label_smoothing=0.0, lse_square_scale=0.0, softcap=None, logit_scale=1.0):
-    """linear + the cross-entropy of ops.md 1.3 in the inputs' dtype; returns (loss, z_loss)."""
+    """linear + the cross-entropy of docs/specs/ops.md 1.3 in the inputs' dtype; returns (loss, z_loss)."""
     H = hidden.shape[-1]
     z = F.linear(hidden.reshape(-1, H), weight) * logit_scale
     if softcap is not None:

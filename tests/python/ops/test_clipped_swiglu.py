@@ -1,4 +1,4 @@
-"""clipped_swiglu (ops.md section 7) through the torch layer.
+"""clipped_swiglu (docs/specs/ops.md section 7) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,
 with a float64 PyTorch composite written here (the GPT-OSS / CANN golden formula, differentiated by
@@ -24,7 +24,7 @@ BITWISE_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bf
 
 
 def clamp_closed(v, lo=None, hi=None):
-    """v.clamp(lo, hi) whose gradient passes on the closed interval [lo, hi] (ops.md section 7.4:
+    """v.clamp(lo, hi) whose gradient passes on the closed interval [lo, hi] (docs/specs/ops.md section 7.4:
     1[A <= limit], 1[-limit <= B <= limit]). The scalar torch.clamp of the torch in use blocks the
     gradient at exactly the bounds, so the composite spells the spec's masks out."""
     inside = torch.ones_like(v, dtype=torch.bool)
@@ -246,7 +246,7 @@ def test_torch_compile_fullgraph_matches_eager(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors (ops.md section 7.5)
+# Errors (docs/specs/ops.md section 7.5)
 
 
 def test_errors(device):

@@ -1,4 +1,4 @@
-"""fused_cross_entropy_loss (ops.md section 1) through the torch layer.
+"""fused_cross_entropy_loss (docs/specs/ops.md section 1) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, loss and every
 gradient (logits, loss_weight), with a float64 PyTorch composite written here and differentiated
@@ -36,7 +36,7 @@ OPTIONS = {
 
 def composite(logits, labels, loss_weight=None, *, ignore_index=-100, reduction=None,
               label_smoothing=0.0, logit_scale=1.0, logit_softcapping=None, lse_square_scale=0.0):
-    """The plain PyTorch composite of ops.md 1.3, in the dtype of its inputs. Returns
+    """The plain PyTorch composite of docs/specs/ops.md 1.3, in the dtype of its inputs. Returns
     (loss, z_loss)."""
     if reduction is None:
         reduction = "sum" if loss_weight is not None else "mean"

@@ -1,7 +1,7 @@
 """Gated delta rule (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, the sub-operators)
 through the torch layer.
 
-Oracle: the per-token recurrence (linear_attention.md 1.1) written here in plain torch float64 and
+Oracle: the per-token recurrence (docs/specs/linear_attention.md 1.1) written here in plain torch float64 and
 differentiated by torch.autograd. Base of the precision policy: the chunked algorithm written here
 in plain torch in the input dtype for the chunk form (the recurrence in the input dtype for the
 recurrent form). Every registered backend is forced in turn (``backend_case``). The spec's

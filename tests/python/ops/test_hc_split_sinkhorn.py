@@ -1,4 +1,4 @@
-"""hc_split_sinkhorn (ops.md 3.4) and its head variant through the torch layer.
+"""hc_split_sinkhorn (docs/specs/ops.md 3.4) and its head variant through the torch layer.
 
 Every registered backend is forced in turn and compared with a float64 PyTorch composite of the
 spec written here (autograd gives the gradients of mixes, hc_scale and hc_base); the tolerance
@@ -19,7 +19,7 @@ VARIANTS = ["mindspeed", "deepseek", "log"]
 
 
 def sinkhorn_composite(L, num_iters, eps, variant):
-    """ops.md 3.2 in plain PyTorch (as in test_sinkhorn.py), in L's dtype."""
+    """docs/specs/ops.md 3.2 in plain PyTorch (as in test_sinkhorn.py), in L's dtype."""
     if variant == "log":
         f = torch.zeros(L.shape[:-1], dtype=L.dtype, device=L.device)
         g = torch.zeros_like(f)
@@ -41,7 +41,7 @@ def sinkhorn_composite(L, num_iters, eps, variant):
 
 
 def composite(mixes, hc_scale, hc_base, n, iters=20, eps=EPS, variant="mindspeed"):
-    """ops.md 3.4 in plain PyTorch, in the dtype of its inputs."""
+    """docs/specs/ops.md 3.4 in plain PyTorch, in the dtype of its inputs."""
     # hc_scale [3] and hc_base [(2+n)n], or one copy per row ([..., 3], [..., (2+n)n]).
     pre = torch.sigmoid(hc_scale[..., 0:1] * mixes[..., :n] + hc_base[..., :n]) + eps
     post = 2 * torch.sigmoid(hc_scale[..., 1:2] * mixes[..., n:2 * n] + hc_base[..., n:2 * n])

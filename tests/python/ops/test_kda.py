@@ -1,7 +1,7 @@
 """Kimi delta attention (chunk_kda, fused_recurrent_kda, the per-channel gate, the sub-operators)
 through the torch layer.
 
-Oracle: the per-token recurrence (linear_attention.md 9.1) written here in plain torch float64 and
+Oracle: the per-token recurrence (docs/specs/linear_attention.md 9.1) written here in plain torch float64 and
 differentiated by torch.autograd. Base of the precision policy: the chunked algorithm (9.3) written
 here in plain torch in the input dtype for the chunk form (the recurrence in the input dtype for
 the recurrent form). Every registered backend is forced in turn (``backend_case``). The spec's

@@ -1,4 +1,4 @@
-"""l2norm (ops.md section 8) through the torch layer, and MindSpeed's launcher forms
+"""l2norm (docs/specs/ops.md section 8) through the torch layer, and MindSpeed's launcher forms
 ``fusedops.ops.l2norm.l2norm_fwd / l2norm_bwd``.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,

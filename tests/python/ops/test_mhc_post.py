@@ -1,4 +1,4 @@
-"""mhc_post (ops.md 9.3) and its MindSpeed-LLM argument-order alias through the torch layer.
+"""mhc_post (docs/specs/ops.md 9.3) and its MindSpeed-LLM argument-order alias through the torch layer.
 
 Every registered backend is forced in turn and compared, forward and all four gradients, with a
 float64 PyTorch composite written here (DeepSeek-V4's hc_post formula; torch.autograd for the

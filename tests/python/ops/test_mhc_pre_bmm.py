@@ -1,4 +1,4 @@
-"""mhc_pre_bmm (ops.md 9.2) through the torch layer.
+"""mhc_pre_bmm (docs/specs/ops.md 9.2) through the torch layer.
 
 Every registered backend is forced in turn and compared, forward and both gradients, with a
 float64 PyTorch composite written here (torch.autograd for the gradients); the tolerance base is

@@ -1,4 +1,4 @@
-"""rmsnorm_without_weight (ops.md section 2) through the torch layer.
+"""rmsnorm_without_weight (docs/specs/ops.md section 2) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,
 with a float64 PyTorch composite written here (the oracle, differentiated by torch.autograd); the

@@ -1,4 +1,4 @@
-"""rmsnorm_gated (ops.md section 5) through the torch layer.
+"""rmsnorm_gated (docs/specs/ops.md section 5) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and every
 gradient (x, z, weight, bias, residual), with a float64 PyTorch composite written here
@@ -310,7 +310,7 @@ def test_torch_compile_fullgraph_matches_eager(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors (ops.md section 5.5)
+# Errors (docs/specs/ops.md section 5.5)
 
 
 def test_errors(device):

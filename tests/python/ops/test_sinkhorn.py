@@ -1,4 +1,4 @@
-"""sinkhorn (ops.md 3.2 - 3.3) through the torch layer.
+"""sinkhorn (docs/specs/ops.md 3.2 - 3.3) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,
 with a float64 PyTorch composite of the spec written here (the oracle, differentiated by
@@ -22,7 +22,7 @@ BITWISE_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bf
 
 
 def composite(logits: torch.Tensor, num_iters: int = 20, eps: float = EPS, variant: str = "mindspeed"):
-    """ops.md 3.2 in plain PyTorch, in logits' dtype (rowmax detached: a constant)."""
+    """docs/specs/ops.md 3.2 in plain PyTorch, in logits' dtype (rowmax detached: a constant)."""
     L = logits
     if variant == "log":
         f = torch.zeros(L.shape[:-1], dtype=L.dtype, device=L.device)

@@ -1,4 +1,4 @@
-"""sort_chunks_by_idx (ops.md section 6) through the torch layer, with the MindSpeed / TE helper
+"""sort_chunks_by_idx (docs/specs/ops.md section 6) through the torch layer, with the MindSpeed / TE helper
 forms and Megatron's ``sort_chunks_by_idxs``.
 
 Every registered backend is forced in turn (``backend_case``). The oracle is written here: the
