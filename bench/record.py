@@ -248,7 +248,7 @@ def render_header(meta: dict) -> list[str]:
                      f"CUDA {b['cuda_compiler']} for {b.get('cuda_archs') or '?'}"
                      if b.get("cuda_compiler") else "without CUDA",
                      "-march=native" if b.get("native") else "portable CPU code",
-                     "OpenBLAS" if b.get("blas") else "no BLAS", b.get("build_type") or ""]
+                     b.get("cpu_gemm") or ("OpenBLAS" if b.get("blas") else ""), b.get("build_type") or ""]
             lines += wrap("fusedops built with: " + ", ".join(x for x in built if x), "", "   ")
         peers = prov.get("peers", {})
         lines += wrap("peers installed: " + (", ".join(f"{k} {val}" for k, val in peers.items())

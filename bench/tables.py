@@ -523,9 +523,13 @@ def index_text(cited: dict[str, list[str]]) -> str:
                                  f"{m['commit'][:7]} | {m['date'][:10]} | `tools/time_first_run.sh` "
                                  f"| - | {cite} |")
                     continue
-                lines.append(f"| {name} | the training demo, {d.get('gpu', d.get('device'))} "
-                             f"{d.get('dtype')} | {str(d.get('commit', '?'))[:7]} | - | "
-                             f"`{d.get('command', 'examples/train_hybrid.py')}` | - | {cite} |")
+                if "tokens_per_s" in d:
+                    what = f"the training demo, {d.get('gpu', d.get('device'))} {d.get('dtype')}"
+                else:
+                    what = f"study `{d.get('study', Path(rel).stem)}`"
+                command = str(d.get("command", "-")).replace("|", "\\|")
+                lines.append(f"| {name} | {what} | {str(d.get('commit', '?'))[:7]} | "
+                             f"{str(d.get('date', '-'))[:10]} | `{command}` | - | {cite} |")
                 continue
             lines.append(f"| {name} | {'GPU test logs' if p.name == 'gpu_tests.txt' else p.suffix[1:]} "
                          f"| - | - | - | - | {cite} |")

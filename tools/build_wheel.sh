@@ -2,7 +2,7 @@
 # Builds a binary wheel of fusedops into dist/cpu/ or dist/cuda/: the Python package and the
 # extension fusedops._C (libfusedops linked in statically), portable CPU code (no -march=native),
 # and with CUDA the kernels for sm_80 and sm_90a. Shared-library dependencies are resolved with
-# auditwheel: OpenMP and OpenBLAS are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and
+# auditwheel: OpenMP and oneDNN are copied into the wheel; cuBLASLt is not (it is ~0.5 GB, and
 # every CUDA 13 build of PyTorch installs it: the extension looks for it beside torch's NVIDIA
 # libraries).
 #
@@ -32,7 +32,7 @@ args=(-C "build-dir=build/wheel-$kind/{wheel_tag}" -C cmake.define.FUSEDOPS_NATI
 [ -n "$archs" ] && args+=(-C "cmake.define.FUSEDOPS_CUDA_ARCHS=$archs")
 if [ "$cuda" = ON ]; then
   # Found at run time beside torch's NVIDIA libraries (CUDA 13 wheels: nvidia/cu13/lib).
-  args+=(-C 'cmake.define.CMAKE_INSTALL_RPATH=$ORIGIN/../nvidia/cu13/lib;$ORIGIN/../nvidia/cublas/lib')
+  args+=(-C 'cmake.define.FUSEDOPS_EXTRA_RPATH=$ORIGIN/../nvidia/cu13/lib;$ORIGIN/../nvidia/cublas/lib')
 fi
 python -m pip wheel . --no-deps --no-build-isolation -w "$raw" "${args[@]}"
 wheel="$(ls "$raw"/fusedops-*.whl)"
