@@ -33,9 +33,15 @@ NOTES = re.compile(r"\bbench/NOTES\.md\b")
 HISTORY_CITERS = ("src/", "bench/")
 
 
-def tracked_text_files() -> list[Path]:
-    out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True,
-                         check=True).stdout.split()
+def tracked_text_files(pattern: str | None = None) -> list[Path]:
+    """Tracked text files, only those containing `pattern` (an extended regex, through git grep)
+    when given."""
+    cmd = ["git", "-C", str(ROOT), "ls-files"] if pattern is None else \
+        ["git", "-C", str(ROOT), "grep", "-lIE", pattern]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode not in (0, 1):
+        raise RuntimeError(run.stderr)
+    out = run.stdout.split()
     files = []
     for f in out:
         p = ROOT / f
@@ -52,7 +58,7 @@ def tracked_text_files() -> list[Path]:
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     bare = 0
-    for p in tracked_text_files():
+    for p in tracked_text_files(r"(design|ops|linear_attention)\.md|bench/NOTES\.md"):
         text = p.read_text()
         rel = p.relative_to(ROOT).as_posix()
         notes = rel.startswith(HISTORY_CITERS) and not rel.startswith("bench/notes/")
