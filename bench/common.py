@@ -95,6 +95,9 @@ class Case:
     bytes_note: dict[str, str]
     ref_row_budget_elems: int = 1 << 21
     variant: str = ""  # told apart in the label when two cases share op, shape and dtype
+    # whether the report adds a torch.compile row (False where compiling the composite would take
+    # minutes, e.g. a Python loop over hundreds of chunks that dynamo unrolls)
+    compile: bool = True
 
     @property
     def rows(self) -> int:
@@ -138,6 +141,20 @@ def randn_inputs(shape, dtype, device, seed: int, names=("x", "dy")) -> dict:
         out[name] = torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
     out["x_req"] = out["x"].detach().requires_grad_()
     return out
+
+
+def compiled_impl(eager: Impl) -> Impl:
+    """The plain PyTorch composite of `eager` under torch.compile (default mode): what a user gets
+    for free. Each pass is compiled on its first call (counted in its first-call time); a pass
+    whose composite cannot be compiled is reported as an error of this row, never of fusedops."""
+    import torch._dynamo  # noqa: F401  (imported here so that fusedops' first calls never pay it)
+
+    note = "torch.compile (default mode) of the eager composite"
+    if not eager.available:
+        return Impl("compile", status=eager.status, note=note)
+    fwd = torch.compile(eager.fwd) if eager.fwd else None
+    fwd_bwd = torch.compile(eager.fwd_bwd) if eager.fwd_bwd else None
+    return Impl("compile", fwd, fwd_bwd, note=note, prepare=eager.prepare)
 
 
 def peer_status(module: str, device: torch.device) -> str:

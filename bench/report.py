@@ -71,6 +71,8 @@ def parse_args(argv):
                    help="comma-separated implementation names not to run (e.g. fla: no Triton autotuning)")
     p.add_argument("--cases", metavar="REGEX", default=None,
                    help="run only the cases whose label matches this regular expression")
+    p.add_argument("--no-compile", action="store_true",
+                   help="no torch.compile row (by default every case with an eager composite gets one)")
     p.add_argument("--keep-triton-cache", action="store_true",
                    help="use the usual Triton cache (default: a fresh one, so that the peers' "
                         "first-call latency includes their compilation)")
@@ -363,6 +365,11 @@ def main(argv=None) -> int:
             print(f"report.py: bad --cases regex: {e}", file=sys.stderr)
             return 2
         cases = [c for c in cases if pattern.search(c.label)]
+    if not args.no_compile and "compile" not in {s.strip() for s in args.skip.split(",")}:
+        for c in cases:
+            eager = next((i for i in c.impls if i.name == "eager"), None)
+            if eager is not None and c.compile:
+                c.impls.insert(c.impls.index(eager) + 1, common.compiled_impl(eager))
     skipped = {s.strip() for s in args.skip.split(",") if s.strip()}
     for c in cases:
         for impl in c.impls:

@@ -30,6 +30,8 @@ in float64 (base of the precision policy: the same in the input dtype).
 
 from __future__ import annotations
 
+import os
+
 import fusedops
 import torch
 import torch.nn.functional as F
@@ -203,6 +205,22 @@ def _impls(device, K, T, cu=None):
     # about a second, and a run cut short by the time limit keeps the peer's rows.
     out = [_impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(
         q, k, v, g, b, scale, cu_seqlens=cu_t)[0])]
+    qla_note = "FlashQLA chunk_gated_delta_rule (TileLang; what flash-linear-attention 0.6 dispatches to when installed)"
+    status = peer_status("flash_qla", device)
+    if status != "ok":
+        out.append(Impl("flashqla", status=status, note=qla_note))
+    else:
+        peer = {}
+
+        def qla_setup():
+            import flash_qla  # imported after fusedops' first calls (it loads TileLang)
+
+            peer["gdn"] = flash_qla.chunk_gated_delta_rule
+
+        qla = _impl("flashqla", lambda q, k, v, g, b: peer["gdn"](
+            q, k, v, g, b, scale=scale, cu_seqlens=None if cu_t is None else cu_t.long())[0], note=qla_note)
+        qla.setup = qla_setup
+        out.append(qla)
     note = "flash-linear-attention chunk_gated_delta_rule (Triton)"
     status = peer_status("fla.ops.gated_delta_rule", device)
     if status != "ok":
@@ -211,6 +229,12 @@ def _impls(device, K, T, cu=None):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 
         def setup():
+            if peer_status("flash_qla", device) == "ok":
+                # fla 0.6 would dispatch to FlashQLA (the row above); FLA_FLASH_QLA=0, read at
+                # fla's first dispatch, keeps this row on fla's own Triton kernels.
+                os.environ["FLA_FLASH_QLA"] = "0"
+                impl.workarounds.append("FLA_FLASH_QLA=0: its FlashQLA backend off (the flashqla row "
+                                        "times FlashQLA itself)")
             if _fla_guard_bypassed():
                 impl.workarounds.append("its Triton-version guard on the Hopper backward was "
                                         "bypassed for timing only (Triton < 3.7.1)")
@@ -313,7 +337,10 @@ def _case(device, B, T, H, D, dtype, HV=None, nseq=0) -> Case:
     case = Case(op=OP, shape=(B, T, HV, D), dtype=dtype, params=params,
                 make_inputs=make, impls=_impls(device, D, T, cu), reference=reference, base=base,
                 bytes_moved=bytes_moved(B, T, H, D, dtype, HV), bytes_note=BYTES_NOTE,
-                variant=f"varlen({nseq} sequences)" if nseq else "")
+                variant=f"varlen({nseq} sequences)" if nseq else "",
+                # dynamo unrolls the composite's loop over chunks (and sequences): 64 chunks compile
+                # in about a minute, the 512 of T = 32768 would take many
+                compile=T // BT <= 64 and not nseq)
     return case
 
 
