@@ -2,65 +2,18 @@
 // chunk_gated_delta_rule, every chunk sub-operator it is composed of, and the per-token
 // recurrent form fused_recurrent_gated_delta_rule.
 //
-// Conventions shared by every operator below (spec section 0):
-//   * Layout "seq-first": q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; HV % H == 0 and value
-//     head hv reads q/k head hv / (HV/H). Token-major tensors given as inputs may have any
-//     strides for B, T and the head dimension as long as the last dimension has stride 1;
-//     outputs must be contiguous.
-//   * Varlen: cu_seqlens [N+1] (int32 or int64, B == 1) gives the sequences' bounds in the packed
-//     T dimension. Chunk-parallel operators also take chunk_indices [NT,2] (rows (seq, chunk) in
-//     sequence order, same integer dtype; see prepare_chunk_indices); state operators take
-//     chunk_offsets [N+1] (exclusive prefix sum of the per-sequence chunk counts). Without
-//     cu_seqlens, N = B, every sequence has T tokens and NT = B * ceil(T/BT).
-//   * Chunk n of a sequence covers its local tokens [n*BT, min((n+1)*BT, len)); the last chunk may
-//     be partial. Per-chunk matrices are stored token-major: [B,T,H,BT], row t holds row
-//     t - chunk_start of its chunk's matrix; columns >= the chunk's length are written as 0.
-//   * States are [K,V] fp32 while running; snapshots h/dh are [B,NT,HV,K,V] ([1,NT,HV,K,V] for
-//     varlen) in the caller's dtype; h0, ht, dh0 are [N,HV,K,V].
-//   * Gates are natural-log per-step decays; gamma (g_cumsum) is the chunk-local inclusive cumsum.
-//   * Every output is overwritten unless an Args field says it accumulates. Every backend computes
-//     in fp32 (ref: float64) whatever the storage dtypes; dtypes of outputs are the caller's choice
-//     among fp32/bf16/fp16 (ref also fp64) unless stated.
-//   * Index tensors live on ctx.device. On the CPU their contents are always checked (sorted
-//     cu_seqlens from 0 to T, chunk_indices/chunk_offsets consistent with them); on other devices
-//     only when ctx.validate is set.
+// The conventions (layout, varlen indices, chunks, states, dtypes) and the sub-operators the
+// pipeline shares with KDA (chunk_local_cumsum, chunk_gated_delta_rule_fwd_h / _bwd_dhu,
+// beta_sigmoid, the varlen index helpers) are in linear_attention.h. Here g, beta are [B,T,HV].
 #pragma once
 
 #include <cstdint>
 
 #include "fusedops/core/context.h"
 #include "fusedops/core/tensor.h"
+#include "fusedops/ops/linear_attention.h"
 
 namespace fusedops {
-
-// ---------------------------------------------------------------------------------------------
-// Varlen index helpers (host side; cu_seqlens must be a CPU tensor).
-
-// sum_n ceil(len_n / chunk_size) for a varlen batch.
-int64_t gdn_chunk_count(const TensorView& cu_seqlens, int64_t chunk_size);
-// Fills chunk_indices [NT,2] (dtype of cu_seqlens) with (seq, local chunk) rows.
-void prepare_chunk_indices(const TensorView& cu_seqlens, int64_t chunk_size,
-                           const TensorView& chunk_indices);
-// Fills chunk_offsets [N+1] (dtype of cu_seqlens) with the exclusive prefix sum of chunk counts.
-void prepare_chunk_offsets(const TensorView& cu_seqlens, int64_t chunk_size,
-                           const TensorView& chunk_offsets);
-
-// ---------------------------------------------------------------------------------------------
-// chunk_local_cumsum (spec section 2). Per chunk and channel, on fp32 values:
-//   forward  out_i = scale * sum_{s=0..i} g_s;   reverse  out_i = scale * sum_{s=i..last} g_s
-// (the reverse form is a true suffix sum). g: [B,T,H] (scalar) or [B,T,H,S] (vector), any float;
-// out: same shape, contiguous, any float dtype. chunk_size: a power of two.
-struct ChunkLocalCumsumArgs {
-  TensorView g;
-  TensorView out;
-  TensorView cu_seqlens;     // optional
-  TensorView chunk_indices;  // required with cu_seqlens
-  int64_t chunk_size = 64;
-  bool reverse = false;
-  double scale = 1.0;  // applied after the sum
-};
-void chunk_local_cumsum(const Context& ctx, const ChunkLocalCumsumArgs& args);
-void chunk_local_cumsum_ref(const Context& ctx, const ChunkLocalCumsumArgs& args);
 
 // ---------------------------------------------------------------------------------------------
 // chunk_scaled_dot_kkt_fwd (section 3): per chunk, the strictly lower matrix
@@ -111,44 +64,6 @@ void recompute_w_u_fwd(const Context& ctx, const RecomputeWUFwdArgs& args);
 void recompute_w_u_fwd_ref(const Context& ctx, const RecomputeWUFwdArgs& args);
 void prepare_wy_repr_bwd(const Context& ctx, const PrepareWyReprBwdArgs& args);
 void prepare_wy_repr_bwd_ref(const Context& ctx, const PrepareWyReprBwdArgs& args);
-
-// ---------------------------------------------------------------------------------------------
-// chunk_gated_delta_rule_fwd_h (section 6): the inter-chunk state recurrence, per sequence and
-// value head, X = h0 (or 0):
-//   for each chunk n:  h[n] = X;  Vn = U_n - W_n X  (stored as v_new);
-//     g:  Vg = diag(exp(g_last - g)) Vn,  X *= exp(g_last)      gk: X[c,:] *= exp(gk_last,c), Vg = Vn
-//     X += K_n^T Vg
-//   ht = X.
-// k: [B,T,Hk,K] with HV % Hk == 0 (q/k heads for GDN, or HV for the KDA form where k is already
-// gated); w: [B,T,HV,K]; u: [B,T,HV,V]; g: [B,T,HV] or gk: [B,T,HV,K] (chunk-local cumsums, at
-// most one); h0: [N,HV,K,V] any float. Outputs: h [B,NT,HV,K,V]; v_new [B,T,HV,V] (optional);
-// ht [N,HV,K,V] (optional, any float; fp32 by convention). K <= 256.
-struct ChunkGatedDeltaRuleFwdHArgs {
-  TensorView k, w, u, g, gk, h0;
-  TensorView h, v_new, ht;
-  TensorView cu_seqlens, chunk_offsets;
-  int64_t chunk_size = 64;
-};
-void chunk_gated_delta_rule_fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
-void chunk_gated_delta_rule_fwd_h_ref(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& args);
-
-// chunk_gated_delta_rule_bwd_dhu (section 6 / B3): reverse over chunks, X = dht (or 0):
-//   dh[n] = X;  dv2 = dv + diag(exp(g_last - g)) K X;
-//   X = exp(g_last) X + scale (diag(exp(g)) Q)^T dO - W^T dv2;     dh0 = X after chunk 0.
-// With gk: dv2 = dv + K X; X = diag(exp(gk_last)) X + scale Q^T dO - W^T dv2 (q, k pre-gated).
-// q, k: [B,T,Hk,K]; w: [B,T,HV,K]; dout, dv (the local dVloc): [B,T,HV,V]; g/gk as in fwd_h;
-// dht: [N,HV,K,V] optional (0 when absent). Outputs: dh [B,NT,HV,K,V]; dv2 [B,T,HV,V];
-// dh0 [N,HV,K,V] optional.
-struct ChunkGatedDeltaRuleBwdDhuArgs {
-  TensorView q, k, w, dout, dv, g, gk, dht;
-  TensorView dh, dh0, dv2;
-  TensorView cu_seqlens, chunk_offsets;
-  double scale = 1.0;
-  int64_t chunk_size = 64;
-};
-void chunk_gated_delta_rule_bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
-void chunk_gated_delta_rule_bwd_dhu_ref(const Context& ctx,
-                                        const ChunkGatedDeltaRuleBwdDhuArgs& args);
 
 // ---------------------------------------------------------------------------------------------
 // chunk_fwd_o (section 7): O = scale * ( diag(exp(g)) Q h[n] + (M>= . Gamma . Q K^T) Vnew ),
@@ -212,21 +127,6 @@ void gdn_gate_fwd(const Context& ctx, const GdnGateFwdArgs& args);
 void gdn_gate_fwd_ref(const Context& ctx, const GdnGateFwdArgs& args);
 void gdn_gate_bwd(const Context& ctx, const GdnGateBwdArgs& args);
 void gdn_gate_bwd_ref(const Context& ctx, const GdnGateBwdArgs& args);
-
-// beta_sigmoid (section 11): y = c * sigmoid(x), c = 2 with allow_neg_eigval else 1;
-// dx = dy * c * s * (1 - s). x, y, dy, dx: same shape, any float.
-struct BetaSigmoidFwdArgs {
-  TensorView x, y;
-  bool allow_neg_eigval = false;
-};
-struct BetaSigmoidBwdArgs {
-  TensorView x, dy, dx;
-  bool allow_neg_eigval = false;
-};
-void beta_sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& args);
-void beta_sigmoid_fwd_ref(const Context& ctx, const BetaSigmoidFwdArgs& args);
-void beta_sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& args);
-void beta_sigmoid_bwd_ref(const Context& ctx, const BetaSigmoidBwdArgs& args);
 
 // ---------------------------------------------------------------------------------------------
 // chunk_gated_delta_rule (section 1): the top level. Forward pipeline (section 1.4), each step

@@ -2,13 +2,13 @@
 // delta rule with a per-key-channel decay. The chunked operator chunk_kda, the KDA-specific chunk
 // sub-operators, the per-channel gate and the per-token form fused_recurrent_kda.
 //
-// Conventions are those of gated_delta_rule.h (layout [B,T,H,D] seq-first, HV % H == 0, value
+// Conventions are those of linear_attention.h (layout [B,T,H,D] seq-first, HV % H == 0, value
 // head hv reads q/k head hv / (HV/H), varlen through cu_seqlens + chunk_indices / chunk_offsets,
 // per-chunk matrices stored token-major [B,T,HV,BT], snapshots [B,NT,HV,K,V], states fp32 while
 // running, natural-log gates). The gate g and its chunk-local cumsum gk are [B,T,HV,K].
-// The KDA pipeline also uses these gated_delta_rule.h entry points: chunk_local_cumsum (vector
-// variant), chunk_gated_delta_rule_fwd_h / _bwd_dhu (gk variant), beta_sigmoid_fwd/bwd, and
-// l2norm_fwd/bwd.
+// The KDA pipeline also runs the shared sub-operators of linear_attention.h: chunk_local_cumsum
+// (vector variant), chunk_gated_delta_rule_fwd_h / _bwd_dhu (gk variant) and beta_sigmoid_fwd/bwd,
+// and l2norm_fwd/bwd.
 //
 // Exponentials: inside a chunk only exp(gk_i - gk_j) for i >= j is ever needed. Off-diagonal
 // 16-row sub-blocks (I > J) are factorised against the first row r of block I,
@@ -21,6 +21,7 @@
 
 #include "fusedops/core/context.h"
 #include "fusedops/core/tensor.h"
+#include "fusedops/ops/linear_attention.h"
 
 namespace fusedops {
 

@@ -1,50 +1,20 @@
 // Gated delta rule sub-operators: argument checks, then dispatch to the selected backend. The top
 // levels (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule) are in
-// gated_delta_rule_top.cpp.
+// gated_delta_rule_top.cpp; the sub-operators shared with KDA in linear_attention_api.cpp.
 #include <cmath>
 #include <string>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 
 namespace fusedops {
 namespace {
 
-using gdn::Check;
-
-Context forced(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
-bool is_pow2(int64_t x) { return x >= 1 && (x & (x - 1)) == 0; }
-
-// Second dimension of the snapshot tensors h / dh: ceil(T/BT) per batch row, or the total chunk
-// count for varlen (taken from `snap` itself when the indices could not be read).
-int64_t snapshot_nt(const Check& c, const TensorView& snap, const char* name, int64_t T,
-                    int64_t BT, const TensorView& cu, int64_t nt_read) {
-  if (!cu.defined()) return gdn::ceil_div(T, BT);
-  if (nt_read >= 0) return nt_read;
-  c.base().rank(snap, name, 5);
-  return snap.size(1);
-}
+using la::Check;
+using la::with_backend;
 
 // ---------------------------------------------------------------------------------------------
-
-void check(const Context& ctx, const ChunkLocalCumsumArgs& a) {
-  Check c("chunk_local_cumsum", ctx);
-  c.base().defined(a.g, "g");
-  c.value(a.g.ndim() == 3 || a.g.ndim() == 4,
-          "g must have rank 3 ([B,T,H], scalar gate) or 4 ([B,T,H,S], vector gate), got rank " +
-              std::to_string(a.g.ndim()) + " with shape " + a.g.shape_string());
-  c.input(a.g, "g", shape_vector(a.g));
-  c.value(is_pow2(a.chunk_size), "chunk_size must be a power of 2, got " + std::to_string(a.chunk_size));
-  c.output(a.out, "out", shape_vector(a.g));
-  c.chunk_indices(a.cu_seqlens, a.chunk_indices, a.g.size(0), a.g.size(1), a.chunk_size);
-  c.value(std::isfinite(a.scale), "scale must be finite");
-}
 
 void check(const Context& ctx, const ChunkScaledDotKktArgs& a) {
   Check c("chunk_scaled_dot_kkt", ctx);
@@ -117,60 +87,6 @@ void check(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   c.chunk_indices(a.cu_seqlens, a.chunk_indices, d.B, d.T, d.BT);
 }
 
-void check_gates(const Check& c, const TensorView& g, const TensorView& gk, int64_t B, int64_t T,
-                 int64_t HV, int64_t K) {
-  c.value(!(g.defined() && gk.defined()), "give at most one of g (scalar gate) and gk (per-channel gate)");
-  c.opt_input(g, "g", {B, T, HV});
-  c.opt_input(gk, "gk", {B, T, HV, K});
-}
-
-void check(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
-  Check c("chunk_gated_delta_rule_fwd_h", ctx);
-  auto ks = c.rank4(a.k, "k");
-  const int64_t B = ks[0], T = ks[1], Hk = ks[2], K = ks[3];
-  c.input(a.k, "k", ks);
-  auto us = c.rank4(a.u, "u");
-  const int64_t HV = us[2], V = us[3];
-  c.input(a.u, "u", {B, T, HV, V});
-  c.groups(HV, Hk, "u", "k");
-  c.input(a.w, "w", {B, T, HV, K});
-  c.head_dims(K, V);
-  check_gates(c, a.g, a.gk, B, T, HV, K);
-  c.chunk_size(a.chunk_size);
-  const int64_t N = c.seqlens(a.cu_seqlens, B, T);
-  const int64_t NT = snapshot_nt(c, a.h, "h", T, a.chunk_size, a.cu_seqlens,
-                                 c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size));
-  c.output(a.h, "h", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
-  c.opt_input(a.h0, "h0", {N, HV, K, V});
-  c.opt_output(a.v_new, "v_new", {B, T, HV, V});
-  c.opt_output(a.ht, "ht", {N, HV, K, V});
-}
-
-void check(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  Check c("chunk_gated_delta_rule_bwd_dhu", ctx);
-  auto ks = c.rank4(a.k, "k");
-  const int64_t B = ks[0], T = ks[1], Hk = ks[2], K = ks[3];
-  c.input(a.k, "k", ks);
-  c.input(a.q, "q", ks);
-  auto ds = c.rank4(a.dout, "dout");
-  const int64_t HV = ds[2], V = ds[3];
-  c.input(a.dout, "dout", {B, T, HV, V});
-  c.groups(HV, Hk, "dout", "q and k");
-  c.input(a.dv, "dv", {B, T, HV, V});
-  c.input(a.w, "w", {B, T, HV, K});
-  c.head_dims(K, V);
-  check_gates(c, a.g, a.gk, B, T, HV, K);
-  c.chunk_size(a.chunk_size);
-  const int64_t N = c.seqlens(a.cu_seqlens, B, T);
-  const int64_t NT = snapshot_nt(c, a.dh, "dh", T, a.chunk_size, a.cu_seqlens,
-                                 c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size));
-  c.output(a.dh, "dh", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
-  c.opt_input(a.dht, "dht", {N, HV, K, V});
-  c.opt_output(a.dh0, "dh0", {N, HV, K, V});
-  c.output(a.dv2, "dv2", {B, T, HV, V});
-  c.value(std::isfinite(a.scale), "scale must be finite");
-}
-
 struct QKDims {
   int64_t B, T, H, K, HV, V;
   int64_t NT;  // second dimension of h / dh
@@ -193,7 +109,7 @@ QKDims check_qk(const Check& c, const TensorView& q, const TensorView& k, const 
   c.opt_input(g, "g", {d.B, d.T, d.HV});
   c.chunk_size(BT);
   const int64_t nt = c.chunk_indices(cu, ci, d.B, d.T, BT);
-  d.NT = cu.defined() ? nt : gdn::ceil_div(d.T, BT);
+  d.NT = cu.defined() ? nt : la::ceil_div(d.T, BT);
   return d;
 }
 
@@ -266,35 +182,11 @@ void check(const Context& ctx, const GdnGateBwdArgs& a) {
   c.opt_output(a.ddt_bias, "ddt_bias", {a.g.size(-1)});
 }
 
-void check(const Context& ctx, const BetaSigmoidFwdArgs& a) {
-  Check c("beta_sigmoid", ctx);
-  c.base().min_rank(a.x, "x", 1);
-  c.base().rows_addressable(a.x, "x");
-  c.input(a.x, "x", shape_vector(a.x));
-  c.output(a.y, "y", shape_vector(a.x));
-}
-
-void check(const Context& ctx, const BetaSigmoidBwdArgs& a) {
-  Check c("beta_sigmoid", ctx);
-  c.base().min_rank(a.x, "x", 1);
-  c.base().rows_addressable(a.x, "x");
-  c.input(a.x, "x", shape_vector(a.x));
-  c.base().rows_addressable(a.dy, "dy");
-  c.input(a.dy, "dy", shape_vector(a.x));
-  c.output(a.dx, "dx", shape_vector(a.x));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Entry points. Zero-size calls return after the checks; the state operators still run when
 // there are sequences (a length-0 sequence has ht = h0 and dh0 = dht).
-
-void chunk_local_cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
-  check(ctx, a);
-  if (a.g.numel() == 0) return;
-  dispatch("chunk_local_cumsum", Direction::kForward, ctx, a.g.dtype(), a);
-}
 
 void chunk_scaled_dot_kkt_fwd(const Context& ctx, const ChunkScaledDotKktArgs& a) {
   check(ctx, a);
@@ -318,18 +210,6 @@ void prepare_wy_repr_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   check(ctx, a);
   if (a.beta.numel() == 0) return;
   dispatch("recompute_w_u", Direction::kBackward, ctx, a.k.dtype(), a);
-}
-
-void chunk_gated_delta_rule_fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
-  check(ctx, a);
-  if (a.h.numel() == 0 && (!a.ht.defined() || a.ht.numel() == 0)) return;
-  dispatch("chunk_gated_delta_rule_fwd_h", Direction::kForward, ctx, a.k.dtype(), a);
-}
-
-void chunk_gated_delta_rule_bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  check(ctx, a);
-  if (a.dh.numel() == 0 && (!a.dh0.defined() || a.dh0.numel() == 0)) return;
-  dispatch("chunk_gated_delta_rule_bwd_dhu", Direction::kBackward, ctx, a.k.dtype(), a);
 }
 
 void chunk_fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
@@ -361,52 +241,23 @@ void gdn_gate_bwd(const Context& ctx, const GdnGateBwdArgs& a) {
   dispatch("gdn_gate", Direction::kBackward, ctx, a.g.dtype(), a);
 }
 
-void beta_sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
-  check(ctx, a);
-  if (a.x.numel() == 0) return;
-  dispatch("beta_sigmoid", Direction::kForward, ctx, a.x.dtype(), a);
-}
-
-void beta_sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& a) {
-  check(ctx, a);
-  if (a.x.numel() == 0) return;
-  dispatch("beta_sigmoid", Direction::kBackward, ctx, a.x.dtype(), a);
-}
-
-void chunk_local_cumsum_ref(const Context& ctx, const ChunkLocalCumsumArgs& a) {
-  chunk_local_cumsum(forced(ctx, "ref"), a);
-}
 void chunk_scaled_dot_kkt_fwd_ref(const Context& ctx, const ChunkScaledDotKktArgs& a) {
-  chunk_scaled_dot_kkt_fwd(forced(ctx, "ref"), a);
+  chunk_scaled_dot_kkt_fwd(with_backend(ctx, "ref"), a);
 }
-void solve_tril_ref(const Context& ctx, const SolveTrilArgs& a) { solve_tril(forced(ctx, "ref"), a); }
+void solve_tril_ref(const Context& ctx, const SolveTrilArgs& a) { solve_tril(with_backend(ctx, "ref"), a); }
 void recompute_w_u_fwd_ref(const Context& ctx, const RecomputeWUFwdArgs& a) {
-  recompute_w_u_fwd(forced(ctx, "ref"), a);
+  recompute_w_u_fwd(with_backend(ctx, "ref"), a);
 }
 void prepare_wy_repr_bwd_ref(const Context& ctx, const PrepareWyReprBwdArgs& a) {
-  prepare_wy_repr_bwd(forced(ctx, "ref"), a);
+  prepare_wy_repr_bwd(with_backend(ctx, "ref"), a);
 }
-void chunk_gated_delta_rule_fwd_h_ref(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
-  chunk_gated_delta_rule_fwd_h(forced(ctx, "ref"), a);
-}
-void chunk_gated_delta_rule_bwd_dhu_ref(const Context& ctx,
-                                        const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  chunk_gated_delta_rule_bwd_dhu(forced(ctx, "ref"), a);
-}
-void chunk_fwd_o_ref(const Context& ctx, const ChunkFwdOArgs& a) { chunk_fwd_o(forced(ctx, "ref"), a); }
+void chunk_fwd_o_ref(const Context& ctx, const ChunkFwdOArgs& a) { chunk_fwd_o(with_backend(ctx, "ref"), a); }
 void chunk_bwd_dv_local_ref(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
-  chunk_bwd_dv_local(forced(ctx, "ref"), a);
+  chunk_bwd_dv_local(with_backend(ctx, "ref"), a);
 }
 void chunk_bwd_dqkwg_ref(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
-  chunk_bwd_dqkwg(forced(ctx, "ref"), a);
+  chunk_bwd_dqkwg(with_backend(ctx, "ref"), a);
 }
-void gdn_gate_fwd_ref(const Context& ctx, const GdnGateFwdArgs& a) { gdn_gate_fwd(forced(ctx, "ref"), a); }
-void gdn_gate_bwd_ref(const Context& ctx, const GdnGateBwdArgs& a) { gdn_gate_bwd(forced(ctx, "ref"), a); }
-void beta_sigmoid_fwd_ref(const Context& ctx, const BetaSigmoidFwdArgs& a) {
-  beta_sigmoid_fwd(forced(ctx, "ref"), a);
-}
-void beta_sigmoid_bwd_ref(const Context& ctx, const BetaSigmoidBwdArgs& a) {
-  beta_sigmoid_bwd(forced(ctx, "ref"), a);
-}
-
+void gdn_gate_fwd_ref(const Context& ctx, const GdnGateFwdArgs& a) { gdn_gate_fwd(with_backend(ctx, "ref"), a); }
+void gdn_gate_bwd_ref(const Context& ctx, const GdnGateBwdArgs& a) { gdn_gate_bwd(with_backend(ctx, "ref"), a); }
 }  // namespace fusedops

@@ -23,10 +23,9 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
 #include "src/ops/gated_delta_rule/gdn_wg_sm90.cuh"
-#include "src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh"
+#include "src/ops/linear_attention/la_wgmma_sm90.cuh"
 
 namespace fusedops::gdn::sm90 {
 namespace {

@@ -8,9 +8,9 @@
 
 #include "src/cpu/parallel.h"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 #include "src/ops/gated_delta_rule/gdn_cpu.h"
-#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+#include "src/ops/linear_attention/la_cpu_kernels.h"
 
 namespace fusedops::gdn::cpu {
 

@@ -10,8 +10,7 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
 
 namespace fusedops::gdn::sm80 {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/linear_attention/la_common.h"
 #include "src/ops/gated_delta_rule/gdn_ref.h"
 
 namespace fusedops::gdn::ref {

@@ -10,7 +10,7 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/l2norm.h"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 
 namespace fusedops {
 namespace {
@@ -58,7 +58,7 @@ TopDims dims_of(const TensorView& q, const TensorView& v, const TensorView& cu,
   d.V = v.size(3);
   d.varlen = cu.defined();
   d.N = d.varlen ? cu.size(0) - 1 : d.B;
-  d.NT = d.varlen ? ci.size(0) : gdn::ceil_div(d.T, BT);
+  d.NT = d.varlen ? ci.size(0) : la::ceil_div(d.T, BT);
   d.BT = BT;
   d.qdt = q.dtype();
   d.vdt = v.dtype();
@@ -69,7 +69,7 @@ TopDims dims_of(const TensorView& q, const TensorView& v, const TensorView& cu,
 
 // Checks shared by the forward and the backward: inputs, flags, varlen indices, saved tensors.
 template <class Args>
-TopDims check_common(const gdn::Check& c, const Args& a, bool backward) {
+TopDims check_common(const la::Check& c, const Args& a, bool backward) {
   c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
   c.value(a.q.size(2) == a.k.size(2),
           "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
@@ -135,7 +135,7 @@ TopDims check_common(const gdn::Check& c, const Args& a, bool backward) {
   return d;
 }
 
-void check_workspace(const gdn::Check& c, const TensorView& ws, int64_t need) {
+void check_workspace(const la::Check& c, const TensorView& ws, int64_t need) {
   if (need == 0 && !ws.defined()) return;
   c.base().defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8});
   c.value(ws.numel() == 0 || ws.is_contiguous(), "workspace must be contiguous");
@@ -204,7 +204,7 @@ TopDims bwd_dims(const ChunkGatedDeltaRuleBwdArgs& a) {
 }
 
 void check_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  gdn::Check c("chunk_gated_delta_rule", ctx);
+  la::Check c("chunk_gated_delta_rule", ctx);
   const TopDims d = check_common(c, a, false);
   c.output(a.o, "o", {d.B, d.T, d.HV, d.V});
   c.opt_output(a.final_state, "final_state", {d.N, d.HV, d.K, d.V});
@@ -212,7 +212,7 @@ void check_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
 }
 
 void check_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  gdn::Check c("chunk_gated_delta_rule", ctx);
+  la::Check c("chunk_gated_delta_rule", ctx);
   const TopDims d = check_common(c, a, true);
   c.input(a.dout, "dout", {d.B, d.T, d.HV, d.V});
   c.opt_input(a.dht, "dht", {d.N, d.HV, d.K, d.V});
@@ -388,7 +388,7 @@ void chunk_gated_delta_rule_bwd_ref(const Context& ctx, const ChunkGatedDeltaRul
 namespace {
 
 template <class Args>
-void check_recurrent_inputs(const gdn::Check& c, const Args& a, int64_t& N) {
+void check_recurrent_inputs(const la::Check& c, const Args& a, int64_t& N) {
   c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
   c.value(a.q.size(2) == a.k.size(2),
           "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
@@ -413,7 +413,7 @@ void check_recurrent_inputs(const gdn::Check& c, const Args& a, int64_t& N) {
 
 void fused_recurrent_gated_delta_rule_fwd(const Context& ctx,
                                           const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  gdn::Check c("fused_recurrent_gated_delta_rule", ctx);
+  la::Check c("fused_recurrent_gated_delta_rule", ctx);
   int64_t N = 0;
   check_recurrent_inputs(c, a, N);
   c.output(a.o, "o", shape_vector(a.v));
@@ -424,7 +424,7 @@ void fused_recurrent_gated_delta_rule_fwd(const Context& ctx,
 
 void fused_recurrent_gated_delta_rule_bwd(const Context& ctx,
                                           const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
-  gdn::Check c("fused_recurrent_gated_delta_rule", ctx);
+  la::Check c("fused_recurrent_gated_delta_rule", ctx);
   int64_t N = 0;
   check_recurrent_inputs(c, a, N);
   const int64_t HV = a.v.size(2), K = a.q.size(3), V = a.v.size(3);

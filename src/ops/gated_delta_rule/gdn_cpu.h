@@ -4,9 +4,14 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/linear_attention/la_common.h"
+#include "src/ops/linear_attention/la_cpu_kernels.h"
 
 namespace fusedops::gdn::cpu {
+
+// The GDN CPU kernels are written with the shared layout types and building blocks.
+using namespace la;
+using namespace la::cpu;
 
 std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT);
 // Width of the V tiles of the state recurrences given the number of (sequence, head) tasks.

@@ -6,9 +6,11 @@
 
 #include "fusedops/core/context.h"
 #include "fusedops/ops/gated_delta_rule.h"
-#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/linear_attention/la_common.h"
 
 namespace fusedops::gdn::ref {
+
+using namespace la;  // the shared layout types (la_common.h)
 
 // Rows [c.t0, c.t0 + c.len) of head h as a [len, D] row-major block of doubles, and back.
 std::vector<double> load_block(const Tok& t, const Chunk& c, int64_t h);

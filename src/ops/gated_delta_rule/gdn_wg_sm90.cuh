@@ -1,17 +1,18 @@
 // Pieces shared by the cuda_sm90 GDN kernels (gated_delta_rule_fwd_sm90.cu, _bwd_sm90.cu): the
 // tile geometry (K = V = 128, chunk 64, 16-bit tiles in the 128-byte swizzle of
-// gdn_wgmma_sm90.cuh), the per-thread cp.async source of a token tile, and the descriptors of a
+// la_wgmma_sm90.cuh), the per-thread cp.async source of a token tile, and the descriptors of a
 // tile as a K-major or MN-major operand. No PTX here (the CPU emulation compiles this header as
 // it is).
 #pragma once
 
 #include <cstdint>
 
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_wgmma_sm90.cuh"
+#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
+#include "src/ops/linear_attention/la_wgmma_sm90.cuh"
 
 namespace fusedops::gdn::sm90 {
+
+using namespace la::sm90;  // the shared wgmma layer (la_wgmma_sm90.cuh)
 
 constexpr int kD = 128;                              // K = V
 constexpr int kBT = 64;                              // chunk

@@ -5,18 +5,13 @@
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 
 namespace fusedops {
 namespace {
 
-using gdn::Check;
-
-Context forced(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
+using la::Check;
+using la::with_backend;
 
 void chunk_size_kda(const Check& c, int64_t bt) {
   c.value(bt == 16 || bt == 32 || bt == 64,
@@ -43,14 +38,6 @@ Dims qk_dims(const Check& c, const TensorView& q, const TensorView& k, const Ten
   c.groups(d.HV, d.H, hv_name, "q and k");
   c.value(d.K >= 1, "K must be >= 1");
   return d;
-}
-
-int64_t snapshot_nt(const Check& c, const TensorView& snap, const char* name, int64_t T, int64_t BT,
-                    const TensorView& cu, int64_t nt_read) {
-  if (!cu.defined()) return gdn::ceil_div(T, BT);
-  if (nt_read >= 0) return nt_read;
-  c.base().rank(snap, name, 5);
-  return snap.size(1);
 }
 
 void check(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
@@ -102,7 +89,7 @@ void check(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   const int64_t BT = a.Aqk.size(3);
   chunk_size_kda(c, BT);
   c.input(a.Aqk, "Aqk", {B, T, HV, BT});
-  const int64_t NT = snapshot_nt(c, a.h, "h", T, BT, a.cu_seqlens,
+  const int64_t NT = c.snapshots(a.h, "h", T, BT, a.cu_seqlens,
                                  c.chunk_indices(a.cu_seqlens, a.chunk_indices, B, T, BT));
   c.input(a.h, "h", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
   c.output(a.o, "o", {B, T, HV, V});
@@ -141,7 +128,7 @@ void check(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   c.input(a.beta, "beta", {d.B, d.T, d.HV});
   chunk_size_kda(c, a.chunk_size);
   c.input(a.Akk, "Akk", {d.B, d.T, d.HV, a.chunk_size});
-  const int64_t NT = snapshot_nt(c, a.h, "h", d.T, a.chunk_size, a.cu_seqlens,
+  const int64_t NT = c.snapshots(a.h, "h", d.T, a.chunk_size, a.cu_seqlens,
                                  c.chunk_indices(a.cu_seqlens, a.chunk_indices, d.B, d.T, a.chunk_size));
   const std::vector<int64_t> snap{a.cu_seqlens.defined() ? 1 : d.B, NT, d.HV, d.K, d.V};
   c.input(a.h, "h", snap);
@@ -314,30 +301,30 @@ void fused_recurrent_kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs&
 }
 
 void chunk_kda_fwd_intra_ref(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
-  chunk_kda_fwd_intra(forced(ctx, "ref"), a);
+  chunk_kda_fwd_intra(with_backend(ctx, "ref"), a);
 }
 void kda_recompute_w_u_fwd_ref(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
-  kda_recompute_w_u_fwd(forced(ctx, "ref"), a);
+  kda_recompute_w_u_fwd(with_backend(ctx, "ref"), a);
 }
 void chunk_kda_fwd_o_ref(const Context& ctx, const ChunkKdaFwdOArgs& a) {
-  chunk_kda_fwd_o(forced(ctx, "ref"), a);
+  chunk_kda_fwd_o(with_backend(ctx, "ref"), a);
 }
 void chunk_kda_bwd_dAv_ref(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
-  chunk_kda_bwd_dAv(forced(ctx, "ref"), a);
+  chunk_kda_bwd_dAv(with_backend(ctx, "ref"), a);
 }
 void chunk_kda_bwd_wy_dqkg_fused_ref(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
-  chunk_kda_bwd_wy_dqkg_fused(forced(ctx, "ref"), a);
+  chunk_kda_bwd_wy_dqkg_fused(with_backend(ctx, "ref"), a);
 }
 void chunk_kda_bwd_intra_ref(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
-  chunk_kda_bwd_intra(forced(ctx, "ref"), a);
+  chunk_kda_bwd_intra(with_backend(ctx, "ref"), a);
 }
-void kda_gate_fwd_ref(const Context& ctx, const KdaGateFwdArgs& a) { kda_gate_fwd(forced(ctx, "ref"), a); }
-void kda_gate_bwd_ref(const Context& ctx, const KdaGateBwdArgs& a) { kda_gate_bwd(forced(ctx, "ref"), a); }
+void kda_gate_fwd_ref(const Context& ctx, const KdaGateFwdArgs& a) { kda_gate_fwd(with_backend(ctx, "ref"), a); }
+void kda_gate_bwd_ref(const Context& ctx, const KdaGateBwdArgs& a) { kda_gate_bwd(with_backend(ctx, "ref"), a); }
 void fused_recurrent_kda_fwd_ref(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
-  fused_recurrent_kda_fwd(forced(ctx, "ref"), a);
+  fused_recurrent_kda_fwd(with_backend(ctx, "ref"), a);
 }
 void fused_recurrent_kda_bwd_ref(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
-  fused_recurrent_kda_bwd(forced(ctx, "ref"), a);
+  fused_recurrent_kda_bwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace fusedops

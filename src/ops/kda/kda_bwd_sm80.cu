@@ -9,38 +9,38 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/linear_attention/la_sm80.cuh"
+#include "src/ops/linear_attention/la_tc_sm80.cuh"
 #include "src/ops/kda/kda_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops::kda::sm80 {
 namespace {
 
-using gdn::sm80::ChunkPos;
-using gdn::sm80::SeqPos;
-using gdn::sm80::ldf;
-using gdn::sm80::seq_pos;
-using gdn::sm80::stf;
-using gdn::sm80::Layout;
-using gdn::sm80::Mat;
-using gdn::sm80::Tok;
-using gdn::sm80::allow_smem;
-using gdn::sm80::chunk_pos;
-using gdn::sm80::fill;
-using gdn::sm80::kLd;
-using gdn::sm80::pad_ld;
-using gdn::sm80::kMaxBT;
-using gdn::sm80::kThreads;
-using gdn::sm80::layout_of;
-using gdn::sm80::load_state;
-using gdn::sm80::load_tile;
-using gdn::sm80::load_tri;
-using gdn::sm80::mat_of;
-using gdn::sm80::mm;
-using gdn::sm80::no_f64;
-using gdn::sm80::stream_of;
-using gdn::sm80::tok_of;
+using la::sm80::ChunkPos;
+using la::sm80::SeqPos;
+using la::sm80::ldf;
+using la::sm80::seq_pos;
+using la::sm80::stf;
+using la::sm80::Layout;
+using la::sm80::Mat;
+using la::sm80::Tok;
+using la::sm80::allow_smem;
+using la::sm80::chunk_pos;
+using la::sm80::fill;
+using la::sm80::kLd;
+using la::sm80::pad_ld;
+using la::sm80::kMaxBT;
+using la::sm80::kThreads;
+using la::sm80::layout_of;
+using la::sm80::load_state;
+using la::sm80::load_tile;
+using la::sm80::load_tri;
+using la::sm80::mat_of;
+using la::sm80::mm;
+using la::sm80::no_f64;
+using la::sm80::stream_of;
+using la::sm80::tok_of;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
 // with Ke = K e^gk (fp32 in the element-wise terms, 16-bit as the dA operand). dq and dk
 // accumulate over the group in registers; every reduction runs in a fixed order.
 namespace wy16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr int kLdG = kD + 4;  // fp32 [64][132] gate tile
 constexpr size_t kSmem = 2 * (7 * static_cast<size_t>(kTok) + kSt + 2 * kMaxBT * kLdA) +
                          4 * (static_cast<size_t>(kMaxBT) * kLdG + 3 * kMaxBT + 2 * kD + 4 * kD);
@@ -247,8 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
                                                              Mat h, Mat dh, Tok dout, Tok dvn, Tok dq, Tok dk, Tok dv,
                                                              Tok dbeta, Tok dg, Tok dAkk, Layout L, int HV, int G,
                                                              float scale) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   using wy16::kLdG;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1) wy_mma_kernel(Tok q, Tok k, Tok v
 
 // True when chunk_kda_bwd_wy_dqkg_fused can take wy_mma_kernel (see there).
 bool wy_mma_ok(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, wy16::kSmem, "FUSEDOPS_KDA_WY_MMA", "chunk_kda_bwd_wy_dqkg_fused")) return false;
@@ -691,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
 // 32-channel slice through shared memory and are added in slice order. The gates are staged as
 // g log2(e), every factor one ex2.approx of a difference (exp2_fast).
 namespace bintra16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr int kHalf = kIntraHalf;    // channels per pass
 constexpr int kLdH = kHalf + 8;      // 16-bit row stride of the half tiles (36 words)
 constexpr int kLdG = kHalf + 4;      // fp32 [64][68] gate half
@@ -712,8 +712,8 @@ template <bool BF, bool kScan>
 __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, Tok gk, Tok beta, Tok dAqk, Tok dAkk,
                                                                  Tok dq, Tok dk, Tok dbeta, Tok dg, Tok dqo, Tok dko,
                                                                  Tok dbo, Tok dgo, Layout L, int G, double gscale) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   using bintra16::kHalf;
   using bintra16::kLdD;
   using bintra16::kLdF;
@@ -937,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_mma_kernel(Tok q, Tok k, T
 
 // True when chunk_kda_bwd_intra can take bintra_mma_kernel (see there).
 bool bintra_mma_ok(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, bintra16::kSmem, "FUSEDOPS_KDA_BINTRA_MMA", "chunk_kda_bwd_intra")) return false;
@@ -977,9 +977,9 @@ void launch_bintra_mma(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const 
 // bintra_mma_kernel (dg's rows go once to the cumsum's fp32 output and are summed there in place;
 // the workspace dg_out is not written). FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
 bool intra_cumsum_fused(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const ChunkLocalCumsumArgs& s) {
-  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
+  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
   if (!s.reverse || s.chunk_size != a.chunk_size || s.g.data() != a.dg_out.data() || !s.out.defined() ||
-      s.out.dtype() != DType::kFloat32 || s.out.ndim() != 4 || !gdn::sm80::mma16::out2_ok(s.out))
+      s.out.dtype() != DType::kFloat32 || s.out.ndim() != 4 || !la::sm80::mma16::out2_ok(s.out))
     return false;
   for (int d = 0; d < 4; ++d)
     if (s.out.size(d) != a.dg_out.size(d)) return false;
@@ -1242,7 +1242,7 @@ void top_bwd_entry(const Context& ctx, const ChunkKdaBwdArgs& a) { top_bwd(ctx, 
 bool top_bwd_supported(const ChunkKdaBwdArgs& a) { return sup_top_bwd(a); }
 
 void register_bwd(Registry& r) {
-  const BackendSpec s = gdn::sm80::spec();
+  const BackendSpec s = la::sm80::spec();
   const auto B = Direction::kBackward;
   r.add<ChunkKdaBwdWyDqkgArgs>("chunk_kda_bwd_wy_dqkg_fused", B, s, sup_wy, wy_dqkg);
   r.add<ChunkKdaBwdIntraArgs>("chunk_kda_bwd_intra", B, s, sup_bintra, bwd_intra);

@@ -1,14 +1,14 @@
 // KDA CPU backend: the kernels of kda_kernels.h in fp32 (fp32/bf16/fp16 storage; float64
 // anywhere goes to the reference). The top level forces "cpu" on every sub-operator it calls.
 #include "fusedops/core/registry.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 #include "src/ops/kda/kda_kernels.h"
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops {
 namespace {
 
-using gdn::no_float64;
+using la::no_float64;
 
 template <class Args, void (*F)(const Args&)>
 void run(const Context&, const Args& a) {

@@ -1,6 +1,6 @@
 // KDA chunk kernels written once over the compute type T: T = double is the reference backend
 // (float64 math, any storage dtype), T = float the CPU backend (fp32 math, the register-blocked
-// GEMM and vectorised exp of gdn_cpu_kernels.h). Each kernel handles one (chunk, head) task at a
+// GEMM and vectorised exp of la_cpu_kernels.h). Each kernel handles one (chunk, head) task at a
 // time on blocks converted from the storage dtype; tasks run over the OpenMP threads with a fixed
 // split, so results do not depend on the thread count.
 #pragma once
@@ -13,16 +13,16 @@
 #include "fusedops/ops/kda.h"
 #include "src/cpu/parallel.h"
 #include "src/cpu/scratch.h"
-#include "src/ops/gated_delta_rule/gdn_common.h"
-#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+#include "src/ops/linear_attention/la_common.h"
+#include "src/ops/linear_attention/la_cpu_kernels.h"
 
 namespace fusedops::kda {
 
-using gdn::Chunk;
-using gdn::Mat;
-using gdn::Seq;
-using gdn::Tok;
-using gdn::cpu::Tri;
+using la::Chunk;
+using la::Mat;
+using la::Seq;
+using la::Tok;
+using la::cpu::Tri;
 
 constexpr int64_t kBC = 16;  // sub-block rows of the intra-chunk factorisation
 
@@ -31,23 +31,23 @@ constexpr int64_t kBC = 16;  // sub-block rows of the intra-chunk factorisation
 
 template <class T>
 inline void load(const void* p, DType dt, T* out, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) gdn::load_floats(p, dt, out, n);
-  else gdn::load_doubles(p, dt, out, n);
+  if constexpr (std::is_same_v<T, float>) la::load_floats(p, dt, out, n);
+  else la::load_doubles(p, dt, out, n);
 }
 template <class T>
 inline void store(const T* in, void* p, DType dt, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) gdn::store_floats(in, p, dt, n);
-  else gdn::store_doubles(in, p, dt, n);
+  if constexpr (std::is_same_v<T, float>) la::store_floats(in, p, dt, n);
+  else la::store_doubles(in, p, dt, n);
 }
 // x[i] = exp(x[i]) in fp32, eight lanes at a time with GCC vector extensions (the algorithm of
-// gdn::cpu::exp_inplace: Cody-Waite reduction, degree-6 polynomial, ~2 ulp; 0 below -87.3, +inf
+// la::cpu::exp_inplace: Cody-Waite reduction, degree-6 polynomial, ~2 ulp; 0 below -87.3, +inf
 // above 88.7, NaN stays NaN), written explicitly because GCC leaves the scalar loop unvectorised.
 inline void exp_f32(float* x, int64_t n) {
-  using gdn::cpu::v8f;
-  using gdn::cpu::v8i;
-  using gdn::cpu::load8;
-  using gdn::cpu::splat;
-  using gdn::cpu::store8;
+  using la::cpu::v8f;
+  using la::cpu::v8i;
+  using la::cpu::load8;
+  using la::cpu::splat;
+  using la::cpu::store8;
   int64_t i = 0;
   const v8f lo = splat(-87.0f), hi = splat(88.0f), zero = splat(0.0f), inf = splat(INFINITY);
   for (; i + 8 <= n; i += 8) {
@@ -73,7 +73,7 @@ inline void exp_f32(float* x, int64_t n) {
     out = v0 != v0 ? v0 : out;
     store8(x + i, out);
   }
-  if (i < n) gdn::cpu::exp_inplace(x + i, n - i);
+  if (i < n) la::cpu::exp_inplace(x + i, n - i);
 }
 
 template <class T>
@@ -89,7 +89,7 @@ template <class T>
 inline void mm(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t ars, int64_t acs,
                const T* B, int64_t ldb, bool accumulate, T* C, int64_t ldc, Tri tri = Tri::kNone) {
   if constexpr (std::is_same_v<T, float>) {
-    gdn::cpu::gemm(M, N, K, alpha, A, ars, acs, B, ldb, accumulate, C, ldc, tri);
+    la::cpu::gemm(M, N, K, alpha, A, ars, acs, B, ldb, accumulate, C, ldc, tri);
   } else {
     std::vector<T> row(N);
     for (int64_t i = 0; i < M; ++i) {
@@ -109,7 +109,7 @@ inline void mm(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t ars
 template <class T>
 inline void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
   if constexpr (std::is_same_v<T, float>) {
-    gdn::cpu::transpose(src, lds, rows, cols, dst, ldd);
+    la::cpu::transpose(src, lds, rows, cols, dst, ldd);
   } else {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
@@ -128,7 +128,7 @@ inline Scratch<T>& scratch() {
 // Chunk-level loads and stores.
 
 inline std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT) {
-  return gdn::make_chunks(gdn::make_seqs(B, T, cu, BT), BT);
+  return la::make_chunks(la::make_seqs(B, T, cu, BT), BT);
 }
 
 template <class T>
@@ -193,8 +193,8 @@ inline T dot(const T* a, const T* b, int64_t n) {
   int64_t x = 0;
   T s = 0;
   if constexpr (std::is_same_v<T, float>) {
-    using gdn::cpu::load8;
-    gdn::cpu::v8f v = gdn::cpu::splat(0.0f);
+    using la::cpu::load8;
+    la::cpu::v8f v = la::cpu::splat(0.0f);
     for (; x + 8 <= n; x += 8) v += load8(a + x) * load8(b + x);
     for (int l = 0; l < 8; ++l) s += v[l];
   }
@@ -237,10 +237,10 @@ inline void dot2(const T* x1, const T* x2, const T* y, const T* e, int64_t K, T&
   int64_t c = 0;
   T s1 = 0, s2 = 0;
   if constexpr (std::is_same_v<T, float>) {
-    using gdn::cpu::load8;
-    gdn::cpu::v8f v1 = gdn::cpu::splat(0.0f), v2 = v1;
+    using la::cpu::load8;
+    la::cpu::v8f v1 = la::cpu::splat(0.0f), v2 = v1;
     for (; c + 8 <= K; c += 8) {
-      const gdn::cpu::v8f w = load8(y + c) * load8(e + c);
+      const la::cpu::v8f w = load8(y + c) * load8(e + c);
       v1 += load8(x1 + c) * w;
       v2 += load8(x2 + c) * w;
     }
@@ -266,12 +266,12 @@ inline void diag_update(int64_t K, T dqij, T dlij, T bl, const T* __restrict kj,
                         T* __restrict cc) {
   int64_t x = 0;
   if constexpr (std::is_same_v<T, float>) {
-    using gdn::cpu::load8;
-    using gdn::cpu::splat;
-    using gdn::cpu::store8;
-    const gdn::cpu::v8f a = splat(dqij), l = splat(dlij), bb = splat(bl);
+    using la::cpu::load8;
+    using la::cpu::splat;
+    using la::cpu::store8;
+    const la::cpu::v8f a = splat(dqij), l = splat(dlij), bb = splat(bl);
     for (; x + 8 <= K; x += 8) {
-      const gdn::cpu::v8f ev = load8(e + x), w = load8(kj + x) * ev;
+      const la::cpu::v8f ev = load8(e + x), w = load8(kj + x) * ev;
       store8(dqi + x, load8(dqi + x) + a * w);
       store8(rr + x, load8(rr + x) + l * w);
       store8(cc + x, load8(cc + x) + (a * load8(qi + x) + bb * load8(ki + x)) * ev);
@@ -843,7 +843,7 @@ void recurrent_fwd(const FusedRecurrentKdaFwdArgs& a) {
   const Mat h0(a.initial_state), ht(a.final_state);
   const int64_t HV = v.H, G = HV / q.H, K = q.D, V = v.D;
   const T scale = static_cast<T>(a.scale);
-  const auto seqs = gdn::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const auto seqs = la::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
   const int64_t N = static_cast<int64_t>(seqs.size());
   fusedops::cpu::parallel_for(0, N * HV, 1, [&](int64_t b0, int64_t e0) {
     std::vector<T> S(K * V), qt(K), kt(K), at(K), vt(V), ot(V), p(V), dl(V);
@@ -873,7 +873,7 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
   const Mat h0(a.initial_state), dht(a.dht), dh0(a.dh0);
   const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
   const T scale = static_cast<T>(a.scale);
-  const auto seqs = gdn::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
+  const auto seqs = la::make_seqs(a.q.size(0), a.q.size(1), a.cu_seqlens, 1);
   const int64_t N = static_cast<int64_t>(seqs.size());
   fusedops::cpu::parallel_for(0, N * H, 1, [&](int64_t b0, int64_t e0) {
     std::vector<T> qt(K), kt(K), at(K), vt(V), p(V), dl(V), dot(V), dS(K * V), St(K * V), dd(V),
@@ -881,7 +881,7 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
     for (int64_t task = b0; task < e0; ++task) {
       const int64_t n = task / H, hh = task % H;
       const Seq& sq = seqs[n];
-      const int64_t len = sq.len, nseg = gdn::ceil_div(len, kSeg);
+      const int64_t len = sq.len, nseg = la::ceil_div(len, kSeg);
       std::vector<T> dQ(len * K, T(0)), dK(len * K, T(0));
       std::vector<T> ckpt(std::max<int64_t>(nseg, 1) * K * V), states((kSeg + 1) * K * V);
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {

@@ -2,10 +2,10 @@
 // operators, chunk_kda_bwd_dAv, the gate backward, and the registration. Chunk-parallel operators
 // run one CTA of 256 threads per (chunk, value head) with the operands staged in shared memory as
 // fp32 and products by the CTA-wide mm (tf32 tensor cores for 16-bit inputs, FFMA for fp32;
-// gated_delta_rule's gdn_sm80.cuh helpers: Tok/Mat access, device-side varlen positions, tile
-// loads, mm). The top level runs kda::compose_fwd with
-// "cuda_sm80" forced on the sub-operators (chunk_local_cumsum, beta_sigmoid and
-// chunk_gated_delta_rule_fwd_h come from the gated_delta_rule CUDA backend, l2norm from its own).
+// the shared helpers of la_sm80.cuh: Tok/Mat access, device-side varlen positions, tile loads,
+// mm). The top level runs kda::compose_fwd with "cuda_sm80" forced on the sub-operators
+// (chunk_local_cumsum, beta_sigmoid and chunk_gated_delta_rule_fwd_h, the shared sub-operators,
+// whose CUDA kernels are in the gated_delta_rule files; l2norm from its own backend).
 // Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
 // fixed-order sums, no atomics.
 #include <cmath>
@@ -13,39 +13,40 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/linear_attention/la_sm80.cuh"
+#include "src/ops/linear_attention/la_tc_sm80.cuh"
+#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
 #include "src/ops/kda/kda_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops::kda::sm80 {
 namespace {
 
-using gdn::sm80::ChunkPos;
-using gdn::sm80::Layout;
-using gdn::sm80::Mat;
-using gdn::sm80::SeqPos;
-using gdn::sm80::Tok;
-using gdn::sm80::allow_smem;
-using gdn::sm80::chunk_pos;
-using gdn::sm80::code_of;
-using gdn::sm80::fill;
-using gdn::sm80::kLd;
-using gdn::sm80::pad_ld;
-using gdn::sm80::kMaxBT;
-using gdn::sm80::kThreads;
-using gdn::sm80::ldf;
-using gdn::sm80::layout_of;
-using gdn::sm80::load_state;
-using gdn::sm80::load_tile;
-using gdn::sm80::load_tri;
-using gdn::sm80::mat_of;
-using gdn::sm80::mm;
-using gdn::sm80::seq_pos;
-using gdn::sm80::stf;
-using gdn::sm80::store_tile;
-using gdn::sm80::stream_of;
-using gdn::sm80::tok_of;
+using la::sm80::ChunkPos;
+using la::sm80::Layout;
+using la::sm80::Mat;
+using la::sm80::SeqPos;
+using la::sm80::Tok;
+using la::sm80::allow_smem;
+using la::sm80::chunk_pos;
+using la::sm80::code_of;
+using la::sm80::fill;
+using la::sm80::kLd;
+using la::sm80::pad_ld;
+using la::sm80::kMaxBT;
+using la::sm80::kThreads;
+using la::sm80::ldf;
+using la::sm80::layout_of;
+using la::sm80::load_state;
+using la::sm80::load_tile;
+using la::sm80::load_tri;
+using la::sm80::mat_of;
+using la::sm80::mm;
+using la::sm80::seq_pos;
+using la::sm80::stf;
+using la::sm80::store_tile;
+using la::sm80::stream_of;
+using la::sm80::tok_of;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) intra_kernel(Tok q, Tok k, Tok gk, T
 }
 
 namespace wu16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr size_t kSmem = 2 * (3 * static_cast<size_t>(kTok) + 2 * kMaxBT * kLdA) + 4 * kMaxBT;
 }  // namespace wu16
 
@@ -146,8 +147,8 @@ __device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k
                                          const Tok& Akk, const Tok& gk, const Tok& w, const Tok& u, const Tok& kg,
                                          const Tok& qg, const ChunkPos& c, int hv, int hk, int staged,
                                          const float* Xa = nullptr, int ldx = 0) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);  // K, then Tk
   uint16_t* Vs = Ks + kTok;
   uint16_t* St = Vs + kTok;  // W's, then U's staging
@@ -287,7 +288,7 @@ __device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k
 // rest on 3xTF32 mma). The gates are staged as g log2(e), every factor one ex2.approx of a
 // difference (exp2_fast); the diagonal blocks' 544 entries j <= i spread evenly over the threads.
 namespace intra16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr int kHalf = kIntraHalf;  // channels per pass
 constexpr int kLdH = kHalf + 8;    // 16-bit row stride of the half tiles
 constexpr int kLdG = kHalf + 4;    // fp32 [64][68] gate half
@@ -300,7 +301,7 @@ constexpr float kDiagSpan = 64.0f;
 constexpr size_t kBytes16 = 2 * static_cast<size_t>(2 * kMaxBT + 2 * kMaxBT + kKnRows + kMaxBT) * kLdH;
 constexpr size_t kSmem = kBytes16 + 4 * (static_cast<size_t>(kMaxBT) * kLdG + 2 * kMaxBT * kLdF + kMaxBT);
 // solve_blocked's X [64][kLdF] and [64][17] stage reuse the 16-bit tiles.
-static_assert(4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16) <= kBytes16, "solve's buffers fit");
+static_assert(4 * (kMaxBT * kLdF + kMaxBT * la::sm80::kLdT16) <= kBytes16, "solve's buffers fit");
 }  // namespace intra16
 
 // kScan: chunk_local_cumsum fused in front (the top level's path): gk is then the cumsum's output,
@@ -316,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
                                                                 Layout L, int G, float scale, Tok graw,
                                                                 double gscale, Tok v, Tok w, Tok u, Tok kg, Tok qg,
                                                                 int staged) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   using intra16::kHalf;
   using intra16::kLdF;
   using intra16::kLdG;
@@ -505,14 +506,14 @@ __global__ void __launch_bounds__(kThreads, 2) intra_mma_kernel(Tok q, Tok k, To
     // The recompute's A tiles lie past X and its stage (dead 16-bit tiles); it takes Akk from X and
     // reads g_cumsum (written above by this block's threads, before several barriers) from memory.
     static_assert(wu16::kSmem <= intra16::kSmem, "the recompute fits in the intra kernel's shared memory");
-    static_assert(2 * 3 * static_cast<size_t>(kTok) >= 4 * (kMaxBT * kLdF + kMaxBT * gdn::sm80::kLdT16),
+    static_assert(2 * 3 * static_cast<size_t>(kTok) >= 4 * (kMaxBT * kLdF + kMaxBT * la::sm80::kLdT16),
                   "wu_chunk's A tiles start past X and the solve's stage");
     wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hk, staged, X, kLdF);
   }
 }
 
 bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, intra16::kSmem, "FUSEDOPS_KDA_INTRA_MMA", "chunk_kda_fwd_intra")) return false;
@@ -561,9 +562,9 @@ bool same_view(const TensorView& x, const TensorView& y) {
 // intra_mma_kernel (it reads raw g, writes g_cumsum, and uses it in place of reading it back).
 // FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
 bool cumsum_intra_ok(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
-  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
+  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
   if (s.reverse || s.chunk_size != a.chunk_size || !same_view(s.out, a.gk) || !s.g.defined() ||
-      s.g.ndim() != 4 || !gdn::sm80::mma16::tok32_ok(s.g))
+      s.g.ndim() != 4 || !la::sm80::mma16::tok32_ok(s.g))
     return false;
   for (int d = 0; d < 4; ++d)
     if (s.g.size(d) != a.gk.size(d)) return false;
@@ -578,7 +579,7 @@ bool cumsum_intra_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const
 // kernel (FUSEDOPS_KDA_FUSED_WU=0 keeps it a launch of its own).
 bool cumsum_intra_wu_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a,
                            const KdaRecomputeWUFwdArgs& wa) {
-  if (gdn::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_WU") == 0 || !cumsum_intra_ok(ctx, s, a)) return false;
+  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_WU") == 0 || !cumsum_intra_ok(ctx, s, a)) return false;
   if (!same_view(wa.Akk, a.Akk) || !same_view(wa.gk, a.gk) || !same_view(wa.k, a.k) || !same_view(wa.q, a.q) ||
       !same_view(wa.beta, a.beta) || !wa.q.defined() || wa.v.size(2) != a.gk.size(2) || !wu_mma_ok(ctx, wa))
     return false;
@@ -669,7 +670,7 @@ template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
                                                              Tok u, Tok kg, Tok qg, Layout L, int G, int staged) {
   extern __shared__ float smem[];
-  const ChunkPos c = gdn::sm80::chunk_pos(L, blockIdx.x);
+  const ChunkPos c = la::sm80::chunk_pos(L, blockIdx.x);
   if (c.len == 0) return;
   const int hv = blockIdx.y;
   wu_chunk<BF>(smem, q, k, v, beta, Akk, gk, w, u, kg, qg, c, hv, hv / G, staged);
@@ -677,7 +678,7 @@ __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v
 
 // True when kda_recompute_w_u can take wu_mma_kernel (see there).
 bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.k.dtype();
   if (a.Akk.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, wu16::kSmem, "FUSEDOPS_KDA_WU_MMA", "kda_recompute_w_u")) return false;
@@ -693,7 +694,7 @@ bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
 // wu_mma_kernel's `staged` stores: W, U, kg (and qg) all 16-bit of the inputs' type with 16-byte
 // aligned rows; FUSEDOPS_GDN_STAGED_STORES=0 keeps the pair stores.
 bool wu_staged_ok(const KdaRecomputeWUFwdArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.k.dtype();
   return staged_out_ok(a.w, a.u, dt) && staged_out_ok(a.kg, a.qg.defined() ? a.qg : a.kg, dt);
 }
@@ -771,15 +772,15 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v,
 // CTAs per SM); O = scale (Qg S) + (M>= . Aqk) Vnew on m16n8k16 mma, warp w owning rows
 // 16 (w % 4).. and columns 64 (w / 4).. of O.
 namespace o16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + kSt + kMaxBT * kLdA);
 }  // namespace o16
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok qg, Tok Aqk, Tok v, Mat h, Tok o, Layout L, int HV,
                                                                 float scale) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   extern __shared__ float smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Vs = Qs + kTok;
@@ -816,7 +817,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_o_mma_kernel(Tok qg, Tok Aqk,
 }
 
 bool fwd_o_mma_ok(const Context& ctx, const ChunkKdaFwdOArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.v.dtype();
   if (a.Aqk.size(3) != kMaxBT || a.qg.size(3) != kD || a.v.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, o16::kSmem, "FUSEDOPS_KDA_FWDO_MMA", "chunk_kda_fwd_o")) return false;
@@ -890,15 +891,15 @@ __global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok do
 // (43 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= . D, and
 // dv = (M>= . Aqk)^T dO with the transposed operand read by ldmatrix.trans.
 namespace dav16 {
-using namespace gdn::sm80::mma16;
+using namespace la::sm80::mma16;
 constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + kMaxBT * kLdA);
 }  // namespace dav16
 
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 2) dav_mma_kernel(Tok Aqk, Tok v, Tok dout, Tok dA, Tok dv, Layout L,
                                                               float scale) {
-  using namespace gdn::sm80;
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80;
+  using namespace la::sm80::mma16;
   extern __shared__ float smem[];
   uint16_t* dOs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Vs = dOs + kTok;
@@ -941,7 +942,7 @@ __global__ void __launch_bounds__(kThreads, 2) dav_mma_kernel(Tok Aqk, Tok v, To
 }
 
 bool dav_mma_ok(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
-  using namespace gdn::sm80::mma16;
+  using namespace la::sm80::mma16;
   const DType dt = a.v.dtype();
   if (a.Aqk.size(3) != kMaxBT || a.v.size(3) != kD) return false;
   if (!tc16_device_ok(ctx, dt, dav16::kSmem, "FUSEDOPS_KDA_DAV_MMA", "chunk_kda_bwd_dAv")) return false;
@@ -1228,7 +1229,7 @@ void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
 // supports(): no float64 anywhere; K <= 256 where a kernel keeps K-long rows on chip (recurrent
 // registers, the gated_delta_rule state kernels of the top level).
 
-using gdn::sm80::no_f64;
+using la::sm80::no_f64;
 
 bool sup_intra(const ChunkKdaFwdIntraArgs& a) {
   return no_f64({&a.q, &a.k, &a.gk, &a.beta, &a.Aqk, &a.Akk}) && a.chunk_size <= kMaxBT;
@@ -1268,7 +1269,7 @@ namespace fusedops {
 
 void register_kda_cuda_sm80(Registry& r) {
   using namespace kda::sm80;
-  const BackendSpec s = gdn::sm80::spec();
+  const BackendSpec s = la::sm80::spec();
   const auto F = Direction::kForward, B = Direction::kBackward;
   r.add<ChunkKdaFwdIntraArgs>("chunk_kda_fwd_intra", F, s, sup_intra, fwd_intra);
   r.add<KdaRecomputeWUFwdArgs>("kda_recompute_w_u", F, s, sup_wu, wu_fwd);

@@ -6,8 +6,8 @@
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_tc_sm80.cuh"
+#include "src/ops/linear_attention/la_sm80.cuh"
+#include "src/ops/linear_attention/la_tc_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops::kda::sm80 {
@@ -22,12 +22,12 @@ constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
 // results once waited for; the caller's barrier publishes them).
 constexpr int kIntraHalf = 64;
 template <int kLdH, int kLdG>
-__device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float* Gs, const gdn::sm80::Tok& q,
-                                              const gdn::sm80::Tok& k, const gdn::sm80::Tok& gk,
-                                              const gdn::sm80::ChunkPos& c, int hk, int hv, int y0, int tid) {
-  using gdn::sm80::cp_async16;
-  using gdn::sm80::kMaxBT;
-  using gdn::sm80::kThreads;
+__device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float* Gs, const la::sm80::Tok& q,
+                                              const la::sm80::Tok& k, const la::sm80::Tok& gk,
+                                              const la::sm80::ChunkPos& c, int hk, int hv, int y0, int tid) {
+  using la::sm80::cp_async16;
+  using la::sm80::kMaxBT;
+  using la::sm80::kThreads;
   const uint16_t* qb = static_cast<const uint16_t*>(q.p);
   const uint16_t* kb = static_cast<const uint16_t*>(k.p);
   const float* gb = static_cast<const float*>(gk.p);
@@ -46,10 +46,10 @@ __device__ __forceinline__ void load_qkg_half(uint16_t* Qs, uint16_t* Ks, float*
 }
 template <int kLdG>
 __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
-  for (int e = tid; e < gdn::sm80::kMaxBT * (kIntraHalf / 4); e += gdn::sm80::kThreads) {
+  for (int e = tid; e < la::sm80::kMaxBT * (kIntraHalf / 4); e += la::sm80::kThreads) {
     float* p = Gs + (e >> 4) * kLdG + ((e & 15) << 2);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) p[u] *= gdn::sm80::kLog2e;
+    for (int u = 0; u < 4; ++u) p[u] *= la::sm80::kLog2e;
   }
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void gates_log2(float* Gs, int tid) {
 // waiting at the barrier: intra 799 -> 1208 us (5236171).
 template <int kLdG>
 __device__ __forceinline__ void scan_gate_col(float* Gs, int n, int col, double scale) {
-  using gdn::sm80::kMaxBT;
+  using la::sm80::kMaxBT;
   double acc = 0.0;
 #pragma unroll 1
   for (int i0 = 0; i0 < kMaxBT; i0 += 16) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void scan_gate_col(float* Gs, int n, int col, double 
 // store) and scaled in place to log2 units; returns the scaled gate's span (max - min) over those
 // rows, for the diagonal blocks' mma test.
 template <int kLdG>
-__device__ __forceinline__ float gate_block_out(float* Gs, const gdn::sm80::Tok& out, const gdn::sm80::ChunkPos& c,
+__device__ __forceinline__ float gate_block_out(float* Gs, const la::sm80::Tok& out, const la::sm80::ChunkPos& c,
                                                 int hv, int y0, int tid) {
   const int r0 = 16 * (tid >> 6), col = tid & 63, n = min(16, c.len - r0);
   float* dst = static_cast<float*>(out.p) + out.off(c.b, c.t0 + r0, hv) + y0 + col;
@@ -92,7 +92,7 @@ __device__ __forceinline__ float gate_block_out(float* Gs, const gdn::sm80::Tok&
     float* g = Gs + (r0 + i) * kLdG + col;
     const float v = *g;
     dst[static_cast<int64_t>(i) * out.st] = v;
-    const float x = v * gdn::sm80::kLog2e;
+    const float x = v * la::sm80::kLog2e;
     *g = x;
     lo = i == 0 ? x : fminf(lo, x);
     hi = i == 0 ? x : fmaxf(hi, x);
@@ -103,9 +103,9 @@ __device__ __forceinline__ float gate_block_out(float* Gs, const gdn::sm80::Tok&
 // block before a barrier): x_i <- scale * sum_{r >= i} x_r (rows r < len), summed from the last
 // row; kRows rows per round trip, all loaded before their first add.
 template <int kRows>
-__device__ __forceinline__ void rev_scan_col(const gdn::sm80::Tok& t, const gdn::sm80::ChunkPos& c, int hv, int ch,
+__device__ __forceinline__ void rev_scan_col(const la::sm80::Tok& t, const la::sm80::ChunkPos& c, int hv, int ch,
                                              double scale) {
-  using gdn::sm80::kMaxBT;
+  using la::sm80::kMaxBT;
   float* p = static_cast<float*>(t.p) + t.off(c.b, c.t0, hv) + ch;
   const int n = c.len;
   double acc = 0.0;
@@ -130,21 +130,21 @@ __device__ __forceinline__ void exp2_diff8(float (&d)[8], const float* ga, const
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float4 a = *reinterpret_cast<const float4*>(ga + 4 * h), b = *reinterpret_cast<const float4*>(gb + 4 * h);
-    d[4 * h] = f * gdn::sm80::exp2_fast(a.x - b.x);
-    d[4 * h + 1] = f * gdn::sm80::exp2_fast(a.y - b.y);
-    d[4 * h + 2] = f * gdn::sm80::exp2_fast(a.z - b.z);
-    d[4 * h + 3] = f * gdn::sm80::exp2_fast(a.w - b.w);
+    d[4 * h] = f * la::sm80::exp2_fast(a.x - b.x);
+    d[4 * h + 1] = f * la::sm80::exp2_fast(a.y - b.y);
+    d[4 * h + 2] = f * la::sm80::exp2_fast(a.z - b.z);
+    d[4 * h + 3] = f * la::sm80::exp2_fast(a.w - b.w);
   }
 }
 template <bool BF>
 __device__ __forceinline__ void mul8_store(uint16_t* dst, const uint16_t* src, const float (&d)[8]) {
-  using gdn::sm80::h2f;
+  using la::sm80::h2f;
   const uint4 x = *reinterpret_cast<const uint4*>(src);
   const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
   uint32_t o[4];
 #pragma unroll
   for (int u = 0; u < 4; ++u)
-    o[u] = gdn::sm80::mma16::pack2<BF>(h2f<BF>(static_cast<uint16_t>(xs[u])) * d[2 * u],
+    o[u] = la::sm80::mma16::pack2<BF>(h2f<BF>(static_cast<uint16_t>(xs[u])) * d[2 * u],
                                        h2f<BF>(static_cast<uint16_t>(xs[u] >> 16)) * d[2 * u + 1]);
   *reinterpret_cast<uint4*>(dst) = uint4{o[0], o[1], o[2], o[3]};
 }

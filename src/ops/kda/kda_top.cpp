@@ -8,7 +8,7 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/kda.h"
 #include "fusedops/ops/l2norm.h"
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 #include "src/ops/kda/kda_top.h"
 
 namespace fusedops {
@@ -53,7 +53,7 @@ Dims dims_of(const TensorView& q, const TensorView& v, const TensorView& cu, con
   d.V = v.size(3);
   d.varlen = cu.defined();
   d.N = d.varlen ? cu.size(0) - 1 : d.B;
-  d.NT = d.varlen ? ci.size(0) : gdn::ceil_div(d.T, BT);
+  d.NT = d.varlen ? ci.size(0) : la::ceil_div(d.T, BT);
   d.BT = BT;
   d.qdt = q.dtype();
   d.vdt = v.dtype();
@@ -63,7 +63,7 @@ Dims dims_of(const TensorView& q, const TensorView& v, const TensorView& cu, con
 }
 
 template <class Args>
-Dims check_common(const gdn::Check& c, const Args& a, bool backward) {
+Dims check_common(const la::Check& c, const Args& a, bool backward) {
   c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
   c.value(a.q.size(2) == a.k.size(2),
           "q and k must have the same shape (q.shape[2] == k.shape[2]), got " +
@@ -136,7 +136,7 @@ Dims check_common(const gdn::Check& c, const Args& a, bool backward) {
   return dims_of(a.q, a.v, a.cu_seqlens, a.chunk_indices, a.chunk_size);
 }
 
-void check_workspace(const gdn::Check& c, const TensorView& ws, int64_t need) {
+void check_workspace(const la::Check& c, const TensorView& ws, int64_t need) {
   if (need == 0 && !ws.defined()) return;
   c.base().defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8});
   c.value(ws.numel() == 0 || ws.is_contiguous(), "workspace must be contiguous");
@@ -205,7 +205,7 @@ Dims bwd_dims(const ChunkKdaBwdArgs& a) {
 }
 
 void check_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  gdn::Check c("chunk_kda", ctx);
+  la::Check c("chunk_kda", ctx);
   const Dims d = check_common(c, a, false);
   c.output(a.o, "o", {d.B, d.T, d.HV, d.V});
   c.opt_output(a.final_state, "final_state", {d.N, d.HV, d.K, d.V});
@@ -213,7 +213,7 @@ void check_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
 }
 
 void check_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  gdn::Check c("chunk_kda", ctx);
+  la::Check c("chunk_kda", ctx);
   const Dims d = check_common(c, a, true);
   c.input(a.dout, "dout", {d.B, d.T, d.HV, d.V});
   c.opt_input(a.dht, "dht", {d.N, d.HV, d.K, d.V});

@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "fusedops/ops/gated_delta_rule.h"
-#include "src/ops/gated_delta_rule/gdn_cpu_kernels.h"
+#include "src/ops/linear_attention/la_cpu_kernels.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
 
@@ -519,7 +519,7 @@ Index make_index(const Layout& L, DType idt, Device dev) {
     if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
     else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
   }
-  const int64_t nt = gdn_chunk_count(ix.cu.view(), L.BT);
+  const int64_t nt = varlen_chunk_count(ix.cu.view(), L.BT);
   ix.ci = TestTensor(idt, {nt, 2});
   ix.co = TestTensor(idt, {n});
   prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
@@ -1226,7 +1226,7 @@ TopIndex make_top_index(const Shape& s, int64_t BT, Device dev) {
   const int64_t n = static_cast<int64_t>(s.cu.size());
   ix.cu = TestTensor(DType::kInt32, {n});
   for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(s.cu[i]);
-  ix.ci = TestTensor(DType::kInt32, {gdn_chunk_count(ix.cu.view(), BT), 2});
+  ix.ci = TestTensor(DType::kInt32, {varlen_chunk_count(ix.cu.view(), BT), 2});
   ix.co = TestTensor(DType::kInt32, {n});
   prepare_chunk_indices(ix.cu.view(), BT, ix.ci.view());
   prepare_chunk_offsets(ix.cu.view(), BT, ix.co.view());
@@ -1759,7 +1759,7 @@ TEST(ChunkGatedDeltaRule, BadInputsRaiseClearErrors) {
 // the triangular skips, accumulation, a separate C input, c_lower, K across the AVX block of 8 and
 // past the 256-deep pack buffer, and C's old contents (NaN) never read when overwriting.
 TEST(GatedDeltaRuleCpuGemm, MatchesADoubleLoop) {
-  using gdn::cpu::Tri;
+  using la::cpu::Tri;
   std::mt19937 gen(11);
   std::normal_distribution<float> dist;
   int checked = 0;
@@ -1788,7 +1788,7 @@ TEST(GatedDeltaRuleCpuGemm, MatchesADoubleLoop) {
             if (mode == 1)
               for (size_t e = 0; e < C.size(); ++e) C[e] = Cin[e];
             const float alpha = -0.75f;
-            gdn::cpu::gemm(M, N, K, alpha, A.data(), a_trans ? 1 : lda, a_trans ? lda : 1, B.data(), ldb, mode == 1,
+            la::cpu::gemm(M, N, K, alpha, A.data(), a_trans ? 1 : lda, a_trans ? lda : 1, B.data(), ldb, mode == 1,
                            C.data(), ldc, tri, false, mode == 2 ? Cin.data() : nullptr, mode == 2 ? ldc : 0, b_trans);
             double worst = 0.0;
             for (int64_t i = 0; i < M; ++i)
@@ -1812,7 +1812,7 @@ TEST(GatedDeltaRuleCpuGemm, MatchesADoubleLoop) {
     std::vector<float> A(M * K), B(K * N), C(M * N, std::nanf(""));
     for (auto& x : A) x = dist(gen);
     for (auto& x : B) x = dist(gen);
-    gdn::cpu::gemm(M, N, K, 1.0f, A.data(), K, 1, B.data(), N, false, C.data(), N, Tri::kNone, true);
+    la::cpu::gemm(M, N, K, 1.0f, A.data(), K, 1, B.data(), N, false, C.data(), N, Tri::kNone, true);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j <= i; ++j) {
         double r = 0.0;

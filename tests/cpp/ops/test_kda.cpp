@@ -115,7 +115,7 @@ Index make_index(const Layout& L, Device dev, DType idt = DType::kInt64) {
     if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
     else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
   }
-  const int64_t nt = gdn_chunk_count(ix.cu.view(), L.BT);
+  const int64_t nt = varlen_chunk_count(ix.cu.view(), L.BT);
   ix.ci = TestTensor(idt, {nt, 2});
   ix.co = TestTensor(idt, {n});
   prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());

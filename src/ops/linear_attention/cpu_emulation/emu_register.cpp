@@ -1,11 +1,13 @@
-// Registers the emulated cuda_sm80 KDA and gated_delta_rule kernels (and an l2norm alias
-// forwarding to cpu) as CPU backends named cuda_sm80. Test aid only (see build.sh).
+// Registers the emulated CUDA kernels of both linear-attention families (cuda_sm80 and cuda_sm90,
+// GDN and KDA) and an l2norm alias forwarding to cpu, as CPU backends of those names. Test aid
+// only (see build.sh).
 #include <climits>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
 namespace fusedops {
 void register_gated_delta_rule_cuda_sm80(Registry& r);
+void register_gated_delta_rule_cuda_sm90(Registry& r);
 void register_kda_cuda_sm80(Registry& r);
 void register_kda_cuda_sm90(Registry& r);
 }  // namespace fusedops
@@ -25,8 +27,9 @@ struct Init {
   Init() {
     Registry& r = Registry::instance();
     register_gated_delta_rule_cuda_sm80(r);
+    register_gated_delta_rule_cuda_sm90(r);
     register_kda_cuda_sm80(r);
-    register_kda_cuda_sm90(r);  // chunk_kda's forward with the wgmma state-and-output kernel
+    register_kda_cuda_sm90(r);
     BackendSpec s{"cuda_sm80", DeviceKind::kCPU, 0, INT_MAX,
                   {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, 20};
     r.add<L2NormFwdArgs>("l2norm", Direction::kForward, s, nullptr, l2f);

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-namespace fusedops::gdn::sm80 {
+namespace fusedops::la::sm80 {
 
 // c += a b for one m16n8k16 tile; kBF16 picks bf16 or fp16 operands.
 template <bool kBF16>
@@ -103,4 +103,4 @@ __device__ __forceinline__ uint16_t f2h(float v) {
   else return __half_as_ushort(__float2half_rn(v));
 }
 
-}  // namespace fusedops::gdn::sm80
+}  // namespace fusedops::la::sm80

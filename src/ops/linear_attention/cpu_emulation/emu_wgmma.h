@@ -1,4 +1,4 @@
-// CPU emulation of gdn_wgmma_sm90.cuh (wgmma and its shared-memory descriptors), put in its place
+// CPU emulation of la_wgmma_sm90.cuh (wgmma and its shared-memory descriptors), put in its place
 // by build.sh. Each thread computes its own accumulator entries from the operands its warpgroup's
 // descriptors address in the emulated shared memory, decoding the descriptor and the 128-byte
 // swizzle the way the PTX ISA defines them; the products are summed in fp32 in k order. The
@@ -10,7 +10,7 @@
 
 #include "emu_core.h"
 
-namespace fusedops::gdn::sm90 {
+namespace fusedops::la::sm90 {
 
 inline uint32_t sw_off(int R, int r, int c) {
   return static_cast<uint32_t>((c >> 6) * (R * 128) + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + ((c & 7) << 1));
@@ -75,7 +75,7 @@ inline void wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
   emu_wgmma<kBF16, kTA, kTB, 16>(d, da, db, scale_d);
 }
 
-}  // namespace fusedops::gdn::sm90
+}  // namespace fusedops::la::sm90
 
 // __shfl_sync of an int (the kernels' broadcast of a warp-uniform value).
 inline int __shfl_sync(unsigned, int v, int src) {

@@ -16,10 +16,10 @@
 #include <string>
 
 #include "fusedops/ops/gated_delta_rule.h"
-#include "src/ops/gated_delta_rule/gdn_mma_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_sm80.cuh"
+#include "src/ops/linear_attention/la_mma_sm80.cuh"
+#include "src/ops/linear_attention/la_sm80.cuh"
 
-namespace fusedops::gdn::sm80::mma16 {
+namespace fusedops::la::sm80::mma16 {
 
 constexpr int kD = 128;              // K = V
 constexpr int kLdT = kD + 8;         // 16-bit row stride of [rows][128] tiles: 68 words, so a fragment's 8 rows hit distinct banks
@@ -495,23 +495,4 @@ inline int env_count(const char* env, int lo, int hi) {
   return e != nullptr && e[0] >= '0' + lo && e[0] <= '0' + hi && e[1] == '\0' ? e[0] - '0' : 0;
 }
 
-}  // namespace fusedops::gdn::sm80::mma16
-
-namespace fusedops::gdn::sm80 {
-
-// The GDN forward's fused state-and-output kernel (gated_delta_rule_fwd_sm80.cu) in KDA's form:
-// chunk_gated_delta_rule_fwd_h with the per-channel gate gk (a.gk; a.h and a.v_new written when
-// defined), then chunk_kda_fwd_o's o = scale qg h + tril(Aqk) v_new. Returns false without writing
-// anything when it does not take the arguments.
-bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
-                         const TensorView& aqk, const TensorView& o, double scale);
-
-// What the cuda_sm90 top level (gated_delta_rule_fwd_sm90.cu) takes from this backend: the fused
-// prepare step, the fused state-and-output step (both as compose_fwd's hooks) and the supports()
-// predicates of both directions.
-bool prepare_fused_fwd(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size);
-bool state_out_fused_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b);
-bool top_fwd_supported(const ChunkGatedDeltaRuleFwdArgs& a);
-bool top_bwd_supported(const ChunkGatedDeltaRuleBwdArgs& a);
-
-}  // namespace fusedops::gdn::sm80
+}  // namespace fusedops::la::sm80::mma16

@@ -1,10 +1,10 @@
-#include "src/ops/gated_delta_rule/gdn_check.h"
+#include "src/ops/linear_attention/la_check.h"
 
 #include <algorithm>
 
-#include "fusedops/ops/gated_delta_rule.h"
+#include "fusedops/ops/linear_attention.h"
 
-namespace fusedops::gdn {
+namespace fusedops::la {
 
 namespace {
 
@@ -125,7 +125,15 @@ int64_t Check::chunk_offsets(const TensorView& cu, const TensorView& co, int64_t
   return -1;  // unknown without reading; the caller checks against other shapes
 }
 
-}  // namespace fusedops::gdn
+int64_t Check::snapshots(const TensorView& snap, const char* name, int64_t T, int64_t BT,
+                         const TensorView& cu, int64_t nt_read) const {
+  if (!cu.defined()) return ceil_div(T, BT);
+  if (nt_read >= 0) return nt_read;
+  c_.rank(snap, name, 5);
+  return snap.size(1);
+}
+
+}  // namespace fusedops::la
 
 namespace fusedops {
 
@@ -138,13 +146,13 @@ void check_host_seqlens(const char* op, const TensorView& cu, int64_t chunk_size
   FUSEDOPS_REQUIRE(cu.size(0) >= 1 && (cu.numel() == 0 || cu.is_contiguous()), kValue, op,
                    "cu_seqlens must be a contiguous [N+1] tensor with N+1 >= 1");
   FUSEDOPS_REQUIRE(chunk_size >= 1, kValue, op, "chunk_size must be >= 1, got ", chunk_size);
-  FUSEDOPS_REQUIRE(gdn::read_index(cu, 0) == 0, kValue, op, "cu_seqlens must start at 0, got ",
-                   gdn::read_index(cu, 0));
+  FUSEDOPS_REQUIRE(la::read_index(cu, 0) == 0, kValue, op, "cu_seqlens must start at 0, got ",
+                   la::read_index(cu, 0));
   for (int64_t i = 0; i + 1 < cu.size(0); ++i)
-    FUSEDOPS_REQUIRE(gdn::read_index(cu, i) <= gdn::read_index(cu, i + 1), kValue, op,
+    FUSEDOPS_REQUIRE(la::read_index(cu, i) <= la::read_index(cu, i + 1), kValue, op,
                      "cu_seqlens must be non-decreasing, got cu_seqlens[", i, "]=",
-                     gdn::read_index(cu, i), " > cu_seqlens[", i + 1, "]=",
-                     gdn::read_index(cu, i + 1));
+                     la::read_index(cu, i), " > cu_seqlens[", i + 1, "]=",
+                     la::read_index(cu, i + 1));
 }
 
 void write_index(const TensorView& t, int64_t i, int64_t v) {
@@ -153,26 +161,26 @@ void write_index(const TensorView& t, int64_t i, int64_t v) {
 }
 }  // namespace
 
-int64_t gdn_chunk_count(const TensorView& cu_seqlens, int64_t chunk_size) {
-  check_host_seqlens("prepare_chunk_indices", cu_seqlens, chunk_size);
-  return gdn::total_chunks(1, 0, cu_seqlens, chunk_size);
+int64_t varlen_chunk_count(const TensorView& cu_seqlens, int64_t chunk_size) {
+  check_host_seqlens("varlen_chunk_count", cu_seqlens, chunk_size);
+  return la::total_chunks(1, 0, cu_seqlens, chunk_size);
 }
 
 void prepare_chunk_indices(const TensorView& cu_seqlens, int64_t chunk_size,
                            const TensorView& chunk_indices) {
   const char* op = "prepare_chunk_indices";
   check_host_seqlens(op, cu_seqlens, chunk_size);
-  const int64_t NT = gdn::total_chunks(1, 0, cu_seqlens, chunk_size);
+  const int64_t NT = la::total_chunks(1, 0, cu_seqlens, chunk_size);
   ArgCheck c(op);
   c.same_dtype(chunk_indices, "chunk_indices", cu_seqlens, "cu_seqlens")
       .shape(chunk_indices, "chunk_indices", {NT, 2});
   FUSEDOPS_REQUIRE(chunk_indices.device().kind == DeviceKind::kCPU &&
                        (NT == 0 || chunk_indices.is_contiguous()),
                    kValue, op, "chunk_indices must be a contiguous CPU tensor");
-  const auto seqs = gdn::make_seqs(1, 0, cu_seqlens, chunk_size);
+  const auto seqs = la::make_seqs(1, 0, cu_seqlens, chunk_size);
   int64_t row = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
-    for (int64_t i = 0; i < gdn::ceil_div(seqs[s].len, chunk_size); ++i, ++row) {
+    for (int64_t i = 0; i < la::ceil_div(seqs[s].len, chunk_size); ++i, ++row) {
       write_index(chunk_indices, 2 * row, static_cast<int64_t>(s));
       write_index(chunk_indices, 2 * row + 1, i);
     }
@@ -191,7 +199,7 @@ void prepare_chunk_offsets(const TensorView& cu_seqlens, int64_t chunk_size,
   int64_t off = 0;
   for (int64_t i = 0; i < N; ++i) {
     write_index(chunk_offsets, i, off);
-    off += gdn::ceil_div(gdn::read_index(cu_seqlens, i + 1) - gdn::read_index(cu_seqlens, i),
+    off += la::ceil_div(la::read_index(cu_seqlens, i + 1) - la::read_index(cu_seqlens, i),
                          chunk_size);
   }
   write_index(chunk_offsets, N, off);

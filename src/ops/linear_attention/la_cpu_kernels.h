@@ -18,9 +18,9 @@
 
 #include "src/cpu/scratch.h"
 #include "src/cpu/simd.h"
-#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/linear_attention/la_common.h"
 
-namespace fusedops::gdn::cpu {
+namespace fusedops::la::cpu {
 
 using fusedops::cpu::load8;
 using fusedops::cpu::splat;
@@ -391,4 +391,4 @@ using Scratch = fusedops::cpu::Scratch<float>;
 struct ChunkScratch {};
 inline Scratch& thread_scratch() { return fusedops::cpu::thread_scratch<ChunkScratch, float>(); }
 
-}  // namespace fusedops::gdn::cpu
+}  // namespace fusedops::la::cpu

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-namespace fusedops::gdn::sm90 {
+namespace fusedops::la::sm90 {
 
 // Byte offset of element (r, c) in a swizzled [R][C] 16-bit tile.
 __device__ __forceinline__ uint32_t sw_off(int R, int r, int c) {
@@ -102,4 +102,4 @@ __device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t da, uint64_t d
   else FUSEDOPS_WGMMA_N16("f16");
 }
 
-}  // namespace fusedops::gdn::sm90
+}  // namespace fusedops::la::sm90

@@ -1,4 +1,5 @@
-// Argument checks shared by the gated delta rule entry points (sub-operators and top levels).
+// Argument checks shared by the linear-attention entry points (both families' sub-operators and
+// top levels): tensor roles, head dimensions, and the varlen indices (read and checked on the CPU).
 #pragma once
 
 #include <string>
@@ -6,9 +7,9 @@
 
 #include "fusedops/core/check.h"
 #include "fusedops/core/context.h"
-#include "src/ops/gated_delta_rule/gdn_common.h"
+#include "src/ops/linear_attention/la_common.h"
 
-namespace fusedops::gdn {
+namespace fusedops::la {
 
 class Check {
  public:
@@ -45,15 +46,27 @@ class Check {
   // chunk_indices for chunk-parallel ops (required with cu_seqlens). Returns NT.
   int64_t chunk_indices(const TensorView& cu, const TensorView& ci, int64_t B, int64_t T,
                         int64_t BT) const;
-  // chunk_offsets for state ops (required with cu_seqlens). Returns NT.
+  // chunk_offsets for state ops (required with cu_seqlens). Returns NT, or -1 when the indices
+  // were not read.
   int64_t chunk_offsets(const TensorView& cu, const TensorView& co, int64_t B, int64_t T,
                         int64_t BT) const;
+  // The second dimension NT of the snapshot tensor `snap` (h / dh): ceil(T/BT) per batch row, or
+  // for varlen nt_read (the count read from the indices), else snap's own (rank 5 checked).
+  int64_t snapshots(const TensorView& snap, const char* name, int64_t T, int64_t BT,
+                    const TensorView& cu, int64_t nt_read) const;
 
  private:
   ArgCheck c_;
   const Context& ctx_;
   const char* op_;
 };
+
+// ctx with its backend forced (the top levels force theirs on every sub-operator they call).
+inline Context with_backend(const Context& ctx, const char* backend) {
+  Context c = ctx;
+  c.backend = backend;
+  return c;
+}
 
 // True when none of the given (defined) tensors is float64: the fp32 CPU backend's predicate.
 inline bool no_float64(std::initializer_list<const TensorView*> ts) {
@@ -62,4 +75,4 @@ inline bool no_float64(std::initializer_list<const TensorView*> ts) {
   return true;
 }
 
-}  // namespace fusedops::gdn
+}  // namespace fusedops::la

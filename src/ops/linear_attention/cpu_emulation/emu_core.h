@@ -1,5 +1,4 @@
-// CPU emulation of the CUDA features the cuda_sm80 GDN and KDA kernels use (see the build.sh of
-// each family). Test aid only.
+// CPU emulation of the CUDA features the GDN and KDA kernels use (see build.sh). Test aid only.
 #pragma once
 #include <atomic>
 #include <barrier>

@@ -1,4 +1,4 @@
-// CPU emulation of gdn_mma_sm80.cuh (the 16-bit tensor-core building blocks), put in its place by
+// CPU emulation of la_mma_sm80.cuh (the 16-bit tensor-core building blocks), put in its place by
 // build.sh. Warp collectives exchange operands through the warp's scratch (emu_core.h) between two
 // warp barriers; cp.async copies at once. Test aid only.
 #pragma once
@@ -8,7 +8,7 @@
 
 #include "emu_core.h"
 
-namespace fusedops::gdn::sm80 {
+namespace fusedops::la::sm80 {
 
 template <bool kBF16>
 inline float h2f(uint16_t u) {
@@ -103,4 +103,4 @@ inline float exp2_fast(float x) {
 }
 inline float exp_fast(float x) { return exp2_fast(x * kLog2e); }
 
-}  // namespace fusedops::gdn::sm80
+}  // namespace fusedops::la::sm80

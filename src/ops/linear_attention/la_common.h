@@ -1,6 +1,6 @@
-// Shared host-side pieces of the gated delta rule family: sequence and chunk layout (fixed length
-// or cu_seqlens), strided token-major tensor access, and row loads/stores in any float dtype.
-// Used by the argument checks, the float64 reference and the CPU backend.
+// Host-side pieces shared by the linear-attention families (GDN, KDA): sequence and chunk layout
+// (fixed length or cu_seqlens), strided token-major tensor access, and row loads/stores in any
+// float dtype. Used by the argument checks, the float64 references and the CPU backends.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "fusedops/core/tensor.h"
 #include "src/core/half.h"
 
-namespace fusedops::gdn {
+namespace fusedops::la {
 
 // Element i of a rank-1 (or flattened contiguous) int32/int64 tensor in host memory.
 inline int64_t read_index(const TensorView& t, int64_t i) {
@@ -150,7 +150,7 @@ inline void load_floats(const void* p, DType dt, float* out, int64_t n) {
     }
     default: break;
   }
-  FUSEDOPS_FAIL(kType, "gated_delta_rule", "unsupported dtype ", dtype_name(dt));
+  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
 
 inline void store_floats(const float* in, void* p, DType dt, int64_t n) {
@@ -173,7 +173,7 @@ inline void store_floats(const float* in, void* p, DType dt, int64_t n) {
     }
     default: break;
   }
-  FUSEDOPS_FAIL(kType, "gated_delta_rule", "unsupported dtype ", dtype_name(dt));
+  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
 
 inline void load_doubles(const void* p, DType dt, double* out, int64_t n) {
@@ -196,7 +196,7 @@ inline void load_doubles(const void* p, DType dt, double* out, int64_t n) {
     }
     default: break;
   }
-  FUSEDOPS_FAIL(kType, "gated_delta_rule", "unsupported dtype ", dtype_name(dt));
+  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
 
 inline void store_doubles(const double* in, void* p, DType dt, int64_t n) {
@@ -219,7 +219,7 @@ inline void store_doubles(const double* in, void* p, DType dt, int64_t n) {
     }
     default: break;
   }
-  FUSEDOPS_FAIL(kType, "gated_delta_rule", "unsupported dtype ", dtype_name(dt));
+  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
 
-}  // namespace fusedops::gdn
+}  // namespace fusedops::la

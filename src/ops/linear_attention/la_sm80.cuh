@@ -19,7 +19,7 @@
 #include "fusedops/core/tensor.h"
 #include "src/cuda/check.cuh"
 
-namespace fusedops::gdn::sm80 {
+namespace fusedops::la::sm80 {
 
 // Every chunk kernel runs 256 threads (the product below maps them as a 16x16 grid).
 constexpr int kThreads = 256;
@@ -733,9 +733,4 @@ __device__ __forceinline__ void solve_blocked(const float* Ls, int ld, float* X,
   }
 }
 
-}  // namespace fusedops::gdn::sm80
-
-namespace fusedops::gdn {
-// The backward half of the CUDA backend (gated_delta_rule_bwd_sm80.cu).
-void register_cuda_sm80_bwd(Registry& r);
-}  // namespace fusedops::gdn
+}  // namespace fusedops::la::sm80
