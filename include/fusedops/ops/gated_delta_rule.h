@@ -133,30 +133,14 @@ void gdn_gate_bwd_ref(const Context& ctx, const GdnGateBwdArgs& args);
 // one sub-operator entry point dispatched through the registry:
 //   [l2norm q,k] [beta_sigmoid] [gdn_gate] chunk_local_cumsum -> chunk_scaled_dot_kkt_fwd ->
 //   solve_tril -> recompute_w_u_fwd -> chunk_gated_delta_rule_fwd_h -> chunk_fwd_o.
-// Inputs: q, k [B,T,H,K] and v [B,T,HV,V] of one dtype (fp32/bf16/fp16; ref also fp64);
-// g [B,T,HV] (per-step log decay, or the raw gate input with use_gate_in_kernel); beta [B,T,HV];
-// initial_state [N,HV,K,V] optional; A_log, dt_bias [HV] (gate-in-kernel; dt_bias optional).
-// Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional (fp32 by convention).
-// Saved for the backward (caller-allocated, read by chunk_gated_delta_rule_bwd):
-//   q_normed, k_normed [B,T,H,K] (dtype of q) and q_rstd, k_rstd [B,T,H] fp32 when
-//     use_qk_l2norm_in_kernel (undefined otherwise);
-//   g_cumsum [B,T,HV] fp32 (chunk-local cumsum of the gate);
-//   A [B,T,HV,BT] dtype of k ((I+L)^{-1} per chunk);
-//   beta_sigmoid [B,T,HV] fp32 when use_beta_sigmoid_in_kernel.
+// The fields shared with chunk_kda (inputs, flags, outputs, the saved l2norm / g_cumsum /
+// beta_sigmoid tensors, the workspace) are LinearAttentionFwdArgs' (linear_attention.h), with
+// g [B,T,HV] and the gate's A_log, dt_bias [HV] (dt_bias optional). Saved besides for the
+// backward: A [B,T,HV,BT] in k's dtype ((I+L)^{-1} per chunk).
 // workspace: uint8 [chunk_gated_delta_rule_fwd_workspace_size(args)] (w, u, h, v_new, ...).
 // K <= 256; chunk_size in {16,32,64}.
-struct ChunkGatedDeltaRuleFwdArgs {
-  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
-  TensorView cu_seqlens, chunk_indices, chunk_offsets;
-  double scale = 1.0;
-  int64_t chunk_size = 64;
-  bool use_qk_l2norm_in_kernel = false;
-  bool use_gate_in_kernel = false;
-  bool use_beta_sigmoid_in_kernel = false;
-  bool allow_neg_eigval = false;
-  TensorView o, final_state;
-  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, A, beta_sigmoid;
-  TensorView workspace;
+struct ChunkGatedDeltaRuleFwdArgs : LinearAttentionFwdArgs {
+  TensorView A;
   // Optional, all four or none: W [B,T,HV,K] (q's dtype), U and Vnew [B,T,HV,V] (v's dtype) and
   // the h snapshots [B (1 with cu_seqlens),NT,HV,K,V] (q's dtype), contiguous, kept here instead
   // of in the workspace, so that a backward given them skips its recomputation (step B1).
@@ -168,25 +152,11 @@ struct ChunkGatedDeltaRuleFwdArgs {
 //   chunk_bwd_dv_local -> chunk_gated_delta_rule_bwd_dhu -> chunk_bwd_dqkwg ->
 //   prepare_wy_repr_bwd (accumulating into dk and dg) -> chunk_local_cumsum (reverse)
 //   [gdn_gate_bwd] [beta_sigmoid_bwd] [l2norm_bwd].
-// Inputs: the forward's inputs and saved tensors (same fields and flags), dout [B,T,HV,V], dht
-// [N,HV,K,V] optional (0 when absent). Outputs (overwritten): dq, dk [B,T,H,K]; dv [B,T,HV,V];
-// dg, dbeta [B,T,HV]; dh0 [N,HV,K,V] optional; dA_log [HV] and ddt_bias [HV] with the gate
-// (ddt_bias iff dt_bias). dg is w.r.t. the raw gate input with use_gate_in_kernel, dbeta w.r.t.
-// the logits with use_beta_sigmoid_in_kernel. workspace: uint8
-// [chunk_gated_delta_rule_bwd_workspace_size(args)].
-struct ChunkGatedDeltaRuleBwdArgs {
-  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
-  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, A, beta_sigmoid;
-  TensorView cu_seqlens, chunk_indices, chunk_offsets;
-  double scale = 1.0;
-  int64_t chunk_size = 64;
-  bool use_qk_l2norm_in_kernel = false;
-  bool use_gate_in_kernel = false;
-  bool use_beta_sigmoid_in_kernel = false;
-  bool allow_neg_eigval = false;
-  TensorView dout, dht;
-  TensorView dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias;
-  TensorView workspace;
+// Fields as LinearAttentionBwdArgs' (the forward's inputs, flags and saved tensors, dout, dht, the
+// gradients; dg, dbeta [B,T,HV], dA_log [HV] with the gate, ddt_bias [HV] iff dt_bias) and the
+// forward's A. workspace: uint8 [chunk_gated_delta_rule_bwd_workspace_size(args)].
+struct ChunkGatedDeltaRuleBwdArgs : LinearAttentionBwdArgs {
+  TensorView A;
   // Optional, all four or none: the forward's kept W, U, h, Vnew (see the forward's fields); given,
   // step B1 (recompute_w_u_fwd and chunk_gated_delta_rule_fwd_h) is skipped.
   TensorView w, u, h, v_new;

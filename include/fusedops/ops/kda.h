@@ -149,53 +149,30 @@ void kda_gate_bwd_ref(const Context& ctx, const KdaGateBwdArgs& args);
 // chunk_kda (section 9): the top level, composed of sub-operator entry points:
 //   [l2norm q,k] [beta_sigmoid] [kda_gate] chunk_local_cumsum (vector) -> chunk_kda_fwd_intra ->
 //   kda_recompute_w_u_fwd -> chunk_gated_delta_rule_fwd_h (k = kg, gk) -> chunk_kda_fwd_o.
-// Inputs: q, k [B,T,H,K], v [B,T,HV,V] of one dtype (fp32/bf16/fp16; ref also fp64);
-// g [B,T,HV,K] (per-step log decay, or the raw gate input with use_gate_in_kernel); beta
-// [B,T,HV]; initial_state [N,HV,K,V] fp32 (fp64 for fp64 inputs); A_log [HV] and dt_bias
-// [HV*K] with the gate (A_log optional in the lower-bound form).
-// Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional.
-// Saved for the backward (caller-allocated): q_normed, k_normed, q_rstd, k_rstd (l2norm);
-// g_cumsum [B,T,HV,K] fp32; Aqk, Akk [B,T,HV,BT] (dtype of k); beta_sigmoid [B,T,HV] fp32.
-// workspace: uint8 [chunk_kda_fwd_workspace_size(args)]. K <= 256; chunk_size 32 or 64.
-struct ChunkKdaFwdArgs {
-  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
-  TensorView cu_seqlens, chunk_indices, chunk_offsets;
-  double scale = 1.0;
-  int64_t chunk_size = 64;
-  bool use_qk_l2norm_in_kernel = false;
-  bool use_gate_in_kernel = false;
-  bool use_beta_sigmoid_in_kernel = false;
-  bool allow_neg_eigval = false;
+// The fields shared with chunk_gated_delta_rule are LinearAttentionFwdArgs' (linear_attention.h),
+// with g [B,T,HV,K], initial_state fp32 (fp64 for fp64 inputs) and the gate's A_log [HV] and
+// dt_bias [HV*K] (A_log optional in the lower-bound form). Saved besides for the backward: Aqk,
+// Akk [B,T,HV,BT] (dtype of k). The gate options are kda_gate's; safe_gate as in
+// chunk_kda_fwd_intra. workspace: uint8 [chunk_kda_fwd_workspace_size(args)]. K <= 256;
+// chunk_size 32 or 64.
+struct ChunkKdaFwdArgs : LinearAttentionFwdArgs {
+  TensorView Aqk, Akk;
   bool safe_gate = false;
   bool has_lower_bound = false;
   double lower_bound = 0.0;
-  TensorView o, final_state;
-  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, Aqk, Akk, beta_sigmoid;
-  TensorView workspace;
 };
 
 // Backward (section 9.5): recomputes W, U, kg, qg (from the saved Akk), h and Vnew, then
 //   chunk_kda_bwd_dAv -> chunk_gated_delta_rule_bwd_dhu (q = qg, k = kg, gk) ->
 //   chunk_kda_bwd_wy_dqkg_fused -> chunk_kda_bwd_intra -> chunk_local_cumsum (vector, reverse)
 //   [kda_gate_bwd] [beta_sigmoid_bwd] [l2norm_bwd].
-// Outputs: dq, dk [B,T,H,K]; dv [B,T,HV,V]; dg [B,T,HV,K]; dbeta [B,T,HV]; dh0 [N,HV,K,V]
-// optional; dA_log [HV] (iff A_log with the gate) and ddt_bias (iff dt_bias with the gate).
-struct ChunkKdaBwdArgs {
-  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
-  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, Aqk, Akk, beta_sigmoid;
-  TensorView cu_seqlens, chunk_indices, chunk_offsets;
-  double scale = 1.0;
-  int64_t chunk_size = 64;
-  bool use_qk_l2norm_in_kernel = false;
-  bool use_gate_in_kernel = false;
-  bool use_beta_sigmoid_in_kernel = false;
-  bool allow_neg_eigval = false;
+// Fields as LinearAttentionBwdArgs' (dg [B,T,HV,K]; dA_log [HV] iff A_log and ddt_bias [HV*K] iff
+// dt_bias, with the gate) and the forward's Aqk, Akk and gate options.
+struct ChunkKdaBwdArgs : LinearAttentionBwdArgs {
+  TensorView Aqk, Akk;
   bool safe_gate = false;
   bool has_lower_bound = false;
   double lower_bound = 0.0;
-  TensorView dout, dht;
-  TensorView dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias;
-  TensorView workspace;
 };
 
 int64_t chunk_kda_fwd_workspace_size(const ChunkKdaFwdArgs& args);

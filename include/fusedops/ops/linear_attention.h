@@ -118,4 +118,54 @@ void beta_sigmoid_fwd_ref(const Context& ctx, const BetaSigmoidFwdArgs& args);
 void beta_sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& args);
 void beta_sigmoid_bwd_ref(const Context& ctx, const BetaSigmoidBwdArgs& args);
 
+// ---------------------------------------------------------------------------------------------
+// The fields both chunked top levels (chunk_gated_delta_rule, chunk_kda) take; each family's Args
+// add what is its own (the saved intra-chunk matrices, gate options). Shapes with G = 1 (GDN's
+// gate [B,T,HV]) or G = K (KDA's [B,T,HV,K]):
+//   inputs   q, k [B,T,H,K]; v [B,T,HV,V] (one dtype: fp32/bf16/fp16, ref also fp64); g (per-step
+//            log decay, or the raw gate input with use_gate_in_kernel); beta [B,T,HV] (or its
+//            logits with use_beta_sigmoid_in_kernel); initial_state [N,HV,K,V] optional; A_log
+//            [HV] and dt_bias (the gate's parameters, use_gate_in_kernel only).
+//   outputs  o [B,T,HV,V]; final_state [N,HV,K,V] optional (fp32 by convention).
+//   saved    q_normed, k_normed [B,T,H,K] (q's dtype) and q_rstd, k_rstd [B,T,H] fp32 with
+//            use_qk_l2norm_in_kernel; g_cumsum fp32 (the chunk-local cumsum of the activated
+//            gate, g's shape); beta_sigmoid [B,T,HV] fp32 with use_beta_sigmoid_in_kernel.
+//   workspace uint8 [<op>_fwd_workspace_size(args)] (the intermediates the call recomputes).
+// K <= 256. Pipelines: l2norm -> beta_sigmoid -> the family's gate -> chunk_local_cumsum -> the
+// family's intra-chunk step -> chunk_gated_delta_rule_fwd_h -> the family's output.
+struct LinearAttentionFwdArgs {
+  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
+  TensorView cu_seqlens, chunk_indices, chunk_offsets;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;  // beta = 2 sigmoid (needs use_beta_sigmoid_in_kernel)
+  TensorView o, final_state;
+  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, beta_sigmoid;
+  TensorView workspace;
+};
+
+// The backward's shared fields: the forward's inputs, flags and saved tensors (same names), and
+//   inputs   dout [B,T,HV,V]; dht [N,HV,K,V] optional (0 when absent);
+//   outputs  dq, dk [B,T,H,K]; dv [B,T,HV,V]; dg (g's shape; w.r.t. the raw gate input with
+//            use_gate_in_kernel); dbeta [B,T,HV] (w.r.t. the logits with the sigmoid); dh0
+//            [N,HV,K,V] optional; dA_log, ddt_bias with the gate (each iff its parameter).
+//   workspace uint8 [<op>_bwd_workspace_size(args)].
+struct LinearAttentionBwdArgs {
+  TensorView q, k, v, g, beta, initial_state, A_log, dt_bias;
+  TensorView q_normed, k_normed, q_rstd, k_rstd, g_cumsum, beta_sigmoid;
+  TensorView cu_seqlens, chunk_indices, chunk_offsets;
+  double scale = 1.0;
+  int64_t chunk_size = 64;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;
+  TensorView dout, dht;
+  TensorView dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias;
+  TensorView workspace;
+};
+
 }  // namespace fusedops

@@ -4,6 +4,7 @@
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
+#include "src/ops/linear_attention/la_top.h"
 
 namespace fusedops::gdn {
 
@@ -21,10 +22,10 @@ using FusedPrepareFwd = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& a
 // given both steps' arguments, where fwd_h's h and v_new may be undefined (then they are not
 // written, and chunk_fwd_o's h and v are not read), it writes o (and ht, h, v_new when defined)
 // and returns true, or returns false without writing anything when it does not take them.
-using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& h_args,
-                                  const ChunkFwdOArgs& o_args);
+using FusedStateOutFwd = la::FusedStateOut<ChunkFwdOArgs>;
 
-// The top level composed of the sub-operator entry points (section 1.4 / 1.5); every sub-operator
+// The top level composed of the sub-operator entry points (section 1.4 / 1.5) on the shared
+// composition of la_top.h; every sub-operator
 // call is dispatched with ctx (whose backend, when set, forces the sub-operators' backend). A
 // backend's fused_prepare / fused_state_out, when given and taking the arguments, replace steps
 // F2-F4 / F5-F6.
@@ -35,8 +36,7 @@ void compose_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& args, Fus
 // chunk_gated_delta_rule_bwd_dhu: the hook gets dhu's arguments with dv undefined and computes the
 // local dv itself). Each writes what its arguments name and returns true, or returns false
 // without writing anything when it does not take them.
-using StateFwdHook = bool (*)(const Context& ctx, const RecomputeWUFwdArgs& wu_args,
-                              const ChunkGatedDeltaRuleFwdHArgs& args);
+using StateFwdHook = la::StateFwdHook<RecomputeWUFwdArgs>;
 using StateDhuHook = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& args);
 // And B4 (chunk_bwd_dqkwg) on a backend's own kernel: writes what the arguments name and returns
 // true, or returns false without writing anything.

@@ -5,7 +5,7 @@
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/kda.h"
-#include "src/ops/linear_attention/la_check.h"
+#include "src/ops/linear_attention/la_top.h"
 
 namespace fusedops {
 namespace {
@@ -203,29 +203,6 @@ void check(const Context& ctx, const KdaGateBwdArgs& a) {
   }
 }
 
-template <class Args>
-int64_t check_recurrent_inputs(const Check& c, const Args& a) {
-  c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
-  c.value(a.q.size(2) == a.k.size(2),
-          "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
-              std::to_string(a.q.size(2)) + " and " + std::to_string(a.k.size(2)));
-  const auto qs = shape_vector(a.q);
-  const int64_t B = qs[0], T = qs[1], H = qs[2], K = qs[3];
-  c.input(a.q, "q", qs);
-  c.input(a.k, "k", qs);
-  c.base().rank(a.v, "v", 4);
-  const int64_t HV = a.v.size(2), V = a.v.size(3);
-  c.input(a.v, "v", {B, T, HV, V});
-  c.groups(HV, H, "v", "q and k");
-  c.value(K >= 1 && V >= 1, "K and V must be >= 1");
-  c.opt_input(a.g, "g", {B, T, HV, K});
-  c.opt_input(a.beta, "beta", {B, T, HV});
-  c.value(std::isfinite(a.scale), "scale must be finite");
-  const int64_t N = c.seqlens(a.cu_seqlens, B, T);
-  c.opt_input(a.initial_state, "initial_state", {N, HV, K, V});
-  return N;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -272,31 +249,13 @@ void kda_gate_bwd(const Context& ctx, const KdaGateBwdArgs& a) {
 
 void fused_recurrent_kda_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
   Check c("fused_recurrent_kda", ctx);
-  const int64_t N = check_recurrent_inputs(c, a);
-  c.output(a.o, "o", shape_vector(a.v));
-  c.opt_output(a.final_state, "final_state", {N, a.v.size(2), a.q.size(3), a.v.size(3)});
-  if (a.o.numel() == 0 && (!a.final_state.defined() || a.final_state.numel() == 0)) return;
+  if (!la::check_recurrent_fwd(c, a, la::GateForm::kPerChannel)) return;
   dispatch("fused_recurrent_kda", Direction::kForward, ctx, a.q.dtype(), a);
 }
 
 void fused_recurrent_kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
   Check c("fused_recurrent_kda", ctx);
-  const int64_t N = check_recurrent_inputs(c, a);
-  const int64_t B = a.q.size(0), T = a.q.size(1), HV = a.v.size(2), K = a.q.size(3), V = a.v.size(3);
-  c.input(a.dout, "dout", shape_vector(a.v));
-  c.opt_input(a.dht, "dht", {N, HV, K, V});
-  c.output(a.dq, "dq", shape_vector(a.q));
-  c.output(a.dk, "dk", shape_vector(a.q));
-  c.output(a.dv, "dv", shape_vector(a.v));
-  c.value(a.g.defined() == a.dg.defined(),
-          a.g.defined() ? "dg is required when g is given" : "dg must not be given without g");
-  c.opt_output(a.dg, "dg", {B, T, HV, K});
-  c.value(a.beta.defined() == a.dbeta.defined(), a.beta.defined()
-                                                     ? "dbeta is required when beta is given"
-                                                     : "dbeta must not be given without beta");
-  c.opt_output(a.dbeta, "dbeta", {B, T, HV});
-  c.opt_output(a.dh0, "dh0", {N, HV, K, V});
-  if (a.dv.numel() == 0 && (!a.dh0.defined() || a.dh0.numel() == 0)) return;
+  if (!la::check_recurrent_bwd(c, a, la::GateForm::kPerChannel)) return;
   dispatch("fused_recurrent_kda", Direction::kBackward, ctx, a.q.dtype(), a);
 }
 

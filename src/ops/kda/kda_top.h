@@ -1,10 +1,11 @@
 // The backend-neutral composition of chunk_kda from its sub-operator entry points (section 9.4 /
-// 9.5); every sub-operator call is dispatched with ctx, whose backend, when set, forces theirs.
+// 9.5) on the shared composition of la_top.h; every sub-operator call is dispatched with ctx,
+// whose backend, when set, forces theirs.
 #pragma once
 
 #include "fusedops/core/context.h"
-#include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/kda.h"
+#include "src/ops/linear_attention/la_top.h"
 
 namespace fusedops::kda {
 
@@ -12,8 +13,7 @@ namespace fusedops::kda {
 // in its gk form, then chunk_kda_fwd_o): given both steps' arguments, with fwd_h's h and v_new
 // undefined (the forward keeps neither), it writes o (and the final state) and returns true, or
 // returns false without writing anything when it does not take them.
-using FusedStateOutFwd = bool (*)(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& h_args,
-                                  const ChunkKdaFwdOArgs& o_args);
+using FusedStateOutFwd = la::FusedStateOut<ChunkKdaFwdOArgs>;
 
 // A backend's fused form of the forward's chunk-local gate cumsum and intra-chunk step
 // (chunk_local_cumsum from g into g_cumsum, then chunk_kda_fwd_intra reading g_cumsum): it writes

@@ -1,0 +1,179 @@
+#include "src/ops/linear_attention/la_top.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace fusedops::la {
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+template <class Args>
+Dims dims_common(const Args& a) {
+  Dims d{};
+  d.B = a.q.size(0);
+  d.T = a.q.size(1);
+  d.H = a.q.size(2);
+  d.K = a.q.size(3);
+  d.HV = a.v.size(2);
+  d.V = a.v.size(3);
+  d.varlen = a.cu_seqlens.defined();
+  d.N = d.varlen ? a.cu_seqlens.size(0) - 1 : d.B;
+  d.NT = d.varlen ? a.chunk_indices.size(0) : ceil_div(d.T, a.chunk_size);
+  d.BT = a.chunk_size;
+  d.qdt = a.q.dtype();
+  d.vdt = a.v.dtype();
+  d.ddt = a.v.dtype();
+  d.acc = a.q.dtype() == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  return d;
+}
+
+// "16, 32 or 64".
+std::string alternatives(const std::vector<int64_t>& xs) {
+  std::string s;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i) s += i + 1 == xs.size() ? " or " : ", ";
+    s += std::to_string(xs[i]);
+  }
+  return s;
+}
+
+// Inputs, flags, varlen indices and the saved tensors; `backward` reads the saved tensors as
+// inputs (the forward writes them).
+template <class Args>
+Dims check_shared(const Check& c, const Args& a, GateForm form, const std::vector<int64_t>& chunk_sizes,
+                  bool backward) {
+  c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
+  c.value(a.q.size(2) == a.k.size(2),
+          "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
+              std::to_string(a.q.size(2)) + " and " + std::to_string(a.k.size(2)));
+  const auto qs = shape_vector(a.q);
+  const int64_t B = qs[0], T = qs[1], H = qs[2], K = qs[3];
+  c.input(a.q, "q", qs);
+  c.input(a.k, "k", qs);
+  c.base().dtype_in(a.q, "q", {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64});
+  c.base().same_dtype(a.k, "k", a.q, "q");
+  c.base().rank(a.v, "v", 4);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  c.input(a.v, "v", {B, T, HV, V});
+  c.base().same_dtype(a.v, "v", a.q, "q");
+  c.groups(HV, H, "v", "q and k");
+  c.head_dims(K, V);
+  const std::vector<int64_t> gate =
+      form == GateForm::kScalar ? std::vector<int64_t>{B, T, HV} : std::vector<int64_t>{B, T, HV, K};
+  c.input(a.g, "g", gate);
+  c.input(a.beta, "beta", {B, T, HV});
+  bool size_ok = false;
+  for (int64_t bt : chunk_sizes) size_ok = size_ok || a.chunk_size == bt;
+  c.value(size_ok, "chunk_size must be " + alternatives(chunk_sizes) + ", got " + std::to_string(a.chunk_size));
+  c.value(!a.allow_neg_eigval || a.use_beta_sigmoid_in_kernel,
+          "allow_neg_eigval requires use_beta_sigmoid_in_kernel");
+  c.value(std::isfinite(a.scale), "scale must be finite");
+  const int64_t N = c.seqlens(a.cu_seqlens, B, T);
+  c.chunk_indices(a.cu_seqlens, a.chunk_indices, B, T, a.chunk_size);
+  c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size);
+  c.opt_input(a.initial_state, "initial_state", {N, HV, K, V});
+  auto saved = [&](const TensorView& t, const char* name, const std::vector<int64_t>& shape) {
+    if (backward) c.input(t, name, shape);
+    else c.output(t, name, shape);
+  };
+  if (a.use_qk_l2norm_in_kernel) {
+    c.base().rows_addressable(a.q, "q").rows_addressable(a.k, "k");
+    for (auto [t, name] : {std::pair{&a.q_normed, "q_normed"}, std::pair{&a.k_normed, "k_normed"}}) {
+      saved(*t, name, {B, T, H, K});
+      c.base().same_dtype(*t, name, a.q, "q");
+      c.base().rows_addressable(*t, name);
+    }
+    for (auto [t, name] : {std::pair{&a.q_rstd, "q_rstd"}, std::pair{&a.k_rstd, "k_rstd"}}) {
+      c.output(*t, name, {B, T, H});
+      c.base().dtype_in(*t, name, {DType::kFloat32, DType::kFloat64});
+    }
+  }
+  saved(a.g_cumsum, "g_cumsum", gate);
+  if (a.use_beta_sigmoid_in_kernel) saved(a.beta_sigmoid, "beta_sigmoid", {B, T, HV});
+  return dims_common(a);
+}
+
+}  // namespace
+
+Dims dims_of(const LinearAttentionFwdArgs& a) { return dims_common(a); }
+
+Dims dims_of(const LinearAttentionBwdArgs& a) {
+  Dims d = dims_common(a);
+  if (a.dout.defined()) d.ddt = a.dout.dtype();
+  return d;
+}
+
+bool dims_readable(const TensorView& q, const TensorView& v, const TensorView& cu, const TensorView& ci) {
+  if (!q.defined() || !v.defined() || q.ndim() != 4 || v.ndim() != 4) return false;
+  return !cu.defined() || (ci.defined() && ci.ndim() == 2);
+}
+
+TensorView Carver::take(DType dtype, const std::vector<int64_t>& shape) {
+  const int nd = static_cast<int>(shape.size());
+  std::vector<int64_t> strides(nd);
+  int64_t n = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    strides[d] = n;
+    n *= shape[d];
+  }
+  const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
+  TensorView t(base_ ? base_ + used_ : nullptr, dtype, device_, nd, shape.data(), strides.data());
+  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return t;
+}
+
+Dims check_top(const Check& c, const LinearAttentionFwdArgs& a, GateForm form,
+               const std::vector<int64_t>& chunk_sizes) {
+  const Dims d = check_shared(c, a, form, chunk_sizes, false);
+  c.output(a.o, "o", {d.B, d.T, d.HV, d.V});
+  c.opt_output(a.final_state, "final_state", {d.N, d.HV, d.K, d.V});
+  return d;
+}
+
+Dims check_top(const Check& c, const LinearAttentionBwdArgs& a, GateForm form,
+               const std::vector<int64_t>& chunk_sizes) {
+  Dims d = check_shared(c, a, form, chunk_sizes, true);
+  c.input(a.dout, "dout", {d.B, d.T, d.HV, d.V});
+  c.opt_input(a.dht, "dht", {d.N, d.HV, d.K, d.V});
+  c.output(a.dq, "dq", {d.B, d.T, d.H, d.K});
+  c.output(a.dk, "dk", {d.B, d.T, d.H, d.K});
+  c.output(a.dv, "dv", {d.B, d.T, d.HV, d.V});
+  c.output(a.dg, "dg", d.gate(form));
+  c.output(a.dbeta, "dbeta", {d.B, d.T, d.HV});
+  c.opt_output(a.dh0, "dh0", {d.N, d.HV, d.K, d.V});
+  d.ddt = a.dout.dtype();
+  return d;
+}
+
+void check_workspace(const Check& c, const TensorView& ws, int64_t need, const char* size_fn) {
+  if (need == 0 && !ws.defined()) return;
+  c.base().defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8});
+  c.value(ws.numel() == 0 || ws.is_contiguous(), "workspace must be contiguous");
+  c.value(ws.numel() >= need, "workspace must hold at least " + std::to_string(need) + " bytes (" + size_fn +
+                                  "), got " + std::to_string(ws.numel()));
+}
+
+Operands backward_operands(const LinearAttentionBwdArgs& a) {
+  return {a.use_qk_l2norm_in_kernel ? a.q_normed : a.q, a.use_qk_l2norm_in_kernel ? a.k_normed : a.k,
+          a.use_beta_sigmoid_in_kernel ? a.beta_sigmoid : a.beta, TensorView()};
+}
+
+OperandGrads carve_operand_grads(Carver& cv, const Dims& d, GateForm form, const LinearAttentionBwdArgs& a) {
+  OperandGrads w;
+  if (a.use_beta_sigmoid_in_kernel) w.dbeta = cv.take(d.acc, {d.B, d.T, d.HV});
+  if (a.use_gate_in_kernel) w.dg = cv.take(d.acc, d.gate(form));
+  if (a.use_qk_l2norm_in_kernel) {
+    w.dq = cv.take(d.qdt, {d.B, d.T, d.H, d.K});
+    w.dk = cv.take(d.qdt, {d.B, d.T, d.H, d.K});
+  }
+  return w;
+}
+
+OperandGrads pipeline_grads(const LinearAttentionBwdArgs& a, const OperandGrads& ws) {
+  return {a.use_beta_sigmoid_in_kernel ? ws.dbeta : a.dbeta, a.use_gate_in_kernel ? ws.dg : a.dg,
+          a.use_qk_l2norm_in_kernel ? ws.dq : a.dq, a.use_qk_l2norm_in_kernel ? ws.dk : a.dk};
+}
+
+}  // namespace fusedops::la
