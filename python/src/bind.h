@@ -51,6 +51,7 @@ void bind_matmul_add(nb::module_& m);
 void bind_clipped_swiglu(nb::module_& m);
 void bind_rmsnorm_gated(nb::module_& m);
 void bind_mhc(nb::module_& m);
+void bind_linear_attention(nb::module_& m);
 void bind_gated_delta_rule(nb::module_& m);
 void bind_kda(nb::module_& m);
 void bind_context_parallel(nb::module_& m);

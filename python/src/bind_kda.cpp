@@ -1,16 +1,10 @@
 #include "fusedops/ops/kda.h"
-#include "python/src/bind.h"
+#include "python/src/bind_linear_attention.h"
 
 namespace fusedops::py {
 
-namespace {
-
-TensorView v(const Array& a) { return view(a); }
-TensorView v(const OptArray& a) { return view(a); }
-
-}  // namespace
-
 void bind_kda(nb::module_& m) {
+  using la::v;
   m.def("chunk_kda_fwd_intra",
         [](const Context& ctx, const Array& q, const Array& k, const Array& gk, const Array& beta,
            const Array& Aqk, const Array& Akk, const OptArray& cu, const OptArray& ci,
@@ -93,116 +87,34 @@ void bind_kda(nb::module_& m) {
         nb::arg("dy"), nb::arg("dg"), nb::arg("dA_log").none(), nb::arg("ddt_bias").none(),
         nb::arg("has_lower_bound"), nb::arg("lower_bound"), release_gil());
 
-  // Top level: tensors as a list in the order of the Args fields below, flags as keywords.
+  // Top level: the shared tensors and flags as bind_linear_attention.h's fill() takes them, then
+  // Aqk and Akk; the gate options as keywords.
   m.def("chunk_kda_fwd",
-        [](const Context& ctx, const std::vector<OptArray>& t, double scale, int64_t chunk_size,
-           bool l2, bool gate, bool sig, bool neg, bool safe, bool has_lb, double lb) {
-          FUSEDOPS_REQUIRE(t.size() == 22, kValue, "chunk_kda", "expected 22 tensors");
+        [](const Context& ctx, const std::vector<OptArray>& t, const la::TopFlags& flags, bool safe, bool has_lb,
+           double lb) {
           ChunkKdaFwdArgs a;
-          TensorView* f[] = {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log,
-                             &a.dt_bias, &a.cu_seqlens, &a.chunk_indices, &a.chunk_offsets, &a.o,
-                             &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
-                             &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid, &a.workspace};
-          for (size_t i = 0; i < t.size(); ++i) *f[i] = view(t[i]);
-          a.scale = scale;
-          a.chunk_size = chunk_size;
-          a.use_qk_l2norm_in_kernel = l2;
-          a.use_gate_in_kernel = gate;
-          a.use_beta_sigmoid_in_kernel = sig;
-          a.allow_neg_eigval = neg;
+          la::fill(a, t, flags, {&a.Aqk, &a.Akk}, "chunk_kda");
           a.safe_gate = safe;
           a.has_lower_bound = has_lb;
           a.lower_bound = lb;
           chunk_kda_fwd(ctx, a);
         },
-        nb::arg("ctx"), nb::arg("tensors"), nb::arg("scale"), nb::arg("chunk_size"),
-        nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
-        nb::arg("use_beta_sigmoid_in_kernel"), nb::arg("allow_neg_eigval"), nb::arg("safe_gate"),
-        nb::arg("has_lower_bound"), nb::arg("lower_bound"), release_gil());
-  m.def("chunk_kda_fwd_workspace_size",
-        [](const Array& q, const Array& vv, const OptArray& cu, const OptArray& ci,
-           int64_t chunk_size, bool gate) {
-          ChunkKdaFwdArgs a;
-          a.q = view(q);
-          a.v = view(vv);
-          a.cu_seqlens = view(cu);
-          a.chunk_indices = view(ci);
-          a.chunk_size = chunk_size;
-          a.use_gate_in_kernel = gate;
-          return chunk_kda_fwd_workspace_size(a);
-        },
-        nb::arg("q"), nb::arg("v"), nb::arg("cu_seqlens").none(), nb::arg("chunk_indices").none(),
-        nb::arg("chunk_size"), nb::arg("use_gate_in_kernel"));
+        nb::arg("ctx"), nb::arg("tensors"), nb::arg("flags"), nb::arg("safe_gate"), nb::arg("has_lower_bound"),
+        nb::arg("lower_bound"), release_gil());
   m.def("chunk_kda_bwd",
-        [](const Context& ctx, const std::vector<OptArray>& t, double scale, int64_t chunk_size,
-           bool l2, bool gate, bool sig, bool neg, bool safe, bool has_lb, double lb) {
-          FUSEDOPS_REQUIRE(t.size() == 30, kValue, "chunk_kda", "expected 30 tensors");
+        [](const Context& ctx, const std::vector<OptArray>& t, const la::TopFlags& flags, bool safe, bool has_lb,
+           double lb) {
           ChunkKdaBwdArgs a;
-          TensorView* f[] = {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log,
-                             &a.dt_bias, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
-                             &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid, &a.cu_seqlens,
-                             &a.chunk_indices, &a.chunk_offsets, &a.dout, &a.dht, &a.dq, &a.dk,
-                             &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias, &a.workspace};
-          for (size_t i = 0; i < t.size(); ++i) *f[i] = view(t[i]);
-          a.scale = scale;
-          a.chunk_size = chunk_size;
-          a.use_qk_l2norm_in_kernel = l2;
-          a.use_gate_in_kernel = gate;
-          a.use_beta_sigmoid_in_kernel = sig;
-          a.allow_neg_eigval = neg;
+          la::fill(a, t, flags, {&a.Aqk, &a.Akk}, "chunk_kda");
           a.safe_gate = safe;
           a.has_lower_bound = has_lb;
           a.lower_bound = lb;
           chunk_kda_bwd(ctx, a);
         },
-        nb::arg("ctx"), nb::arg("tensors"), nb::arg("scale"), nb::arg("chunk_size"),
-        nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
-        nb::arg("use_beta_sigmoid_in_kernel"), nb::arg("allow_neg_eigval"), nb::arg("safe_gate"),
-        nb::arg("has_lower_bound"), nb::arg("lower_bound"), release_gil());
-  m.def("chunk_kda_bwd_workspace_size",
-        [](const Array& q, const Array& vv, const Array& dout, const OptArray& cu,
-           const OptArray& ci, int64_t chunk_size, bool l2, bool gate, bool sig) {
-          ChunkKdaBwdArgs a;
-          a.q = view(q);
-          a.v = view(vv);
-          a.dout = view(dout);
-          a.cu_seqlens = view(cu);
-          a.chunk_indices = view(ci);
-          a.chunk_size = chunk_size;
-          a.use_qk_l2norm_in_kernel = l2;
-          a.use_gate_in_kernel = gate;
-          a.use_beta_sigmoid_in_kernel = sig;
-          return chunk_kda_bwd_workspace_size(a);
-        },
-        nb::arg("q"), nb::arg("v"), nb::arg("dout"), nb::arg("cu_seqlens").none(),
-        nb::arg("chunk_indices").none(), nb::arg("chunk_size"),
-        nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
-        nb::arg("use_beta_sigmoid_in_kernel"));
-
-  m.def("fused_recurrent_kda_fwd",
-        [](const Context& ctx, const Array& q, const Array& k, const Array& vv, const OptArray& g,
-           const OptArray& beta, const OptArray& h0, const OptArray& cu, double scale,
-           const Array& o, const OptArray& ht) {
-          fused_recurrent_kda_fwd(ctx, {v(q), v(k), v(vv), v(g), v(beta), v(h0), v(cu), scale, v(o),
-                                        v(ht)});
-        },
-        nb::arg("ctx"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
-        nb::arg("beta").none(), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(),
-        nb::arg("scale"), nb::arg("o"), nb::arg("final_state").none(), release_gil());
-  m.def("fused_recurrent_kda_bwd",
-        [](const Context& ctx, const Array& q, const Array& k, const Array& vv, const OptArray& g,
-           const OptArray& beta, const OptArray& h0, const OptArray& cu, double scale,
-           const Array& dout, const OptArray& dht, const Array& dq, const Array& dk,
-           const Array& dv, const OptArray& dg, const OptArray& dbeta, const OptArray& dh0) {
-          fused_recurrent_kda_bwd(ctx, {v(q), v(k), v(vv), v(g), v(beta), v(h0), v(cu), scale,
-                                        v(dout), v(dht), v(dq), v(dk), v(dv), v(dg), v(dbeta),
-                                        v(dh0)});
-        },
-        nb::arg("ctx"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
-        nb::arg("beta").none(), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(),
-        nb::arg("scale"), nb::arg("dout"), nb::arg("dht").none(), nb::arg("dq"), nb::arg("dk"),
-        nb::arg("dv"), nb::arg("dg").none(), nb::arg("dbeta").none(), nb::arg("dh0").none(),
-        release_gil());
+        nb::arg("ctx"), nb::arg("tensors"), nb::arg("flags"), nb::arg("safe_gate"), nb::arg("has_lower_bound"),
+        nb::arg("lower_bound"), release_gil());
+  la::def_workspace_sizes(m, "chunk_kda", chunk_kda_fwd_workspace_size, chunk_kda_bwd_workspace_size);
+  la::def_recurrent(m, "fused_recurrent_kda", fused_recurrent_kda_fwd, fused_recurrent_kda_bwd);
 }
 
 }  // namespace fusedops::py

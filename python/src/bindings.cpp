@@ -180,6 +180,7 @@ NB_MODULE(_C, m) {
   bind_clipped_swiglu(m);
   bind_rmsnorm_gated(m);
   bind_mhc(m);
+  bind_linear_attention(m);
   bind_gated_delta_rule(m);
   bind_kda(m);
   bind_context_parallel(m);

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from ..ops import _linear_attention as _la
 from ..ops import gated_delta_rule as _gdn
 from ..ops import kda as _kda
 from ._comm import all_gather_rows
@@ -49,7 +50,7 @@ def _acc(t: Tensor) -> torch.dtype:
 
 
 def _workspace(n: int, like: Tensor) -> Optional[Tensor]:
-    return _gdn._workspace(n, like.device) if n else None
+    return _la.workspace(n, like.device) if n else None
 
 
 def _fwd_summary(o: _Opts, plan: ContextParallel, k, v, g, beta, A_log, dt_bias, summary: Tensor) -> None:
@@ -58,10 +59,10 @@ def _fwd_summary(o: _Opts, plan: ContextParallel, k, v, g, beta, A_log, dt_bias,
     # The operator's own argument forms: the row-wise steps (l2norm, gate, sigmoid) take rows
     # that flatten with one stride (a slice of a fused projection may need a copy).
     k, g, beta = k[:, s:], g[:, s:], beta[:, s:]
-    k = rows_view(k) if o.l2 else _gdn._last_unit(k)
-    g = rows_view(g) if o.gate and not o.kda else _gdn._last_unit(g)
-    beta = rows_view(beta) if o.sig else _gdn._last_unit(beta)
-    t = [k, _gdn._last_unit(v[:, s:]), g, beta, A_log if o.gate else None, dt_bias if o.gate else None, summary,
+    k = rows_view(k) if o.l2 else _la.last_unit(k)
+    g = rows_view(g) if o.gate and not o.kda else _la.last_unit(g)
+    beta = rows_view(beta) if o.sig else _la.last_unit(beta)
+    t = [k, _la.last_unit(v[:, s:]), g, beta, A_log if o.gate else None, dt_bias if o.gate else None, summary,
          None]
     t[-1] = _workspace(_C.la_cp_fwd_summary_workspace_size(t, o.chunk_size, o.l2, o.gate, o.sig), k)
     _C.la_cp_fwd_summary(context("la_cp_fwd_summary", k), t, chunk_size=o.chunk_size,
@@ -163,40 +164,38 @@ def _local_fwd(o: _Opts, q, k, v, g, beta, h0_loc, want_ht, A_log, dt_bias, plan
     """The operator's forward over the local sequences: (o, ht, *saved for its backward)."""
     cu, cu_cpu = plan.cu_seqlens, plan.cu_seqlens_cpu
     A_log, dt_bias = (A_log, dt_bias) if o.gate else (None, None)
+    args = (q, k, v, g, beta, o.scale, h0_loc, want_ht, o.l2, o.gate, A_log, dt_bias, o.sig, o.neg, cu, cu_cpu,
+            o.chunk_size)
     if o.kda:
-        return _kda._chunk_fwd_impl(q, k, v, g, beta, o.scale, h0_loc, want_ht, o.l2, o.gate, A_log, dt_bias,
-                                    o.sig, o.neg, o.safe_gate, o.has_lb, o.lb, cu, cu_cpu, o.chunk_size)
-    return _gdn._chunk_fwd_impl(q, k, v, g, beta, o.scale, h0_loc, want_ht, o.l2, o.gate, A_log, dt_bias,
-                                o.sig, o.neg, cu, cu_cpu, o.chunk_size, o.keep)
+        return _kda._chunk_fwd.impl(*args, o.safe_gate, o.has_lb, o.lb)
+    return _gdn._chunk_fwd.impl(*args, o.keep)
 
 
 def _local_bwd(o: _Opts, q, k, v, g, beta, h0_loc, A_log, dt_bias, saved, do, dht_loc, plan):
     cu, cu_cpu = plan.cu_seqlens, plan.cu_seqlens_cpu
     A_log, dt_bias = (A_log, dt_bias) if o.gate else (None, None)
+    # saved: the forward op's outputs after (o, ht): q_normed, k_normed, q_rstd, k_rstd, g_cumsum,
+    # beta_sigmoid, then the family's (KDA: Aqk, Akk; GDN: A, w, u, h, v_new).
+    args = (q, k, v, g, beta, h0_loc, A_log, dt_bias, *saved[:6], cu, cu_cpu, do, dht_loc, o.scale, o.chunk_size,
+            o.l2, o.gate, o.sig, o.neg)
     if o.kda:
-        qn, kn, rq, rk, gc, Aqk, Akk, bs = saved
-        return _kda._chunk_bwd_impl(q, k, v, g, beta, h0_loc, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs,
-                                    cu, cu_cpu, do, dht_loc, o.scale, o.chunk_size, o.l2, o.gate, o.sig, o.neg,
-                                    o.safe_gate, o.has_lb, o.lb)
-    qn, kn, rq, rk, gc, A, bs, w, u, h, vn = saved
-    kept = (w, u, h, vn) if o.keep else (None,) * 4
-    return _gdn._chunk_bwd_impl(q, k, v, g, beta, h0_loc, A_log, dt_bias, qn, kn, rq, rk, gc, A, bs, cu, cu_cpu,
-                                do, dht_loc, o.scale, o.chunk_size, o.l2, o.gate, o.sig, o.neg, *kept)
+        return _kda._chunk_fwd.bwd.impl(*args, *saved[6:8], o.safe_gate, o.has_lb, o.lb)
+    return _gdn._chunk_fwd.bwd.impl(*args, saved[6], *(saved[7:11] if o.keep else (None,) * 4))
 
 
 def _local_bwd_summary(o: _Opts, q, k, v, beta, saved, do, dht_in, end: int, out: Tensor) -> None:
     """L of the incoming segment (local tokens [0, end)) from the forward's saved tensors."""
     qn, kn = saved[0], saved[1]
     qs, ks = (qn, kn) if o.l2 else (q, k)
-    gc = saved[4]
+    gc, bs = saved[4], saved[5]
     if o.kda:
-        Aqk, Akk, bs = saved[5], saved[6], saved[7]
+        Aqk, Akk = saved[6], saved[7]
         A, w = Akk, None
     else:
-        A, bs, Aqk = saved[5], saved[6], None
+        A, Aqk = saved[6], None
         w = saved[7] if o.keep else None
     bb = bs if o.sig else beta
-    cut = lambda t: None if t is None else _gdn._last_unit(t[:, :end])  # noqa: E731
+    cut = lambda t: None if t is None else _la.last_unit(t[:, :end])  # noqa: E731
     _bwd_summary(o, cut(qs), cut(ks), cut(v), cut(bb), cut(gc), cut(A), cut(Aqk), cut(w), cut(do), dht_in, out)
 
 

@@ -103,9 +103,9 @@ class ContextParallel:
         # The chunk tables of the local sequences, made now (on the host, then copied once) so that
         # the operators find them and read nothing back from the device.
         if self.num_tokens:
-            from ..ops.gated_delta_rule import _indices
+            from ..ops._linear_attention import indices
             for chunk_size in (16, 32, 64):
-                _indices(self.cu_seqlens, self.cu_seqlens_cpu, chunk_size, self.num_tokens)
+                indices(self.cu_seqlens, self.cu_seqlens_cpu, chunk_size, self.num_tokens)
         self.start_rows, self.start_ids = idx(self._start_rows), idx(self.seq_ids[i] for i in self._start_rows)
         self.end_rows, self.end_ids = idx(self._end_rows), idx(self.seq_ids[i] for i in self._end_rows)
         self.empty_ids = idx(self.empty_seqs)

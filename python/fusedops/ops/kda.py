@@ -9,7 +9,8 @@ Sub-operators (plain functions): chunk_kda_fwd_intra, kda_recompute_w_u_fwd, chu
 chunk_kda_bwd_dAv, chunk_kda_bwd_wy_dqkg_fused, chunk_kda_bwd_intra, kda_gate_fwd, kda_gate_bwd;
 the pipeline also uses chunk_local_cumsum (vector variant), chunk_gated_delta_rule_fwd_h and
 chunk_gated_delta_rule_bwd_dhu (``gk`` variants), re-exported here as chunk_kda_fwd_h /
-chunk_kda_bwd_dhu.
+chunk_kda_bwd_dhu. The plumbing shared with the gated delta rule (varlen tables, custom-op bodies)
+is in _linear_attention.py.
 """
 
 from __future__ import annotations
@@ -20,20 +21,12 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._backend import context, rows_view
+from .._backend import context
 from .._op import DifferentiableOp, PlainOp
-from .gated_delta_rule import (
-    _acc_dtype,
-    _empty,
-    _indices,
-    _last_unit,
-    _seq_values,
-    _workspace,
-    chunk_local_cumsum,
-    prepare_chunk_indices,
-)
-from .gated_delta_rule import chunk_gated_delta_rule_bwd_dhu as chunk_kda_bwd_dhu
-from .gated_delta_rule import chunk_gated_delta_rule_fwd_h as chunk_kda_fwd_h
+from . import _linear_attention as la
+from ._linear_attention import chunk_gated_delta_rule_bwd_dhu as chunk_kda_bwd_dhu
+from ._linear_attention import chunk_gated_delta_rule_fwd_h as chunk_kda_fwd_h
+from ._linear_attention import chunk_local_cumsum, prepare_chunk_indices
 
 _OP = "chunk_kda"
 _OP_REC = "fused_recurrent_kda"
@@ -55,165 +48,33 @@ __all__ = [
     "kda_gate_bwd",
 ]
 
-_T10 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
-_T8 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
-_T6 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 _T3 = tuple[Tensor, Tensor, Tensor]
-
-
-def _opt(t: Optional[Tensor]) -> Optional[Tensor]:
-    return t if t is not None and (t.numel() or t.dim() > 1) else None
 
 
 # ---------------------------------------------------------------------------------------------
 # chunk_kda
 
 
-def _chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
-                    initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
-                    use_gate: bool, A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-                    use_sigmoid: bool, allow_neg: bool, safe_gate: bool, has_lb: bool, lb: float,
-                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
-                    chunk_size: int) -> _T10:
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    dev, acc = q.device, _acc_dtype(q)
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
-    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
-    ht = torch.empty(N, HV, K, V, dtype=acc, device=dev) if output_final_state else _empty(q)
-    if use_qk_l2norm:
-        q, k = rows_view(q), rows_view(k)
-        qn, kn = torch.empty(B, T, H, K, dtype=q.dtype, device=dev), torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
-        rq, rk = torch.empty(B, T, H, dtype=acc, device=dev), torch.empty(B, T, H, dtype=acc, device=dev)
-    else:
-        qn, kn, rq, rk = _empty(q), _empty(q), _empty(q), _empty(q)
-    gc = torch.empty(B, T, HV, K, dtype=acc, device=dev)
-    Aqk = torch.empty(B, T, HV, chunk_size, dtype=k.dtype, device=dev)
-    Akk = torch.empty(B, T, HV, chunk_size, dtype=k.dtype, device=dev)
-    bs = torch.empty(B, T, HV, dtype=acc, device=dev) if use_sigmoid else _empty(q)
-    ws = _workspace(_C.chunk_kda_fwd_workspace_size(q, v, cu_seqlens, ci, chunk_size, use_gate), dev)
-    beta = rows_view(beta) if use_sigmoid else _last_unit(beta)
-    tensors = [_last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g), beta, _last_unit(initial_state),
-               A_log if use_gate else None, dt_bias if use_gate else None, cu_seqlens, ci, co,
-               o, ht if output_final_state else None, _opt(qn), _opt(kn), _opt(rq), _opt(rk), gc,
-               Aqk, Akk, bs if use_sigmoid else None, ws]
-    _C.chunk_kda_fwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid,
-                     allow_neg, safe_gate, has_lb, lb)
-    return o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs
+class _Kda(la.ChunkFamily):
+    name = "chunk_kda"
+    extra = (("safe_gate", bool), ("has_lb", bool), ("lb", float))
+    saved = ("Aqk", "Akk")
+    bwd_extra = extra
+
+    def allocate(self, c, extra, nt):
+        return [c.k.new_empty(c.B, c.T, c.HV, c.chunk_size), c.k.new_empty(c.B, c.T, c.HV, c.chunk_size)]
+
+    def forward_flags(self, extra):
+        return extra
 
 
-def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                    use_gate, A_log, dt_bias, use_sigmoid, allow_neg, safe_gate, has_lb, lb,
-                    cu_seqlens, cu_seqlens_cpu, chunk_size):
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    acc = _acc_dtype(q)
-    o = q.new_empty(B, T, HV, V)
-    ht = q.new_empty(N, HV, K, V, dtype=acc) if output_final_state else q.new_empty(0)
-    if use_qk_l2norm:
-        qn, kn = q.new_empty(B, T, H, K), q.new_empty(B, T, H, K)
-        rq, rk = q.new_empty(B, T, H, dtype=acc), q.new_empty(B, T, H, dtype=acc)
-    else:
-        qn, kn, rq, rk = q.new_empty(0), q.new_empty(0), q.new_empty(0), q.new_empty(0)
-    gc = q.new_empty(B, T, HV, K, dtype=acc)
-    Aqk = k.new_empty(B, T, HV, chunk_size)
-    Akk = k.new_empty(B, T, HV, chunk_size)
-    bs = q.new_empty(B, T, HV, dtype=acc) if use_sigmoid else q.new_empty(0)
-    return o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs
+_chunk_fwd = la.chunk_op(_Kda())
 
 
-def _chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                    initial_state: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-                    q_normed: Tensor, k_normed: Tensor, q_rstd: Tensor, k_rstd: Tensor, g_cumsum: Tensor,
-                    Aqk: Tensor, Akk: Tensor, beta_sigmoid: Tensor, cu_seqlens: Optional[Tensor],
-                    cu_seqlens_cpu: Optional[Tensor], dout: Tensor, dht: Optional[Tensor], scale: float,
-                    chunk_size: int, use_qk_l2norm: bool, use_gate: bool, use_sigmoid: bool,
-                    allow_neg: bool, safe_gate: bool, has_lb: bool, lb: float) -> _T8:
-    dev = q.device
-    ci, co = _indices(cu_seqlens, cu_seqlens_cpu, chunk_size, q.shape[1])
-    dout = _last_unit(dout)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    dg = torch.empty(g.shape, dtype=g.dtype, device=dev)
-    dbeta = torch.empty(beta.shape, dtype=beta.dtype, device=dev)
-    dh0 = torch.empty(initial_state.shape, dtype=initial_state.dtype, device=dev) \
-        if initial_state is not None else _empty(q)
-    dA = torch.empty(A_log.shape, dtype=A_log.dtype, device=dev) if use_gate and A_log is not None else _empty(q)
-    ddb = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=dev) \
-        if use_gate and dt_bias is not None else _empty(q)
-    ws = _workspace(_C.chunk_kda_bwd_workspace_size(q, v, dout, cu_seqlens, ci, chunk_size, use_qk_l2norm,
-                                                    use_gate, use_sigmoid), dev)
-    if use_qk_l2norm:
-        q, k = rows_view(q), rows_view(k)
-    beta = rows_view(beta) if use_sigmoid else _last_unit(beta)
-    tensors = [_last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g), beta, _last_unit(initial_state),
-               A_log if use_gate else None, dt_bias if use_gate else None, _opt(q_normed),
-               _opt(k_normed), _opt(q_rstd), _opt(k_rstd), g_cumsum, Aqk, Akk,
-               beta_sigmoid if use_sigmoid else None, cu_seqlens, ci, co, dout, _last_unit(dht),
-               dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None,
-               dA if use_gate and A_log is not None else None,
-               ddb if use_gate and dt_bias is not None else None, ws]
-    _C.chunk_kda_bwd(context(_OP, q), tensors, scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid,
-                     allow_neg, safe_gate, has_lb, lb)
-    return dq, dk, dv, dg, dbeta, dh0, dA, ddb
-
-
-def _chunk_bwd_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, q_normed, k_normed, q_rstd,
-                    k_rstd, g_cumsum, Aqk, Akk, beta_sigmoid, cu_seqlens, cu_seqlens_cpu, dout, dht,
-                    scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid, allow_neg, safe_gate,
-                    has_lb, lb):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            g.new_empty(g.shape), beta.new_empty(beta.shape),
-            initial_state.new_empty(initial_state.shape) if initial_state is not None else q.new_empty(0),
-            A_log.new_empty(A_log.shape) if use_gate and A_log is not None else q.new_empty(0),
-            dt_bias.new_empty(dt_bias.shape) if use_gate and dt_bias is not None else q.new_empty(0))
-
-
-_chunk_bwd = PlainOp("chunk_kda_bwd", _chunk_bwd_impl, _chunk_bwd_fake)
-
-
-def _chunk_setup(ctx, inputs, output):
-    (q, k, v, g, beta, scale, h0, ofs, l2, gate, A_log, dt_bias, sig, neg, safe, has_lb, lb, cu,
-     cu_cpu, bt) = inputs
-    o, ht, qn, kn, rq, rk, gc, Aqk, Akk, bs = output
-    ctx.flags = (scale, bt, l2, gate, sig, neg, safe, has_lb, lb)
-    ctx.save_for_backward(q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu,
-                          cu_cpu)
-    ctx.mark_non_differentiable(qn, kn, rq, rk, gc, Aqk, Akk, bs)
-
-
-def _chunk_backward(ctx, do, dht, *_unused):
-    q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu, cu_cpu = ctx.saved_tensors
-    scale, bt, l2, gate, sig, neg, safe, has_lb, lb = ctx.flags
-    if do is None:
-        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    if dht is not None and dht.numel() == 0:
-        dht = None
-    dq, dk, dv, dg, dbeta, dh0, dA, ddb = _chunk_bwd(
-        q, k, v, g, beta, h0, A_log, dt_bias, qn, kn, rq, rk, gc, Aqk, Akk, bs, cu, cu_cpu, do, dht,
-        scale, bt, l2, gate, sig, neg, safe, has_lb, lb)
-    return (dq, dk, dv, dg, dbeta, None, dh0 if h0 is not None else None, None, None, None,
-            dA if gate and A_log is not None else None, ddb if gate and dt_bias is not None else None,
-            None, None, None, None, None, None, None, None)
-
-
-_chunk_fwd = DifferentiableOp("chunk_kda_fwd", _chunk_fwd_impl, _chunk_fwd_fake, _chunk_setup,
-                              _chunk_backward)
-
-
-def _fail(op: str, msg: str, exc=ValueError):
-    raise exc(f"fusedops: {op}: {msg}")
-
-
-def _state_layout(op: str, state_v_first: bool, transpose_state_layout: Optional[bool]) -> bool:
-    if transpose_state_layout is not None:
-        if state_v_first:
-            _fail(op, "pass state_v_first or its deprecated alias transpose_state_layout, not both")
-        return bool(transpose_state_layout)
-    return bool(state_v_first)
+def _check_state_dtype(op: str, q: Tensor, initial_state: Tensor) -> None:
+    want = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if initial_state.dtype != want:
+        la.fail(op, f"initial_state must be {want} (the state is kept in {want}), got {initial_state.dtype}")
 
 
 def chunk_kda(
@@ -260,54 +121,44 @@ def chunk_kda(
     are this rank's tokens; initial_state / final_state hold every global sequence.
     """
     op = "chunk_kda"
-    if "head_first" in kwargs:
-        raise DeprecationWarning("fusedops: chunk_kda: head_first is removed; pass tensors in the "
-                                 "[B,T,H,D] layout (seq-first)")
     kwargs.pop("disable_recompute", None)  # W, U, h are always recomputed in the backward
-    if kwargs.pop("return_intermediate_states", False):
-        _fail(op, "return_intermediate_states is not supported")
-    if kwargs:
-        _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
-    state_v_first = _state_layout(op, state_v_first, transpose_state_layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            _fail(op, f"{name} must have rank 4 ([B,T,H,D]), got shape {list(t.shape)}")
+    intermediate_states = kwargs.pop("return_intermediate_states", False)
+    la.reject_kwargs(op, kwargs)
+    if intermediate_states:
+        la.fail(op, "return_intermediate_states is not supported")
+    state_v_first = la.state_layout(op, state_v_first, transpose_state_layout)
+    la.check_rank4(op, q, k, v)
     if q.shape != k.shape:
-        _fail(op, f"q and k must have the same shape, got {list(q.shape)} and {list(k.shape)}")
+        la.fail(op, f"q and k must have the same shape, got {list(q.shape)} and {list(k.shape)}")
     B, T, H, K = q.shape
     HV = v.shape[2]
     if H == 0 or HV % H:
-        _fail(op, f"the {HV} value heads are not a multiple of the {H} q/k heads")
+        la.fail(op, f"the {HV} value heads are not a multiple of the {H} q/k heads")
     if K > 256:
-        _fail(op, f"K must be <= 256, got {K}")
+        la.fail(op, f"K must be <= 256, got {K}")
     if tuple(g.shape) != (B, T, HV, K):
-        _fail(op, f"g must have shape [B,T,HV,K]={[B, T, HV, K]}, got {list(g.shape)}")
+        la.fail(op, f"g must have shape [B,T,HV,K]={[B, T, HV, K]}, got {list(g.shape)}")
     if tuple(beta.shape) != (B, T, HV):
-        _fail(op, f"beta must have shape [B,T,HV]={[B, T, HV]}, got {list(beta.shape)}")
+        la.fail(op, f"beta must have shape [B,T,HV]={[B, T, HV]}, got {list(beta.shape)}")
     if chunk_size not in (32, 64):
-        _fail(op, f"chunk_size must be 32 or 64, got {chunk_size}")
+        la.fail(op, f"chunk_size must be 32 or 64, got {chunk_size}")
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        _fail(op, "allow_neg_eigval requires use_beta_sigmoid_in_kernel")
+        la.fail(op, "allow_neg_eigval requires use_beta_sigmoid_in_kernel")
     if use_gate_in_kernel and A_log is None and lower_bound is None:
-        _fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
+        la.fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
     if use_gate_in_kernel and safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
-        _fail(op, f"safe_gate with use_gate_in_kernel requires lower_bound in [-5, 0), got {lower_bound}")
-    if cu_seqlens is not None and B != 1:
-        _fail(op, f"with cu_seqlens the batch size must be 1 (sequences are packed along T), got B={B}")
+        la.fail(op, f"safe_gate with use_gate_in_kernel requires lower_bound in [-5, 0), got {lower_bound}")
+    la.check_packed(op, q, cu_seqlens)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if cp is not None or cp_context is not None:  # the plan's global sequences
         N = getattr(cp if cp is not None else cp_context, "num_seqs", N)
     if initial_state is not None:
-        want = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if initial_state.dtype != want:
-            _fail(op, f"initial_state must be {want} (the state is kept in {want}), got {initial_state.dtype}")
+        _check_state_dtype(op, q, initial_state)
         if initial_state.dim() != 4 or initial_state.shape[0] != N:
-            _fail(op, f"initial_state must have shape [N,HV,K,V] with N={N} sequences, got "
+            la.fail(op, f"initial_state must have shape [N,HV,K,V] with N={N} sequences, got "
                       f"{list(initial_state.shape)}")
     if scale is None:
         scale = K ** -0.5
-    if initial_state is not None and state_v_first:
-        initial_state = initial_state.transpose(-1, -2).contiguous()
     if use_gate_in_kernel and dt_bias is not None and not dt_bias.is_contiguous():
         dt_bias = dt_bias.contiguous()
     if cp is not None or cp_context is not None:
@@ -319,92 +170,19 @@ def chunk_kda(
                              cu_seqlens=cu_seqlens)
         return o, (ht.transpose(-1, -2) if ht is not None and state_v_first else ht)
     has_lb = lower_bound is not None
-    out = _chunk_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
-                     bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
+    out = _chunk_fwd(q, k, v, g, beta, float(scale), la.state_in(initial_state, state_v_first),
+                     bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                      A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,
-                     bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), has_lb,
-                     float(lower_bound) if has_lb else 0.0, cu_seqlens, cu_seqlens_cpu, int(chunk_size))
-    if not output_final_state:
-        return out[0], None
-    return out[0], (out[1].transpose(-1, -2) if state_v_first else out[1])
+                     bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), cu_seqlens, cu_seqlens_cpu,
+                     int(chunk_size), bool(safe_gate), has_lb, float(lower_bound) if has_lb else 0.0)
+    return la.state_out(out[0], out[1], output_final_state, state_v_first)
 
 
 # ---------------------------------------------------------------------------------------------
 # fused_recurrent_kda
 
 
-def _rec_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-                  scale: float, initial_state: Optional[Tensor], output_final_state: bool,
-                  cu_seqlens: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    if cu_seqlens is not None:
-        _seq_values(cu_seqlens, None, T)
-    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
-    ht = torch.empty(N, HV, K, V, dtype=_acc_dtype(q), device=q.device) if output_final_state else _empty(q)
-    _C.fused_recurrent_kda_fwd(context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v),
-                               _last_unit(g), _last_unit(beta), _last_unit(initial_state), cu_seqlens,
-                               scale, o, ht if output_final_state else None)
-    return o, ht
-
-
-def _rec_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    ht = q.new_empty(N, HV, K, V, dtype=_acc_dtype(q)) if output_final_state else q.new_empty(0)
-    return q.new_empty(B, T, HV, V), ht
-
-
-def _rec_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-                  scale: float, initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  dout: Tensor, dht: Optional[Tensor]) -> _T6:
-    dev = q.device
-    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    dg = torch.empty(g.shape, dtype=g.dtype, device=dev) if g is not None else _empty(q)
-    db = torch.empty(beta.shape, dtype=beta.dtype, device=dev) if beta is not None else _empty(q)
-    dh0 = torch.empty(initial_state.shape, dtype=initial_state.dtype, device=dev) \
-        if initial_state is not None else _empty(q)
-    _C.fused_recurrent_kda_bwd(
-        context(_OP_REC, q), _last_unit(q), _last_unit(k), _last_unit(v), _last_unit(g),
-        _last_unit(beta), _last_unit(initial_state), cu_seqlens, scale, _last_unit(dout),
-        _last_unit(dht), dq, dk, dv, dg if g is not None else None,
-        db if beta is not None else None, dh0 if initial_state is not None else None)
-    return dq, dk, dv, dg, db, dh0
-
-
-def _rec_bwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, dout, dht):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            g.new_empty(g.shape) if g is not None else q.new_empty(0),
-            beta.new_empty(beta.shape) if beta is not None else q.new_empty(0),
-            initial_state.new_empty(initial_state.shape) if initial_state is not None else q.new_empty(0))
-
-
-_rec_bwd = PlainOp("fused_recurrent_kda_bwd", _rec_bwd_impl, _rec_bwd_fake)
-
-
-def _rec_setup(ctx, inputs, output):
-    q, k, v, g, beta, scale, h0, ofs, cu = inputs
-    ctx.scale = scale
-    ctx.save_for_backward(q, k, v, g, beta, h0, cu)
-
-
-def _rec_backward(ctx, do, dht):
-    q, k, v, g, beta, h0, cu = ctx.saved_tensors
-    if do is None:
-        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    if dht is not None and dht.numel() == 0:
-        dht = None
-    dq, dk, dv, dg, db, dh0 = _rec_bwd(q, k, v, g, beta, ctx.scale, h0, cu, do, dht)
-    return (dq, dk, dv, dg if g is not None else None, db if beta is not None else None, None,
-            dh0 if h0 is not None else None, None, None)
-
-
-_rec_fwd = DifferentiableOp("fused_recurrent_kda_fwd", _rec_fwd_impl, _rec_fwd_fake, _rec_setup,
-                            _rec_backward)
+_rec_fwd = la.recurrent_op(_OP_REC)
 
 
 def fused_recurrent_kda(
@@ -432,27 +210,18 @@ def fused_recurrent_kda(
     1). Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
     recomputes the states from checkpoints every 64 tokens."""
     op = "fused_recurrent_kda"
-    if "head_first" in kwargs:
-        raise DeprecationWarning("fusedops: fused_recurrent_kda: head_first is removed; pass tensors in "
-                                 "the [B,T,H,D] layout")
-    if kwargs:
-        _fail(op, f"unexpected keyword arguments {sorted(kwargs)}", TypeError)
-    state_v_first = _state_layout(op, state_v_first, transpose_state_layout)
-    if initial_state is not None and state_v_first:
-        initial_state = initial_state.transpose(-1, -2).contiguous()
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        _fail(op, "q, k, v must have rank 4 ([B,T,H,D])")
-    if cu_seqlens is not None and q.shape[0] != 1:
-        _fail(op, f"with cu_seqlens the batch size must be 1 (sequences are packed along T), got B={q.shape[0]}")
+    la.reject_kwargs(op, kwargs)
+    state_v_first = la.state_layout(op, state_v_first, transpose_state_layout)
+    initial_state = la.state_in(initial_state, state_v_first)
+    la.check_rank4(op, q, k, v)
+    la.check_packed(op, q, cu_seqlens)
     if initial_state is not None:
-        want = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if initial_state.dtype != want:
-            _fail(op, f"initial_state must be {want} (the state is kept in {want}), got {initial_state.dtype}")
+        _check_state_dtype(op, q, initial_state)
     if use_gate_in_kernel:
         if g is None:
-            _fail(op, "use_gate_in_kernel requires g")
+            la.fail(op, "use_gate_in_kernel requires g")
         if A_log is None and lower_bound is None:
-            _fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
+            la.fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
         g = fused_kda_gate(g, A_log, dt_bias, lower_bound)
     if use_beta_sigmoid_in_kernel and beta is not None:
         beta = torch.sigmoid(beta if beta.dtype == torch.float64 else beta.float())
@@ -462,9 +231,7 @@ def fused_recurrent_kda(
         from .l2norm import l2norm
         q, k = l2norm(q, 1e-6), l2norm(k, 1e-6)
     o, ht = _rec_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), cu_seqlens)
-    if not output_final_state:
-        return o, None
-    return o, (ht.transpose(-1, -2) if state_v_first else ht)
+    return la.state_out(o, ht, output_final_state, state_v_first)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,23 +240,23 @@ def fused_recurrent_kda(
 
 def _gate_fwd_impl(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], has_lb: bool,
                    lb: float) -> Tensor:
-    y = torch.empty(g.shape, dtype=_acc_dtype(g), device=g.device)
-    _C.kda_gate_fwd(context("kda_gate", g), _last_unit(g), A_log.contiguous() if A_log is not None else None,
+    y = torch.empty(g.shape, dtype=la.acc_dtype(g), device=g.device)
+    _C.kda_gate_fwd(context("kda_gate", g), la.last_unit(g), A_log.contiguous() if A_log is not None else None,
                     dt_bias.contiguous() if dt_bias is not None else None, y, has_lb, lb)
     return y
 
 
 def _gate_fwd_fake(g, A_log, dt_bias, has_lb, lb):
-    return g.new_empty(g.shape, dtype=_acc_dtype(g))
+    return g.new_empty(g.shape, dtype=la.acc_dtype(g))
 
 
 def _gate_bwd_impl(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], dy: Tensor,
                    has_lb: bool, lb: float) -> _T3:
     dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    dA = torch.empty(A_log.shape, dtype=A_log.dtype, device=g.device) if A_log is not None else _empty(g)
-    db = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=g.device) if dt_bias is not None else _empty(g)
-    _C.kda_gate_bwd(context("kda_gate", g), _last_unit(g), A_log.contiguous() if A_log is not None else None,
-                    dt_bias.contiguous() if dt_bias is not None else None, _last_unit(dy), dg,
+    dA = torch.empty(A_log.shape, dtype=A_log.dtype, device=g.device) if A_log is not None else la.empty(g)
+    db = torch.empty(dt_bias.shape, dtype=dt_bias.dtype, device=g.device) if dt_bias is not None else la.empty(g)
+    _C.kda_gate_bwd(context("kda_gate", g), la.last_unit(g), A_log.contiguous() if A_log is not None else None,
+                    dt_bias.contiguous() if dt_bias is not None else None, la.last_unit(dy), dg,
                     dA if A_log is not None else None, db if dt_bias is not None else None, has_lb, lb)
     return dg, dA, db
 
@@ -525,9 +292,9 @@ def fused_kda_gate(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor]
     ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` when ``lower_bound`` is set (A_log then
     optional). A_log ``[HV]``, dt_bias ``[HV*K]``; differentiable in g, A_log and dt_bias."""
     if g.dim() != 4:
-        _fail("kda_gate", f"g must have rank 4 ([B,T,HV,K]), got shape {list(g.shape)}")
+        la.fail("kda_gate", f"g must have rank 4 ([B,T,HV,K]), got shape {list(g.shape)}")
     if A_log is None and lower_bound is None:
-        _fail("kda_gate", "A_log is required unless lower_bound is set")
+        la.fail("kda_gate", "A_log is required unless lower_bound is set")
     has_lb = lower_bound is not None
     return _gate_fwd(g, A_log, dt_bias, has_lb, float(lower_bound) if has_lb else 0.0)
 
@@ -568,8 +335,8 @@ def chunk_kda_fwd_intra(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: O
     dt = output_dtype or k.dtype
     Aqk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
     Akk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
-    _C.chunk_kda_fwd_intra(context("chunk_kda_fwd_intra", k), _last_unit(q), _last_unit(k), _last_unit(gk),
-                           _last_unit(beta), Aqk, Akk, cu_seqlens, ci,
+    _C.chunk_kda_fwd_intra(context("chunk_kda_fwd_intra", k), la.last_unit(q), la.last_unit(k), la.last_unit(gk),
+                           la.last_unit(beta), Aqk, Akk, cu_seqlens, ci,
                            q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size, safe_gate)
     return Aqk, Akk
 
@@ -586,8 +353,8 @@ def kda_recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, gk: Ten
     u = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     kg = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
     qg = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device) if q is not None else None
-    _C.kda_recompute_w_u_fwd(context("kda_recompute_w_u", k), _last_unit(q), _last_unit(k), _last_unit(v),
-                             _last_unit(beta), _last_unit(A), _last_unit(gk), w, u, kg, qg, cu_seqlens, ci)
+    _C.kda_recompute_w_u_fwd(context("kda_recompute_w_u", k), la.last_unit(q), la.last_unit(k), la.last_unit(v),
+                             la.last_unit(beta), la.last_unit(A), la.last_unit(gk), w, u, kg, qg, cu_seqlens, ci)
     return w, u, qg, kg
 
 
@@ -596,8 +363,8 @@ def chunk_kda_fwd_o(qg: Tensor, Aqk: Tensor, v: Tensor, h: Tensor, scale: Option
     """``o = scale qg h[n] + (M>= . Aqk) v`` per chunk (v = v_new)."""
     ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    _C.chunk_kda_fwd_o(context("chunk_kda_fwd_o", v), _last_unit(qg), _last_unit(Aqk), _last_unit(v),
-                       _last_unit(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
+    _C.chunk_kda_fwd_o(context("chunk_kda_fwd_o", v), la.last_unit(qg), la.last_unit(Aqk), la.last_unit(v),
+                       la.last_unit(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
     return o
 
 
@@ -608,12 +375,12 @@ def chunk_kda_bwd_dAv(Aqk: Tensor, v: Tensor, do: Tensor, scale: Optional[float]
     defaults to ``K**-0.5`` (pass K or scale)."""
     if scale is None:
         if K is None:
-            _fail("chunk_kda_bwd_dAv", "pass scale (or K for the default K**-0.5)")
+            la.fail("chunk_kda_bwd_dAv", "pass scale (or K for the default K**-0.5)")
         scale = K ** -0.5
     ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
-    dA = torch.empty(Aqk.shape, dtype=_acc_dtype(v), device=v.device)
+    dA = torch.empty(Aqk.shape, dtype=la.acc_dtype(v), device=v.device)
     dv = torch.empty(do.shape, dtype=do.dtype, device=do.device)
-    _C.chunk_kda_bwd_dAv(context("chunk_kda_bwd_dAv", v), _last_unit(Aqk), _last_unit(v), _last_unit(do), dA,
+    _C.chunk_kda_bwd_dAv(context("chunk_kda_bwd_dAv", v), la.last_unit(Aqk), la.last_unit(v), la.last_unit(do), dA,
                          dv, cu_seqlens, ci, float(scale))
     return dA, dv
 
@@ -625,7 +392,7 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
     """``(dq, dk, dv, dbeta, dg, dA)`` of block K3 (g = the chunk-local cumsum, A = Akk, dv =
     the total gradient of v_new); dq, dk summed over value-head groups; all fp32 except dv."""
     ci = _ci(cu_seqlens, chunk_indices, chunk_size)
-    acc = _acc_dtype(q)
+    acc = la.acc_dtype(q)
     B, T, HV = v.shape[:3]
     dq = torch.empty(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=acc, device=q.device)
@@ -633,7 +400,7 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
     db = torch.empty(B, T, HV, dtype=acc, device=q.device)
     dg = torch.empty(g.shape, dtype=acc, device=q.device)
     dA = torch.empty(B, T, HV, chunk_size, dtype=acc, device=q.device)
-    tensors = [_last_unit(x) for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv)]
+    tensors = [la.last_unit(x) for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv)]
     tensors += [dq, dk, dvo, db, dg, dA, cu_seqlens, ci]
     _C.chunk_kda_bwd_wy_dqkg_fused(context("chunk_kda_bwd_wy_dqkg_fused", q), tensors,
                                    q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
@@ -648,6 +415,6 @@ def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Ten
     new ``(dq, dk, db, dg)`` (inputs untouched)."""
     ci = _ci(cu_seqlens, chunk_indices, chunk_size)
     outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (dq, dk, db, dg)]
-    tensors = [_last_unit(x) for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg)] + outs + [cu_seqlens, ci]
+    tensors = [la.last_unit(x) for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg)] + outs + [cu_seqlens, ci]
     _C.chunk_kda_bwd_intra(context("chunk_kda_bwd_intra", q), tensors, chunk_size, safe_gate)
     return tuple(outs)

@@ -352,7 +352,7 @@ def test_varlen_tables_are_built_once_per_cu_seqlens_tensor(device, monkeypatch)
     """cu_seqlens' host values (a GPU synchronization each) are read once per tensor: the
     backward and later calls with the same, unchanged tensor reuse them; an in-place change of the
     tensor or another tensor reads them again, and the results follow the new values."""
-    from fusedops.ops import gated_delta_rule as mod
+    from fusedops.ops import _linear_attention as mod
 
     reads = []
     real = mod._host_seqlens

@@ -604,7 +604,7 @@ def test_fused_kda_gate_matches_float64(device, lb):
 def test_opcheck_top_level_ops():
     d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=30)
     args = (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, True, True, d["A_log"], d["dt_bias"],
-            True, True, False, False, 0.0, None, None, 32)
+            True, True, None, None, 32, False, False, 0.0)
     torch.library.opcheck(torch.ops.fusedops.chunk_kda_fwd.default, args)
     torch.library.opcheck(torch.ops.fusedops.fused_recurrent_kda_fwd.default,
                           (d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, None))
