@@ -150,7 +150,9 @@ def _grads(out, inp, names):
 NAMES = ("q", "k", "v", "g", "beta")
 
 
-def _impl(name, fn, note=""):
+def make_impl(name, fn, note=""):
+    """An Impl of a (q, k, v, g, beta) -> o function: the forward, and the forward and backward
+    from the requires-grad inputs (shared with the KDA bench)."""
     def fwd(inp):
         return {"o": fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])}
 
@@ -203,7 +205,7 @@ def _impls(device, K, T, cu=None):
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     # fla before the PyTorch composites: at the long and varlen shapes an eager fwd+bwd call takes
     # about a second, and a run cut short by the time limit keeps the peer's rows.
-    out = [_impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(
+    out = [make_impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(
         q, k, v, g, b, scale, cu_seqlens=cu_t)[0])]
     qla_note = "FlashQLA chunk_gated_delta_rule (TileLang; what flash-linear-attention 0.6 dispatches to when installed)"
     status = peer_status("flash_qla", device)
@@ -217,7 +219,7 @@ def _impls(device, K, T, cu=None):
 
             peer["gdn"] = flash_qla.chunk_gated_delta_rule
 
-        qla = _impl("flashqla", lambda q, k, v, g, b: peer["gdn"](
+        qla = make_impl("flashqla", lambda q, k, v, g, b: peer["gdn"](
             q, k, v, g, b, scale=scale, cu_seqlens=None if cu_t is None else cu_t.long())[0], note=qla_note)
         qla.setup = qla_setup
         out.append(qla)
@@ -239,16 +241,16 @@ def _impls(device, K, T, cu=None):
                 impl.workarounds.append("its Triton-version guard on the Hopper backward was "
                                         "bypassed for timing only (Triton < 3.7.1)")
 
-        impl = _impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale, cu_seqlens=cu_t)[0],
+        impl = make_impl("fla", lambda q, k, v, g, b: fla_gdn(q, k, v, g, b, scale=scale, cu_seqlens=cu_t)[0],
                      note=note)
         impl.setup = setup
         out.append(impl)
-    out.append(_impl("eager", lambda q, k, v, g, b: eager_o(q, k, v, g, b, scale, cu),
+    out.append(make_impl("eager", lambda q, k, v, g, b: eager_o(q, k, v, g, b, scale, cu),
                      note="PyTorch eager chunked GDN (vectorised over batch/heads/chunks, loop over chunks "
                           "for the state, batched solve_triangular, backward by autograd; grouped values by "
                           "repeating q/k, varlen one sequence at a time)"))
     if T <= RECURRENT_MAX_T and cu is None:
-        out.append(_impl("recurrent", lambda q, k, v, g, b: grouped(recurrent_torch, q, k, v, g, b, scale)[0],
+        out.append(make_impl("recurrent", lambda q, k, v, g, b: grouped(recurrent_torch, q, k, v, g, b, scale)[0],
                          note="naive per-token recurrence in PyTorch (loop over T), backward by "
                               "autograd with 64-token checkpoints"))
     return out

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .. import common
 from ..common import Case, Impl, peer_status
-from .gated_delta_rule import promoted, unit_lower_inverse
+from .gated_delta_rule import NAMES, make_impl, promoted, unit_lower_inverse
 
 OP = "chunk_kda"
 
@@ -78,31 +78,11 @@ def chunked_kda_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT
     return o.to(out_dtype), S
 
 
-def _grads(out, inp, names):
-    leaves = [inp[n + "_req"] for n in names]
-    gs = torch.autograd.grad(out, leaves, inp["dy"])
-    return {"d" + n: g for n, g in zip(names, gs)}
-
-
-NAMES = ("q", "k", "v", "g", "beta")
-
-
-def _impl(name, fn, note=""):
-    def fwd(inp):
-        return {"o": fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])}
-
-    def fwd_bwd(inp):
-        o = fn(*(inp[n + "_req"] for n in NAMES))
-        return _grads(o, inp, NAMES)
-
-    return Impl(name, fwd, fwd_bwd, note=note)
-
-
 def _impls(device, K, T):
     scale = K ** -0.5
     out = [
-        _impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_kda(q, k, v, g, b, scale)[0]),
-        _impl("eager", lambda q, k, v, g, b: chunked_kda_torch(q, k, v, g, b, scale)[0],
+        make_impl("fusedops", lambda q, k, v, g, b: fusedops.chunk_kda(q, k, v, g, b, scale)[0]),
+        make_impl("eager", lambda q, k, v, g, b: chunked_kda_torch(q, k, v, g, b, scale)[0],
               note="PyTorch eager chunked KDA (vectorised over batch/heads, loop over chunks, "
                    "[B,H,C,C,K] decays masked before exp, batched solve_triangular, backward by "
                    "autograd)"),
@@ -113,7 +93,7 @@ def _impls(device, K, T):
         out.append(Impl("fla", status=status, note=note))
     else:
         from fla.ops.kda import chunk_kda as fla_kda
-        out.append(_impl("fla", lambda q, k, v, g, b: fla_kda(q, k, v, g, b, scale=scale)[0], note=note))
+        out.append(make_impl("fla", lambda q, k, v, g, b: fla_kda(q, k, v, g, b, scale=scale)[0], note=note))
     return out
 
 

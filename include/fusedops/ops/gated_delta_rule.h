@@ -176,21 +176,11 @@ void chunk_gated_delta_rule_bwd_ref(const Context& ctx, const ChunkGatedDeltaRul
 // q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV] optional (no decay / beta = 1 when absent);
 // initial_state [N,HV,K,V] optional. Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional.
 // Nothing is saved: the backward recomputes the states (checkpointed every 64 tokens).
-struct FusedRecurrentGatedDeltaRuleFwdArgs {
-  TensorView q, k, v, g, beta, initial_state;
-  TensorView cu_seqlens;
-  double scale = 1.0;
-  TensorView o, final_state;
-};
+// The fields are LinearAttentionRecurrentFwdArgs' / BwdArgs' (linear_attention.h), g [B,T,HV].
+struct FusedRecurrentGatedDeltaRuleFwdArgs : LinearAttentionRecurrentFwdArgs {};
 // Backward: dq, dk [B,T,H,K] (summed over groups); dv [B,T,HV,V]; dg (iff g), dbeta (iff beta)
 // [B,T,HV]; dh0 [N,HV,K,V] optional. dht optional (0 when absent).
-struct FusedRecurrentGatedDeltaRuleBwdArgs {
-  TensorView q, k, v, g, beta, initial_state;
-  TensorView cu_seqlens;
-  double scale = 1.0;
-  TensorView dout, dht;
-  TensorView dq, dk, dv, dg, dbeta, dh0;
-};
+struct FusedRecurrentGatedDeltaRuleBwdArgs : LinearAttentionRecurrentBwdArgs {};
 void fused_recurrent_gated_delta_rule_fwd(const Context& ctx,
                                           const FusedRecurrentGatedDeltaRuleFwdArgs& args);
 void fused_recurrent_gated_delta_rule_fwd_ref(const Context& ctx,

@@ -189,19 +189,9 @@ void chunk_kda_bwd_ref(const Context& ctx, const ChunkKdaBwdArgs& args);
 // q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K] optional (no decay); beta [B,T,HV] optional (1);
 // initial_state [N,HV,K,V] optional. Outputs o [B,T,HV,V]; final_state [N,HV,K,V] optional.
 // The backward recomputes the states from checkpoints every 64 tokens.
-struct FusedRecurrentKdaFwdArgs {
-  TensorView q, k, v, g, beta, initial_state;
-  TensorView cu_seqlens;
-  double scale = 1.0;
-  TensorView o, final_state;
-};
-struct FusedRecurrentKdaBwdArgs {
-  TensorView q, k, v, g, beta, initial_state;
-  TensorView cu_seqlens;
-  double scale = 1.0;
-  TensorView dout, dht;
-  TensorView dq, dk, dv, dg, dbeta, dh0;
-};
+// The fields are LinearAttentionRecurrentFwdArgs' / BwdArgs' (linear_attention.h), g [B,T,HV,K].
+struct FusedRecurrentKdaFwdArgs : LinearAttentionRecurrentFwdArgs {};
+struct FusedRecurrentKdaBwdArgs : LinearAttentionRecurrentBwdArgs {};
 void fused_recurrent_kda_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& args);
 void fused_recurrent_kda_fwd_ref(const Context& ctx, const FusedRecurrentKdaFwdArgs& args);
 void fused_recurrent_kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& args);

@@ -168,4 +168,26 @@ struct LinearAttentionBwdArgs {
   TensorView workspace;
 };
 
+// The per-token forms' fields (fused_recurrent_gated_delta_rule, fused_recurrent_kda): q, k
+// [B,T,H,K]; v [B,T,HV,V]; g (the family's form: [B,T,HV] or [B,T,HV,K]) and beta [B,T,HV], both
+// optional (no decay / beta = 1 when absent); initial_state [N,HV,K,V] optional; cu_seqlens (no
+// chunk tables: these forms run token by token). Outputs o [B,T,HV,V]; final_state [N,HV,K,V]
+// optional. Nothing is saved: the backward recomputes the states from checkpoints.
+struct LinearAttentionRecurrentFwdArgs {
+  TensorView q, k, v, g, beta, initial_state;
+  TensorView cu_seqlens;
+  double scale = 1.0;
+  TensorView o, final_state;
+};
+// The backward's: the forward's inputs, dout, dht (optional, 0 when absent); outputs dq, dk
+// [B,T,H,K] (summed over each group of value heads), dv, dg (iff g), dbeta (iff beta), dh0
+// (optional).
+struct LinearAttentionRecurrentBwdArgs {
+  TensorView q, k, v, g, beta, initial_state;
+  TensorView cu_seqlens;
+  double scale = 1.0;
+  TensorView dout, dht;
+  TensorView dq, dk, dv, dg, dbeta, dh0;
+};
+
 }  // namespace fusedops

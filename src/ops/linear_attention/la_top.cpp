@@ -44,21 +44,10 @@ std::string alternatives(const std::vector<int64_t>& xs) {
 template <class Args>
 Dims check_shared(const Check& c, const Args& a, GateForm form, const std::vector<int64_t>& chunk_sizes,
                   bool backward) {
-  c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
-  c.value(a.q.size(2) == a.k.size(2),
-          "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
-              std::to_string(a.q.size(2)) + " and " + std::to_string(a.k.size(2)));
-  const auto qs = shape_vector(a.q);
-  const int64_t B = qs[0], T = qs[1], H = qs[2], K = qs[3];
-  c.input(a.q, "q", qs);
-  c.input(a.k, "k", qs);
+  const QKV s = check_qkv(c, a);
+  const int64_t B = s.B, T = s.T, H = s.H, K = s.K, HV = s.HV, V = s.V;
   c.base().dtype_in(a.q, "q", {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64});
-  c.base().same_dtype(a.k, "k", a.q, "q");
-  c.base().rank(a.v, "v", 4);
-  const int64_t HV = a.v.size(2), V = a.v.size(3);
-  c.input(a.v, "v", {B, T, HV, V});
-  c.base().same_dtype(a.v, "v", a.q, "q");
-  c.groups(HV, H, "v", "q and k");
+  c.base().same_dtype(a.k, "k", a.q, "q").same_dtype(a.v, "v", a.q, "q");
   c.head_dims(K, V);
   const std::vector<int64_t> gate =
       form == GateForm::kScalar ? std::vector<int64_t>{B, T, HV} : std::vector<int64_t>{B, T, HV, K};

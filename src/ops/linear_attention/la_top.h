@@ -170,6 +170,27 @@ void recompute_states(const Context& ctx, const WUArgs& wu_args, void (*wu)(cons
   chunk_gated_delta_rule_fwd_h(ctx, h_args);
 }
 
+// q, k [B,T,H,K] (the same number of heads) and v [B,T,HV,V] with HV a multiple of H, inputs on
+// ctx's device with a unit-stride last dimension.
+struct QKV {
+  int64_t B, T, H, K, HV, V;
+};
+template <class Args>
+QKV check_qkv(const Check& c, const Args& a) {
+  c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
+  c.value(a.q.size(2) == a.k.size(2),
+          "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
+              std::to_string(a.q.size(2)) + " and " + std::to_string(a.k.size(2)));
+  const auto qs = shape_vector(a.q);
+  c.input(a.q, "q", qs);
+  c.input(a.k, "k", qs);
+  c.base().rank(a.v, "v", 4);
+  const QKV s{qs[0], qs[1], qs[2], qs[3], a.v.size(2), a.v.size(3)};
+  c.input(a.v, "v", {s.B, s.T, s.HV, s.V});
+  c.groups(s.HV, s.H, "v", "q and k");
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The per-token forms (fused_recurrent_gated_delta_rule, fused_recurrent_kda: the same fields, g
 // in the family's form, g and beta optional).
@@ -177,18 +198,8 @@ void recompute_states(const Context& ctx, const WUArgs& wu_args, void (*wu)(cons
 // q, k [B,T,H,K], v [B,T,HV,V], g, beta, cu_seqlens, initial_state [N,HV,K,V]; returns N.
 template <class Args>
 int64_t check_recurrent_inputs(const Check& c, const Args& a, GateForm form) {
-  c.base().rank(a.q, "q", 4).rank(a.k, "k", 4);
-  c.value(a.q.size(2) == a.k.size(2),
-          "q and k must have the same number of heads (q.shape[2] == k.shape[2]), got " +
-              std::to_string(a.q.size(2)) + " and " + std::to_string(a.k.size(2)));
-  const auto qs = shape_vector(a.q);
-  const int64_t B = qs[0], T = qs[1], H = qs[2], K = qs[3];
-  c.input(a.q, "q", qs);
-  c.input(a.k, "k", qs);
-  c.base().rank(a.v, "v", 4);
-  const int64_t HV = a.v.size(2), V = a.v.size(3);
-  c.input(a.v, "v", {B, T, HV, V});
-  c.groups(HV, H, "v", "q and k");
+  const QKV s = check_qkv(c, a);
+  const int64_t B = s.B, T = s.T, K = s.K, HV = s.HV, V = s.V;
   c.value(K >= 1 && V >= 1, "K and V must be >= 1");
   c.opt_input(a.g, "g", form == GateForm::kScalar ? std::vector<int64_t>{B, T, HV} : std::vector<int64_t>{B, T, HV, K});
   c.opt_input(a.beta, "beta", {B, T, HV});

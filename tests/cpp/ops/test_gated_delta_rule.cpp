@@ -10,65 +10,12 @@
 
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/ops/linear_attention/la_cpu_kernels.h"
-#include "tests/common/tolerance.h"
-#include "tests/cpp/test_util.h"
+#include "tests/cpp/ops/linear_attention_harness.h"
 
 namespace fusedops::testing {
 namespace {
 
-using Vec = std::vector<double>;
-
-// ---------------------------------------------------------------------------------------------
-// Test-side layout: contiguous [B,T,H,D] tensors, chunks listed from cu_seqlens independently of
-// the library.
-
-struct Layout {
-  int64_t B, T, H, HV, K, V, BT;
-  std::vector<int64_t> cu;  // empty: fixed length
-  int64_t N() const { return cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1; }
-};
-
-struct TChunk {
-  int64_t b, t0, len, idx;  // batch row, first token, rows, snapshot index
-};
-
-std::vector<std::vector<TChunk>> seq_chunks(const Layout& L) {
-  std::vector<std::vector<TChunk>> out;
-  int64_t idx = 0;
-  for (int64_t n = 0; n < L.N(); ++n) {
-    const int64_t b = L.cu.empty() ? n : 0, t0 = L.cu.empty() ? 0 : L.cu[n];
-    const int64_t len = L.cu.empty() ? L.T : L.cu[n + 1] - L.cu[n];
-    std::vector<TChunk> cs;
-    for (int64_t s = 0; s < len; s += L.BT) cs.push_back({b, t0 + s, std::min(L.BT, len - s), idx++});
-    if (L.cu.empty()) idx = (n + 1) * ((L.T + L.BT - 1) / L.BT);
-    out.push_back(cs);
-  }
-  return out;
-}
-
-std::vector<TChunk> all_chunks(const Layout& L) {
-  std::vector<TChunk> out;
-  for (const auto& s : seq_chunks(L)) out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
-
-int64_t snapshots(const Layout& L) {
-  return L.cu.empty() ? (L.T + L.BT - 1) / L.BT : static_cast<int64_t>(all_chunks(L).size());
-}
-
-// Element (b, t, h, d) of a contiguous [B,T,H,D] vector.
-struct At {
-  int64_t T, H, D;
-  int64_t operator()(int64_t b, int64_t t, int64_t h, int64_t d = 0) const {
-    return ((b * T + t) * H + h) * D + d;
-  }
-};
-
-// The rounding of the base (identity for the float64 oracle).
-struct Rd {
-  DType dt;
-  double operator()(double x) const { return round_to(dt, x); }
-};
+using namespace linear_attention;
 
 // ---------------------------------------------------------------------------------------------
 // Oracles (each rounds every intermediate with rd).
@@ -439,31 +386,6 @@ struct Inputs {
   Vec q, k, v, beta, graw, g, h0, dO, dht, A;  // g = chunk-local cumsum of graw
 };
 
-Vec normal(int64_t n, std::mt19937_64& gen, double mean = 0.0, double sd = 1.0) {
-  std::normal_distribution<double> d(mean, sd);
-  Vec x(n);
-  for (double& e : x) e = d(gen);
-  return x;
-}
-
-void normalize_rows(Vec& x, int64_t D) {
-  for (size_t r = 0; r * D < x.size(); ++r) {
-    double ss = 0;
-    for (int64_t d = 0; d < D; ++d) ss += x[r * D + d] * x[r * D + d];
-    for (int64_t d = 0; d < D; ++d) x[r * D + d] /= std::sqrt(ss);
-  }
-}
-
-// fp32 "by convention" tensors (gates, states) are float64 in the float64 cases.
-DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
-
-// Values as stored in dtype (what the library reads).
-Vec stored(const Vec& x, DType dt) {
-  Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = round_to(dt, x[i]);
-  return y;
-}
-
 Inputs make_inputs(const Layout& L, uint64_t seed, DType dt) {
   std::mt19937_64 gen(seed);
   Inputs in;
@@ -490,52 +412,6 @@ Inputs make_inputs(const Layout& L, uint64_t seed, DType dt) {
   return in;
 }
 
-// A test tensor holding `values` (rounded to dt) with the given shape.
-TestTensor tensor(DType dt, std::vector<int64_t> shape, const Vec& values, Device dev) {
-  TestTensor t(dt, shape);
-  t.set(values);
-  return t.to(dev);
-}
-
-TestTensor poisoned(DType dt, std::vector<int64_t> shape, Device dev) {
-  TestTensor t(dt, shape, dev);
-  t.fill_nan();
-  return t;
-}
-
-// Varlen index tensors for cu (int32 or int64), built on the host and placed on dev (a device
-// backend reads them on its device).
-struct Index {
-  TestTensor cu, ci, co;
-  TensorView cuv() const { return cu.numel() ? cu.view() : TensorView(); }
-};
-
-Index make_index(const Layout& L, DType idt, Device dev) {
-  Index ix;
-  if (L.cu.empty()) return ix;
-  const int64_t n = static_cast<int64_t>(L.cu.size());
-  ix.cu = TestTensor(idt, {n});
-  for (int64_t i = 0; i < n; ++i) {
-    if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
-    else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
-  }
-  const int64_t nt = varlen_chunk_count(ix.cu.view(), L.BT);
-  ix.ci = TestTensor(idt, {nt, 2});
-  ix.co = TestTensor(idt, {n});
-  prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
-  prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
-  ix.cu = ix.cu.to(dev);
-  ix.ci = ix.ci.to(dev);
-  ix.co = ix.co.to(dev);
-  return ix;
-}
-
-struct Case {
-  Layout L;
-  std::string name;
-  bool cuda_16bit = false;  // run only by the CUDA backends with 16-bit storage (their tensor-core kernels)
-};
-
 std::vector<Case> cases() {
   return {
       {{2, 41, 2, 4, 24, 20, 32, {}}, "B2 T41 GVA2 K24 V20 BT32"},
@@ -552,53 +428,20 @@ std::vector<Case> cases() {
   };
 }
 
-const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
-
 template <class Fn>
 void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
-  int checked = 0;
-  for (const auto& b : runnable_backends(op, dir))
-    for (DType dt : kDtypes) {
-      if (!backend_takes(op, dir, b.id, dt)) continue;
-      const auto all = cases();
-      // 16-bit storage runs the first two cases (and, on CUDA, the cuda_16bit ones); fp32 and
-      // float64 all but the cuda_16bit ones.
-      const bool half = dt == DType::kBFloat16 || dt == DType::kFloat16;
-      const bool cuda = b.id.rfind("cuda", 0) == 0;
-      for (size_t ci = 0; ci < all.size(); ++ci) {
-        const Case& cs = all[ci];
-        if (cs.cuda_16bit ? !(cuda && half) : (half && ci >= 2)) continue;
-        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + cs.name);
-        fn(b, dt, cs.L);
-        ++checked;
-      }
-    }
-  EXPECT_GT(checked, 0);
+  linear_attention::for_each_case(cases(), op, dir, fn);
 }
 
-// The precision policy with the tolerance of the coarser of the input and output dtypes. The
-// float64 reference backend must agree with the oracle to 1e-12 relative (summation orders differ).
 void expect_close(const char* what, const TestTensor& ours, const Vec& base, const Vec& ref, DType dt) {
-  const Vec got = ours.to_double();
-  if (dt == DType::kFloat64 && ours.dtype() == DType::kFloat64) {
-    double m = 1, e = max_abs_error(got, ref);
-    for (double r : ref) m = std::max(m, std::abs(r));
-    EXPECT_LE(e, 1e-12 * m) << what << ": float64 max-abs err " << e;
-    return;
-  }
-  const DType tol_dt = floor_for(ours.dtype()) > floor_for(dt) ? ours.dtype() : dt;
-  Vec b = base;
-  if (tol_dt != dt)
-    for (double& x : b) x = round_to(tol_dt, x);
-  Verdict v = check_close(got, b, ref, tol_dt);
-  EXPECT_TRUE(v.pass) << what << ": " << v.describe();
+  linear_attention::expect_close(what, ours, base, ref, dt, 1e-12);
 }
 
 // ---------------------------------------------------------------------------------------------
 
 TEST(GatedDeltaRuleSubops, ChunkLocalCumsumScalarVectorReverse) {
   for_each_case("chunk_local_cumsum", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64, b.device);
+    const Index ix = make_index(L, b.device, DType::kInt64);
     std::mt19937_64 gen(7);
     // S = 67: more channels (HV * 67) than one CUDA block's 128, not a multiple of 32.
     for (int64_t S : {int64_t{1}, int64_t{5}, int64_t{67}})
@@ -634,7 +477,7 @@ TEST(GatedDeltaRuleSubops, ReverseCumsumIsATrueSuffixSum) {
 
 TEST(GatedDeltaRuleSubops, ScaledDotKktAndSolveTril) {
   for_each_case("chunk_scaled_dot_kkt", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt32, b.device);
+    const Index ix = make_index(L, b.device, DType::kInt32);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const Inputs in = make_inputs(L, 11, dt);
     const Rd r64{DType::kFloat64}, rdt{dt};
@@ -660,7 +503,7 @@ TEST(GatedDeltaRuleSubops, ScaledDotKktAndSolveTril) {
 
 TEST(GatedDeltaRuleSubops, RecomputeWUForwardAndBackward) {
   for_each_case("recompute_w_u", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64, b.device);
+    const Index ix = make_index(L, b.device, DType::kInt64);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const Inputs in = make_inputs(L, 21, dt);
     const Rd r64{DType::kFloat64}, rdt{dt};
@@ -721,7 +564,7 @@ TEST(GatedDeltaRuleSubops, RecomputeWUForwardAndBackward) {
 
 TEST(GatedDeltaRuleSubops, FwdHFwdOAndTheirBackwardPieces) {
   for_each_case("chunk_gated_delta_rule_fwd_h", Direction::kForward, [&](const BackendCase& b, DType dt, const Layout& L) {
-    const Index ix = make_index(L, DType::kInt64, b.device);
+    const Index ix = make_index(L, b.device, DType::kInt64);
     const TensorView ci = ix.ci.numel() ? ix.ci.view() : TensorView();
     const TensorView co = ix.co.numel() ? ix.co.view() : TensorView();
     const Inputs in = make_inputs(L, 31, dt);
@@ -1216,26 +1059,6 @@ Grads chunk_base(const Shape& s, const Opts& o, const Data& d, double scale, Rd 
 // ---------------------------------------------------------------------------------------------
 // Running the library.
 
-struct TopIndex {
-  TestTensor cu, ci, co;
-};
-
-TopIndex make_top_index(const Shape& s, int64_t BT, Device dev) {
-  TopIndex ix;
-  if (s.cu.empty()) return ix;
-  const int64_t n = static_cast<int64_t>(s.cu.size());
-  ix.cu = TestTensor(DType::kInt32, {n});
-  for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(s.cu[i]);
-  ix.ci = TestTensor(DType::kInt32, {varlen_chunk_count(ix.cu.view(), BT), 2});
-  ix.co = TestTensor(DType::kInt32, {n});
-  prepare_chunk_indices(ix.cu.view(), BT, ix.ci.view());
-  prepare_chunk_offsets(ix.cu.view(), BT, ix.co.view());
-  ix.cu = ix.cu.to(dev);
-  ix.ci = ix.ci.to(dev);
-  ix.co = ix.co.to(dev);
-  return ix;
-}
-
 struct Result {
   TestTensor o, ht, dq, dk, dv, dg, dbeta, dh0, dA, dbias;
 };
@@ -1243,7 +1066,7 @@ struct Result {
 Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, const Data& d, double scale) {
   const Device dev = b.device;
   const DType f32 = f32or(dt);
-  const TopIndex ix = make_top_index(s, o.BT, dev);
+  const Index ix = make_index(s.cu, o.BT, dev, DType::kInt32);
   const int64_t n = s.B * s.T;
   TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
   TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
@@ -1320,7 +1143,7 @@ Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, 
 Result run_recurrent(const BackendCase& b, DType dt, const Shape& s, const Opts& o, const Data& d, double scale) {
   const Device dev = b.device;
   const DType f32 = f32or(dt);
-  const TopIndex ix = make_top_index(s, 64, dev);
+  const Index ix = make_index(s.cu, 64, dev, DType::kInt32);
   TestTensor q = tensor(dt, {s.B, s.T, s.H, s.K}, d.q, dev), k = tensor(dt, {s.B, s.T, s.H, s.K}, d.k, dev);
   TestTensor v = tensor(dt, {s.B, s.T, s.HV, s.V}, d.v, dev);
   TestTensor g = tensor(f32, {s.B, s.T, s.HV}, d.g, dev), beta = tensor(f32, {s.B, s.T, s.HV}, d.beta, dev);
@@ -1539,7 +1362,7 @@ TEST(ChunkGatedDeltaRule, ForwardEqualsItsStateAndOutputSubOperators) {
         const Device dev = b.device;
         Opts o;
         const Data d = make_data(s, o, 21, dt);
-        const TopIndex ix = make_top_index(s, 64, dev);
+        const Index ix = make_index(s.cu, 64, dev, DType::kInt32);
         int64_t NT = s.B * ((s.T + 63) / 64);  // chunks in all
         if (!s.cu.empty()) {
           NT = 0;

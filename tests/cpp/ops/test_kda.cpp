@@ -11,120 +11,12 @@
 #include "fusedops/ops/gated_delta_rule.h"
 #include "fusedops/ops/kda.h"
 #include "src/ops/kda/kda_top.h"
-#include "tests/common/tolerance.h"
-#include "tests/cpp/test_util.h"
+#include "tests/cpp/ops/linear_attention_harness.h"
 
 namespace fusedops::testing {
 namespace {
 
-using Vec = std::vector<double>;
-
-struct Layout {
-  int64_t B, T, H, HV, K, V, BT;
-  std::vector<int64_t> cu;  // empty: fixed length
-  int64_t N() const { return cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1; }
-  int64_t G() const { return HV / H; }
-};
-
-struct TChunk {
-  int64_t b, t0, len, idx;  // batch row, first token, rows, snapshot index
-};
-
-std::vector<std::vector<TChunk>> seq_chunks(const Layout& L) {
-  std::vector<std::vector<TChunk>> out;
-  int64_t idx = 0;
-  for (int64_t n = 0; n < L.N(); ++n) {
-    const int64_t b = L.cu.empty() ? n : 0, t0 = L.cu.empty() ? 0 : L.cu[n];
-    const int64_t len = L.cu.empty() ? L.T : L.cu[n + 1] - L.cu[n];
-    std::vector<TChunk> cs;
-    for (int64_t s = 0; s < len; s += L.BT) cs.push_back({b, t0 + s, std::min(L.BT, len - s), idx++});
-    if (L.cu.empty()) idx = (n + 1) * ((L.T + L.BT - 1) / L.BT);
-    out.push_back(cs);
-  }
-  return out;
-}
-
-std::vector<TChunk> all_chunks(const Layout& L) {
-  std::vector<TChunk> out;
-  for (const auto& s : seq_chunks(L)) out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
-
-int64_t snapshots(const Layout& L) {
-  return L.cu.empty() ? (L.T + L.BT - 1) / L.BT : static_cast<int64_t>(all_chunks(L).size());
-}
-
-// Element (b, t, h, d) of a contiguous [B,T,H,D] vector.
-struct At {
-  int64_t T, H, D;
-  int64_t operator()(int64_t b, int64_t t, int64_t h, int64_t d = 0) const {
-    return ((b * T + t) * H + h) * D + d;
-  }
-};
-
-struct Rd {
-  DType dt;
-  double operator()(double x) const { return round_to(dt, x); }
-};
-const Rd kExact{DType::kFloat64};
-
-Vec normal(int64_t n, std::mt19937_64& gen, double mean = 0.0, double stddev = 1.0) {
-  std::normal_distribution<double> d(mean, stddev);
-  Vec v(n);
-  for (double& x : v) x = d(gen);
-  return v;
-}
-Vec stored(Vec v, DType dt) {
-  for (double& x : v) x = round_to(dt, x);
-  return v;
-}
-void normalize_rows(Vec& v, int64_t D) {
-  for (size_t r = 0; r * D < v.size(); ++r) {
-    double s = 0;
-    for (int64_t d = 0; d < D; ++d) s += v[r * D + d] * v[r * D + d];
-    for (int64_t d = 0; d < D; ++d) v[r * D + d] /= std::sqrt(s + 1e-6);
-  }
-}
-DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
-
-TestTensor tensor(DType dt, std::vector<int64_t> shape, const Vec& values, Device dev) {
-  TestTensor t(dt, shape);
-  t.set(values);
-  return t.to(dev);
-}
-TestTensor poisoned(DType dt, std::vector<int64_t> shape, Device dev) {
-  TestTensor t(dt, shape, dev);
-  t.fill_nan();
-  return t;
-}
-
-struct Index {
-  TestTensor cu, ci, co;
-  TensorView cuv() const { return cu.numel() ? cu.view() : TensorView(); }
-  TensorView civ() const { return ci.numel() ? ci.view() : TensorView(); }
-  TensorView cov() const { return co.numel() ? co.view() : TensorView(); }
-};
-
-// Built on the host, then placed on dev (a device backend reads them on its device).
-Index make_index(const Layout& L, Device dev, DType idt = DType::kInt64) {
-  Index ix;
-  if (L.cu.empty()) return ix;
-  const int64_t n = static_cast<int64_t>(L.cu.size());
-  ix.cu = TestTensor(idt, {n});
-  for (int64_t i = 0; i < n; ++i) {
-    if (idt == DType::kInt32) static_cast<int32_t*>(ix.cu.data())[i] = static_cast<int32_t>(L.cu[i]);
-    else static_cast<int64_t*>(ix.cu.data())[i] = L.cu[i];
-  }
-  const int64_t nt = varlen_chunk_count(ix.cu.view(), L.BT);
-  ix.ci = TestTensor(idt, {nt, 2});
-  ix.co = TestTensor(idt, {n});
-  prepare_chunk_indices(ix.cu.view(), L.BT, ix.ci.view());
-  prepare_chunk_offsets(ix.cu.view(), L.BT, ix.co.view());
-  ix.cu = ix.cu.to(dev);
-  ix.ci = ix.ci.to(dev);
-  ix.co = ix.co.to(dev);
-  return ix;
-}
+using namespace linear_attention;
 
 // ---------------------------------------------------------------------------------------------
 // Inputs (already rounded to their storage dtypes).
@@ -154,8 +46,8 @@ Inputs make_inputs(const Layout& L, uint64_t seed, DType dt, double gate_scale =
   const int64_t BTn = L.B * L.T;
   in.q = normal(BTn * L.H * L.K, gen, 0.1);
   in.k = normal(BTn * L.H * L.K, gen, 0.1);
-  normalize_rows(in.q, L.K);
-  normalize_rows(in.k, L.K);
+  normalize_rows(in.q, L.K, 1e-6);
+  normalize_rows(in.k, L.K, 1e-6);
   in.q = stored(in.q, dt);
   in.k = stored(in.k, dt);
   in.v = stored(normal(BTn * L.HV * L.V, gen, 0.2), dt);
@@ -602,12 +494,6 @@ RecOut o_recurrent(const Inputs& in, const Layout& L, double scale, bool with_g,
 
 // ---------------------------------------------------------------------------------------------
 
-struct Case {
-  Layout L;
-  std::string name;
-  bool cuda_16bit = false;  // run only by the CUDA backends with 16-bit storage (their 16-bit mma kernels)
-};
-
 std::vector<Case> cases() {
   return {
       {{2, 41, 1, 2, 24, 20, 32, {}}, "B2 T41 GVA2 K24 V20 BT32"},
@@ -621,49 +507,13 @@ std::vector<Case> cases() {
   };
 }
 
-const DType kDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
-
 template <class Fn>
 void for_each_case(const std::string& op, Direction dir, Fn&& fn) {
-  int checked = 0;
-  for (const auto& b : runnable_backends(op, dir))
-    for (DType dt : kDtypes) {
-      if (!backend_takes(op, dir, b.id, dt)) continue;
-      const auto all = cases();
-      // 16-bit storage runs the first two cases (and, on CUDA, the cuda_16bit ones); fp32 and
-      // float64 all but the cuda_16bit ones.
-      const bool half = dt == DType::kBFloat16 || dt == DType::kFloat16;
-      const bool cuda = b.id.rfind("cuda", 0) == 0;
-      for (size_t ci = 0; ci < all.size(); ++ci) {
-        const Case& cs = all[ci];
-        if (cs.cuda_16bit ? !(cuda && half) : (half && ci >= 2)) continue;
-        SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + cs.name);
-        fn(b, dt, cs.L);
-        ++checked;
-      }
-    }
-  EXPECT_GT(checked, 0);
+  linear_attention::for_each_case(cases(), op, dir, fn);
 }
 
 void expect_close(const char* what, const TestTensor& ours, const Vec& base, const Vec& ref, DType dt) {
-  const Vec got = ours.to_double();
-  if (dt == DType::kFloat64 && ours.dtype() == DType::kFloat64) {
-    double m = 1, e = max_abs_error(got, ref);
-    for (double r : ref) m = std::max(m, std::abs(r));
-    EXPECT_LE(e, 1e-11 * m) << what << ": float64 max-abs err " << e;
-    return;
-  }
-  const DType tol_dt = floor_for(ours.dtype()) > floor_for(dt) ? ours.dtype() : dt;
-  Vec b = base;
-  if (tol_dt != dt)
-    for (double& x : b) x = round_to(tol_dt, x);
-  Verdict v = check_close(got, b, ref, tol_dt);
-  EXPECT_TRUE(v.pass) << what << ": " << v.describe();
-}
-
-std::vector<int64_t> tok(const Layout& L, int64_t H, int64_t D) { return {L.B, L.T, H, D}; }
-std::vector<int64_t> snap(const Layout& L) {
-  return {L.cu.empty() ? L.B : 1, snapshots(L), L.HV, L.K, L.V};
+  linear_attention::expect_close(what, ours, base, ref, dt, 1e-11);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,27 +20,27 @@ import torch
 import torch.nn.functional as F
 from fusedops import gated_delta_rule as gdn
 
-from tests.common import tolerance
-from tests.common.tolerance import assert_close, max_abs_error
+from tests.common import linear_attention as lat
+from tests.common.linear_attention import (
+    BITWISE,
+    DIFF,
+    check,
+    compare_all,
+    l2n,
+    leaves,
+    recurrence,
+    spec_ratio,
+    unit_lower_inverse,
+    with_grads,
+)
+from tests.common.linear_attention import seqs as _seqs
+from tests.common.tolerance import max_abs_error
 
 OP = "chunk_gated_delta_rule"
-BITWISE = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-           torch.float16: torch.int16}
 
 
 # ---------------------------------------------------------------------------------------------
 # Oracles and bases written here.
-
-
-def _seqs(B, T, cu):
-    if cu is None:
-        return [(b, 0, T) for b in range(B)]
-    cu = [int(x) for x in cu]
-    return [(0, cu[i], cu[i + 1] - cu[i]) for i in range(len(cu) - 1)]
-
-
-def l2n(x, eps=1e-6):
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 def preprocess(q, k, g, beta, opts, A_log=None, dt_bias=None):
@@ -52,47 +52,6 @@ def preprocess(q, k, g, beta, opts, A_log=None, dt_bias=None):
         b = dt_bias if dt_bias is not None else torch.zeros_like(A_log)
         g = -A_log.exp() * F.softplus(g + b, beta=1.0, threshold=20.0)
     return q, k, g, beta
-
-
-def recurrence(q, k, v, g, beta, scale, h0=None, cu=None):
-    """The per-token recurrence in plain torch (any dtype; float64 for the oracle). g / beta may
-    be None (no decay / beta = 1). Returns (o, final states [N,HV,K,V])."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    G = HV // H
-    q, k = q.repeat_interleave(G, 2), k.repeat_interleave(G, 2)
-    outs, finals = [], []
-    for n, (b, t0, L) in enumerate(_seqs(B, T, cu)):
-        S = h0[n] if h0 is not None else q.new_zeros(HV, K, V)
-        rows = []
-        for t in range(t0, t0 + L):
-            if g is not None:
-                S = S * g[b, t].exp()[:, None, None]
-            p = torch.einsum("hkv,hk->hv", S, k[b, t])
-            bt = beta[b, t][:, None] if beta is not None else 1.0
-            delta = bt * (v[b, t] - p)
-            S = S + k[b, t][:, :, None] * delta[:, None, :]
-            rows.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))
-        outs.append(torch.stack(rows, 0) if rows else v.new_zeros(0, HV, V))
-        finals.append(S)
-    if cu is None:
-        o = torch.stack(outs, 0)
-    else:
-        o = torch.cat(outs, 0)[None]
-    return o, torch.stack(finals, 0)
-
-
-def unit_lower_inverse(L):
-    """(I + L)^{-1} of strictly lower [..., n, n] by forward substitution (any dtype)."""
-    n = L.shape[-1]
-    rows = []
-    eye = torch.eye(n, dtype=L.dtype, device=L.device).expand(L.shape)
-    for i in range(n):
-        r = eye[..., i, :]
-        for m in range(i):
-            r = r - L[..., i, m, None] * rows[m]
-        rows.append(r)
-    return torch.stack(rows, -2)
 
 
 def chunked(q, k, v, g, beta, scale, h0=None, cu=None, BT=64):
@@ -130,19 +89,6 @@ def chunked(q, k, v, g, beta, scale, h0=None, cu=None, BT=64):
     return o, torch.stack(finals, 0)
 
 
-def spec_ratio(ours, ref) -> float:
-    """The spec's metric (section 13): RMS(ref - ours) / (RMS(ref) + 1e-8)."""
-    a, b = ours.detach().double().cpu(), ref.detach().double().cpu()
-    if b.numel() == 0:
-        return 0.0
-    return float((a - b).pow(2).mean().sqrt() / (b.pow(2).mean().sqrt() + 1e-8))
-
-
-def check(name, ours, base, ref, dtype):
-    v = assert_close(ours, base, ref, dtype, name)
-    tolerance.report(f"{name} [spec RMS ratio {spec_ratio(ours, ref):.2e}]", v.err, v.base_err, v.rms_rel, v.tol)
-
-
 # ---------------------------------------------------------------------------------------------
 # Inputs
 
@@ -174,23 +120,6 @@ def forced(backend):
     return fusedops.use_backend(**{OP: backend, "l2norm": "cuda_sm80" if backend == "cuda_sm90" else backend})
 
 
-def leaves(d, names, dtype=None, device="cpu"):
-    out = {}
-    for n in names:
-        t = d[n]
-        if t is None:
-            out[n] = None
-            continue
-        t = t.detach().to(device)
-        if dtype is not None:
-            t = t.to(dtype)
-        out[n] = t.requires_grad_()
-    return out
-
-
-DIFF = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
-
-
 def run_ours(d, scale, cu, opts, BT, device, dtype=None, fn=None, final=True):
     x = leaves(d, DIFF, dtype, device)
     fn = fn or fusedops.chunk_gated_delta_rule
@@ -201,38 +130,12 @@ def run_ours(d, scale, cu, opts, BT, device, dtype=None, fn=None, final=True):
                A_log=x["A_log"] if opts.get("gate") else None,
                dt_bias=x["dt_bias"] if opts.get("gate") else None,
                use_beta_sigmoid_in_kernel=bool(opts.get("sig")), allow_neg_eigval=bool(opts.get("neg")))
-    outs, gos = [o], [d["do"].to(device, o.dtype)]
-    if final:
-        outs.append(ht)
-        gos.append(d["dht"].to(device))
-    wrt = [n for n in DIFF if x[n] is not None and (n not in ("A_log", "dt_bias") or opts.get("gate"))]
-    gr = torch.autograd.grad(outs, [x[n] for n in wrt], gos)
-    return o, ht, dict(zip(wrt, gr))
+    return with_grads(d, x, o, ht, opts, device, final)
 
 
 def run_composite(d, scale, cu, opts, BT, dtype, kind="chunk"):
     """The oracle (float64 recurrence) or the base (chunked composite in dtype), with grads."""
-    x = leaves(d, DIFF, dtype)
-    q, k, g, beta = preprocess(x["q"], x["k"], x["g"], x["beta"], opts, x["A_log"], x["dt_bias"])
-    if kind == "chunk":
-        o, ht = chunked(q, k, x["v"], g, beta, scale, x["h0"], cu, BT)
-    else:
-        o, ht = recurrence(q, k, x["v"], g, beta, scale, x["h0"], cu)
-    outs, gos = [o, ht], [d["do"].to(dtype), d["dht"].to(dtype)]
-    wrt = [n for n in DIFF if x[n] is not None and (n not in ("A_log", "dt_bias") or opts.get("gate"))]
-    gr = torch.autograd.grad(outs, [x[n] for n in wrt], gos, allow_unused=True)
-    return o, ht, {n: (gg if gg is not None else torch.zeros_like(x[n])) for n, gg in zip(wrt, gr)}
-
-
-def compare_all(tag, ours, base, ref, dtype):
-    o, ht, g = ours
-    ob, htb, gb = base
-    o64, ht64, g64 = ref
-    check(f"{tag} o", o, ob, o64, dtype)
-    check(f"{tag} final_state", ht, htb, ht64, tolerance.coarsest(dtype, torch.float32))
-    for n in g:
-        dt = dtype if n in ("q", "k", "v") else tolerance.coarsest(dtype, torch.float32)
-        check(f"{tag} d{n}", g[n], gb[n], g64[n], dt)
+    return lat.run_composite(d, scale, cu, opts, BT, dtype, kind, preprocess, chunked)
 
 
 # ---------------------------------------------------------------------------------------------
