@@ -1725,9 +1725,7 @@ void sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& a) {
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";
-  compose_bwd(c, a);
+  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1998,8 +1996,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs
 }
 
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv,
-                 &a.dg, &a.dbeta, &a.dh0}) &&
+  return la::no_float64(a) &&
          a.q.size(-1) <= kThreads && rec_bwd_smem(static_cast<int>(a.q.size(-1)), static_cast<int>(a.v.size(-1)),
                                                   false) <= 227 * 1024;
 }
@@ -2024,9 +2021,7 @@ bool sup_gate(const GdnGateBwdArgs& a) {
 }
 bool sup_sigmoid(const BetaSigmoidBwdArgs& a) { return no_f64({&a.x, &a.dy, &a.dx}); }
 bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.q_normed,
-                 &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A, &a.beta_sigmoid, &a.dout, &a.dht,
-                 &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias}) &&
+  return la::no_float64(a, {&a.A}) &&
          a.q.size(-1) <= 256 && a.v.size(2) / a.q.size(2) <= 64;
 }
 

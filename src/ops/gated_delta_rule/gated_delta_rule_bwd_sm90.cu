@@ -562,9 +562,8 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 // The top-level backward of cuda_sm90: cuda_sm80's sub-operators with the two recurrences above
 // and chunk_bwd_dqkwg on wgmma (gated_delta_rule_bwd_dqkwg_sm90.cu).
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";  // the sub-operators
-  compose_bwd(c, a, state_fwd, state_dhu, dqkwg_wg);
+  // The sub-operators are cuda_sm80's.
+  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a, state_fwd, state_dhu, dqkwg_wg);
 }
 
 }  // namespace fusedops::gdn::sm90

@@ -648,9 +648,7 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cpu";
-  compose_bwd(c, a);
+  compose_bwd(la::with_backend(ctx, "cpu"), a);
 }
 
 bool sup_wy(const PrepareWyReprBwdArgs& a) {
@@ -669,14 +667,10 @@ bool sup_gate(const GdnGateBwdArgs& a) {
 }
 bool sup_sigmoid(const BetaSigmoidBwdArgs& a) { return no_float64({&a.x, &a.dy, &a.dx}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq,
-                     &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0});
+  return la::no_float64(a);
 }
 bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
-                     &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A,
-                     &a.beta_sigmoid, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta,
-                     &a.dh0, &a.dA_log, &a.ddt_bias});
+  return la::no_float64(a, {&a.A});
 }
 
 }  // namespace

@@ -430,9 +430,7 @@ void recurrent_fwd(const Context&, const FusedRecurrentGatedDeltaRuleFwdArgs& a)
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cpu";
-  compose_fwd(c, a);
+  compose_fwd(la::with_backend(ctx, "cpu"), a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,12 +449,10 @@ bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_float64({&a.q, &a.k, &a.v, &a
 bool sup_gate(const GdnGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_float64({&a.x, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
+  return la::no_float64(a);
 }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
-                     &a.o, &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
-                     &a.g_cumsum, &a.A, &a.beta_sigmoid});
+  return la::no_float64(a, {&a.A});
 }
 
 }  // namespace

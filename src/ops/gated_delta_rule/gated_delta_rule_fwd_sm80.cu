@@ -1313,9 +1313,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";
-  compose_fwd(c, a, prep_fused, state_out_fused);
+  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, prep_fused, state_out_fused);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1332,13 +1330,11 @@ bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_f64({&a.q, &a.k, &a.v, &a.h, 
 bool sup_gate(const GdnGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
+  return la::no_float64(a) &&
          a.q.size(-1) <= 8 * kRecRows;
 }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
-                 &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.A,
-                 &a.beta_sigmoid}) &&
+  return la::no_float64(a, {&a.A}) &&
          a.q.size(-1) <= 256;
 }
 

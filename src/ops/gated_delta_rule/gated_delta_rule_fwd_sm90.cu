@@ -374,9 +374,8 @@ bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, con
 namespace {
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";  // the sub-operators
-  compose_fwd(c, a, sm80::prepare_fused_fwd, state_out);
+  // The sub-operators are cuda_sm80's.
+  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, sm80::prepare_fused_fwd, state_out);
 }
 
 bool sup_fwd(const ChunkGatedDeltaRuleFwdArgs& a) { return sm80::top_fwd_supported(a); }

@@ -367,9 +367,7 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "ref";
-  compose_bwd(c, a);
+  compose_bwd(la::with_backend(ctx, "ref"), a);
 }
 
 }  // namespace

@@ -1206,9 +1206,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
 }
 
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";
-  compose_bwd(c, a, intra_cumsum_fused);
+  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a, intra_cumsum_fused);
 }
 
 bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {
@@ -1222,15 +1220,12 @@ bool sup_bintra(const ChunkKdaBwdIntraArgs& a) {
          a.chunk_size <= kMaxBT;
 }
 bool sup_top_bwd(const ChunkKdaBwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.q_normed,
-                 &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid, &a.dout,
-                 &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log, &a.ddt_bias}) &&
+  return la::no_float64(a, {&a.Aqk, &a.Akk}) &&
          a.q.size(-1) <= 256;
 }
 
 bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv,
-                 &a.dg, &a.dbeta, &a.dh0}) &&
+  return la::no_float64(a) &&
          a.q.size(-1) <= kThreads && a.v.size(-1) <= kThreads && a.q.size(1) <= kRecBwdMaxT &&
          a.q.size(-1) * a.v.size(-1) <= kThreads * kRecCk &&
          rec_bwd_smem(static_cast<int>(a.q.size(-1)), static_cast<int>(a.v.size(-1))) <= 160 * 1024;

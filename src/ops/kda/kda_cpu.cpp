@@ -16,14 +16,10 @@ void run(const Context&, const Args& a) {
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cpu";
-  kda::compose_fwd(c, a);
+  kda::compose_fwd(la::with_backend(ctx, "cpu"), a);
 }
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cpu";
-  kda::compose_bwd(c, a);
+  kda::compose_bwd(la::with_backend(ctx, "cpu"), a);
 }
 
 bool sup_intra(const ChunkKdaFwdIntraArgs& a) {
@@ -47,22 +43,16 @@ bool sup_gate_bwd(const KdaGateBwdArgs& a) {
   return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
 }
 bool sup_rec(const FusedRecurrentKdaFwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
+  return la::no_float64(a);
 }
 bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq,
-                     &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0});
+  return la::no_float64(a);
 }
 bool sup_top(const ChunkKdaFwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
-                     &a.o, &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd,
-                     &a.g_cumsum, &a.Aqk, &a.Akk, &a.beta_sigmoid});
+  return la::no_float64(a, {&a.Aqk, &a.Akk});
 }
 bool sup_top_bwd(const ChunkKdaBwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
-                     &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk, &a.Akk,
-                     &a.beta_sigmoid, &a.dout, &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta,
-                     &a.dh0, &a.dA_log, &a.ddt_bias});
+  return la::no_float64(a, {&a.Aqk, &a.Akk});
 }
 
 }  // namespace

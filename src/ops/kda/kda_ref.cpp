@@ -13,14 +13,10 @@ void run(const Context&, const Args& a) {
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "ref";
-  kda::compose_fwd(c, a);
+  kda::compose_fwd(la::with_backend(ctx, "ref"), a);
 }
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  Context c = ctx;
-  c.backend = "ref";
-  kda::compose_bwd(c, a);
+  kda::compose_bwd(la::with_backend(ctx, "ref"), a);
 }
 
 }  // namespace

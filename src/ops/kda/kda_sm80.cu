@@ -1220,9 +1220,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  Context c = ctx;
-  c.backend = "cuda_sm80";
-  compose_fwd(c, a, fwd_fusions());
+  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, fwd_fusions());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1248,13 +1246,11 @@ bool sup_gate_bwd(const KdaGateBwdArgs& a) {
   return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
 }
 bool sup_rec(const FusedRecurrentKdaFwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state}) &&
+  return la::no_float64(a) &&
          a.q.size(-1) <= kRecK;
 }
 bool sup_top(const ChunkKdaFwdArgs& a) {
-  return no_f64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
-                 &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.Aqk,
-                 &a.Akk, &a.beta_sigmoid}) &&
+  return la::no_float64(a, {&a.Aqk, &a.Akk}) &&
          a.q.size(-1) <= 256;
 }
 

@@ -136,6 +136,30 @@ Dims check_top(const Check& c, const LinearAttentionBwdArgs& a, GateForm form,
   return d;
 }
 
+bool no_float64(const LinearAttentionFwdArgs& a, std::initializer_list<const TensorView*> own) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias, &a.o,
+                     &a.final_state, &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum,
+                     &a.beta_sigmoid}) &&
+         no_float64(own);
+}
+
+bool no_float64(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.A_log, &a.dt_bias,
+                     &a.q_normed, &a.k_normed, &a.q_rstd, &a.k_rstd, &a.g_cumsum, &a.beta_sigmoid,
+                     &a.dout, &a.dht, &a.dq, &a.dk, &a.dv, &a.dg, &a.dbeta, &a.dh0, &a.dA_log,
+                     &a.ddt_bias}) &&
+         no_float64(own);
+}
+
+bool no_float64(const LinearAttentionRecurrentFwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
+}
+
+bool no_float64(const LinearAttentionRecurrentBwdArgs& a) {
+  return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk,
+                     &a.dv, &a.dg, &a.dbeta, &a.dh0});
+}
+
 void check_workspace(const Check& c, const TensorView& ws, int64_t need, const char* size_fn) {
   if (need == 0 && !ws.defined()) return;
   c.base().defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8});

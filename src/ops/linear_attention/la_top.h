@@ -75,6 +75,12 @@ Dims check_top(const Check& c, const LinearAttentionFwdArgs& a, GateForm form,
                const std::vector<int64_t>& chunk_sizes);
 Dims check_top(const Check& c, const LinearAttentionBwdArgs& a, GateForm form,
                const std::vector<int64_t>& chunk_sizes);
+// True when none of the call's tensors is float64 (the predicate of the backends that take
+// fp32/bf16/fp16 storage; float64 goes to ref): the shared fields and the family's own.
+bool no_float64(const LinearAttentionFwdArgs& a, std::initializer_list<const TensorView*> own);
+bool no_float64(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own);
+bool no_float64(const LinearAttentionRecurrentFwdArgs& a);
+bool no_float64(const LinearAttentionRecurrentBwdArgs& a);
 // A uint8 workspace of at least `need` bytes (`size_fn` names the function that gives it).
 void check_workspace(const Check& c, const TensorView& ws, int64_t need, const char* size_fn);
 
