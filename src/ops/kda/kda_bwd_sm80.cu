@@ -17,31 +17,6 @@
 namespace fusedops::kda::sm80 {
 namespace {
 
-using la::sm80::ChunkPos;
-using la::sm80::SeqPos;
-using la::sm80::ldf;
-using la::sm80::seq_pos;
-using la::sm80::stf;
-using la::sm80::Layout;
-using la::sm80::Mat;
-using la::sm80::Tok;
-using la::sm80::allow_smem;
-using la::sm80::chunk_pos;
-using la::sm80::fill;
-using la::sm80::kLd;
-using la::sm80::pad_ld;
-using la::sm80::kMaxBT;
-using la::sm80::kThreads;
-using la::sm80::layout_of;
-using la::sm80::load_state;
-using la::sm80::load_tile;
-using la::sm80::load_tri;
-using la::sm80::mat_of;
-using la::sm80::mm;
-using la::sm80::no_f64;
-using la::sm80::stream_of;
-using la::sm80::tok_of;
-
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
 constexpr int kTile = kMaxBT * kLd;  // one [64][69] fp32 tile

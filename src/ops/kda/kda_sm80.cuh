@@ -12,6 +12,9 @@
 
 namespace fusedops::kda::sm80 {
 
+// The KDA kernels are written in the shared tile layer's vocabulary (la_sm80.cuh, la_tc_sm80.cuh).
+using namespace la::sm80;
+
 constexpr int kRecRows = 32;            // state rows per thread of the recurrent kernels
 constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
 
