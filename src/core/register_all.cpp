@@ -13,6 +13,8 @@ void register_all_backends(Registry& r) {
   register_sort_chunks_by_idx_cpu(r);
   register_matmul_add_ref(r);
   register_matmul_add_cpu(r);
+  register_linear_attention_ref(r);
+  register_linear_attention_cpu(r);
   register_gated_delta_rule_ref(r);
   register_gated_delta_rule_cpu(r);
   register_clipped_swiglu_ref(r);

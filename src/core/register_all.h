@@ -23,6 +23,8 @@ void register_sort_chunks_by_idx_cuda_sm80(Registry& r);
 void register_matmul_add_ref(Registry& r);
 void register_matmul_add_cpu(Registry& r);
 void register_matmul_add_cuda_sm80(Registry& r);
+void register_linear_attention_ref(Registry& r);
+void register_linear_attention_cpu(Registry& r);
 void register_gated_delta_rule_ref(Registry& r);
 void register_gated_delta_rule_cpu(Registry& r);
 void register_gated_delta_rule_cuda_sm80(Registry& r);

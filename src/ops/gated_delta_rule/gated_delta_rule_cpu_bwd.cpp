@@ -1,8 +1,8 @@
-// Gated delta rule, CPU backend: backward-direction operators (section 1.5 blocks B2-B5, the gate
-// and beta helpers, and the per-token recurrence's backward). Same task layout as the forward
-// file: chunk-parallel work per (chunk, q/k head) with the value heads of the group inside (so
-// dq and dk are summed over the group in a fixed order), state recurrences per (sequence, value
-// head, V tile).
+// Gated delta rule, CPU backend: backward-direction operators (section 1.5 blocks B2, B4, B5, the
+// gate's backward and the per-token recurrence's; the state-gradient recurrence B3 and the beta
+// sigmoid's backward are in src/ops/linear_attention/linear_attention_cpu.cpp). Same task layout
+// as the forward file: chunk-parallel work per (chunk, q/k head) with the value heads of the group
+// inside (so dq and dk are summed over the group in a fixed order).
 #include <cmath>
 
 #include "src/cpu/parallel.h"
@@ -170,101 +170,6 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         }
       }
       store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, rowbuf);
-    }
-  });
-}
-
-// B3: reverse state-gradient recurrence.
-void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  const Tok q(a.q), k(a.k), w(a.w), dO(a.dout), dvl(a.dv), g(a.g), gk(a.gk), dv2(a.dv2);
-  const Mat dh(a.dh), dht(a.dht), dh0(a.dh0);
-  const int64_t HV = dO.H, G = HV / k.H, K = k.D, V = dO.D, BT = a.chunk_size;
-  const float scale = static_cast<float>(a.scale);
-  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  const int64_t N = static_cast<int64_t>(seqs.size());
-  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
-      const int64_t vt = std::min(vt_max, V - v0);
-      float* X = s.get(0, K * vt);
-      if (dht.defined()) load_state_tile(dht, n * HV + hv, v0, vt, X);
-      else std::fill(X, X + K * vt, 0.0f);
-      const auto chunks = make_chunks({seqs[n]}, BT);
-      for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
-        const Chunk& c = *it;
-        const int64_t len = c.len, last = len - 1;
-        if (it + 1 != chunks.rend()) {  // the next chunk's operands, while this one computes
-          const Chunk& nx = *(it + 1);
-          prefetch_rows(q, nx, hv / G);
-          prefetch_rows(k, nx, hv / G);
-          prefetch_rows(w, nx, hv);
-          prefetch_rows(dO, nx, hv);
-          prefetch_rows(dvl, nx, hv);
-          prefetch_rows(dv2, nx, hv, true);
-          // (fp32 snapshots are stored around the caches: nothing to prefetch)
-          if (vt == V && dh.dtype != DType::kFloat32) prefetch_state(dh, nx.index * HV + hv, true);
-        }
-        store_state_tile_nt(X, dh, c.index * HV + hv, v0, vt);
-        const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
-        const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
-        // fp32 rows of whole-V tiles are read and written in place.
-        const bool whole = vt == V;
-        auto in_rows = [&](const Tok& t, float* buf, int64_t& ld) -> const float* {
-          if (whole && t.dtype == DType::kFloat32) {
-            ld = t.st;
-            return reinterpret_cast<const float*>(t.ptr(c.b, c.t0, hv));
-          }
-          for (int64_t i = 0; i < len; ++i)
-            load_floats(col_ptr(t, c.b, c.t0 + i, hv, v0), t.dtype, buf + i * vt, vt);
-          ld = vt;
-          return buf;
-        };
-        int64_t ldl, ldo;
-        const float* Dl = in_rows(dvl, s.get(3, len * vt), ldl);
-        const float* dOt = in_rows(dO, s.get(5, len * vt), ldo);
-        const bool direct_out = whole && dv2.dtype == DType::kFloat32;
-        float* D2 = direct_out ? reinterpret_cast<float*>(dv2.ptr(c.b, c.t0, hv)) : s.get(8, len * vt);
-        const int64_t ld2 = direct_out ? dv2.st : vt;
-        float* tmp = s.get(4, len * vt);
-        float* qg = s.get(6, len * K);
-        float* gm = s.get(7, std::max(len, K));
-        const Rows qr = view_rows(q, c, hv / G, s.get(9, len * K));
-        gemm(len, vt, K, 1.0f, kr.p, kr.ld, 1, X, vt, false, tmp, vt);
-        if (g.defined()) {
-          load_scalars(g, c, hv, gm);
-          const float gl = gm[last];
-          for (int64_t i = 0; i < len; ++i) {
-            const float f = std::exp(gl - gm[i]);
-            const float fq = scale * std::exp(gm[i]);
-            for (int64_t x = 0; x < vt; ++x) D2[i * ld2 + x] = Dl[i * ldl + x] + f * tmp[i * vt + x];
-            for (int64_t y = 0; y < K; ++y) qg[i * K + y] = fq * qr.p[i * qr.ld + y];
-          }
-          const float d = std::exp(gl);
-          for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
-        } else {
-          for (int64_t i = 0; i < len; ++i) {
-            for (int64_t x = 0; x < vt; ++x) D2[i * ld2 + x] = Dl[i * ldl + x] + tmp[i * vt + x];
-            for (int64_t y = 0; y < K; ++y) qg[i * K + y] = scale * qr.p[i * qr.ld + y];
-          }
-          if (gk.defined()) {
-            load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gm, K);
-            exp_inplace(gm, K);
-            for (int64_t y = 0; y < K; ++y)
-              for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gm[y];
-          }
-        }
-        if (!direct_out)
-          for (int64_t i = 0; i < len; ++i)
-            store_floats(D2 + i * vt, col_ptr(dv2, c.b, c.t0 + i, hv, v0), dv2.dtype, vt);
-        gemm(K, vt, len, 1.0f, qg, 1, K, dOt, ldo, true, X, vt);
-        gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, ld2, true, X, vt);
-      }
-      if (dh0.defined()) store_state_tile(X, dh0, n * HV + hv, v0, vt);
-#ifdef __AVX__
-      _mm_sfence();  // the non-temporal snapshot stores
-#endif
     }
   });
 }
@@ -501,24 +406,6 @@ void gate_bwd(const Context&, const GdnGateBwdArgs& a) {
   if (a.ddt_bias.defined()) store_floats(db.data(), a.ddt_bias.data(), a.ddt_bias.dtype(), HV);
 }
 
-void sigmoid_bwd(const Context&, const BetaSigmoidBwdArgs& a) {
-  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride(), drs = a.dy.row_stride();
-  const float cm = a.allow_neg_eigval ? 2.0f : 1.0f;
-  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.dy.dtype()), os = dtype_size(a.dx.dtype());
-  fusedops::cpu::parallel_for(0, rows, 256, [&](int64_t b, int64_t e) {
-    std::vector<float> x(D), dy(D);
-    for (int64_t r = b; r < e; ++r) {
-      load_floats(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
-      load_floats(static_cast<const char*>(a.dy.data()) + ys * r * drs, a.dy.dtype(), dy.data(), D);
-      for (int64_t d = 0; d < D; ++d) {
-        const float sg = 1.0f / (1.0f + std::exp(-x[d]));
-        x[d] = dy[d] * cm * sg * (1.0f - sg);
-      }
-      store_floats(x.data(), static_cast<char*>(a.dx.data()) + os * r * D, a.dx.dtype(), D);
-    }
-  });
-}
-
 // Backward of the per-token recurrence; states recomputed from checkpoints every kSeg tokens.
 void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
   constexpr int64_t kSeg = 64;
@@ -654,9 +541,6 @@ void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
 bool sup_wy(const PrepareWyReprBwdArgs& a) {
   return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.dw, &a.du, &a.dk, &a.dv, &a.dbeta, &a.dg});
 }
-bool sup_dhu(const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  return no_float64({&a.q, &a.k, &a.w, &a.dout, &a.dv, &a.g, &a.gk, &a.dht, &a.dh, &a.dh0, &a.dv2});
-}
 bool sup_dvl(const ChunkBwdDvLocalArgs& a) { return no_float64({&a.q, &a.k, &a.dout, &a.g, &a.dv}); }
 bool sup_dqkwg(const ChunkBwdDqkwgArgs& a) {
   return no_float64({&a.q, &a.k, &a.v, &a.dout, &a.h, &a.dh, &a.w, &a.dv, &a.g, &a.dq, &a.dk,
@@ -665,7 +549,6 @@ bool sup_dqkwg(const ChunkBwdDqkwgArgs& a) {
 bool sup_gate(const GdnGateBwdArgs& a) {
   return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
 }
-bool sup_sigmoid(const BetaSigmoidBwdArgs& a) { return no_float64({&a.x, &a.dy, &a.dx}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
   return la::no_float64(a);
 }
@@ -684,12 +567,9 @@ void register_cpu_bwd(Registry& r) {
   BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
                    {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
   r.add<PrepareWyReprBwdArgs>("recompute_w_u", Direction::kBackward, spec, sup_wy, wy_bwd);
-  r.add<ChunkGatedDeltaRuleBwdDhuArgs>("chunk_gated_delta_rule_bwd_dhu", Direction::kBackward, spec,
-                                       sup_dhu, bwd_dhu);
   r.add<ChunkBwdDvLocalArgs>("chunk_bwd_dv_local", Direction::kBackward, spec, sup_dvl, dv_local);
   r.add<ChunkBwdDqkwgArgs>("chunk_bwd_dqkwg", Direction::kBackward, spec, sup_dqkwg, dqkwg);
   r.add<GdnGateBwdArgs>("gdn_gate", Direction::kBackward, spec, sup_gate, gate_bwd);
-  r.add<BetaSigmoidBwdArgs>("beta_sigmoid", Direction::kBackward, spec, sup_sigmoid, sigmoid_bwd);
   r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule",
                                              Direction::kBackward, spec, sup_recurrent, recurrent_bwd);
   r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, spec, sup_top,

@@ -1,9 +1,10 @@
-// Gated delta rule, CPU backend: forward-direction operators. Chunk-parallel operators run one
-// task per (chunk, q/k head) over the OpenMP threads and loop over the head's group of value
-// heads inside (so Q K^T and K K^T are computed once per group); the state recurrences run one
-// task per (sequence, value head, V tile). Every chunk product is a register-blocked fp32 GEMM
-// (gdn_cpu_kernels.h) on blocks converted per chunk from the storage dtype; fp32 inputs are read
-// in place. Results do not depend on the number of threads.
+// Gated delta rule, CPU backend: forward-direction operators (the shared ones, chunk_local_cumsum,
+// the state recurrence and beta_sigmoid, are in src/ops/linear_attention/linear_attention_cpu.cpp).
+// Chunk-parallel operators run one task per (chunk, q/k head) over the OpenMP threads and loop
+// over the head's group of value heads inside (so Q K^T and K K^T are computed once per group);
+// the per-token recurrence one task per (sequence, value head). Every chunk product is a
+// register-blocked fp32 GEMM (la_cpu_kernels.h) on blocks converted per chunk from the storage
+// dtype; fp32 inputs are read in place. Results do not depend on the number of threads.
 #include <cmath>
 
 #include "src/cpu/parallel.h"
@@ -13,55 +14,6 @@
 #include "src/ops/linear_attention/la_cpu_kernels.h"
 
 namespace fusedops::gdn::cpu {
-
-std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT) {
-  return make_chunks(make_seqs(B, T, cu, BT), BT);
-}
-
-int64_t v_tile(int64_t tasks, int64_t V) {
-  // Split V when there are fewer (sequence, head) tasks than threads; tiles stay multiples of 16.
-  const int64_t threads = fusedops::cpu::max_threads();
-  if (tasks >= threads || V <= 32) return V;
-  const int64_t want = std::max<int64_t>(1, (threads + tasks - 1) / tasks);
-  int64_t vt = (V + want - 1) / want;
-  vt = std::max<int64_t>(32, (vt + 15) / 16 * 16);
-  return std::min(vt, V);
-}
-
-void load_state_tile(const Mat& m, int64_t index, int64_t v0, int64_t vt, float* X) {
-  const int64_t K = m.rows, V = m.cols;
-  for (int64_t y = 0; y < K; ++y)
-    load_floats(m.ptr(index) + static_cast<int64_t>(m.esize) * (y * V + v0), m.dtype, X + y * vt, vt);
-}
-
-void store_state_tile(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt) {
-  const int64_t K = m.rows, V = m.cols;
-  for (int64_t y = 0; y < K; ++y)
-    store_floats(X + y * vt, m.ptr(index) + static_cast<int64_t>(m.esize) * (y * V + v0), m.dtype, vt);
-}
-
-void store_state_tile_nt(const float* X, const Mat& m, int64_t index, int64_t v0, int64_t vt) {
-#ifdef __AVX__
-  // Streaming stores: the snapshot is read only by later operators, so it bypasses the caches
-  // instead of evicting this chain's operands (and skips the read-for-ownership of its lines).
-  const int64_t K = m.rows, V = m.cols;
-  float* base = reinterpret_cast<float*>(m.ptr(index)) + v0;
-  if (m.dtype == DType::kFloat32 && vt % 8 == 0 && (reinterpret_cast<uintptr_t>(base) % 32) == 0 &&
-      V % 8 == 0) {
-    for (int64_t y = 0; y < K; ++y)
-      for (int64_t x = 0; x < vt; x += 8)
-        _mm256_stream_ps(base + y * V + x, _mm256_loadu_ps(X + y * vt + x));
-    return;
-  }
-#endif
-  store_state_tile(X, m, index, v0, vt);
-}
-
-const float* view_state(const Mat& m, int64_t index, float* buf) {
-  if (m.dtype == DType::kFloat32) return reinterpret_cast<const float*>(m.ptr(index));
-  load_floats(m.ptr(index), m.dtype, buf, m.rows * m.cols);
-  return buf;
-}
 
 void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float* out, int64_t ld) {
   // Only the m = i (+1) leading entries of row i are read (converted straight into out).
@@ -84,32 +36,6 @@ void store_square_block(const float* in, int64_t ld, const Tok& A, const Chunk& 
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-
-void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
-  // The running sums are kept in double and rounded once per output: the stored cumsum is then
-  // correctly rounded, which matters because the kernels exponentiate differences of it.
-  const Tok g(a.g), out(a.out);
-  const auto chunks = chunks_of(a.g.size(0), a.g.size(1), a.cu_seqlens, a.chunk_size);
-  const int64_t H = g.H, D = g.D;
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 16, [&](int64_t b, int64_t e) {
-    std::vector<double> acc(D);
-    std::vector<float> x(D);
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t s = 0; s < c.len; ++s) {
-        const int64_t i = a.reverse ? c.len - 1 - s : s;
-        load_floats(g.ptr(c.b, c.t0 + i, h), g.dtype, x.data(), D);
-        for (int64_t d = 0; d < D; ++d) {
-          acc[d] += x[d];
-          x[d] = static_cast<float>(acc[d] * a.scale);
-        }
-        store_floats(x.data(), out.ptr(c.b, c.t0 + i, h), out.dtype, D);
-      }
-    }
-  });
-}
 
 void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const Tok k(a.k), beta(a.beta), g(a.g), A(a.A);
@@ -225,94 +151,6 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
   });
 }
 
-void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
-  const Tok k(a.k), w(a.w), u(a.u), g(a.g), gk(a.gk), vn(a.v_new);
-  const Mat h(a.h), h0(a.h0), ht(a.ht);
-  const int64_t HV = u.H, G = HV / k.H, K = k.D, V = u.D, BT = a.chunk_size;
-  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  const int64_t N = static_cast<int64_t>(seqs.size());
-  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
-      const int64_t vt = std::min(vt_max, V - v0);
-      float* X = s.get(0, K * vt);
-      if (h0.defined()) load_state_tile(h0, n * HV + hv, v0, vt, X);
-      else std::fill(X, X + K * vt, 0.0f);
-      const auto chunks = make_chunks({seqs[n]}, BT);
-      for (size_t ci = 0; ci < chunks.size(); ++ci) {
-        const Chunk& c = chunks[ci];
-        const int64_t len = c.len, last = len - 1;
-        if (ci + 1 < chunks.size()) {  // the next chunk's operands, while this one computes
-          const Chunk& nx = chunks[ci + 1];
-          prefetch_rows(k, nx, hv / G);
-          prefetch_rows(w, nx, hv);
-          prefetch_rows(u, nx, hv);
-          if (vn.defined()) prefetch_rows(vn, nx, hv, true);
-          // (fp32 snapshots are stored around the caches: nothing to prefetch)
-          if (vt == V && h.dtype != DType::kFloat32) prefetch_state(h, nx.index * HV + hv, true);
-        }
-        store_state_tile_nt(X, h, c.index * HV + hv, v0, vt);
-        const Rows kr = view_rows(k, c, hv / G, s.get(1, len * K));
-        const Rows wr = view_rows(w, c, hv, s.get(2, len * K));
-        // Vn = U - W X, written straight into v_new when it is an fp32 row view of the tile.
-        const bool whole = vt == V;
-        const bool direct_out = vn.defined() && whole && vn.dtype == DType::kFloat32;
-        float* Vn = direct_out ? reinterpret_cast<float*>(vn.ptr(c.b, c.t0, hv)) : s.get(3, len * vt);
-        const int64_t ldn = direct_out ? vn.st : vt;
-        const float* U;
-        int64_t ldu;
-        if (whole && u.dtype == DType::kFloat32) {
-          U = reinterpret_cast<const float*>(u.ptr(c.b, c.t0, hv));
-          ldu = u.st;
-        } else {
-          float* ub = s.get(5, len * vt);
-          for (int64_t i = 0; i < len; ++i)
-            load_floats(col_ptr(u, c.b, c.t0 + i, hv, v0), u.dtype, ub + i * vt, vt);
-          U = ub;
-          ldu = vt;
-        }
-        gemm(len, vt, K, -1.0f, wr.p, wr.ld, 1, X, vt, false, Vn, ldn, Tri::kNone, false, U, ldu);
-        if (vn.defined() && !direct_out)
-          for (int64_t i = 0; i < len; ++i)
-            store_floats(Vn + i * vt, col_ptr(vn, c.b, c.t0 + i, hv, v0), vn.dtype, vt);
-        // Vg = diag(exp(g_last - g)) Vn (or Vn itself without a scalar gate).
-        float* Vg = s.get(6, len * vt);
-        if (g.defined()) {
-          float* gm = s.get(4, len);
-          load_scalars(g, c, hv, gm);
-          const float gl = gm[last];
-          for (int64_t i = 0; i < len; ++i) gm[i] = gl - gm[i];
-          exp_inplace(gm, len);
-          for (int64_t i = 0; i < len; ++i) {
-            const float f = gm[i];
-            const float* __restrict src = Vn + i * ldn;
-            float* __restrict dst = Vg + i * vt;
-            for (int64_t x = 0; x < vt; ++x) dst[x] = src[x] * f;
-          }
-          const float d = std::exp(gl);
-          for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
-        } else {
-          for (int64_t i = 0; i < len; ++i) std::copy(Vn + i * ldn, Vn + i * ldn + vt, Vg + i * vt);
-        }
-        if (!g.defined() && gk.defined()) {
-          float* gl = s.get(4, K);
-          load_floats(gk.ptr(c.b, c.t0 + last, hv), gk.dtype, gl, K);
-          exp_inplace(gl, K);
-          for (int64_t y = 0; y < K; ++y)
-            for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gl[y];
-        }
-        gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vg, vt, true, X, vt);
-      }
-      if (ht.defined()) store_state_tile(X, ht, n * HV + hv, v0, vt);
-#ifdef __AVX__
-      _mm_sfence();  // the non-temporal snapshot stores
-#endif
-    }
-  });
-}
-
 void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const Tok q(a.q), k(a.k), v(a.v), g(a.g), o(a.o);
   const Mat h(a.h);
@@ -381,20 +219,6 @@ void gate_fwd(const Context&, const GdnGateFwdArgs& a) {
   });
 }
 
-void sigmoid_fwd(const Context&, const BetaSigmoidFwdArgs& a) {
-  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride();
-  const float cm = a.allow_neg_eigval ? 2.0f : 1.0f;
-  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.y.dtype());
-  fusedops::cpu::parallel_for(0, rows, 256, [&](int64_t b, int64_t e) {
-    std::vector<float> x(D);
-    for (int64_t r = b; r < e; ++r) {
-      load_floats(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
-      for (float& v : x) v = cm / (1.0f + std::exp(-v));
-      store_floats(x.data(), static_cast<char*>(a.y.data()) + ys * r * D, a.y.dtype(), D);
-    }
-  });
-}
-
 void recurrent_fwd(const Context&, const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
   const Tok q(a.q), k(a.k), v(a.v), g(a.g), beta(a.beta), o(a.o);
   const Mat h0(a.initial_state), ht(a.final_state);
@@ -436,18 +260,13 @@ void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // The fp32 backend takes fp32/bf16/fp16 storage; float64 anywhere goes to the reference.
 
-bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_float64({&a.g, &a.out}); }
 bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_float64({&a.k, &a.beta, &a.g, &a.A}); }
 bool sup_solve(const SolveTrilArgs& a) { return no_float64({&a.A, &a.Ai}); }
 bool sup_wu(const RecomputeWUFwdArgs& a) {
   return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.w, &a.u});
 }
-bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
-  return no_float64({&a.k, &a.w, &a.u, &a.g, &a.gk, &a.h0, &a.h, &a.v_new, &a.ht});
-}
 bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_float64({&a.q, &a.k, &a.v, &a.h, &a.g, &a.o}); }
 bool sup_gate(const GdnGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
-bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_float64({&a.x, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
   return la::no_float64(a);
 }
@@ -508,15 +327,11 @@ void register_gated_delta_rule_cpu(Registry& r) {
   using namespace gdn::cpu;
   BackendSpec spec{"cpu", DeviceKind::kCPU, 0, INT_MAX,
                    {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCpu};
-  r.add<ChunkLocalCumsumArgs>("chunk_local_cumsum", Direction::kForward, spec, sup_cumsum, cumsum);
   r.add<ChunkScaledDotKktArgs>("chunk_scaled_dot_kkt", Direction::kForward, spec, sup_kkt, kkt);
   r.add<SolveTrilArgs>("solve_tril", Direction::kForward, spec, sup_solve, solve);
   r.add<RecomputeWUFwdArgs>("recompute_w_u", Direction::kForward, spec, sup_wu, wu_fwd);
-  r.add<ChunkGatedDeltaRuleFwdHArgs>("chunk_gated_delta_rule_fwd_h", Direction::kForward, spec,
-                                     sup_fwd_h, fwd_h);
   r.add<ChunkFwdOArgs>("chunk_fwd_o", Direction::kForward, spec, sup_fwd_o, fwd_o);
   r.add<GdnGateFwdArgs>("gdn_gate", Direction::kForward, spec, sup_gate, gate_fwd);
-  r.add<BetaSigmoidFwdArgs>("beta_sigmoid", Direction::kForward, spec, sup_sigmoid, sigmoid_fwd);
   r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward,
                                              spec, sup_recurrent, recurrent_fwd);
   r.add<ChunkGatedDeltaRuleFwdArgs>("chunk_gated_delta_rule", Direction::kForward, spec, sup_top,

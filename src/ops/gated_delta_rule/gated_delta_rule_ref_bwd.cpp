@@ -94,53 +94,6 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
 }
 
 // B3: reverse state-gradient recurrence.
-void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  const Tok q(a.q), k(a.k), w(a.w), dO(a.dout), dvl(a.dv), g(a.g), gk(a.gk), dv2(a.dv2);
-  const Mat dh(a.dh), dht(a.dht), dh0(a.dh0);
-  const int64_t HV = dO.H, G = HV / k.H, K = k.D, V = dO.D, BT = a.chunk_size;
-  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  for (size_t n = 0; n < seqs.size(); ++n) {
-    const auto chunks = make_chunks({seqs[n]}, BT);
-    for (int64_t hv = 0; hv < HV; ++hv) {
-      std::vector<double> X(K * V, 0.0);
-      if (dht.defined()) X = load_mat(dht, n * HV + hv);
-      for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
-        const Chunk& c = *it;
-        const int64_t len = c.len, last = len - 1;
-        store_mat(dh, c.index * HV + hv, X);
-        const auto qc = load_block(q, c, hv / G), kc = load_block(k, c, hv / G);
-        const auto wc = load_block(w, c, hv), doc = load_block(dO, c, hv);
-        auto D2 = load_block(dvl, c, hv);
-        std::vector<double> gm(len, 0.0), gkm;
-        if (g.defined()) gm = load_block(g, c, hv);
-        if (gk.defined()) gkm = load_block(gk, c, hv);
-        for (int64_t i = 0; i < len; ++i) {
-          const double f = g.defined() ? std::exp(gm[last] - gm[i]) : 1.0;
-          for (int64_t x = 0; x < V; ++x) {
-            double s = 0;
-            for (int64_t y = 0; y < K; ++y) s += kc[i * K + y] * X[y * V + x];
-            D2[i * V + x] += f * s;
-          }
-        }
-        store_block(dv2, c, hv, D2);
-        for (int64_t y = 0; y < K; ++y) {
-          const double decay = g.defined() ? std::exp(gm[last])
-                               : gk.defined() ? std::exp(gkm[last * K + y]) : 1.0;
-          for (int64_t x = 0; x < V; ++x) {
-            double s = decay * X[y * V + x];
-            for (int64_t i = 0; i < len; ++i) {
-              const double qg = g.defined() ? std::exp(gm[i]) * qc[i * K + y] : qc[i * K + y];
-              s += a.scale * qg * doc[i * V + x] - wc[i * K + y] * D2[i * V + x];
-            }
-            X[y * V + x] = s;
-          }
-        }
-      }
-      if (dh0.defined()) store_mat(dh0, n * HV + hv, X);
-    }
-  }
-}
-
 // B2: dv_local.
 void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const Tok q(a.q), k(a.k), dO(a.dout), g(a.g), dv(a.dv);
@@ -239,22 +192,6 @@ void gate_bwd(const Context&, const GdnGateBwdArgs& a) {
   }
   store_doubles(dA.data(), a.dA_log.data(), a.dA_log.dtype(), HV);
   if (a.ddt_bias.defined()) store_doubles(db.data(), a.ddt_bias.data(), a.ddt_bias.dtype(), HV);
-}
-
-void sigmoid_bwd(const Context&, const BetaSigmoidBwdArgs& a) {
-  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride(), drs = a.dy.row_stride();
-  const double cm = a.allow_neg_eigval ? 2.0 : 1.0;
-  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.dy.dtype()), os = dtype_size(a.dx.dtype());
-  std::vector<double> x(D), dy(D);
-  for (int64_t r = 0; r < rows; ++r) {
-    load_doubles(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
-    load_doubles(static_cast<const char*>(a.dy.data()) + ys * r * drs, a.dy.dtype(), dy.data(), D);
-    for (int64_t d = 0; d < D; ++d) {
-      const double s = 1.0 / (1.0 + std::exp(-x[d]));
-      x[d] = dy[d] * cm * s * (1.0 - s);
-    }
-    store_doubles(x.data(), static_cast<char*>(a.dx.data()) + os * r * D, a.dx.dtype(), D);
-  }
 }
 
 // Backward of the per-token recurrence: states are recomputed from checkpoints every kSeg tokens.
@@ -377,12 +314,9 @@ void register_ref_bwd(Registry& r) {
                    {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64},
                    kPriorityRef};
   r.add<PrepareWyReprBwdArgs>("recompute_w_u", Direction::kBackward, spec, nullptr, wy_bwd);
-  r.add<ChunkGatedDeltaRuleBwdDhuArgs>("chunk_gated_delta_rule_bwd_dhu", Direction::kBackward, spec,
-                                       nullptr, bwd_dhu);
   r.add<ChunkBwdDvLocalArgs>("chunk_bwd_dv_local", Direction::kBackward, spec, nullptr, dv_local);
   r.add<ChunkBwdDqkwgArgs>("chunk_bwd_dqkwg", Direction::kBackward, spec, nullptr, dqkwg);
   r.add<GdnGateBwdArgs>("gdn_gate", Direction::kBackward, spec, nullptr, gate_bwd);
-  r.add<BetaSigmoidBwdArgs>("beta_sigmoid", Direction::kBackward, spec, nullptr, sigmoid_bwd);
   r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule",
                                              Direction::kBackward, spec, nullptr, recurrent_bwd);
   r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, spec, nullptr,

@@ -1,6 +1,6 @@
 // Gated delta rule, float64 reference: plain loops over chunks and value heads, the executable
 // form of docs/specs/linear_attention.md. Forward-direction operators; the backward ones are in
-// gated_delta_rule_ref_bwd.cpp.
+// gated_delta_rule_ref_bwd.cpp, the shared sub-operators in linear_attention_ref.cpp.
 #include <cmath>
 #include <vector>
 
@@ -9,32 +9,6 @@
 #include "src/ops/gated_delta_rule/gdn_ref.h"
 
 namespace fusedops::gdn::ref {
-
-std::vector<double> load_block(const Tok& t, const Chunk& c, int64_t h) {
-  std::vector<double> out(c.len * t.D);
-  for (int64_t i = 0; i < c.len; ++i) load_doubles(t.ptr(c.b, c.t0 + i, h), t.dtype, &out[i * t.D], t.D);
-  return out;
-}
-
-void store_block(const Tok& t, const Chunk& c, int64_t h, const std::vector<double>& v) {
-  for (int64_t i = 0; i < c.len; ++i) store_doubles(&v[i * t.D], t.ptr(c.b, c.t0 + i, h), t.dtype, t.D);
-}
-
-std::vector<double> load_gate(const Tok& g, const Chunk& c, int64_t h) {
-  std::vector<double> out(c.len, 0.0);
-  if (g.defined()) out = load_block(g, c, h);
-  return out;
-}
-
-std::vector<double> load_mat(const Mat& m, int64_t index) {
-  std::vector<double> out(m.rows * m.cols);
-  load_doubles(m.ptr(index), m.dtype, out.data(), m.rows * m.cols);
-  return out;
-}
-
-void store_mat(const Mat& m, int64_t index, const std::vector<double>& v) {
-  store_doubles(v.data(), m.ptr(index), m.dtype, m.rows * m.cols);
-}
 
 std::vector<double> load_tril(const Tok& A, const Chunk& c, int64_t h, bool strict) {
   const std::vector<double> rows = load_block(A, c, h);  // [len, BT]
@@ -65,27 +39,6 @@ double gamma_factor(const std::vector<double>& g, int64_t i, int64_t j) {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-
-void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
-  const Tok g(a.g), out(a.out);
-  const auto chunks = make_chunks(make_seqs(a.g.size(0), a.g.size(1), a.cu_seqlens, a.chunk_size),
-                                  a.chunk_size);
-  for (const Chunk& c : chunks)
-    for (int64_t h = 0; h < g.H; ++h) {
-      const std::vector<double> x = load_block(g, c, h);
-      std::vector<double> y(x.size());
-      for (int64_t s = 0; s < g.D; ++s) {
-        double acc = 0;
-        if (a.reverse) {
-          for (int64_t i = c.len - 1; i >= 0; --i) y[i * g.D + s] = (acc += x[i * g.D + s]);
-        } else {
-          for (int64_t i = 0; i < c.len; ++i) y[i * g.D + s] = (acc += x[i * g.D + s]);
-        }
-      }
-      for (double& v : y) v *= a.scale;
-      store_block(out, c, h, y);
-    }
-}
 
 void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const Tok k(a.k), beta(a.beta), g(a.g), A(a.A);
@@ -135,47 +88,6 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
     }
 }
 
-void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
-  const Tok k(a.k), w(a.w), u(a.u), g(a.g), gk(a.gk), vn(a.v_new);
-  const Mat h(a.h), h0(a.h0), ht(a.ht);
-  const int64_t HV = u.H, G = HV / k.H, K = k.D, V = u.D, BT = a.chunk_size;
-  const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  for (size_t n = 0; n < seqs.size(); ++n) {
-    const auto chunks = make_chunks({seqs[n]}, BT);
-    for (int64_t hv = 0; hv < HV; ++hv) {
-      std::vector<double> X(K * V, 0.0);
-      if (h0.defined()) X = load_mat(h0, n * HV + hv);
-      for (const Chunk& c : chunks) {
-        store_mat(h, c.index * HV + hv, X);
-        const auto kc = load_block(k, c, hv / G), wc = load_block(w, c, hv), uc = load_block(u, c, hv);
-        std::vector<double> Vn(c.len * V);
-        for (int64_t i = 0; i < c.len; ++i)
-          for (int64_t x = 0; x < V; ++x) {
-            double s = uc[i * V + x];
-            for (int64_t y = 0; y < K; ++y) s -= wc[i * K + y] * X[y * V + x];
-            Vn[i * V + x] = s;
-          }
-        if (vn.defined()) store_block(vn, c, hv, Vn);
-        const int64_t last = c.len - 1;
-        if (g.defined()) {
-          const auto gm = load_block(g, c, hv);
-          for (int64_t i = 0; i < c.len; ++i)
-            for (int64_t x = 0; x < V; ++x) Vn[i * V + x] *= std::exp(gm[last] - gm[i]);
-          for (double& s : X) s *= std::exp(gm[last]);
-        } else if (gk.defined()) {
-          const auto gm = load_block(gk, c, hv);
-          for (int64_t y = 0; y < K; ++y)
-            for (int64_t x = 0; x < V; ++x) X[y * V + x] *= std::exp(gm[last * K + y]);
-        }
-        for (int64_t i = 0; i < c.len; ++i)
-          for (int64_t y = 0; y < K; ++y)
-            for (int64_t x = 0; x < V; ++x) X[y * V + x] += kc[i * K + y] * Vn[i * V + x];
-      }
-      if (ht.defined()) store_mat(ht, n * HV + hv, X);
-    }
-  }
-}
-
 void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const Tok q(a.q), k(a.k), v(a.v), g(a.g), o(a.o);
   const Mat h(a.h);
@@ -217,18 +129,6 @@ void gate_fwd(const Context&, const GdnGateFwdArgs& a) {
     load_doubles(static_cast<const char*>(a.g.data()) + gs * r * rs, a.g.dtype(), x.data(), HV);
     for (int64_t h = 0; h < HV; ++h) x[h] = -std::exp(A[h]) * softplus(x[h] + bias[h]);
     store_doubles(x.data(), static_cast<char*>(a.y.data()) + ys * r * HV, a.y.dtype(), HV);
-  }
-}
-
-void sigmoid_fwd(const Context&, const BetaSigmoidFwdArgs& a) {
-  const int64_t D = a.x.size(-1), rows = a.x.rows(), rs = a.x.row_stride();
-  const double c = a.allow_neg_eigval ? 2.0 : 1.0;
-  const size_t xs = dtype_size(a.x.dtype()), ys = dtype_size(a.y.dtype());
-  std::vector<double> x(D);
-  for (int64_t r = 0; r < rows; ++r) {
-    load_doubles(static_cast<const char*>(a.x.data()) + xs * r * rs, a.x.dtype(), x.data(), D);
-    for (double& e : x) e = c / (1.0 + std::exp(-e));
-    store_doubles(x.data(), static_cast<char*>(a.y.data()) + ys * r * D, a.y.dtype(), D);
   }
 }
 
@@ -309,15 +209,11 @@ void register_gated_delta_rule_ref(Registry& r) {
   BackendSpec spec{"ref", DeviceKind::kCPU, 0, INT_MAX,
                    {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64},
                    kPriorityRef};
-  r.add<ChunkLocalCumsumArgs>("chunk_local_cumsum", Direction::kForward, spec, nullptr, cumsum);
   r.add<ChunkScaledDotKktArgs>("chunk_scaled_dot_kkt", Direction::kForward, spec, nullptr, kkt);
   r.add<SolveTrilArgs>("solve_tril", Direction::kForward, spec, nullptr, solve);
   r.add<RecomputeWUFwdArgs>("recompute_w_u", Direction::kForward, spec, nullptr, wu_fwd);
-  r.add<ChunkGatedDeltaRuleFwdHArgs>("chunk_gated_delta_rule_fwd_h", Direction::kForward, spec,
-                                     nullptr, fwd_h);
   r.add<ChunkFwdOArgs>("chunk_fwd_o", Direction::kForward, spec, nullptr, fwd_o);
   r.add<GdnGateFwdArgs>("gdn_gate", Direction::kForward, spec, nullptr, gate_fwd);
-  r.add<BetaSigmoidFwdArgs>("beta_sigmoid", Direction::kForward, spec, nullptr, sigmoid_fwd);
   r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward,
                                              spec, nullptr, recurrent_fwd);
   r.add<ChunkGatedDeltaRuleFwdArgs>("chunk_gated_delta_rule", Direction::kForward, spec, nullptr,

@@ -1,4 +1,5 @@
-// Helpers shared by the two halves of the float64 reference backend.
+// Helpers shared by the two halves of the GDN float64 reference backend (the shared ones are in
+// la_ref.h).
 #pragma once
 
 #include <cstdint>
@@ -6,20 +7,14 @@
 
 #include "fusedops/core/context.h"
 #include "fusedops/ops/gated_delta_rule.h"
-#include "src/ops/linear_attention/la_common.h"
+#include "src/ops/linear_attention/la_ref.h"
 
 namespace fusedops::gdn::ref {
 
-using namespace la;  // the shared layout types (la_common.h)
+// The shared layout types (la_common.h) and row / state loads (la_ref.h).
+using namespace la;
+using namespace la::ref;
 
-// Rows [c.t0, c.t0 + c.len) of head h as a [len, D] row-major block of doubles, and back.
-std::vector<double> load_block(const Tok& t, const Chunk& c, int64_t h);
-void store_block(const Tok& t, const Chunk& c, int64_t h, const std::vector<double>& v);
-// The gate of a chunk ([len]); zeros when the gate is absent.
-std::vector<double> load_gate(const Tok& g, const Chunk& c, int64_t h);
-// A [K,V] state (index = snapshot_or_seq * HV + hv).
-std::vector<double> load_mat(const Mat& m, int64_t index);
-void store_mat(const Mat& m, int64_t index, const std::vector<double>& v);
 // The chunk's [len,len] block of a [B,T,H,BT] matrix tensor: lower part (strict or with the
 // diagonal), zeros elsewhere.
 std::vector<double> load_tril(const Tok& A, const Chunk& c, int64_t h, bool strict);

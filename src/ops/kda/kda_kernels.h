@@ -14,7 +14,7 @@
 #include "src/cpu/parallel.h"
 #include "src/cpu/scratch.h"
 #include "src/ops/linear_attention/la_common.h"
-#include "src/ops/linear_attention/la_cpu_kernels.h"
+#include "src/ops/linear_attention/la_cpu.h"
 
 namespace fusedops::kda {
 
@@ -127,9 +127,7 @@ inline Scratch<T>& scratch() {
 // ---------------------------------------------------------------------------------------------
 // Chunk-level loads and stores.
 
-inline std::vector<Chunk> chunks_of(int64_t B, int64_t T, const TensorView& cu, int64_t BT) {
-  return la::make_chunks(la::make_seqs(B, T, cu, BT), BT);
-}
+using la::cpu::chunks_of;
 
 template <class T>
 inline void load_rows(const Tok& t, const Chunk& c, int64_t h, T* buf) {
