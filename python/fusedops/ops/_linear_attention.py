@@ -263,9 +263,12 @@ BWD_NAMES = tuple(n for n, _ in BWD_INPUTS)
 class Call:
     """A forward call's shared inputs by name (FWD_INPUTS), and its sizes."""
 
+    __slots__ = tuple(n for n, _ in FWD_INPUTS) + ("B", "T", "H", "K", "HV", "V", "N", "flags")
+
     def __init__(self, args):
-        for (name, _), a in zip(FWD_INPUTS, args):
-            setattr(self, name, a)
+        (self.q, self.k, self.v, self.g, self.beta, self.scale, self.initial_state, self.output_final_state,
+         self.use_qk_l2norm, self.use_gate, self.A_log, self.dt_bias, self.use_sigmoid, self.allow_neg,
+         self.cu_seqlens, self.cu_seqlens_cpu, self.chunk_size) = args
         self.B, self.T, self.H, self.K = self.q.shape
         self.HV, self.V = self.v.shape[2], self.v.shape[3]
         self.N = self.B if self.cu_seqlens is None else self.cu_seqlens.shape[0] - 1
