@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._backend import _validate, context, rows_view
+from .._backend import context, debug_checks_enabled, rows_view
 from .cross_entropy import _acc, _grad_loss, _is_eager, softcap_alias
 
 _OP = "chunk_loss"
@@ -207,7 +207,7 @@ class _Accumulate(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 19
         dh, glw = ctx.saved_tensors
-        if grad_loss.device.type == "cpu" or _validate.get():
+        if grad_loss.device.type == "cpu" or debug_checks_enabled():
             if bool(grad_loss != 1):
                 raise RuntimeError(
                     "fusedops: chunk_loss: with grad_weight_buffer the weight gradient is added "
