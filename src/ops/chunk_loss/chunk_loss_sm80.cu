@@ -66,17 +66,6 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   float* dw = a.grad_weight.defined() ? (own_dw ? reinterpret_cast<float*>(ws + l.dw) : a.grad_weight.data_as<float>())
                                       : nullptr;
 
-  if (ctx.validate) {
-    cuda::ce::validate_labels(kOp, a.labels.data(), int64, N, V, o.ignore_index, stream);
-    if (a.alpha_per_sample.defined()) {
-      std::vector<float> alpha(a.alpha_per_sample.numel());
-      FUSEDOPS_CUDA_CHECK(kOp, cudaMemcpyAsync(alpha.data(), a.alpha_per_sample.data(), alpha.size() * 4,
-                                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
-      FUSEDOPS_CUDA_CHECK(kOp, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-      ce::check_alpha_host(kOp, alpha.data(), static_cast<int64_t>(alpha.size()));
-    }
-  }
-
   cuda::ce::ScaleParams sp{};
   sp.labels = a.labels.data();
   sp.labels_int64 = int64;
@@ -87,6 +76,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.alpha = a.alpha;
   sp.rows = N;
   sp.ignore_index = o.ignore_index;
+  sp.vocab = V;
+  cuda::ce::set_label_report(kOp, sp);
   sp.mean = o.reduction == LossReduction::kMean;
   sp.row_scale = row_scale;
   sp.row_norm = row_norm;

@@ -1,5 +1,5 @@
-// Host-side pieces shared by the cross-entropy and chunk_loss backends: the label check of
-// validate mode, the CUDA workspace layouts (also needed by the *_workspace_size queries, which
+// Host-side pieces shared by the cross-entropy and chunk_loss backends: the label checks, the
+// CUDA workspace layouts (also needed by the *_workspace_size queries, which
 // are compiled without CUDA), and the chunk size rule of chunk_loss.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fusedops/core/check.h"
+#include "fusedops/core/context.h"
 #include "fusedops/core/dtype.h"
 #include "fusedops/core/error.h"
 #include "fusedops/ops/cross_entropy.h"
@@ -26,15 +27,11 @@ void check_labels_host(const char* op, const L* labels, int64_t n, int64_t vocab
   }
 }
 
-// Validate mode for chunk_loss's per-sample alpha: every value finite and nonzero.
-template <class A>
-void check_alpha_host(const char* op, const A* alpha, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = static_cast<double>(alpha[i]);
-    FUSEDOPS_REQUIRE(a == a && a != 0 && a - a == 0, kValue, op, "alpha[", i,
-                     "] must be a finite nonzero number, got ", a);
-  }
-}
+// Every label is ignore_index or in [0, vocab): checked before any work on the CPU, and on CUDA
+// with debug checks (a copy to the host and a synchronisation); otherwise the CUDA kernels give
+// the row a NaN loss and report it (defined in cross_entropy_api.cpp).
+void check_label_values(const char* op, const Context& ctx, const TensorView& labels,
+                        int64_t vocab, int64_t ignore_index);
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
