@@ -174,7 +174,7 @@ void bwd_typed(const ClippedSwigluBwdArgs& p, const Rows2d& s, int64_t m_eff, co
 
 void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const Act act{static_cast<float>(p.alpha), static_cast<float>(p.limit),
                 static_cast<float>(p.bias), p.clamp_mode};
   visit_float(p.x.dtype(), [&](auto t) {
@@ -185,7 +185,7 @@ void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
 
 void bwd(const Context& ctx, const ClippedSwigluBwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const Act act{static_cast<float>(p.alpha), static_cast<float>(p.limit),
                 static_cast<float>(p.bias), p.clamp_mode};
   visit_float(p.x.dtype(), [&](auto t) {
