@@ -249,7 +249,8 @@ TEST(SortChunksByIdx, HelpersMatchTheOracle) {
         TestTensor probs = random_tensor(DType::kFloat32, {c.N}, b.device, 22);
         TestTensor out = poisoned(dt, {c.N, c.Hd}, b.device);
         TestTensor pout = poisoned(DType::kFloat32, {c.N}, b.device);
-        sort_chunks_by_map(b.ctx(), {inp.view(), map.view(), probs.view(), out.view(), pout.view(), forward});
+        TestTensor ws(DType::kUInt8, {static_cast<int64_t>(sort_chunks_by_map_workspace_size(c.N, forward))}, b.device);
+        sort_chunks_by_map(b.ctx(), {inp.view(), map.view(), probs.view(), out.view(), pout.view(), forward, ws.view()});
         const int64_t rb = c.Hd * static_cast<int64_t>(dtype_size(dt));
         EXPECT_TRUE(out.bytes() == move_rows(inp.bytes(), c.N, rb, rb, want_map, forward));
         EXPECT_TRUE(pout.bytes() == move_rows(probs.bytes(), c.N, 4, 4, want_map, forward));
@@ -359,7 +360,7 @@ TEST(SortChunksByIdx, BadRowMapsRaiseOnTheCpu) {
       expect_error([&] { sort_chunks_by_idx_bwd(b.ctx(), {dout.view(), TensorView(), map.view(), din.view(), TensorView()}); },
                    ErrorKind::kValue, "sort_chunks_by_idx: " + message);
       for (bool fwd : {true, false})
-        expect_error([&] { sort_chunks_by_map(b.ctx(), {dout.view(), map.view(), TensorView(), din.view(), TensorView(), fwd}); },
+        expect_error([&] { sort_chunks_by_map(b.ctx(), {dout.view(), map.view(), TensorView(), din.view(), TensorView(), fwd, TensorView()}); },
                      ErrorKind::kValue, "sort_chunks_by_map: " + message);
     }
   }
@@ -509,7 +510,7 @@ TEST(SortChunksByIdx, BadInputsRaiseClearErrors) {
                ErrorKind::kValue, "row_id_map must have shape [6] ([N], N = rows of d_out), got [5]");
   expect_error([&] { make_chunk_sort_map(ctx, {sizes.view(), order3.view(), map.view(), TensorView()}); },
                ErrorKind::kValue, "make_chunk_sort_map: split_sizes and sorted_index must have the same number");
-  expect_error([&] { sort_chunks_by_map(vctx, {inp.view(), badmap.view(), TensorView(), out.view(), TensorView(), true}); },
+  expect_error([&] { sort_chunks_by_map(vctx, {inp.view(), badmap.view(), TensorView(), out.view(), TensorView(), true, TensorView()}); },
                ErrorKind::kValue, "sort_chunks_by_map: row_id_map must be a permutation of 0..5");
 }
 
