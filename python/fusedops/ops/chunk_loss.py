@@ -241,7 +241,11 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
       gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 32 MiB on the CPU).
       On CUDA with 16-bit operands the budget goes to the 16-bit gradient chunk first and the
-      fp32 logits are computed in sub-chunks of it (see the family README).
+      fp32 logits are computed in sub-chunks of it (see the family README). On CUDA, a call that
+      returns a 16-bit weight gradient without ``chunk_size`` or ``memory_budget`` keeps its
+      memory to Liger-Kernel's (one logits chunk of about ``N x H`` values besides the gradients;
+      the compact plan of the family README: 16-bit logits, the weight gradient accumulated in
+      its own dtype); give ``memory_budget`` (or ``grad_weight_buffer``) for the fp32 plan.
     * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
       gradient is added to during the forward instead of being returned through autograd; the
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
