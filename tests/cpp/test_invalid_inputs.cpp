@@ -293,6 +293,56 @@ TEST(LargeInputs, RowWiseOperatorsPast2Pow31ElementsOnCuda) {
 #endif
 }
 
+#ifdef FUSEDOPS_WITH_CUDA
+// A CUDA tensor of `rows` rows that all hold `row` (host values).
+void fill_rows(TestTensor& t, const std::vector<double>& row) {
+  TestTensor head(t.dtype(), {1, static_cast<int64_t>(row.size())});
+  head.set(row);
+  ASSERT_EQ(cudaMemcpy(t.data(), head.data(), row.size() * dtype_size(t.dtype()), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  repeat_rows(t, 1);
+}
+#endif
+
+// The reductions over rows: sums known exactly (matmul_add of ones: every entry is N; chunk_loss of
+// zero hidden states: every row's loss is log V).
+TEST(LargeInputs, ReductionsPast2Pow31ElementsOnCuda) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << "2^31 elements need >= 4 GiB per tensor: CUDA only";
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << "2^31 elements need >= 4 GiB per tensor: CUDA only";
+  const Device d = Device::cuda(0);
+  const int64_t cols = 4096, n = (int64_t(1) << 31) / cols + 8;
+  {
+    TestTensor g(DType::kBFloat16, {n, 8}, d), x(DType::kBFloat16, {n, cols}, d), acc(DType::kFloat32, {8, cols}, d);
+    fill_rows(g, std::vector<double>(8, 1.0));
+    fill_rows(x, std::vector<double>(cols, 1.0));
+    acc.set(std::vector<double>(8 * cols, 0.0));
+    TestTensor ws(DType::kUInt8, {static_cast<int64_t>(matmul_add_workspace_size(Context::cuda(0)))}, d);
+    matmul_add_fwd(Context::cuda(0), {g.view(), x.view(), acc.view(), ws.view()});
+    for (double v : acc.to_double()) ASSERT_EQ(v, static_cast<double>(n));
+  }
+  {
+    const int64_t h = cols / 2, V = 64, rows = (int64_t(1) << 31) / h + 8;
+    TestTensor hid(DType::kBFloat16, {rows, h}, d), w(DType::kBFloat16, {V, h}, d), loss(DType::kFloat32, {}, d);
+    TestTensor labels(DType::kInt64, {rows}, d);
+    fill_rows(hid, std::vector<double>(h, 0.0));
+    w.fill_normal(3);
+    ASSERT_EQ(cudaMemset(labels.data(), 0, rows * 8), cudaSuccess);
+    ChunkLossFwdArgs a;
+    a.hidden = hid.view();
+    a.weight = w.view();
+    a.labels = labels.view();
+    a.loss = loss.view();
+    a.options.reduction = LossReduction::kSum;
+    TestTensor ws(DType::kUInt8, {static_cast<int64_t>(chunk_loss_workspace_size(Context::cuda(0), a))}, d);
+    a.workspace = ws.view();
+    chunk_loss_fwd(Context::cuda(0), a);
+    EXPECT_NEAR(loss.to_double()[0] / (static_cast<double>(rows) * std::log(64.0)), 1.0, 1e-5);
+  }
+#endif
+}
+
 // causal_conv1d's CUDA kernels index time in 32 bits: T >= 2^31 - 16 raises before any work (a
 // view of one element reaches it).
 TEST(LargeInputs, CausalConv1dTimeStepsPastInt32RaiseOnCuda) {

@@ -249,7 +249,7 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
       gradient is added to during the forward instead of being returned through autograd; the
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
-      inside ``fusedops.validation()``).
+      inside ``fusedops.debug_checks()``).
     * ``bias`` is rejected (``ValueError``), as in MindSpeed.
     * ``process_group``: ``weight`` is this rank's shard ``[V_shard, H]`` of a vocabulary sharded
       over the group (``fusedops.distributed``; rows ``[vocab_start, vocab_start + V_shard)``,
