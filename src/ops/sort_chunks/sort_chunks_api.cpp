@@ -226,8 +226,8 @@ size_t sort_chunks_by_map_workspace_size(int64_t num_rows, bool is_forward) {
 void sort_chunks_by_idx_fwd(const Context& ctx, const SortChunksFwdArgs& args) {
   check_fwd(ctx, args);
   const int64_t N = args.inp.size(0);
-  if (N == 0) return;
   validate_indices(kOpIdx, ctx, args.split_sizes, args.sorted_index, N);
+  if (N == 0) return;
   dispatch(kOpIdx, Direction::kForward, ctx, args.inp.dtype(), args);
 }
 
@@ -242,8 +242,8 @@ void sort_chunks_by_idx_bwd(const Context& ctx, const SortChunksBwdArgs& args) {
 void make_chunk_sort_map(const Context& ctx, const ChunkSortMapArgs& args) {
   check_map_args(ctx, args);
   const int64_t N = args.row_id_map.size(0);
-  if (N == 0) return;
   validate_indices(kOpMap, ctx, args.split_sizes, args.sorted_index, N);
+  if (N == 0) return;
   dispatch(kOpMap, Direction::kForward, ctx, args.split_sizes.dtype(), args);
 }
 

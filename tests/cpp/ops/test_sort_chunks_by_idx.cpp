@@ -319,7 +319,18 @@ const std::vector<BadChunks>& bad_chunks() {
       {{-4, 9, 1}, {1, 2, 0}, "split_sizes must be >= 0, got split_sizes[0] = -4"},
       {{3, 1, 2}, {7, -1, 1}, "sorted_index must be a permutation of 0..2, got sorted_index[0] = 7"},
   };
+
   return b;
+}
+
+// The same checks when inp has no rows (nothing would be moved, but the sizes are still wrong).
+TEST(SortChunksByIdx, BadIndicesRaiseOnTheCpuWithoutRows) {
+  TestTensor inp(DType::kFloat32, {0, 4}), out(DType::kFloat32, {0, 4}), map(DType::kInt32, {0});
+  TestTensor sizes = index_tensor(DType::kInt64, {2}, Device::cpu());
+  TestTensor order = index_tensor(DType::kInt64, {0}, Device::cpu());
+  expect_error([&] { sort_chunks_by_idx_fwd(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                            out.view(), TensorView(), map.view(), TensorView()}); },
+               ErrorKind::kValue, "the sum of split_sizes (2) must not exceed the number of rows of inp (0)");
 }
 
 TEST(SortChunksByIdx, BadIndicesRaiseOnTheCpuBeforeAnyWork) {
