@@ -319,7 +319,6 @@ const std::vector<BadChunks>& bad_chunks() {
       {{-4, 9, 1}, {1, 2, 0}, "split_sizes must be >= 0, got split_sizes[0] = -4"},
       {{3, 1, 2}, {7, -1, 1}, "sorted_index must be a permutation of 0..2, got sorted_index[0] = 7"},
   };
-
   return b;
 }
 
