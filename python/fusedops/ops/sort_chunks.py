@@ -75,6 +75,9 @@ def _check_inp(op: str, inp: Tensor) -> None:
     if inp.dim() != 2:
         raise ValueError(f"fusedops: {op}: inp must have rank 2, got rank {inp.dim()} with shape "
                          f"{_shape_str(inp)}")
+    if inp.shape[0] > 2**31 - 1:  # before the int32 row_id_map [N] is allocated
+        raise ValueError(f"fusedops: {op}: inp has {inp.shape[0]} rows; row_id_map is int32, so at "
+                         "most 2^31-1 are supported")
 
 
 def _check_indices(op: str, split_sizes: Tensor, sorted_index: Tensor) -> None:
