@@ -31,6 +31,8 @@ CASES = {
     "V-32003": ((9, 8), 32003, 4, dict(reduction="mean", weights=True)),
     "all-ignored": ((6, 8), 11, 4, dict(reduction="mean", ignore_index=3, ignore_every=1, weights=True)),
     "no-rows": ((0, 8), 11, None, dict()),
+    # CUDA, 16-bit: the compact default plan (16-bit logits, dW accumulated over 3 chunks).
+    "compact-default": ((260, 64), 8192, None, dict(weights=True, ignore_every=7)),
     # Negative and zero per-token weights: CUDA's plain pass writes 16-bit gradients with |a| folded
     # into the exponent and the sign of a applied to the packed result.
     "signed-weights": ((23, 16), 1000, 8, dict(weights="signed", ignore_every=6)),
