@@ -3,6 +3,7 @@
 
 #include "fusedops/core/check.h"
 #include "fusedops/core/context.h"
+#include "fusedops/core/device_errors.h"
 #include "fusedops/core/dtype.h"
 #include "fusedops/core/error.h"
 #include "fusedops/core/registry.h"

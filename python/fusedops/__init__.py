@@ -9,7 +9,7 @@ fusedops.reference.
 import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
 from . import _C
-from ._backend import backends, use_backend, validation
+from ._backend import backends, check_errors, debug_checks, use_backend, validation
 from ._trace import dispatch_trace
 from .ops.causal_conv1d import causal_conv1d
 from .ops.l2norm import l2norm
@@ -39,6 +39,8 @@ __all__ = [
     "use_backend",
     "validation",
     "dispatch_trace",
+    "debug_checks",
+    "check_errors",
     "rmsnorm_without_weight",
     "l2norm",
     "causal_conv1d",

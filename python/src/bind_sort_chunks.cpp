@@ -32,14 +32,18 @@ void bind_sort_chunks(nb::module_& m) {
         },
         nb::arg("ctx"), nb::arg("split_sizes"), nb::arg("sorted_index"), nb::arg("row_id_map"),
         nb::arg("workspace").none(), release_gil());
+  m.def("sort_chunks_by_map_workspace_size", &sort_chunks_by_map_workspace_size,
+        nb::arg("num_rows"), nb::arg("is_forward"));
   m.def("sort_chunks_by_map",
         [](const Context& ctx, const Array& inp, const Array& row_id_map, const OptArray& probs,
-           const Array& out, const OptArray& probs_out, bool is_forward) {
+           const Array& out, const OptArray& probs_out, bool is_forward,
+           const OptArray& workspace) {
           sort_chunks_by_map(ctx, {view(inp), view(row_id_map), view(probs), view(out),
-                                   view(probs_out), is_forward});
+                                   view(probs_out), is_forward, view(workspace)});
         },
         nb::arg("ctx"), nb::arg("inp"), nb::arg("row_id_map"), nb::arg("probs").none(),
-        nb::arg("out"), nb::arg("probs_out").none(), nb::arg("is_forward"), release_gil());
+        nb::arg("out"), nb::arg("probs_out").none(), nb::arg("is_forward"),
+        nb::arg("workspace").none(), release_gil());
 }
 
 }  // namespace fusedops::py

@@ -151,6 +151,28 @@ NB_MODULE(_C, m) {
       .def_rw("deterministic", &Context::deterministic)
       .def_rw("validate", &Context::validate);
 
+  // Bad-input reports of CUDA kernels (fusedops/core/device_errors.h). `host` is the address of
+  // 32 bytes of (pinned) host memory the caller owns.
+  m.def("device_error_code", &device_error_code, nb::arg("op"), nb::arg("condition"));
+  m.def("describe_device_error",
+        [](uint32_t code, int64_t index, int64_t value, uint64_t count) {
+          DeviceErrorRecord r;
+          r.code = code;
+          r.index = index;
+          r.value = value;
+          r.count = count;
+          return describe_device_error(r);
+        },
+        nb::arg("code"), nb::arg("index"), nb::arg("value"), nb::arg("count"));
+  m.def("read_device_errors_async",
+        [](const Context& ctx, uintptr_t host) {
+          read_device_errors_async(ctx, reinterpret_cast<DeviceErrorRecord*>(host));
+        },
+        nb::arg("ctx"), nb::arg("host"));
+  m.def("clear_device_errors", &clear_device_errors, nb::arg("ctx"));
+  m.def("check_device_errors", &check_device_errors, nb::arg("ctx"), release_gil());
+  m.def("debug_checks", &debug_checks, nb::arg("ctx"));
+
   m.def("built_with_cuda", &built_with_cuda);
   m.def("cuda_device_count", &cuda_device_count);
   m.def("cuda_arch", &cuda_arch, nb::arg("device_index"));

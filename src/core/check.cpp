@@ -1,5 +1,11 @@
 #include "fusedops/core/check.h"
 
+#include <cstring>
+
+#ifdef FUSEDOPS_WITH_CUDA
+#include "src/cuda/check.cuh"
+#endif
+
 namespace fusedops {
 
 std::vector<int64_t> shape_vector(const TensorView& t) {
@@ -105,6 +111,69 @@ const ArgCheck& ArgCheck::rows_addressable(const TensorView& t, const char* name
 const ArgCheck& ArgCheck::value(bool ok, const std::string& message) const {
   FUSEDOPS_REQUIRE(ok, kValue, op_, message);
   return *this;
+}
+
+const ArgCheck& ArgCheck::offsets(const std::vector<int64_t>& offs, const char* name,
+                                  int64_t total, const char* total_name,
+                                  const char* total_note) const {
+  if (offs.empty()) return *this;
+  FUSEDOPS_REQUIRE(offs[0] == 0, kValue, op_, name, " must start at 0, got ", name, "[0] = ",
+                   offs[0]);
+  for (size_t i = 1; i < offs.size(); ++i)
+    FUSEDOPS_REQUIRE(offs[i] >= offs[i - 1], kValue, op_, name, " must be non-decreasing, got ",
+                     name, "[", i, "] = ", offs[i], " < ", name, "[", i - 1, "] = ", offs[i - 1]);
+  FUSEDOPS_REQUIRE(offs.back() == total, kValue, op_, name, " must end at ", total_name, " = ",
+                   total, total_note ? std::string(" (") + total_note + ")" : std::string(),
+                   ", got ", name, "[", offs.size() - 1, "] = ", offs.back());
+  return *this;
+}
+
+std::vector<uint8_t> read_tensor_bytes(const char* op, const Context& ctx, const TensorView& t) {
+  // Elements 0 .. 1 + sum((size_d - 1) * stride_d) of the view: everything it addresses.
+  int64_t span = t.numel() > 0 ? 1 : 0;
+  for (int d = 0; d < t.ndim() && span > 0; ++d) {
+    FUSEDOPS_REQUIRE(t.stride(d) >= 0, kValue, op, "tensors with negative strides are not supported");
+    span += (t.size(d) - 1) * t.stride(d);
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(span) * dtype_size(t.dtype()));
+  if (out.empty()) return out;
+  if (t.device().kind == DeviceKind::kCPU) {
+    std::memcpy(out.data(), t.data(), out.size());
+    return out;
+  }
+#ifdef FUSEDOPS_WITH_CUDA
+  cuda::DeviceGuard guard(op, t.device().index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  FUSEDOPS_CUDA_CHECK(op, cudaMemcpyAsync(out.data(), t.data(), out.size(), cudaMemcpyDeviceToHost,
+                                          stream));
+  FUSEDOPS_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+  return out;
+#else
+  FUSEDOPS_FAIL(kRuntime, op, "tensor on ", to_string(t.device()), " in a build without CUDA");
+#endif
+}
+
+std::vector<int64_t> read_index_values(const char* op, const Context& ctx, const TensorView& t) {
+  FUSEDOPS_REQUIRE(t.ndim() == 1 && (t.dtype() == DType::kInt32 || t.dtype() == DType::kInt64),
+                   kValue, op, "read_index_values takes a 1-D int32/int64 tensor");
+  const int64_t n = t.numel();
+  const int64_t stride = n > 1 ? t.stride(0) : 0;
+  const bool i64 = t.dtype() == DType::kInt64;
+  const std::vector<uint8_t> bytes = read_tensor_bytes(op, ctx, t);
+  std::vector<int64_t> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = bytes.data() + i * stride * (i64 ? 8 : 4);
+    if (i64) {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      out[i] = v;
+    } else {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      out[i] = v;
+    }
+  }
+  return out;
 }
 
 }  // namespace fusedops

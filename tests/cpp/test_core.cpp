@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "src/cpu/parallel.h"
@@ -203,6 +204,83 @@ TEST(StreamCopy, EqualsMemcpyAtEveryAlignmentAndSize) {
       }
     }
   }
+}
+
+// Bad-input reports (fusedops/core/device_errors.h): codes, messages, the debug-checks switch.
+TEST(DeviceErrors, CodesAndMessages) {
+  const uint32_t code = device_error_code("some_op", "x[{index}] = {value} is out of range");
+  EXPECT_GE(code, 1u);
+  EXPECT_EQ(device_error_code("some_op", "x[{index}] = {value} is out of range"), code);
+  EXPECT_NE(device_error_code("other_op", "x[{index}] = {value} is out of range"), code);
+  DeviceErrorRecord r;
+  EXPECT_EQ(describe_device_error(r), "");
+  r.code = code;
+  r.index = 3;
+  r.value = -7;
+  r.count = 1;
+  EXPECT_EQ(describe_device_error(r), "some_op: x[3] = -7 is out of range");
+  EXPECT_EQ(device_error_op(r), "some_op");
+  r.count = 4;
+  EXPECT_EQ(describe_device_error(r), "some_op: x[3] = -7 is out of range (4 reports; the first is shown)");
+  r.code = 1u << 30;
+  EXPECT_NE(describe_device_error(r).find("unknown report code"), std::string::npos);
+}
+
+TEST(DeviceErrors, DebugChecksFollowTheContextAndTheEnvironment) {
+  Context ctx;
+  const char* old = std::getenv("FUSEDOPS_CHECK_INDICES");
+  const std::string saved = old ? old : "";
+  unsetenv("FUSEDOPS_CHECK_INDICES");
+  EXPECT_FALSE(debug_checks(ctx));
+  ctx.validate = true;
+  EXPECT_TRUE(debug_checks(ctx));
+  ctx.validate = false;
+  setenv("FUSEDOPS_CHECK_INDICES", "0", 1);
+  EXPECT_FALSE(debug_checks(ctx));
+  setenv("FUSEDOPS_CHECK_INDICES", "1", 1);
+  EXPECT_TRUE(debug_checks(ctx));
+  if (old) setenv("FUSEDOPS_CHECK_INDICES", saved.c_str(), 1);
+  else unsetenv("FUSEDOPS_CHECK_INDICES");
+  // On a CPU context the device functions do nothing.
+  DeviceErrorRecord host;
+  EXPECT_NO_THROW(read_device_errors_async(Context::cpu(), &host));
+  EXPECT_NO_THROW(clear_device_errors(Context::cpu()));
+  EXPECT_NO_THROW(check_device_errors(Context::cpu()));
+}
+
+TEST(DeviceErrors, CudaRecordStartsClearAndChecksClearIt) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Context ctx = Context::cuda(0);
+  check_device_errors(ctx);  // whatever an earlier test left
+  EXPECT_NO_THROW(check_device_errors(ctx));
+  DeviceErrorRecord host;
+  host.code = 99;
+  read_device_errors_async(ctx, &host);
+#ifdef FUSEDOPS_WITH_CUDA
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+#endif
+  EXPECT_EQ(host.code, 0u);
+  EXPECT_EQ(host.count, 0u);
+}
+
+TEST(ArgCheck, OffsetsAndIndexValues) {
+  ArgCheck c("some_op");
+  EXPECT_NO_THROW(c.offsets({0, 2, 2, 5}, "cu", 5, "T"));
+  expect_error([&] { c.offsets({1, 2, 5}, "cu", 5, "T"); }, ErrorKind::kValue,
+               "some_op: cu must start at 0, got cu[0] = 1");
+  expect_error([&] { c.offsets({0, 3, 2, 5}, "cu", 5, "T"); }, ErrorKind::kValue,
+               "cu must be non-decreasing, got cu[2] = 2 < cu[1] = 3");
+  expect_error([&] { c.offsets({0, 3, 4}, "cu", 5, "T", "the length"); }, ErrorKind::kValue,
+               "cu must end at T = 5 (the length), got cu[2] = 4");
+  const int32_t v32[6] = {5, -1, 7, -2, 9, -3};
+  const int64_t shape[1] = {3}, stride[1] = {2};
+  const TensorView strided(const_cast<int32_t*>(v32), DType::kInt32, Device::cpu(), 1, shape, stride);
+  EXPECT_EQ(read_index_values("some_op", Context::cpu(), strided), (std::vector<int64_t>{5, 7, 9}));
+  const int64_t v64[2] = {int64_t(1) << 40, -4};
+  const TensorView t64(const_cast<int64_t*>(v64), DType::kInt64, Device::cpu(), {2});
+  EXPECT_EQ(read_index_values("some_op", Context::cpu(), t64), (std::vector<int64_t>{int64_t(1) << 40, -4}));
+  const TensorView empty(nullptr, DType::kInt64, Device::cpu(), {0});
+  EXPECT_TRUE(read_index_values("some_op", Context::cpu(), empty).empty());
 }
 
 }  // namespace

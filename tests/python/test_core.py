@@ -215,3 +215,83 @@ def test_use_backend_wins_over_the_environment(monkeypatch):
         assert ran("l2norm") == "cpu"
     with pytest.raises(ValueError, match="FUSEDOPS_BACKEND"):
         fusedops.l2norm(_x())
+
+
+# ---------------------------------------------------------------------------------------------
+# Debug checks and the bad-input reports of CUDA kernels (fusedops/core/device_errors.h).
+
+
+def test_device_error_reports_describe_the_condition_with_position_and_value():
+    code = fusedops._C.device_error_code("some_op", "x[{index}] = {value} is out of range")
+    assert code >= 1
+    assert fusedops._C.device_error_code("some_op", "x[{index}] = {value} is out of range") == code
+    assert fusedops._C.device_error_code("other_op", "x[{index}] = {value} is out of range") != code
+    assert fusedops._C.describe_device_error(code, 3, -7, 1) == "some_op: x[3] = -7 is out of range"
+    assert fusedops._C.describe_device_error(code, 3, -7, 5) == (
+        "some_op: x[3] = -7 is out of range (5 reports; the first is shown)")
+    assert fusedops._C.describe_device_error(0, 0, 0, 0) == ""
+
+
+def test_debug_checks_set_the_context_and_nest():
+    x = torch.zeros(2)
+    ctx = fusedops._backend.context("l2norm", x)
+    assert not ctx.validate
+    with fusedops.debug_checks():
+        assert fusedops._backend.context("l2norm", x).validate
+        with fusedops.debug_checks(False):
+            assert not fusedops._backend.context("l2norm", x).validate
+        assert fusedops._backend.debug_checks_enabled()
+    assert not fusedops._backend.context("l2norm", x).validate
+    assert fusedops.validation is fusedops.debug_checks
+
+
+def test_environment_turns_the_debug_checks_on(monkeypatch):
+    ctx = fusedops._backend.context("l2norm", torch.zeros(2))
+    monkeypatch.delenv("FUSEDOPS_CHECK_INDICES", raising=False)
+    assert not fusedops._C.debug_checks(ctx) and not fusedops._backend.debug_checks_enabled()
+    monkeypatch.setenv("FUSEDOPS_CHECK_INDICES", "0")
+    assert not fusedops._C.debug_checks(ctx)
+    monkeypatch.setenv("FUSEDOPS_CHECK_INDICES", "1")
+    assert fusedops._C.debug_checks(ctx) and fusedops._backend.debug_checks_enabled()
+
+
+def test_check_errors_without_cuda_work_does_nothing():
+    fusedops.check_errors()
+    fusedops.check_errors("cpu")
+
+
+def _bad_sort(device):
+    x = torch.randn(6, 4, device=device)
+    sizes = torch.tensor([2, 2, 2], device=device)
+    return fusedops.sort_chunks_by_idx(x, sizes, torch.tensor([0, 0, 1], device=device))[0]
+
+
+def test_a_cuda_report_is_raised_by_a_later_call_without_a_sync():
+    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    fusedops.check_errors()
+    _bad_sort("cuda")
+    x = torch.randn(8, 16, device="cuda")
+    with pytest.raises(ValueError, match=r"sort_chunks_by_idx: .*reported by a CUDA kernel on cuda:0 "
+                                         r"during an earlier call"):
+        for _ in range(4 * fusedops._backend._POLL_EVERY):
+            fusedops.l2norm(x)
+            torch.cuda.synchronize()  # let the asynchronous copy of the report land
+    fusedops.check_errors()  # raised once, then cleared
+
+
+def test_cuda_graph_capture_does_not_poll():
+    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
+        pytest.skip("needs a CUDA device and a CUDA build")
+    x = torch.randn(8, 16, device="cuda")
+    fusedops.l2norm(x)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(2 * fusedops._backend._POLL_EVERY):
+                y = fusedops.l2norm(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(y, fusedops.l2norm(x))
+    fusedops.check_errors()

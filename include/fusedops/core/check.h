@@ -41,11 +41,23 @@ class ArgCheck {
   // Last dimension has stride 1 and the leading dimensions collapse into one row stride.
   const ArgCheck& rows_addressable(const TensorView& t, const char* name) const;
   const ArgCheck& value(bool ok, const std::string& message) const;
+  // Offsets of packed sequences (cu_seqlens): offsets[0] == 0, non-decreasing, and the last
+  // entry == total (the packed length; the message says "must end at <total_name> = <total>
+  // (<total_note>)").
+  const ArgCheck& offsets(const std::vector<int64_t>& offsets, const char* name, int64_t total,
+                          const char* total_name, const char* total_note = nullptr) const;
 
  private:
   const char* op_;
 };
 
 std::vector<int64_t> shape_vector(const TensorView& t);
+
+// The bytes a view addresses (elements 0 .. 1 + sum((size_d - 1) * stride_d), strides >= 0), in
+// host memory. On the CPU a copy; on CUDA a copy on ctx.stream followed by a synchronisation of
+// the stream, so only the debug checks (debug_checks(ctx)) use it there.
+std::vector<uint8_t> read_tensor_bytes(const char* op, const Context& ctx, const TensorView& t);
+// The contents of a 1-D int32 / int64 tensor as int64 (any stride), read as above.
+std::vector<int64_t> read_index_values(const char* op, const Context& ctx, const TensorView& t);
 
 }  // namespace fusedops

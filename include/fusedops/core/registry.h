@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fusedops/core/context.h"
+#include "fusedops/core/device_errors.h"
 #include "fusedops/core/dtype.h"
 #include "fusedops/core/trace.h"
 
@@ -86,12 +87,15 @@ class Registry {
 // Syntax: "op=backend,op2=backend" or "backend" (every op); "*=backend" also means every op.
 std::string env_backend_override(const std::string& op);
 
-// Selects and runs the backend for one call (recorded by a dispatch trace, see trace.h).
+// Selects and runs the backend for one call (recorded by a dispatch trace, see trace.h). With
+// debug checks on (debug_checks(ctx)), a CUDA call then waits for its kernels and raises what
+// they reported (device_errors.h).
 template <class Args>
 void dispatch(const char* op, Direction dir, const Context& ctx, DType dtype, const Args& args) {
   const KernelEntry& entry = Registry::instance().select(op, dir, ctx, dtype, &args);
   TraceScope trace(op, direction_name(dir), entry.spec.id);
   entry.run(ctx, &args);
+  if (ctx.device.kind == DeviceKind::kCUDA && debug_checks(ctx)) check_device_errors(ctx);
 }
 
 // Compute capability x10 of a CUDA device (cached per device), 0 when CUDA is unavailable.

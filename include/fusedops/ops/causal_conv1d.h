@@ -31,8 +31,11 @@ CausalConv1dActivation causal_conv1d_activation(const std::string& name);
 //   bias:          [D] any floating dtype, or undefined.
 //   residual:      shape and dtype of x (same stride rules), or undefined; added after act.
 //   initial_state: [N, D, W] any floating dtype, contiguous, or undefined.
-//   cu_seqlens:    [N+1] int32/int64, or undefined. cu[0] = 0, non-decreasing, cu[N] = T: always
-//                  checked on the CPU, on CUDA only with Context::validate (it synchronizes).
+//   cu_seqlens:    [N+1] int32/int64, or undefined. cu[0] = 0, non-decreasing, cu[N] = T:
+//                  checked before any work on the CPU; on CUDA checked on the device: the
+//                  kernels clamp every offset to [0, T] and a violation is reported into the
+//                  device's bad-input record (fusedops/core/device_errors.h); with debug checks
+//                  the CUDA call checks on the host first and raises like the CPU.
 //   y:             shape and dtype of x, contiguous (written).
 //   final_state:   [N, D, W] contiguous (fp32/bf16/fp16 or fp64), or undefined (written).
 // Saved for the backward: x, weight, bias, initial_state, cu_seqlens (a is recomputed).

@@ -44,6 +44,11 @@ namespace fusedops {
 //                On CUDA with 16-bit operands a chunk's fp32 logits may be computed in
 //                sub-chunks (ce::chunk_layout): by the budget when chunk_size is 0, and when both
 //                are given, in sub-chunks that fit what the chunk's gradient leaves of the budget.
+//                On CUDA with a 16-bit grad_weight and neither chunk_size nor memory_budget, the
+//                workspace is held to Liger-Kernel's logits chunk (about N x H values) and, when an
+//                fp32 accumulator does not fit it, the plan is compact: 16-bit logits replaced by
+//                their gradient in place, grad_weight accumulated in its own dtype (the family
+//                README).
 //   workspace:   uint8 bytes on the device, at least chunk_loss_workspace_size(ctx, args)
 //                (0 on the CPU).
 struct ChunkLossFwdArgs {

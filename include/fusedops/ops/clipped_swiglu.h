@@ -22,7 +22,10 @@ inline constexpr int64_t kClippedSwigluMaxGroups = 8192;
 // With group_index, rows i >= M_eff = clamp(sum(group_index), 0, M) are not computed: y = 0
 // there. fp32 math; NaN propagates through the clamps as in torch.clamp.
 //   x:           rank 1..8, fp32/bf16/fp16 (ref: also fp64), contiguous; x.shape[dim] even.
-//   group_index: int64 [G], G <= 8192, entries >= 0 (checked only with ctx.validate), or undefined.
+//   group_index: int64 [G], G <= 8192, entries >= 0, or undefined. A negative entry raises on
+//                the CPU (before any work); on CUDA it counts as 0 and is reported into the
+//                device's bad-input record (fusedops/core/device_errors.h; with debug checks
+//                the CUDA call raises like the CPU).
 //   y:           x's shape with shape[dim] halved, dtype of x, contiguous; overwritten.
 //   Saved for backward: x (and group_index).
 struct ClippedSwigluFwdArgs {

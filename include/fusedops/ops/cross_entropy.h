@@ -43,8 +43,10 @@ struct CrossEntropyOptions {
 //                      ((1 + 2 lambda lse) softmax(z)_v - (1-eps) [v == y] - eps / V)
 //   grad_loss_weight[i] = l_i / norm
 // and the backward (cross_entropy_bwd) only rescales them. A label outside [0, V) that is not
-// ignore_index gives a NaN loss for its row (and no target term in its gradient); with
-// ctx.validate such labels raise instead (this reads the labels, and synchronizes on CUDA).
+// ignore_index raises (kValue) on the CPU before any work; on CUDA it gives a NaN loss for its
+// row (no target term in its gradient, nothing outside the row read) and is reported into the
+// device's bad-input record (fusedops/core/device_errors.h); with debug checks the CUDA call reads
+// the labels on the host (a synchronisation) and raises like the CPU.
 //
 //   logits:      [..., V], V >= 1, fp32/bf16/fp16 (ref: also fp64); last dim stride 1 and the
 //                leading dims flattening to rows with one stride.

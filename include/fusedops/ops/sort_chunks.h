@@ -14,10 +14,15 @@
 // The op only moves bytes: any element dtype works (fp32/bf16/fp16, fp8 passed as uint8 bytes,
 // integers), outputs and gradients are bit-identical to the definition.
 //
-// Index tensors (split_sizes, sorted_index) are read on the device, so no call synchronizes.
-// Their contents are checked only when Context::validate is set (negative sizes, sum > N,
-// sorted_index not a permutation of 0..S-1); that copies them to the host (a sync on CUDA).
-// Without validate such inputs give unspecified results, but never an access out of bounds.
+// Index tensors (split_sizes, sorted_index, row_id_map) must hold: sizes >= 0 with sum <= N,
+// sorted_index a permutation of 0..S-1, row_id_map a permutation of 0..N-1. On the CPU their
+// contents are checked before any work (a kValue Error). On CUDA they are read on the device, so
+// no call synchronizes: the kernels check them, keep every access in bounds and report a
+// violation into the device's bad-input record (fusedops/core/device_errors.h), with a defined
+// result: bad split_sizes / sorted_index give the identity (out = inp, row_id_map[r] = r); map
+// entries outside [0, N) are skipped (scatter) or give zero rows (gather); rows a scatter
+// through a non-permutation does not reach are zero. With debug checks (debug_checks(ctx)) the
+// CUDA calls check the indices on the host first and raise like the CPU.
 #pragma once
 
 #include <cstddef>
@@ -74,9 +79,11 @@ struct ChunkSortMapArgs {
 // sort_chunks_by_map: moves rows through a given map (MindSpeed/TE helper).
 //   is_forward: out[row_id_map[r]] = inp[r] (scatter, the forward);
 //   otherwise   out[r] = inp[row_id_map[r]] (gather, the backward).
-//   inp [N, Hd] any dtype; row_id_map [N] int32 with entries in [0, N) (with validate: a
-//   permutation); probs [N] or undefined; out [N, Hd] contiguous, dtype of inp; probs_out [N]
-//   contiguous, dtype of probs, required iff probs is given.
+//   inp [N, Hd] any dtype; row_id_map [N] int32, a permutation of 0..N-1; probs [N] or
+//   undefined; out [N, Hd] contiguous, dtype of inp; probs_out [N] contiguous, dtype of probs,
+//   required iff probs is given.
+//   workspace: CUDA scatter (is_forward) only: uint8 [>= sort_chunks_by_map_workspace_size(N,
+//   true)] on the device, 4-byte aligned (a bitmap of the rows written); ignored otherwise.
 struct SortChunksByMapArgs {
   TensorView inp;
   TensorView row_id_map;
@@ -84,11 +91,15 @@ struct SortChunksByMapArgs {
   TensorView out;
   TensorView probs_out;
   bool is_forward = true;
+  TensorView workspace;
 };
 
 // Bytes of device workspace the CUDA backend needs for S chunks (0 when S == 0). The same
 // workspace serves sort_chunks_by_idx_fwd and make_chunk_sort_map.
 size_t sort_chunks_by_idx_workspace_size(int64_t num_splits);
+// Bytes of device workspace the CUDA backend of sort_chunks_by_map needs for N rows (0 for the
+// gather, is_forward false, and for N == 0).
+size_t sort_chunks_by_map_workspace_size(int64_t num_rows, bool is_forward);
 
 void sort_chunks_by_idx_fwd(const Context& ctx, const SortChunksFwdArgs& args);
 void sort_chunks_by_idx_bwd(const Context& ctx, const SortChunksBwdArgs& args);

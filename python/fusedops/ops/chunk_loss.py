@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._backend import _validate, context, rows_view
+from .._backend import context, debug_checks_enabled, rows_view
 from .cross_entropy import _acc, _grad_loss, _is_eager, softcap_alias
 
 _OP = "chunk_loss"
@@ -207,7 +207,7 @@ class _Accumulate(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 19
         dh, glw = ctx.saved_tensors
-        if grad_loss.device.type == "cpu" or _validate.get():
+        if grad_loss.device.type == "cpu" or debug_checks_enabled():
             if bool(grad_loss != 1):
                 raise RuntimeError(
                     "fusedops: chunk_loss: with grad_weight_buffer the weight gradient is added "
@@ -241,11 +241,15 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     * ``chunk_size``: tokens per chunk; by default chosen so that the per-chunk logits and
       gradient buffers fit ``memory_budget`` bytes (default 2 GiB on CUDA, 32 MiB on the CPU).
       On CUDA with 16-bit operands the budget goes to the 16-bit gradient chunk first and the
-      fp32 logits are computed in sub-chunks of it (see the family README).
+      fp32 logits are computed in sub-chunks of it (see the family README). On CUDA, a call that
+      returns a 16-bit weight gradient without ``chunk_size`` or ``memory_budget`` keeps its
+      memory to Liger-Kernel's (one logits chunk of about ``N x H`` values besides the gradients;
+      the compact plan of the family README: 16-bit logits, the weight gradient accumulated in
+      its own dtype); give ``memory_budget`` (or ``grad_weight_buffer``) for the fp32 plan.
     * ``grad_weight_buffer``: an fp32 ``[V, H]`` tensor (e.g. a ``main_grad``) that the weight
       gradient is added to during the forward instead of being returned through autograd; the
       upstream gradient must then be 1 (checked where that needs no synchronization: CPU, or
-      inside ``fusedops.validation()``).
+      inside ``fusedops.debug_checks()``).
     * ``bias`` is rejected (``ValueError``), as in MindSpeed.
     * ``process_group``: ``weight`` is this rank's shard ``[V_shard, H]`` of a vocabulary sharded
       over the group (``fusedops.distributed``; rows ``[vocab_start, vocab_start + V_shard)``,

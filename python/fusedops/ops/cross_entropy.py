@@ -261,8 +261,9 @@ def fused_cross_entropy_loss(logits: Tensor, labels: Tensor, loss_weight: Option
       ``vocab_start``: the shards in rank order); the loss is over the whole vocabulary and the
       same on every rank; the gradient is computed in the backward.
 
-    Labels outside ``[0, V)`` that are not ``ignore_index`` give a NaN loss for their row; inside
-    ``fusedops.validation()`` they raise ``ValueError``. The backward rescales the saved gradient
+    Labels outside ``[0, V)`` that are not ``ignore_index`` raise ``ValueError`` on the CPU; on
+    CUDA they give a NaN loss for their row and a report that ``fusedops.check_errors()`` (or a
+    later call) raises; inside ``fusedops.debug_checks()`` the CUDA call raises at once. The backward rescales the saved gradient
     in place, so backpropagating twice through the same call raises ``RuntimeError``.
     """
     logit_softcapping = softcap_alias(_OP, logit_softcapping, softcap)

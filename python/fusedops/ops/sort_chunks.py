@@ -6,9 +6,12 @@ concatenated in ``sorted_index`` order; ``probs [N]`` moves with its rows. The b
 inverse permutation (a gather through the saved ``row_id_map``). Only bytes move: every dtype
 works (fp8 included) and results are bit-identical to ``torch.split`` + ``torch.cat``.
 
-``split_sizes`` and ``sorted_index`` are read on the device: no call synchronizes. Inside
-``fusedops.validation()`` their contents are checked (negative sizes, sum > N, not a
-permutation), which copies them to the host.
+``split_sizes`` and ``sorted_index`` are read on the device: no call synchronizes. On the CPU
+their contents are checked before any work (negative sizes, sum > N, not a permutation:
+``ValueError``); on CUDA the kernels check them, keep every access in bounds, give a defined
+result (the identity permutation) and report the violation, raised by
+``fusedops.check_errors()`` or a later call; inside ``fusedops.debug_checks()`` CUDA calls check
+on the host first and raise at once (a synchronization).
 """
 
 from typing import Optional, Sequence, Union
@@ -72,6 +75,9 @@ def _check_inp(op: str, inp: Tensor) -> None:
     if inp.dim() != 2:
         raise ValueError(f"fusedops: {op}: inp must have rank 2, got rank {inp.dim()} with shape "
                          f"{_shape_str(inp)}")
+    if inp.shape[0] > 2**31 - 1:  # before the int32 row_id_map [N] is allocated
+        raise ValueError(f"fusedops: {op}: inp has {inp.shape[0]} rows; row_id_map is int32, so at "
+                         "most 2^31-1 are supported")
 
 
 def _check_indices(op: str, split_sizes: Tensor, sorted_index: Tensor) -> None:
@@ -161,6 +167,8 @@ def sort_chunks_by_idx(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
             past the sum stay in place).
         sorted_index: ``[S]`` int32/int64 on inp's device, a permutation of ``0..S-1``: output
             chunk j is input chunk ``sorted_index[j]``.
+        (Bad contents: ``ValueError`` on the CPU; on CUDA the identity permutation and a report,
+        see the module docstring.)
         probs: ``[N]`` or None; permuted with the rows.
 
     Returns ``(out, probs_out)`` (``probs_out`` None without probs). Differentiable in inp and
@@ -258,8 +266,12 @@ def _by_map_impl(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor],
     out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
     probs_out = (torch.empty(n, dtype=probs.dtype, device=inp.device) if probs is not None
                  else inp.new_empty(0))
+    ws = None
+    if inp.device.type == "cuda":
+        nbytes = _C.sort_chunks_by_map_workspace_size(n, is_forward)
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=inp.device) if nbytes else None
     _C.sort_chunks_by_map(context(_OP_BY_MAP, inp), _rows(inp), row_id_map, _raw(probs), _raw(out),
-                          _raw(probs_out) if probs is not None else None, is_forward)
+                          _raw(probs_out) if probs is not None else None, is_forward, ws)
     return out, probs_out
 
 

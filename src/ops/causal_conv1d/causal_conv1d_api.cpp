@@ -70,30 +70,10 @@ conv1d::Geometry check_inputs(const Context& ctx, const TensorView& x, const Ten
     c.shape(h0, "initial_state", {g.N, g.D, g.W}, "[N,D,W]");
     dense(c, h0, "initial_state");
   }
-  if (cu.defined() && (ctx.device.kind == DeviceKind::kCPU || ctx.validate)) {
-    std::vector<int64_t> offs(cu.size(0));
-    if (ctx.device.kind == DeviceKind::kCPU) {
-      for (int64_t i = 0; i < cu.size(0); ++i) offs[i] = conv1d::host_offset(cu, i);
-    } else {
-#ifdef FUSEDOPS_WITH_CUDA
-      const size_t esize = dtype_size(cu.dtype());
-      std::vector<uint8_t> raw(cu.size(0) * esize);
-      FUSEDOPS_REQUIRE(cu.size(0) == 1 || cu.stride(0) == 1, kValue, kOp,
-                       "cu_seqlens must be contiguous, got stride ", cu.stride(0));
-      conv1d::cuda_copy_to_host(ctx, cu.data(), raw.data(), raw.size());
-      TensorView host(raw.data(), cu.dtype(), Device::cpu(), {cu.size(0)});
-      for (int64_t i = 0; i < cu.size(0); ++i) offs[i] = conv1d::host_offset(host, i);
-#endif
-    }
-    FUSEDOPS_REQUIRE(offs[0] == 0, kValue, kOp, "cu_seqlens must start at 0, got cu_seqlens[0] = ",
-                     offs[0]);
-    for (size_t i = 1; i < offs.size(); ++i)
-      FUSEDOPS_REQUIRE(offs[i] >= offs[i - 1], kValue, kOp,
-                       "cu_seqlens must be non-decreasing, got cu_seqlens[", i, "] = ", offs[i],
-                       " < cu_seqlens[", i - 1, "] = ", offs[i - 1]);
-    FUSEDOPS_REQUIRE(offs.back() == g.T, kValue, kOp, "cu_seqlens must end at T = ", g.T,
-                     " (x's time steps), got cu_seqlens[", offs.size() - 1, "] = ", offs.back());
-  }
+  // The offsets' contents: before any work on the CPU, with debug checks on CUDA (a copy and a
+  // sync); otherwise the CUDA backend checks them on the device and reports.
+  if (cu.defined() && (ctx.device.kind == DeviceKind::kCPU || debug_checks(ctx)))
+    c.offsets(read_index_values(kOp, ctx, cu), "cu_seqlens", g.T, "T", "x's time steps");
   return g;
 }
 

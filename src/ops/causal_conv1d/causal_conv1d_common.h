@@ -73,9 +73,4 @@ inline int64_t cuda_bwd_partial_rows(const Geometry& g, bool dweight, bool dbias
   return (dweight ? g.W : 0) + (dbias ? 1 : 0);
 }
 
-#ifdef FUSEDOPS_WITH_CUDA
-// Copies `bytes` from device memory to host on ctx's stream and waits (validate mode only).
-void cuda_copy_to_host(const Context& ctx, const void* src, void* dst, size_t bytes);
-#endif
-
 }  // namespace fusedops::conv1d

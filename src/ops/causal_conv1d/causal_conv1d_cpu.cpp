@@ -30,9 +30,12 @@ constexpr int64_t kCols = 512;  // channels per task (W rows of them stay in L1)
 #endif
 
 // e^x for x <= 0 to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it
-// vectorise; x below -87 gives e^-87 (the smallest result kept normal).
+// vectorise; x below -87 gives e^-87 (the smallest result kept normal), except -inf: 0, so that
+// silu(-inf) = -inf * 0 is NaN, as in the reference and torch (not -inf). NaN is evaluated as -87
+// (the caller's own arithmetic on the NaN input gives NaN; a NaN here would convert to int: UB).
 inline float vexp_nonpos(float x) {
-  x = x < -87.0f ? -87.0f : x;
+  const bool minus_inf = x == -__builtin_inff();
+  x = x >= -87.0f ? x : -87.0f;
   const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);  // std::floor would not inline here
   const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -45,7 +48,7 @@ inline float vexp_nonpos(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  return minus_inf ? 0.0f : p * scale;
 }
 
 // silu(a) = a / (1 + e^-a), as (a >= 0 ? a : a e) / (1 + e) with e = e^-|a| in (0, 1]. No

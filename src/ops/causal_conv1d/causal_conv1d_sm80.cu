@@ -35,23 +35,12 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/causal_conv1d.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/device_errors.cuh"
 #include "src/cuda/fastmath.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/causal_conv1d/causal_conv1d_common.h"
 
 namespace fusedops {
-namespace conv1d {
-
-void cuda_copy_to_host(const Context& ctx, const void* src, void* dst, size_t bytes) {
-  cuda::DeviceGuard guard("causal_conv1d", ctx.device.index);
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
-  FUSEDOPS_CUDA_CHECK("causal_conv1d",
-                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-  FUSEDOPS_CUDA_CHECK("causal_conv1d", cudaStreamSynchronize(stream));
-}
-
-}  // namespace conv1d
-
 namespace {
 
 constexpr const char* kOp = "causal_conv1d";
@@ -196,8 +185,8 @@ __device__ int find_sequence(const Params& p, int t) {
 }
 
 // Moves s to the sequence holding time t (skipping empty ones); false past the last sequence.
-// Offsets are clamped to [0, T] and bos to <= t so that malformed cu_seqlens (only rejected in
-// validate mode) never cause an out-of-bounds access.
+// Offsets are clamped to [0, T] and bos to <= t so that malformed cu_seqlens (reported by
+// check_cu_seqlens) never cause an out-of-bounds access.
 __device__ __forceinline__ bool seek(const Params& p, Sequence& s, int t) {
   if (p.cu == nullptr) return true;
   const int T = static_cast<int>(p.T), N = static_cast<int>(p.N);
@@ -929,9 +918,20 @@ int64_t launch_main_if_aligned(const Params& p, int device, cudaStream_t stream)
   return launch_main<T, kMode>(p, vec, device, stream);
 }
 
+// cu_seqlens [N+1] must start at 0, be non-decreasing and end at T: checked on the device (the
+// kernels clamp every offset, so a bad one only gives meaningless sequences) and reported.
+void check_cu_seqlens(const TensorView& cu, int64_t T, cudaStream_t stream) {
+  if (!cu.defined()) return;
+  static const uint32_t code = device_error_code(
+      kOp, "cu_seqlens must start at 0, be non-decreasing and end at T; cu_seqlens[{index}] = "
+           "{value} is not (the offsets are clamped to [0, T])");
+  cuda::check_offsets(kOp, code, cu.data(), cu.dtype() == DType::kInt64, cu.size(0), T, stream);
+}
+
 void fwd(const Context& ctx, const CausalConv1dFwdArgs& a) {
   cuda::DeviceGuard guard(kOp, ctx.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  check_cu_seqlens(a.cu_seqlens, a.x.size(1), stream);
   Params p = common_params(a.x, a.weight, a.bias, a.initial_state, a.cu_seqlens);
   p.out = a.y.data();
   p.silu = a.activation == CausalConv1dActivation::kSilu;
@@ -961,6 +961,7 @@ void fwd(const Context& ctx, const CausalConv1dFwdArgs& a) {
 void bwd(const Context& ctx, const CausalConv1dBwdArgs& a) {
   cuda::DeviceGuard guard(kOp, ctx.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  check_cu_seqlens(a.cu_seqlens, a.x.size(1), stream);
   Params p = common_params(a.x, a.weight, a.bias, a.initial_state, a.cu_seqlens);
   p.out = a.dx.data();
   p.dy = a.dy.data();

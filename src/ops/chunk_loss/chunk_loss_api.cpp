@@ -1,5 +1,7 @@
 // chunk_loss: argument checks, chunk size and workspace queries, then dispatch.
 #include <cmath>
+#include <cstring>
+#include <vector>
 #include <string>
 
 #include "fusedops/core/check.h"
@@ -35,6 +37,24 @@ ce::ChunkLayout layout_of(const ChunkLossFwdArgs& a) {
   const int64_t H = a.hidden.ndim() >= 1 ? a.hidden.size(-1) : 0;
   return ce::chunk_layout(a.hidden.rows(), V, H, a.hidden.dtype(), needs_logits_grad(a), owns_dw(a),
                           a.chunk_size, a.memory_budget, gemm_workspace());
+}
+
+// Debug checks: every per-sample alpha finite and nonzero (else its rows' losses are inf/NaN).
+void check_alpha_values(const Context& ctx, const TensorView& alpha) {
+  const std::vector<uint8_t> bytes = read_tensor_bytes(kOp, ctx, alpha);
+  const int64_t n = alpha.numel(), stride = n > 1 ? alpha.stride(0) : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double a;
+    if (alpha.dtype() == DType::kFloat64) {
+      std::memcpy(&a, bytes.data() + i * stride * 8, 8);
+    } else {
+      float f;
+      std::memcpy(&f, bytes.data() + i * stride * 4, 4);
+      a = f;
+    }
+    FUSEDOPS_REQUIRE(std::isfinite(a) && a != 0, kValue, kOp, "alpha[", i,
+                     "] must be a finite nonzero number, got ", a);
+  }
 }
 
 void check_fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
@@ -175,6 +195,8 @@ size_t chunk_loss_workspace_size(const Context& ctx, const ChunkLossFwdArgs& arg
 
 void chunk_loss_fwd(const Context& ctx, const ChunkLossFwdArgs& args) {
   check_fwd(ctx, args);
+  ce::check_label_values(kOp, ctx, args.labels, args.weight.size(0), args.options.ignore_index);
+  if (debug_checks(ctx) && args.alpha_per_sample.defined()) check_alpha_values(ctx, args.alpha_per_sample);
   // Zero rows still give loss 0 and an overwritten (zero) weight gradient: backends handle it.
   dispatch(kOp, Direction::kForward, ctx, args.hidden.dtype(), args);
 }

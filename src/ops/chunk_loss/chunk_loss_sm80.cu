@@ -6,6 +6,10 @@
 //   G_s = CE gradient of Z    the cross-entropy row pass (fp32 in, operand dtype out)
 //   dH_c = G W               cuBLASLt, output in hidden's dtype
 //   dW  += G^T H_c           cuBLASLt, fp32 output, beta = 1 after the first chunk
+// The compact plan (ce::ChunkLayout::compact, the default for a 16-bit weight gradient when an
+// fp32 accumulator does not fit Liger-Kernel's memory) computes Z in the operand dtype, replaces
+// it by G in place, and accumulates dW in the caller's 16-bit tensor (fp32 math, one rounding per
+// chunk).
 // The per-row scales (loss weights, the "mean" count, alpha) are computed once for the whole
 // batch before the first chunk, and the loss is reduced once after the last.
 #include <cuda_runtime.h>
@@ -52,9 +56,9 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   const int int64 = a.labels.dtype() == DType::kInt64;
   const bool want_grad = a.grad_hidden.defined() || a.grad_weight.defined();
   const bool own_dw = a.grad_weight.defined() && a.grad_weight.dtype() != DType::kFloat32;
-  const size_t gemm_bytes = cuda::gemm_workspace_bytes();
   const ce::ChunkLayout l = ce::chunk_layout(N, V, H, dt, want_grad, own_dw, a.chunk_size,
-                                             a.memory_budget, gemm_bytes);
+                                             a.memory_budget, cuda::gemm_workspace_bytes());
+  const size_t gemm_bytes = l.gemm_bytes;
   uint8_t* ws = a.workspace.data_as<uint8_t>();
   void* gemm_ws = ws + l.gemm;
   float* row_scale = reinterpret_cast<float*>(ws + l.rows.row_scale);
@@ -62,20 +66,13 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   float* row_loss = reinterpret_cast<float*>(ws + l.rows.row_loss);
   float* row_z = reinterpret_cast<float*>(ws + l.rows.row_z);
   float* z = reinterpret_cast<float*>(ws + l.z);
-  void* g = l.separate_g ? static_cast<void*>(ws + l.g) : static_cast<void*>(z);
-  float* dw = a.grad_weight.defined() ? (own_dw ? reinterpret_cast<float*>(ws + l.dw) : a.grad_weight.data_as<float>())
-                                      : nullptr;
-
-  if (ctx.validate) {
-    cuda::ce::validate_labels(kOp, a.labels.data(), int64, N, V, o.ignore_index, stream);
-    if (a.alpha_per_sample.defined()) {
-      std::vector<float> alpha(a.alpha_per_sample.numel());
-      FUSEDOPS_CUDA_CHECK(kOp, cudaMemcpyAsync(alpha.data(), a.alpha_per_sample.data(), alpha.size() * 4,
-                                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
-      FUSEDOPS_CUDA_CHECK(kOp, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-      ce::check_alpha_host(kOp, alpha.data(), static_cast<int64_t>(alpha.size()));
-    }
-  }
+  void* g = l.separate_g || l.compact ? static_cast<void*>(ws + l.g) : static_cast<void*>(z);
+  // The weight gradient's accumulator: ours (fp32), the caller's fp32 tensor, or (compact) the
+  // caller's 16-bit tensor itself.
+  void* dw = !a.grad_weight.defined() ? nullptr
+             : l.own_dw               ? static_cast<void*>(ws + l.dw)
+                                      : a.grad_weight.data();
+  const DType dw_type = l.compact ? a.grad_weight.dtype() : DType::kFloat32;
 
   cuda::ce::ScaleParams sp{};
   sp.labels = a.labels.data();
@@ -87,13 +84,15 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.alpha = a.alpha;
   sp.rows = N;
   sp.ignore_index = o.ignore_index;
+  sp.vocab = V;
+  cuda::ce::set_label_report(kOp, sp);
   sp.mean = o.reduction == LossReduction::kMean;
   sp.row_scale = row_scale;
   sp.row_norm = row_norm;
   cuda::ce::row_scales(kOp, sp, stream);
 
   cuda::ce::RowParams rp{};
-  rp.x = z;
+  rp.x = l.compact ? static_cast<const void*>(g) : static_cast<const void*>(z);
   rp.x_stride = l.ld;
   rp.g_stride = l.ld;
   rp.labels_int64 = int64;
@@ -120,10 +119,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       cuda::GemmArgs logits;
       logits.trans_b = true;
       logits.M = srows, logits.N = V, logits.K = H;
-      logits.ab_type = dt, logits.c_type = DType::kFloat32;
+      logits.ab_type = dt, logits.c_type = l.compact ? dt : DType::kFloat32;
       logits.A = hidden + (r0 + s0) * ldh * es, logits.lda = ldh;
       logits.B = a.weight.data(), logits.ldb = H;
-      logits.C = z, logits.ldc = l.ld;
+      logits.C = l.compact ? g : static_cast<void*>(z), logits.ldc = l.ld;
       cuda::gemm(kOp, logits, gemm_ws, gemm_bytes, stream, device);
 
       rp.labels = labels + (r0 + s0) * (int64 ? 8 : 4);
@@ -131,8 +130,9 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       rp.row_loss = row_loss + r0 + s0;
       rp.row_z = row_z + r0 + s0;
       rp.rows = srows;
-      rp.g = want_grad ? static_cast<uint8_t*>(g) + s0 * l.ld * (l.separate_g ? es : 4) : nullptr;
-      cuda::ce::rows(kOp, rp, DType::kFloat32, want_grad ? dt : DType::kFloat32, device, stream);
+      rp.g = want_grad ? static_cast<uint8_t*>(g) + s0 * l.ld * (l.separate_g || l.compact ? es : 4) : nullptr;
+      cuda::ce::rows(kOp, rp, l.compact ? dt : DType::kFloat32, want_grad ? dt : DType::kFloat32,
+                     device, stream);
     }
 
     if (a.grad_hidden.defined()) {
@@ -148,7 +148,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       cuda::GemmArgs gw;
       gw.trans_a = true;
       gw.M = V, gw.N = H, gw.K = rows;
-      gw.ab_type = dt, gw.c_type = DType::kFloat32;
+      gw.ab_type = dt, gw.c_type = dw_type;
       gw.beta = dw_started ? 1.0f : 0.0f;
       gw.A = g, gw.lda = l.ld;
       gw.B = hc, gw.ldb = ldh;
@@ -158,9 +158,11 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     }
   }
   if (dw && !dw_started)  // no rows: the overwritten weight gradient is zero
-    FUSEDOPS_CUDA_CHECK(kOp, cudaMemsetAsync(dw, 0, static_cast<size_t>(V) * H * 4,
+    FUSEDOPS_CUDA_CHECK(kOp, cudaMemsetAsync(dw, 0, static_cast<size_t>(V) * H * dtype_size(dw_type),
                                              static_cast<cudaStream_t>(stream)));
-  if (own_dw) cuda::ce::convert(kOp, dw, a.grad_weight.data(), a.grad_weight.dtype(), V * H, stream);
+  if (l.own_dw)
+    cuda::ce::convert(kOp, static_cast<const float*>(dw), a.grad_weight.data(), a.grad_weight.dtype(),
+                      V * H, stream);
 
   cuda::ce::FinalizeParams fp{};
   fp.row_scale = row_scale;

@@ -65,6 +65,18 @@ void check_bwd(const Context& ctx, const ClippedSwigluBwdArgs& a) {
       .contiguous(a.dx, "dx");
 }
 
+// group_index entries >= 0: checked before any work on the CPU, and on CUDA with debug checks
+// (a copy to the host and a synchronisation); otherwise the CUDA kernels count a negative entry
+// as 0 and report it.
+void check_group_index_values(const Context& ctx, const TensorView& gi) {
+  if (!gi.defined() || gi.size(0) == 0) return;
+  if (ctx.device.kind != DeviceKind::kCPU && !debug_checks(ctx)) return;
+  const std::vector<int64_t> g = read_index_values(kOp, ctx, gi);
+  for (size_t i = 0; i < g.size(); ++i)
+    FUSEDOPS_REQUIRE(g[i] >= 0, kValue, kOp, "group_index entries must be >= 0, got ", g[i],
+                     " at index ", i);
+}
+
 Context with_backend(const Context& ctx, const char* backend) {
   Context c = ctx;
   c.backend = backend;
@@ -76,12 +88,14 @@ Context with_backend(const Context& ctx, const char* backend) {
 void clipped_swiglu_fwd(const Context& ctx, const ClippedSwigluFwdArgs& args) {
   check_fwd(ctx, args);
   if (args.y.numel() == 0) return;
+  check_group_index_values(ctx, args.group_index);
   dispatch(kOp, Direction::kForward, ctx, args.x.dtype(), args);
 }
 
 void clipped_swiglu_bwd(const Context& ctx, const ClippedSwigluBwdArgs& args) {
   check_bwd(ctx, args);
   if (args.dx.numel() == 0) return;
+  check_group_index_values(ctx, args.group_index);
   dispatch(kOp, Direction::kBackward, ctx, args.x.dtype(), args);
 }
 

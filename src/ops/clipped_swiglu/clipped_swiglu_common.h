@@ -29,21 +29,15 @@ inline Rows2d rows_2d(const TensorView& x, int dim) {
   return r;
 }
 
-// clamp(sum(group_index), 0, M) for a host int64 group_index; M when it is undefined. With
-// `validate`, a negative entry raises.
-inline int64_t effective_rows_host(const TensorView& group_index, int64_t M, bool validate) {
+// clamp(sum(group_index), 0, M) for a host int64 group_index (entries checked >= 0 by the API;
+// the sum saturates at M, so that no entry can overflow it); M when it is undefined.
+inline int64_t effective_rows_host(const TensorView& group_index, int64_t M) {
   if (!group_index.defined()) return M;
   const int64_t* g = group_index.data_as<const int64_t>();
   const int64_t n = group_index.size(0), stride = group_index.stride(0);
   int64_t total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = g[i * stride];
-    if (validate)
-      FUSEDOPS_REQUIRE(v >= 0, kValue, kOp, "group_index entries must be >= 0, got ", v,
-                       " at index ", i);
-    total += v;
-  }
-  return std::clamp<int64_t>(total, 0, M);
+  for (int64_t i = 0; i < n && total < M; ++i) total += std::clamp<int64_t>(g[i * stride], 0, M - total);
+  return total;
 }
 
 }  // namespace fusedops::clipped_swiglu

@@ -19,10 +19,13 @@ using clipped_swiglu::Rows2d;
 
 // exp(x) for float, within 2 ulp of the correctly rounded value on [-87, 88] (Cody-Waite range
 // reduction to [-ln2/2, ln2/2], degree-6 polynomial, exponent by integer add). Out-of-range
-// inputs are clamped (exp(-87.3) ~ 1.2e-38, exp(88.3) ~ 2e38), which no sigmoid below notices.
-// NaN stays NaN. Written for auto-vectorization: no branches, no calls.
+// inputs are clamped (exp(-87.3) ~ 1.2e-38, exp(88.3) ~ 2e38), which no sigmoid below notices,
+// except +-inf: exp(-inf) = 0 and exp(inf) = inf, so that sigmoid(-inf) is 0 and a * sigmoid(a)
+// at a = -inf is NaN, as in the reference and torch (not -inf). NaN stays NaN. Written for
+// auto-vectorization: no branches, no calls.
 inline float exp_poly(float v) {
   const bool nan = v != v;
+  const bool inf = v == __builtin_inff(), minus_inf = v == -__builtin_inff();
   float x = nan ? 0.0f : v;
   x = x < -87.3f ? -87.3f : x;
   x = x > 88.3f ? 88.3f : x;
@@ -38,7 +41,7 @@ inline float exp_poly(float v) {
   const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &e, 4);
-  return nan ? v : p * scale;
+  return nan || inf ? v : minus_inf ? 0.0f : p * scale;
 }
 
 inline float sigmoid(float v) { return 1.0f / (1.0f + exp_poly(-v)); }
@@ -174,7 +177,7 @@ void bwd_typed(const ClippedSwigluBwdArgs& p, const Rows2d& s, int64_t m_eff, co
 
 void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const Act act{static_cast<float>(p.alpha), static_cast<float>(p.limit),
                 static_cast<float>(p.bias), p.clamp_mode};
   visit_float(p.x.dtype(), [&](auto t) {
@@ -185,7 +188,7 @@ void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
 
 void bwd(const Context& ctx, const ClippedSwigluBwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const Act act{static_cast<float>(p.alpha), static_cast<float>(p.limit),
                 static_cast<float>(p.bias), p.clamp_mode};
   visit_float(p.x.dtype(), [&](auto t) {

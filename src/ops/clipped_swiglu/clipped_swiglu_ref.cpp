@@ -30,7 +30,7 @@ Positions positions(const Rows2d& s, bool interleaved, int64_t r, int64_t c) {
 
 void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const double lim = p.limit;
   for (int64_t r = 0; r < s.M; ++r) {
     for (int64_t c = 0; c < s.half; ++c) {
@@ -53,7 +53,7 @@ void fwd(const Context& ctx, const ClippedSwigluFwdArgs& p) {
 
 void bwd(const Context& ctx, const ClippedSwigluBwdArgs& p) {
   const Rows2d s = clipped_swiglu::rows_2d(p.x, p.dim);
-  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M, ctx.validate);
+  const int64_t m_eff = clipped_swiglu::effective_rows_host(p.group_index, s.M);
   const double lim = p.limit;
   for (int64_t r = 0; r < s.M; ++r) {
     for (int64_t c = 0; c < s.half; ++c) {

@@ -15,6 +15,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/clipped_swiglu.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/device_errors.cuh"
 #include "src/cuda/fastmath.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/clipped_swiglu/clipped_swiglu_common.h"
@@ -39,6 +40,8 @@ struct SwigluParams {
   void* out;       // y (forward) or dx (backward)
   const int64_t* group_index;  // nullptr: every row
   int64_t groups, group_stride;
+  DeviceErrorRecord* record;   // where block 0 reports negative group_index entries
+  uint32_t negative_group_code;
   int64_t M, K, half;
   int64_t units_per_row;  // outputs per row / N
   int64_t total_units;    // M * units_per_row
@@ -97,14 +100,19 @@ __device__ __forceinline__ void backward_value(float A, float B, float dy, const
   }
 }
 
-// clamp(sum(group_index), 0, M), computed by the whole block (every thread must call it).
+// clamp(sum(group_index), 0, M), computed by the whole block (every thread must call it). Each
+// entry is clamped to [0, M] first (so that no sum overflows); block 0 reports negative ones.
 __device__ int64_t effective_rows(const SwigluParams& p) {
   if (p.group_index == nullptr) return p.M;
   __shared__ unsigned long long total;
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
   long long v = 0;
-  for (int64_t i = threadIdx.x; i < p.groups; i += blockDim.x) v += p.group_index[i * p.group_stride];
+  for (int64_t i = threadIdx.x; i < p.groups; i += blockDim.x) {
+    const int64_t g = p.group_index[i * p.group_stride];
+    if (g < 0 && blockIdx.x == 0) cuda::report_bad_input(p.record, p.negative_group_code, i, g);
+    v += g < 0 ? 0 : (g > p.M ? p.M : g);
+  }
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   // Integer addition: the order does not change the result.
   if ((threadIdx.x & 31) == 0) atomicAdd(&total, static_cast<unsigned long long>(v));
@@ -262,6 +270,14 @@ SwigluParams make_params(const TensorView& x, int dim, const TensorView& gi, dou
   p.group_index = gi.defined() ? gi.data_as<const int64_t>() : nullptr;
   p.groups = gi.defined() ? gi.size(0) : 0;
   p.group_stride = gi.defined() ? gi.stride(0) : 0;
+  if (gi.defined()) {
+    int device = 0;
+    FUSEDOPS_CUDA_CHECK(kOp, cudaGetDevice(&device));
+    p.record = cuda::device_error_record(kOp, device);
+    static const uint32_t code = device_error_code(
+        kOp, "group_index[{index}] = {value} is negative (counted as 0)");
+    p.negative_group_code = code;
+  }
   p.M = s.M;
   p.K = s.K;
   p.half = s.half;
@@ -270,26 +286,6 @@ SwigluParams make_params(const TensorView& x, int dim, const TensorView& gi, dou
   p.bias = static_cast<float>(bias);
   p.mode = mode;
   return p;
-}
-
-// Negative group_index entries are an error only in validate mode (this copy synchronizes).
-void validate_group_index(const Context& ctx, const TensorView& gi) {
-  if (!ctx.validate || !gi.defined() || gi.size(0) == 0) return;
-  std::vector<int64_t> host(gi.size(0));
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
-  const int64_t* src = gi.data_as<const int64_t>();
-  if (gi.stride(0) == 1) {
-    FUSEDOPS_CUDA_CHECK(kOp, cudaMemcpyAsync(host.data(), src, host.size() * sizeof(int64_t),
-                                             cudaMemcpyDeviceToHost, stream));
-  } else {
-    for (int64_t i = 0; i < gi.size(0); ++i)
-      FUSEDOPS_CUDA_CHECK(kOp, cudaMemcpyAsync(&host[i], src + i * gi.stride(0), sizeof(int64_t),
-                                               cudaMemcpyDeviceToHost, stream));
-  }
-  FUSEDOPS_CUDA_CHECK(kOp, cudaStreamSynchronize(stream));
-  for (int64_t i = 0; i < gi.size(0); ++i)
-    FUSEDOPS_REQUIRE(host[i] >= 0, kValue, kOp, "group_index entries must be >= 0, got ", host[i],
-                     " at index ", i);
 }
 
 template <class T, bool I, bool V>
@@ -346,7 +342,6 @@ void run(const Context& ctx, SwigluParams p, bool interleaved, bool vec) {
 
 void fwd(const Context& ctx, const ClippedSwigluFwdArgs& a) {
   cuda::DeviceGuard guard(kOp, ctx.device.index);
-  validate_group_index(ctx, a.group_index);
   SwigluParams p = make_params(a.x, a.dim, a.group_index, a.alpha, a.limit, a.bias, a.clamp_mode);
   p.out = a.y.data();
   cuda::visit_dtype(a.x.dtype(), [&](auto t) {
@@ -359,7 +354,6 @@ void fwd(const Context& ctx, const ClippedSwigluFwdArgs& a) {
 
 void bwd(const Context& ctx, const ClippedSwigluBwdArgs& a) {
   cuda::DeviceGuard guard(kOp, ctx.device.index);
-  validate_group_index(ctx, a.group_index);
   SwigluParams p = make_params(a.x, a.dim, a.group_index, a.alpha, a.limit, a.bias, a.clamp_mode);
   p.dy = a.dy.data();
   p.out = a.dx.data();

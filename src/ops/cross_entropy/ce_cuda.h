@@ -1,11 +1,12 @@
 // The CUDA cross-entropy engine (kernels in cross_entropy_sm80.cu), shared by
 // fused_cross_entropy_loss and chunk_loss. Host-callable, no CUDA types in the interface: every
 // launcher takes the cudaStream_t as void*, runs on the current device, never allocates and
-// never synchronizes (except validate_labels, which is validate mode).
+// never synchronizes.
 #pragma once
 
 #include <cstdint>
 
+#include "fusedops/core/device_errors.h"
 #include "fusedops/core/dtype.h"
 
 namespace fusedops::cuda::ce {
@@ -16,7 +17,9 @@ ValueType value_type(DType dtype);  // kF32/kBF16/kF16; raises for other dtypes
 
 // row_norm[i] = 1 / norm_i (0 for ignored rows), norm_i = (#valid rows if mean else 1) * alpha_i
 // with alpha_i = alpha_per_sample[i / rows_per_sample] when given, else alpha;
-// row_scale[i] = loss_weight[i] * row_norm[i]. One block; counts the valid rows itself.
+// row_scale[i] = loss_weight[i] * row_norm[i]. One block; counts the valid rows itself. A label
+// outside [0, vocab) that is not ignore_index is reported into `record` with `bad_label_code`
+// (index = the row, value = the label); the row pass gives that row a NaN loss.
 struct ScaleParams {
   const void* labels;
   int labels_int64;
@@ -26,11 +29,16 @@ struct ScaleParams {
   int64_t rows_per_sample;
   double alpha;
   int64_t rows;
+  int64_t vocab;
   int64_t ignore_index;
   int mean;
   float* row_scale;
   float* row_norm;
+  DeviceErrorRecord* record;
+  uint32_t bad_label_code;
 };
+// The bad-input record of the current device and the code of "label out of range" for `op`.
+void set_label_report(const char* op, ScaleParams& p);
 void row_scales(const char* op, const ScaleParams& p, void* stream);
 
 // The fused pass: for each row, l_i -> row_loss, lambda lse^2 -> row_z (optional) and, when g is
@@ -99,10 +107,5 @@ void scale_values(const char* op, const float* in, void* out, int out_type, int6
 
 // out[i] = in[i] converted to dtype (fp32 in), n elements.
 void convert(const char* op, const float* in, void* out, DType dtype, int64_t n, void* stream);
-
-// Validate mode: copies the labels to the host (synchronizing the stream) and raises on the
-// first label outside [0, vocab) that is not ignore_index.
-void validate_labels(const char* op, const void* labels, int labels_int64, int64_t n, int64_t vocab,
-                     int64_t ignore_index, void* stream);
 
 }  // namespace fusedops::cuda::ce

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fusedops/core/check.h"
 #include "fusedops/core/registry.h"
@@ -73,6 +74,22 @@ void check_in_place_or_apart(const ArgCheck& c, const TensorView& out, const cha
   if (out.numel() == 0 || in.numel() == 0 || out.data() == in.data()) return;
   c.value(!overlaps(out, in), std::string(out_name) + " must be " + in_name +
                                   " itself (in place) or not overlap it");
+}
+
+void check_label_values(const char* op, const Context& ctx, const TensorView& labels,
+                        int64_t vocab, int64_t ignore_index) {
+  const int64_t n = labels.numel();
+  if (n == 0) return;
+  if (ctx.device.kind == DeviceKind::kCPU) {  // contiguous (checked): read in place
+    if (labels.dtype() == DType::kInt64)
+      check_labels_host(op, labels.data_as<const int64_t>(), n, vocab, ignore_index);
+    else
+      check_labels_host(op, labels.data_as<const int32_t>(), n, vocab, ignore_index);
+  } else if (debug_checks(ctx)) {
+    const TensorView flat(labels.data(), labels.dtype(), labels.device(), {n});
+    const std::vector<int64_t> host = read_index_values(op, ctx, flat);
+    check_labels_host(op, host.data(), n, vocab, ignore_index);
+  }
 }
 
 void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, size_t need) {
@@ -212,6 +229,7 @@ size_t cross_entropy_workspace_size(const Context& ctx, int64_t rows, int64_t vo
 
 void fused_cross_entropy_loss_fwd(const Context& ctx, const CrossEntropyFwdArgs& args) {
   check_fwd(ctx, args);
+  ce::check_label_values(kOp, ctx, args.labels, args.logits.size(-1), args.options.ignore_index);
   // Zero rows still produce a loss (0 for sum / mean): the backends handle rows == 0.
   if (args.options.reduction == LossReduction::kNone && args.logits.rows() == 0) return;
   dispatch(kOp, Direction::kForward, ctx, args.logits.dtype(), args);

@@ -32,6 +32,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/cross_entropy.h"
 #include "src/cuda/check.cuh"
+#include "src/cuda/device_errors.cuh"
 #include "src/cuda/pdl.cuh"
 #include "src/cuda/vec.cuh"
 #include "src/ops/cross_entropy/ce_common.h"
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads) row_scales_kernel(ScaleParams p) 
         p.row_norm[i] = 0.0f;
         continue;
       }
+      if (lab[j] < 0 || lab[j] >= p.vocab) report_bad_input(p.record, p.bad_label_code, i, lab[j]);
       const double inv = 1.0 / (mean_div * alpha[j]);
       p.row_norm[i] = static_cast<float>(inv);
       p.row_scale[i] = static_cast<float>(w[j] * inv);
@@ -1137,21 +1139,13 @@ void convert(const char* op, const float* in, void* out, DType dtype, int64_t n,
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
-void validate_labels(const char* op, const void* labels, int labels_int64, int64_t n, int64_t vocab,
-                     int64_t ignore_index, void* stream) {
-  if (n <= 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (labels_int64) {
-    std::vector<int64_t> host(n);
-    FUSEDOPS_CUDA_CHECK(op, cudaMemcpyAsync(host.data(), labels, n * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
-    FUSEDOPS_CUDA_CHECK(op, cudaStreamSynchronize(s));
-    fusedops::ce::check_labels_host(op, host.data(), n, vocab, ignore_index);
-  } else {
-    std::vector<int32_t> host(n);
-    FUSEDOPS_CUDA_CHECK(op, cudaMemcpyAsync(host.data(), labels, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-    FUSEDOPS_CUDA_CHECK(op, cudaStreamSynchronize(s));
-    fusedops::ce::check_labels_host(op, host.data(), n, vocab, ignore_index);
-  }
+void set_label_report(const char* op, ScaleParams& p) {
+  int device = 0;
+  FUSEDOPS_CUDA_CHECK(op, cudaGetDevice(&device));
+  p.record = device_error_record(op, device);
+  p.bad_label_code = device_error_code(
+      op, "labels[{index}] = {value} is outside [0, V) and is not ignore_index (its row's loss is "
+          "NaN)");
 }
 
 }  // namespace fusedops::cuda::ce
@@ -1183,7 +1177,6 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   const CrossEntropyOptions& o = a.options;
   const int64_t N = a.logits.rows(), V = a.logits.size(-1);
   const int int64 = a.labels.dtype() == DType::kInt64;
-  if (ctx.validate) cuda::ce::validate_labels(kOp, a.labels.data(), int64, N, V, o.ignore_index, stream);
   const ce::RowsLayout l = ce::rows_layout(N);
   uint8_t* ws = a.workspace.data_as<uint8_t>();
   float* row_scale = reinterpret_cast<float*>(ws + l.row_scale);
@@ -1201,6 +1194,8 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   sp.alpha = 1.0;
   sp.rows = N;
   sp.ignore_index = o.ignore_index;
+  sp.vocab = V;
+  cuda::ce::set_label_report(kOp, sp);
   sp.mean = o.reduction == LossReduction::kMean;
   sp.row_scale = row_scale;
   sp.row_norm = row_norm;

@@ -1,4 +1,5 @@
-// sort_chunks family: argument checks, validate-mode content checks, then dispatch.
+// sort_chunks family: argument checks, content checks (CPU always, CUDA with debug checks), then
+// dispatch.
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -37,20 +38,6 @@ std::vector<int64_t> read_host_indices(const TensorView& t) {
                                         : t.data_as<const int64_t>()[i * stride];
   }
   return out;
-}
-
-std::vector<int64_t> read_indices(const Context& ctx, const TensorView& t) {
-  if (t.device().kind == DeviceKind::kCPU || t.numel() == 0) return read_host_indices(t);
-#ifdef FUSEDOPS_WITH_CUDA
-  // The index tensors are contiguous (checked), so one copy brings them over.
-  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
-  std::vector<uint8_t> host(bytes);
-  copy_device_to_host(kOpIdx, ctx, host.data(), t.data(), bytes);
-  TensorView hv(host.data(), t.dtype(), Device::cpu(), {t.numel()});
-  return read_host_indices(hv);
-#else
-  FUSEDOPS_FAIL(kRuntime, kOpIdx, "tensor on ", to_string(t.device()), " in a build without CUDA");
-#endif
 }
 
 void validate_chunks(const char* op, const std::vector<int64_t>& sizes,
@@ -201,15 +188,21 @@ void check_by_map(const Context& ctx, const SortChunksByMapArgs& a) {
   contiguous_or_empty(c, a.out, "out");
 }
 
+// The contents are read where that is free (the CPU) or asked for (debug checks, a sync on CUDA).
+bool read_contents(const Context& ctx) {
+  return ctx.device.kind == DeviceKind::kCPU || debug_checks(ctx);
+}
+
 void validate_indices(const char* op, const Context& ctx, const TensorView& split_sizes,
                       const TensorView& sorted_index, int64_t N) {
-  if (!ctx.validate) return;
-  validate_chunks(op, read_indices(ctx, split_sizes), read_indices(ctx, sorted_index), N);
+  if (!read_contents(ctx)) return;
+  validate_chunks(op, read_index_values(op, ctx, split_sizes),
+                  read_index_values(op, ctx, sorted_index), N);
 }
 
 void validate_map(const char* op, const Context& ctx, const TensorView& map, int64_t N) {
-  if (!ctx.validate) return;
-  validate_row_map(op, read_indices(ctx, map), N);
+  if (!read_contents(ctx)) return;
+  validate_row_map(op, read_index_values(op, ctx, map), N);
 }
 
 Context with_backend(const Context& ctx, const char* backend) {
@@ -225,11 +218,16 @@ size_t sort_chunks_by_idx_workspace_size(int64_t num_splits) {
   return num_splits > 0 ? static_cast<size_t>(2 * (num_splits + 1)) * sizeof(int64_t) : 0;
 }
 
+size_t sort_chunks_by_map_workspace_size(int64_t num_rows, bool is_forward) {
+  // One bit per destination row, in 32-bit words.
+  return is_forward && num_rows > 0 ? static_cast<size_t>((num_rows + 31) / 32) * 4 : 0;
+}
+
 void sort_chunks_by_idx_fwd(const Context& ctx, const SortChunksFwdArgs& args) {
   check_fwd(ctx, args);
   const int64_t N = args.inp.size(0);
-  if (N == 0) return;
   validate_indices(kOpIdx, ctx, args.split_sizes, args.sorted_index, N);
+  if (N == 0) return;
   dispatch(kOpIdx, Direction::kForward, ctx, args.inp.dtype(), args);
 }
 
@@ -244,8 +242,8 @@ void sort_chunks_by_idx_bwd(const Context& ctx, const SortChunksBwdArgs& args) {
 void make_chunk_sort_map(const Context& ctx, const ChunkSortMapArgs& args) {
   check_map_args(ctx, args);
   const int64_t N = args.row_id_map.size(0);
-  if (N == 0) return;
   validate_indices(kOpMap, ctx, args.split_sizes, args.sorted_index, N);
+  if (N == 0) return;
   dispatch(kOpMap, Direction::kForward, ctx, args.split_sizes.dtype(), args);
 }
 

@@ -1,5 +1,5 @@
 // Pieces shared by the sort_chunks backends: op names, the host-side chunk tables and the
-// content checks of validate mode.
+// host-side content checks.
 #pragma once
 
 #include <cstdint>
@@ -38,20 +38,10 @@ ChunkTables build_tables(const std::vector<int64_t>& sizes, const std::vector<in
 // Contents of a 1-D int32/int64 CPU tensor as int64 (any stride).
 std::vector<int64_t> read_host_indices(const TensorView& t);
 
-// The same for a tensor on ctx's device: a plain read on the CPU; on CUDA a copy on ctx.stream
-// followed by a stream synchronization (validate mode only).
-std::vector<int64_t> read_indices(const Context& ctx, const TensorView& t);
-
-// Validate mode: split sizes >= 0 with sum <= N, sorted_index a permutation of 0..S-1.
+// Split sizes >= 0 with sum <= N, sorted_index a permutation of 0..S-1.
 void validate_chunks(const char* op, const std::vector<int64_t>& sizes,
                      const std::vector<int64_t>& order, int64_t N);
-// Validate mode: every entry of a row map in [0, N) and no entry twice.
+// Every entry of a row map in [0, N) and no entry twice.
 void validate_row_map(const char* op, const std::vector<int64_t>& map, int64_t N);
-
-#ifdef FUSEDOPS_WITH_CUDA
-// Defined in sort_chunks_sm80.cu: device -> host copy of `bytes` on ctx.stream, then a sync.
-void copy_device_to_host(const char* op, const Context& ctx, void* dst, const void* src,
-                         size_t bytes);
-#endif
 
 }  // namespace fusedops::sort_chunks

@@ -616,21 +616,34 @@ TEST(CausalConv1d, BadInputsRaiseClearErrors) {
 }
 
 #ifdef FUSEDOPS_WITH_CUDA
-// On CUDA the offsets are read only in validate mode (it copies them to the host and waits).
-TEST(CausalConv1d, CudaValidateModeChecksOffsets) {
+// On CUDA the kernels clamp the offsets and report bad ones (raised by check_device_errors);
+// with debug checks the call copies them to the host and raises the CPU's message.
+TEST(CausalConv1d, CudaChecksOffsetsOnTheDeviceAndInDebugMode) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Config v{"errv", {1, 5, 8}, 4, {0, 2, 5}, true, false, false, false, true};
   Tensors t(v, DType::kFloat32, Device::cuda(0), 3);
   Context ctx = Context::cuda(0);
-  ctx.validate = true;
+  check_device_errors(ctx);
   IndexTensor bad(DType::kInt32, {0, 4, 3}, Device::cuda(0));
   CausalConv1dFwdArgs a = t.fwd_args(v);
   a.cu_seqlens = bad.view();
-  expect_error([&] { causal_conv1d_fwd(ctx, a); }, ErrorKind::kValue,
+  EXPECT_NO_THROW(causal_conv1d_fwd(ctx, a));
+  expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue,
+               "causal_conv1d: cu_seqlens must start at 0, be non-decreasing and end at T; "
+               "cu_seqlens[2] = 3 is not");
+  IndexTensor past(DType::kInt64, {0, 2, 7}, Device::cuda(0));
+  a.cu_seqlens = past.view();
+  EXPECT_NO_THROW(causal_conv1d_fwd(ctx, a));
+  expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue, "cu_seqlens[2] = 7 is not");
+  Context debug = ctx;
+  debug.validate = true;
+  a.cu_seqlens = bad.view();
+  expect_error([&] { causal_conv1d_fwd(debug, a); }, ErrorKind::kValue,
                "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 3 < cu_seqlens[1] = 4");
   IndexTensor good(DType::kInt32, {0, 2, 5}, Device::cuda(0));
   a.cu_seqlens = good.view();
-  causal_conv1d_fwd(ctx, a);
+  causal_conv1d_fwd(debug, a);
+  EXPECT_NO_THROW(check_device_errors(ctx));
 }
 #endif
 

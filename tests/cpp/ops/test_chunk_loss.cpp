@@ -118,6 +118,9 @@ std::vector<Case> cases() {
   ign.ignore_index = 3;
   out.push_back({"all rows ignored", {6, 8}, 11, 4, ign, true, 1, false, 1.0});
   out.push_back({"no rows", {0, 8}, 11, 0, mean, false, 0, false, 1.0});
+  // On CUDA with 16-bit operands the default plan is compact here (V * H * 4 = 2 MiB does not fit
+  // half of the 4 MiB default workspace): 16-bit logits, dW accumulated in 3 chunks of <= 128 rows.
+  out.push_back({"compact default plan", {260, 64}, 8192, 0, sum, true, 7, false, 1.0});
   return out;
 }
 
@@ -317,8 +320,9 @@ TEST(ChunkLoss, CudaLayoutSplitsTheBudgetBetweenGradientChunkAndLogitsSubChunks)
   EXPECT_EQ(l.sub, 704);
   EXPECT_LE(l.chunk * ld * 2 + l.sub * ld * 4, gib);
   EXPECT_EQ(l.g - l.z, static_cast<size_t>(ce::align_up(static_cast<size_t>(l.sub * ld * 4), 256)));
-  // Default budget (2 GiB), fp32 accumulator of its own: 2 chunks of 4096, sub-chunks of 2048.
-  l = ce::chunk_layout(N, V, H, DType::kBFloat16, true, true, 0, 0, 0);
+  // A budget of 2 GiB (the default before issue 39) with an fp32 accumulator of its own: 2 chunks
+  // of 4096, sub-chunks of 2048.
+  l = ce::chunk_layout(N, V, H, DType::kBFloat16, true, true, 0, 2 * gib, 0);
   EXPECT_EQ(l.chunk, 4096);
   EXPECT_EQ(l.sub, 2048);
   EXPECT_EQ(l.total - l.dw, static_cast<size_t>(V * H * 4));
@@ -339,6 +343,52 @@ TEST(ChunkLoss, CudaLayoutSplitsTheBudgetBetweenGradientChunkAndLogitsSubChunks)
   l = ce::chunk_layout(70, 1003, 24, DType::kBFloat16, true, false, 0, 1, 0);
   EXPECT_EQ(l.chunk, 1);
   EXPECT_EQ(l.sub, 1);
+}
+
+// Issue 39: the default call that returns a bf16 weight gradient, at N=8192 H=4096 V=128256,
+// peaked at 5.35 GB on the H200 (an fp32 [V, H] accumulator and 2 GiB of chunks), Liger-Kernel's
+// LigerFusedLinearCrossEntropyLoss at 1.18 GB: its bf16 weight and input gradients and one bf16
+// logits chunk of next_pow2(ceil(N / ceil(V / H))) = 256 rows. The default plan's workspace plus
+// the same two gradients must not exceed that, from the shapes alone, with GEMM-sized chunks.
+TEST(ChunkLoss, DefaultPlanOfA16BitWeightGradientFitsLigersMemory) {
+  const size_t gemm = size_t(32) << 20;  // cuda::gemm_workspace_bytes()
+  struct Shape {
+    int64_t N, H, V;
+  };
+  for (const Shape& s : {Shape{8192, 4096, 128256}, Shape{16384, 8192, 151936}, Shape{4096, 2048, 32000},
+                         Shape{65536, 4096, 128256}}) {
+    SCOPED_TRACE(std::to_string(s.N) + "x" + std::to_string(s.H) + " V " + std::to_string(s.V));
+    int64_t inc = (s.V + s.H - 1) / s.H, want = (s.N + inc - 1) / inc, liger_rows = 1;
+    while (liger_rows < want) liger_rows *= 2;
+    liger_rows = std::min(liger_rows, s.N);
+    const int64_t liger = (s.V * s.H + s.N * s.H + liger_rows * s.V) * 2;
+    const ce::ChunkLayout l = ce::chunk_layout(s.N, s.V, s.H, DType::kBFloat16, true, true, 0, 0, gemm);
+    const int64_t ours = (s.V * s.H + s.N * s.H) * 2 + static_cast<int64_t>(l.total);
+    EXPECT_LE(ours, liger) << "workspace " << l.total << " bytes, " << l.chunk << " rows per chunk";
+    EXPECT_TRUE(l.compact);
+    EXPECT_FALSE(l.own_dw);
+    EXPECT_GE(l.chunk, std::min<int64_t>(s.N, 128)) << "chunks too small for the GEMMs";
+    EXPECT_LE(l.chunk * l.ld * 2, static_cast<int64_t>(l.total - l.g));
+  }
+  const ce::ChunkLayout at = ce::chunk_layout(8192, 128256, 4096, DType::kBFloat16, true, true, 0, 0, gemm);
+  EXPECT_EQ(at.chunk, 192);
+  EXPECT_LE(at.gemm_bytes, size_t(8) << 20);
+  EXPECT_GE(at.gemm_bytes, size_t(7) << 20);
+  // A small problem keeps the fp32 accumulator (it fits the least default workspace, 4 MiB).
+  const ce::ChunkLayout small = ce::chunk_layout(512, 1000, 256, DType::kBFloat16, true, true, 0, 0, gemm);
+  EXPECT_FALSE(small.compact);
+  EXPECT_TRUE(small.own_dw);
+  EXPECT_LE(small.total, static_cast<size_t>(ce::kMinDefaultWorkspace));
+  // memory_budget overrides the default: the fp32 accumulator, chunks within the budget.
+  const ce::ChunkLayout given = ce::chunk_layout(8192, 128256, 4096, DType::kBFloat16, true, true, 0,
+                                                 int64_t(1) << 30, gemm);
+  EXPECT_FALSE(given.compact);
+  EXPECT_TRUE(given.own_dw);
+  // A caller's fp32 weight gradient (grad_weight_buffer) keeps the 2 GiB default.
+  const ce::ChunkLayout buffer = ce::chunk_layout(8192, 128256, 4096, DType::kBFloat16, true, false, 0, 0, gemm);
+  EXPECT_FALSE(buffer.compact);
+  EXPECT_EQ(buffer.chunk * buffer.ld * 2 + buffer.sub * buffer.ld * 4 <= ce::kChunkBudgetCuda, true);
+  EXPECT_GT(buffer.chunk, 2000);
 }
 
 // CPU chunks: fp32 logits (4 bytes per logit) plus, with bf16 operands and a gradient wanted, the

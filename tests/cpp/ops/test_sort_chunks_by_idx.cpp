@@ -249,7 +249,8 @@ TEST(SortChunksByIdx, HelpersMatchTheOracle) {
         TestTensor probs = random_tensor(DType::kFloat32, {c.N}, b.device, 22);
         TestTensor out = poisoned(dt, {c.N, c.Hd}, b.device);
         TestTensor pout = poisoned(DType::kFloat32, {c.N}, b.device);
-        sort_chunks_by_map(b.ctx(), {inp.view(), map.view(), probs.view(), out.view(), pout.view(), forward});
+        TestTensor ws(DType::kUInt8, {static_cast<int64_t>(sort_chunks_by_map_workspace_size(c.N, forward))}, b.device);
+        sort_chunks_by_map(b.ctx(), {inp.view(), map.view(), probs.view(), out.view(), pout.view(), forward, ws.view()});
         const int64_t rb = c.Hd * static_cast<int64_t>(dtype_size(dt));
         EXPECT_TRUE(out.bytes() == move_rows(inp.bytes(), c.N, rb, rb, want_map, forward));
         EXPECT_TRUE(pout.bytes() == move_rows(probs.bytes(), c.N, 4, 4, want_map, forward));
@@ -305,32 +306,127 @@ TEST(SortChunksByIdx, RepeatedRunsAreBitwiseEqual) {
   }
 }
 
-TEST(SortChunksByIdx, InvalidIndicesWithoutValidateStayInBounds) {
-  // Unspecified results, but no access outside the tensors (the CUDA run is checked by
-  // compute-sanitizer, the CPU run by the sanitizer build) and no error.
-  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> bad = {
-      {{5, 9, 7}, {2, 0, 1}},      // sum 21 > N = 12
-      {{-4, 9, 2}, {1, 2, 0}},     // a negative size
-      {{3, 3, 3}, {0, 0, 2}},      // a repeated chunk
-      {{3, 3, 3}, {7, -1, 1}},     // out-of-range chunk indices
+// Index contents that break the contract (issue 39's reproductions first: a non-permutation
+// and sizes summing past the rows), each with the CPU message.
+struct BadChunks {
+  std::vector<int64_t> sizes, order;
+  std::string message;
+};
+const std::vector<BadChunks>& bad_chunks() {
+  static const std::vector<BadChunks> b = {
+      {{2, 2, 2}, {0, 0, 1}, "sorted_index must be a permutation of 0..2, got 0 twice"},
+      {{2, 2, 5}, {2, 1, 0}, "the sum of split_sizes (9) must not exceed the number of rows of inp (6)"},
+      {{-4, 9, 1}, {1, 2, 0}, "split_sizes must be >= 0, got split_sizes[0] = -4"},
+      {{3, 1, 2}, {7, -1, 1}, "sorted_index must be a permutation of 0..2, got sorted_index[0] = 7"},
   };
+  return b;
+}
+
+// The same checks when inp has no rows (nothing would be moved, but the sizes are still wrong).
+TEST(SortChunksByIdx, BadIndicesRaiseOnTheCpuWithoutRows) {
+  TestTensor inp(DType::kFloat32, {0, 4}), out(DType::kFloat32, {0, 4}), map(DType::kInt32, {0});
+  TestTensor sizes = index_tensor(DType::kInt64, {2}, Device::cpu());
+  TestTensor order = index_tensor(DType::kInt64, {0}, Device::cpu());
+  expect_error([&] { sort_chunks_by_idx_fwd(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                            out.view(), TensorView(), map.view(), TensorView()}); },
+               ErrorKind::kValue, "the sum of split_sizes (2) must not exceed the number of rows of inp (0)");
+}
+
+TEST(SortChunksByIdx, BadIndicesRaiseOnTheCpuBeforeAnyWork) {
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (const auto& [sz, ord] : bad) {
-      SCOPED_TRACE(b.id);
-      TestTensor inp = random_tensor(DType::kFloat32, {12, 8}, b.device, 3);
-      TestTensor sizes = index_tensor(DType::kInt64, sz, b.device);
-      TestTensor order = index_tensor(DType::kInt64, ord, b.device);
-      TestTensor out = poisoned(DType::kFloat32, {12, 8}, b.device);
-      TestTensor map = poisoned(DType::kInt32, {12}, b.device);
-      TestTensor din = poisoned(DType::kFloat32, {12, 8}, b.device);
-      TestTensor ws = workspace_for(3, b.device);
-      EXPECT_NO_THROW(sort_chunks_by_idx_fwd(b.ctx(), {inp.view(), sizes.view(), order.view(), TensorView(),
-                                                       out.view(), TensorView(), map.view(), ws.view()}));
-      EXPECT_NO_THROW(sort_chunks_by_idx_bwd(b.ctx(), {out.view(), TensorView(), map.view(), din.view(),
-                                                       TensorView()}));
-      out.bytes();  // synchronizes, so that a device fault surfaces in this test
+    if (b.device.kind != DeviceKind::kCPU) continue;
+    for (const auto& bad : bad_chunks()) {
+      SCOPED_TRACE(b.id + " " + bad.message);
+      TestTensor inp = random_tensor(DType::kFloat32, {6, 4}, b.device, 3);
+      TestTensor sizes = index_tensor(DType::kInt64, bad.sizes, b.device);
+      TestTensor order = index_tensor(DType::kInt32, bad.order, b.device);
+      TestTensor out = poisoned(DType::kFloat32, {6, 4}, b.device);
+      TestTensor map = poisoned(DType::kInt32, {6}, b.device);
+      const auto out_before = out.bytes(), map_before = map.bytes();
+      expect_error([&] { sort_chunks_by_idx_fwd(b.ctx(), {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                          out.view(), TensorView(), map.view(), TensorView()}); },
+                   ErrorKind::kValue, "sort_chunks_by_idx: " + bad.message);
+      expect_error([&] { make_chunk_sort_map(b.ctx(), {sizes.view(), order.view(), map.view(), TensorView()}); },
+                   ErrorKind::kValue, "make_chunk_sort_map: " + bad.message);
+      EXPECT_TRUE(out.bytes() == out_before) << "the forward wrote before it raised";
+      EXPECT_TRUE(map.bytes() == map_before) << "the map was written before the error";
     }
   }
+}
+
+TEST(SortChunksByIdx, BadRowMapsRaiseOnTheCpu) {
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> bad = {
+      {{0, 1, 2, 3, 4, 4}, "row_id_map must be a permutation of 0..5, got 4 twice"},
+      {{0, 1, 2, 3, 4, 6}, "row_id_map must be a permutation of 0..5, got row_id_map[5] = 6"},
+      {{-1, 1, 2, 3, 4, 5}, "row_id_map must be a permutation of 0..5, got row_id_map[0] = -1"},
+  };
+  for (const auto& b : runnable_backends(kOp, Direction::kBackward)) {
+    if (b.device.kind != DeviceKind::kCPU) continue;
+    for (const auto& [m, message] : bad) {
+      SCOPED_TRACE(b.id + " " + message);
+      TestTensor dout = random_tensor(DType::kFloat32, {6, 4}, b.device, 4);
+      TestTensor map = index_tensor(DType::kInt32, m, b.device);
+      TestTensor din = poisoned(DType::kFloat32, {6, 4}, b.device);
+      expect_error([&] { sort_chunks_by_idx_bwd(b.ctx(), {dout.view(), TensorView(), map.view(), din.view(), TensorView()}); },
+                   ErrorKind::kValue, "sort_chunks_by_idx: " + message);
+      for (bool fwd : {true, false})
+        expect_error([&] { sort_chunks_by_map(b.ctx(), {dout.view(), map.view(), TensorView(), din.view(), TensorView(), fwd, TensorView()}); },
+                     ErrorKind::kValue, "sort_chunks_by_map: " + message);
+    }
+  }
+}
+
+// On CUDA the kernels check the indices: a bad table gives the identity permutation and a report
+// that check_device_errors raises (once); with debug checks the call itself raises the CPU's
+// message. (compute-sanitizer memcheck runs these on the H200 as well.)
+TEST(SortChunksByIdx, BadIndicesOnCudaGiveTheIdentityAndAReport) {
+  bool any = false;
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    if (b.device.kind != DeviceKind::kCUDA) continue;
+    any = true;
+    const Context ctx = b.ctx();
+    check_device_errors(ctx);  // nothing pending from earlier tests
+    for (const auto& bad : bad_chunks()) {
+      SCOPED_TRACE(b.id + " " + bad.message);
+      TestTensor inp = random_tensor(DType::kFloat32, {6, 4}, b.device, 3);
+      TestTensor sizes = index_tensor(DType::kInt64, bad.sizes, b.device);
+      TestTensor order = index_tensor(DType::kInt32, bad.order, b.device);
+      TestTensor out = poisoned(DType::kFloat32, {6, 4}, b.device);
+      TestTensor map = poisoned(DType::kInt32, {6}, b.device);
+      TestTensor ws = workspace_for(3, b.device);
+      EXPECT_NO_THROW(sort_chunks_by_idx_fwd(ctx, {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                   out.view(), TensorView(), map.view(), ws.view()}));
+      EXPECT_TRUE(out.bytes() == inp.bytes()) << "a bad table must give the identity";
+      EXPECT_EQ(map_values(map), identity(6));
+      expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue, "sort_chunks_by_idx: ");
+      EXPECT_NO_THROW(check_device_errors(ctx)) << "the report was not cleared";
+      Context debug = ctx;
+      debug.validate = true;
+      expect_error([&] { sort_chunks_by_idx_fwd(debug, {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                         out.view(), TensorView(), map.view(), ws.view()}); },
+                   ErrorKind::kValue, "sort_chunks_by_idx: " + bad.message);
+    }
+    // Map entries outside [0, N): a gather writes zero rows, a scatter skips them; both report.
+    TestTensor src = random_tensor(DType::kFloat32, {6, 4}, b.device, 5);
+    TestTensor oob = index_tensor(DType::kInt32, {0, 1, 2, 3, 4, 9}, b.device);
+    TestTensor dst = poisoned(DType::kFloat32, {6, 4}, b.device);
+    EXPECT_NO_THROW(sort_chunks_by_idx_bwd(ctx, {src.view(), TensorView(), oob.view(), dst.view(), TensorView()}));
+    auto got = dst.bytes(), in = src.bytes();
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + 5 * 16, in.begin()));
+    EXPECT_TRUE(std::all_of(got.begin() + 5 * 16, got.end(), [](uint8_t v) { return v == 0; }));
+    expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue,
+                 "sort_chunks_by_idx: row_id_map[5] = 9 is outside [0, N)");
+    // A scatter through a map that is not a permutation: rows nothing reaches are zero.
+    TestTensor dup = index_tensor(DType::kInt32, {0, 1, 2, 3, 4, 4}, b.device);
+    TestTensor mws(DType::kUInt8, {static_cast<int64_t>(sort_chunks_by_map_workspace_size(6, true))}, b.device);
+    EXPECT_NO_THROW(sort_chunks_by_map(ctx, {src.view(), dup.view(), TensorView(), dst.view(), TensorView(), true, mws.view()}));
+    got = dst.bytes();
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + 4 * 16, in.begin()));
+    EXPECT_TRUE(std::all_of(got.begin() + 5 * 16, got.end(), [](uint8_t v) { return v == 0; }));
+    expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue,
+                 "sort_chunks_by_map: row_id_map is not a permutation: row 4 is the target of more than one entry");
+  }
+  if (!any) GTEST_SKIP() << "no CUDA backend can run here";
 }
 
 TEST(SortChunksByIdx, BadInputsRaiseClearErrors) {
@@ -389,7 +485,7 @@ TEST(SortChunksByIdx, BadInputsRaiseClearErrors) {
   a.out = out62.view();
   expect_error([&] { fwd(a); }, ErrorKind::kValue, "inp must have a contiguous last dimension (stride 1)");
 
-  // Validate mode: contents of split_sizes and sorted_index.
+  // Contents of split_sizes and sorted_index (checked on the CPU with or without debug checks).
   Context vctx = Context::cpu();
   vctx.validate = true;
   EXPECT_NO_THROW(fwd(good, vctx));
@@ -411,8 +507,8 @@ TEST(SortChunksByIdx, BadInputsRaiseClearErrors) {
   a.sorted_index = oob.view();
   expect_error([&] { fwd(a, vctx); }, ErrorKind::kValue,
                "sorted_index must be a permutation of 0..1, got sorted_index[1] = 2");
-  // The same inputs run (with unspecified results) when validation is off.
-  EXPECT_NO_THROW(fwd(a));
+  expect_error([&] { fwd(a); }, ErrorKind::kValue,
+               "sorted_index must be a permutation of 0..1, got sorted_index[1] = 2");
 
   // Backward and helpers.
   TestTensor din(DType::kFloat32, {6, 4});
@@ -424,7 +520,7 @@ TEST(SortChunksByIdx, BadInputsRaiseClearErrors) {
                ErrorKind::kValue, "row_id_map must have shape [6] ([N], N = rows of d_out), got [5]");
   expect_error([&] { make_chunk_sort_map(ctx, {sizes.view(), order3.view(), map.view(), TensorView()}); },
                ErrorKind::kValue, "make_chunk_sort_map: split_sizes and sorted_index must have the same number");
-  expect_error([&] { sort_chunks_by_map(vctx, {inp.view(), badmap.view(), TensorView(), out.view(), TensorView(), true}); },
+  expect_error([&] { sort_chunks_by_map(vctx, {inp.view(), badmap.view(), TensorView(), out.view(), TensorView(), true, TensorView()}); },
                ErrorKind::kValue, "sort_chunks_by_map: row_id_map must be a permutation of 0..5");
 }
 
@@ -444,7 +540,7 @@ TEST(SortChunksByIdx, CudaNeedsTheWorkspace) {
     expect_error([&] { sort_chunks_by_idx_fwd(b.ctx(), {inp.view(), sizes.view(), order.view(), TensorView(),
                                                          out.view(), TensorView(), map.view(), small.view()}); },
                  ErrorKind::kValue, "workspace must hold at least 48 bytes (2 chunks), got 8");
-    // Validate mode reads the device indices (a synchronizing copy).
+    // Debug checks read the device indices (a synchronizing copy).
     Context v = b.ctx();
     v.validate = true;
     TestTensor ws = workspace_for(2, b.device);

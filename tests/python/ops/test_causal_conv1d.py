@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.common.bad_input import expect_rejected
 from tests.common.tolerance import assert_close, max_abs_error, scale_of
 
 OP = "causal_conv1d"
@@ -408,16 +409,19 @@ def test_errors(device):
 
 
 @pytest.mark.parametrize("offsets,message", [
-    ([0, 3, 2, 5], r"cu_seqlens must be non-decreasing, got cu_seqlens\[2\] = 2 < cu_seqlens\[1\] = 3"),
-    ([1, 3, 5], r"cu_seqlens must start at 0, got cu_seqlens\[0\] = 1"),
-    ([0, 3, 4], r"cu_seqlens must end at T = 5 \(x's time steps\), got cu_seqlens\[2\] = 4"),
+    ([0, 3, 2, 5], "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 2 < cu_seqlens[1] = 3"),
+    ([1, 3, 5], "cu_seqlens must start at 0, got cu_seqlens[0] = 1"),
+    ([0, 3, 4], "cu_seqlens must end at T = 5 (x's time steps), got cu_seqlens[2] = 4"),
 ])
-def test_bad_offsets_in_validate_mode(device, offsets, message):
+def test_bad_offsets_raise_on_cpu_and_are_reported_on_cuda(device, offsets, message):
     x = torch.randn(1, 5, 8, device=device)
     w = torch.randn(4, 8, device=device)
     cu = torch.tensor(offsets, dtype=torch.int32, device=device)
-    with fusedops.validation(), pytest.raises(ValueError, match=message):
-        fusedops.causal_conv1d(x, w, cu_seqlens=cu)
+    bad = next(i for i, v in enumerate(offsets) if (v != 0 if i == 0 else v < offsets[i - 1])
+               or (i == len(offsets) - 1 and v != 5))
+    expect_rejected(device, lambda: fusedops.causal_conv1d(x, w, cu_seqlens=cu),
+                    "causal_conv1d: " + message,
+                    f"cu_seqlens[{bad}] = {offsets[bad]} is not (the offsets are clamped to [0, T])")
 
 
 # ---------------------------------------------------------------------------------------------

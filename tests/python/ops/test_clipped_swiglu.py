@@ -15,6 +15,7 @@ import fusedops
 import pytest
 import torch
 
+from tests.common.bad_input import expect_rejected
 from tests.common.tolerance import assert_close, max_abs_error, scale_of
 
 OP = "clipped_swiglu"
@@ -271,11 +272,17 @@ def test_errors(device):
         fusedops.clipped_swiglu(torch.ones(4, 8, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="rank >= 1, got rank 0"):
         fusedops.clipped_swiglu(torch.tensor(1.0, device=device))
-    neg = torch.tensor([2, -1], dtype=torch.int64, device=device)
-    with fusedops.validation(), pytest.raises(ValueError, match="group_index entries must be >= 0, got -1 at index 1"):
-        fusedops.clipped_swiglu(x, group_index=neg)
-    # without validation a negative entry is not looked at (unspecified result, no error)
-    fusedops.clipped_swiglu(x, group_index=neg)
+
+
+def test_negative_group_index_raises_on_cpu_and_counts_as_zero_on_cuda(device):
+    x = torch.randn(4, 8, device=device)
+    neg = torch.tensor([2, -1, 1], dtype=torch.int64, device=device)
+    y = expect_rejected(device, lambda: fusedops.clipped_swiglu(x, group_index=neg),
+                        "clipped_swiglu: group_index entries must be >= 0, got -1 at index 1",
+                        "clipped_swiglu: group_index[1] = -1 is negative (counted as 0)")
+    if y is not None:  # rows 0..2 computed (2 + 0 + 1), row 3 zero
+        full = fusedops.clipped_swiglu(x)
+        assert torch.equal(y[:3], full[:3]) and torch.equal(y[3], torch.zeros_like(y[3]))
 
 
 def test_float64_on_cuda_says_no_backend_can_run_it(device):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.common.bad_input import expect_rejected
 from tests.common.tolerance import assert_close, max_abs_error, scale_of
 
 OP = "fused_cross_entropy_loss"
@@ -279,13 +280,20 @@ def test_all_ignored_mean_is_zero_not_nan(device):
     assert torch.equal(x.grad, torch.zeros_like(x))
 
 
-def test_out_of_range_labels_are_nan_and_raise_in_validation_mode(device):
+@pytest.mark.parametrize("bad", [10, -5])
+def test_out_of_range_labels_raise_on_cpu_and_are_nan_and_reported_on_cuda(device, bad):
+    # Issue 39: labels [1, 2, 10, 3] (10 = V) and -5 (not ignore_index) gave NaN silently.
     x = torch.randn(4, 10, device=device)
-    labels = torch.tensor([1, 10, 3, -100], device=device)
-    loss = fusedops.fused_cross_entropy_loss(x, labels, reduction="none")
-    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
-    with fusedops.validation(), pytest.raises(ValueError, match=r"labels\[1\] = 10 is outside \[0, 10\)"):
-        fusedops.fused_cross_entropy_loss(x, labels)
+    labels = torch.tensor([1, 2, bad, 3], device=device)
+    loss = expect_rejected(
+        device, lambda: fusedops.fused_cross_entropy_loss(x, labels, reduction="none"),
+        f"fused_cross_entropy_loss: labels[2] = {bad} is outside [0, 10) and is not ignore_index (-100)",
+        f"fused_cross_entropy_loss: labels[2] = {bad} is outside [0, V) and is not ignore_index")
+    if loss is not None:
+        assert torch.isnan(loss[2]) and torch.isfinite(loss[[0, 1, 3]]).all()
+        ref = fusedops.reference.fused_cross_entropy_loss(x, torch.tensor([1, 2, -100, 3], device=device),
+                                                          reduction="none")
+        assert torch.allclose(loss[[0, 1, 3]].double().cpu(), ref[[0, 1, 3]].cpu(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)

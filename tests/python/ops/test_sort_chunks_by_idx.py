@@ -15,6 +15,7 @@ import pytest
 import torch
 from fusedops.ops import sort_chunks as sc
 
+from tests.common.bad_input import expect_rejected
 from tests.common.tolerance import assert_close
 
 OP = "sort_chunks_by_idx"
@@ -358,27 +359,72 @@ def test_repeated_backward_is_bitwise_identical(backend_case, fresh_normal):
         assert_bitwise(a, b, "repeat")
 
 
-@pytest.mark.parametrize("sizes,order,message", [
-    ([-1, 7], [1, 0], "split_sizes must be >= 0, got split_sizes[0] = -1"),
-    ([4, 3], [1, 0], "the sum of split_sizes (7) must not exceed the number of rows of inp (6)"),
-    ([2, 4], [1, 1], "sorted_index must be a permutation of 0..1, got 1 twice"),
-    ([2, 4], [0, 2], "sorted_index must be a permutation of 0..1, got sorted_index[1] = 2"),
-])
-def test_validation_mode_rejects_bad_indices(device, sizes, order, message):
+# Index contents that break the contract: issue 39's two reproductions (not a permutation; sizes
+# summing past the 6 rows) first. (sizes, order, the CPU / debug-checks message, the CUDA report)
+BAD_INDICES = [
+    ([2, 2, 2], [0, 0, 1], "sorted_index must be a permutation of 0..2, got 0 twice",
+     "sorted_index is not a permutation of 0..S-1: chunk 2 is missing"),
+    ([2, 2, 5], [2, 1, 0], "the sum of split_sizes (9) must not exceed the number of rows of inp (6)",
+     "the sum of split_sizes (9) exceeds the number of rows (6)"),
+    ([-1, 7], [1, 0], "split_sizes must be >= 0, got split_sizes[0] = -1",
+     "split_sizes[0] = -1 is negative"),
+    ([2, 4], [0, 2], "sorted_index must be a permutation of 0..1, got sorted_index[1] = 2",
+     "sorted_index[1] = 2 is outside 0..S-1"),
+]
+
+
+@pytest.mark.parametrize("sizes,order,message,report", BAD_INDICES, ids=["repeat", "sum_past_rows",
+                                                                         "negative", "out_of_range"])
+def test_bad_indices_raise_on_cpu_and_give_the_identity_on_cuda(device, sizes, order, message, report):
     x = torch.randn(6, 4, device=device)
     s_t, o_t = index_tensors(sizes, order, device)
-    with fusedops.validation():
-        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
-            fusedops.sort_chunks_by_idx(x, s_t, o_t)
-    fusedops.sort_chunks_by_idx(x, s_t, o_t)  # unspecified result, but no error and no fault
-    if device == "cuda":
-        torch.cuda.synchronize()
+    out = expect_rejected(device, lambda: fusedops.sort_chunks_by_idx(x, s_t, o_t)[0],
+                          "sort_chunks_by_idx: " + message, "sort_chunks_by_idx: " + report)
+    if out is not None:
+        assert_bitwise(out, x, "the identity for bad indices")
+    for call in (lambda: fusedops.moe_sort_chunks_by_index(x, s_t, o_t),
+                 lambda: fusedops.sort_chunks_by_idxs(x, s_t, o_t)[0]):
+        out = expect_rejected(device, call, message, report)
+        if out is not None:
+            assert_bitwise(out, x, "the identity for bad indices")
+    row_id_map = expect_rejected(device, lambda: sc.make_chunk_sort_map(s_t, o_t, 6, len(sizes)),
+                                 "make_chunk_sort_map: " + message, "make_chunk_sort_map: " + report)
+    if row_id_map is not None:
+        assert row_id_map.tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("is_forward", [True, False], ids=["scatter", "gather"])
+def test_bad_row_maps_raise_on_cpu_and_stay_defined_on_cuda(device, is_forward):
+    x = torch.randn(6, 4, device=device)
+    dup = torch.tensor([0, 1, 2, 3, 4, 4], dtype=torch.int32, device=device)
+    oob = torch.tensor([0, 1, 2, 3, 4, 9], dtype=torch.int32, device=device)
+    call = lambda m: sc.sort_chunks_by_map(x, m, None, 6, 4, is_forward)[0]  # noqa: E731
+    out = expect_rejected(device, lambda: call(oob),
+                          "sort_chunks_by_map: row_id_map must be a permutation of 0..5, got row_id_map[5] = 9",
+                          "sort_chunks_by_map: row_id_map[5] = 9 is outside [0, N)")
+    if out is not None:  # rows 0..4 moved; the entry out of range is skipped (scatter) or zero (gather)
+        assert_bitwise(out[:5], x[:5], "in-range rows")
+        if not is_forward:
+            assert_bitwise(out[5], torch.zeros_like(x[5]), "gather from a bad entry")
+    if is_forward:
+        out = expect_rejected(device, lambda: call(dup),
+                              "sort_chunks_by_map: row_id_map must be a permutation of 0..5, got 4 twice",
+                              "sort_chunks_by_map: row_id_map is not a permutation: row 4 is the "
+                              "target of more than one entry")
+        if out is not None:  # the row nothing reaches is zero
+            assert_bitwise(out[:4], x[:4], "rows reached once")
+            assert_bitwise(out[5], torch.zeros_like(x[5]), "the row nothing reaches")
+    elif device == "cpu":
+        with pytest.raises(ValueError, match="got 4 twice"):
+            call(dup)
+    else:  # a gather through a repeated entry reads in bounds: a defined result, nothing to report
+        assert_bitwise(call(dup)[5], x[4], "gather through a repeated entry")
 
 
 def test_validation_mode_accepts_good_indices(device):
     x = torch.randn(6, 4, device=device)
     s_t, o_t = index_tensors([2, 0, 4], [2, 1, 0], device)
-    with fusedops.validation():
+    with fusedops.debug_checks():
         out, _ = fusedops.sort_chunks_by_idx(x, s_t, o_t)
     assert_bitwise(out, composite(x, [2, 0, 4], [2, 1, 0])[0], "validated")
 
