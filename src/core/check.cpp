@@ -128,6 +128,21 @@ const ArgCheck& ArgCheck::offsets(const std::vector<int64_t>& offs, const char* 
   return *this;
 }
 
+const ArgCheck& ArgCheck::workspace(const TensorView& ws, const Context& ctx, int64_t need,
+                                    const char* size_fn, int64_t align) const {
+  if (need <= 0) return *this;  // nothing is read or written
+  defined(ws, "workspace").on_device(ws, "workspace", ctx);
+  FUSEDOPS_REQUIRE(ws.numel() == 0 || ws.is_contiguous(), kValue, op_,
+                   "workspace must be contiguous, got strides ", shape_string(ws.strides(), ws.ndim()),
+                   " for shape ", ws.shape_string());
+  const int64_t have = ws.numel() * static_cast<int64_t>(dtype_size(ws.dtype()));
+  FUSEDOPS_REQUIRE(have >= need, kValue, op_, "workspace must hold at least ", need, " bytes (",
+                   size_fn, "), got ", have);
+  FUSEDOPS_REQUIRE(need <= 0 || align <= 1 || reinterpret_cast<uintptr_t>(ws.data()) % align == 0,
+                   kValue, op_, "workspace must start on a ", align, "-byte boundary");
+  return *this;
+}
+
 std::vector<uint8_t> read_tensor_bytes(const char* op, const Context& ctx, const TensorView& t) {
   // Elements 0 .. 1 + sum((size_d - 1) * stride_d) of the view: everything it addresses.
   int64_t span = t.numel() > 0 ? 1 : 0;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "src/core/workspace.h"
 #include "src/cpu/parallel.h"
 #include "src/cpu/stream_copy.h"
 #include "tests/cpp/test_util.h"
@@ -281,6 +282,50 @@ TEST(ArgCheck, OffsetsAndIndexValues) {
   EXPECT_EQ(read_index_values("some_op", Context::cpu(), t64), (std::vector<int64_t>{int64_t(1) << 40, -4}));
   const TensorView empty(nullptr, DType::kInt64, Device::cpu(), {0});
   EXPECT_TRUE(read_index_values("some_op", Context::cpu(), empty).empty());
+}
+
+TEST(ArgCheck, Workspace) {
+  ArgCheck c("some_op");
+  const Context ctx = Context::cpu();
+  EXPECT_NO_THROW(c.workspace(TensorView(), ctx, 0, "some_op_workspace_size"));
+  expect_error([&] { c.workspace(TensorView(), ctx, 16, "some_op_workspace_size"); }, ErrorKind::kValue,
+               "some_op: workspace is required but was not given");
+  TestTensor f32(DType::kFloat32, {4});  // 16 bytes in any dtype
+  EXPECT_NO_THROW(c.workspace(f32.view(), ctx, 16, "some_op_workspace_size", 4));
+  expect_error([&] { c.workspace(f32.view(), ctx, 17, "some_op_workspace_size"); }, ErrorKind::kValue,
+               "workspace must hold at least 17 bytes (some_op_workspace_size), got 16");
+  alignas(64) static uint8_t bytes[128];
+  const TensorView off(bytes + 8, DType::kUInt8, Device::cpu(), {64});
+  EXPECT_NO_THROW(c.workspace(off, ctx, 64, "some_op_workspace_size", 8));
+  expect_error([&] { c.workspace(off, ctx, 64, "some_op_workspace_size", 16); }, ErrorKind::kValue,
+               "workspace must start on a 16-byte boundary");
+  const int64_t shape[1] = {32}, stride[1] = {2};
+  const TensorView strided(bytes, DType::kUInt8, Device::cpu(), 1, shape, stride);
+  expect_error([&] { c.workspace(strided, ctx, 8, "some_op_workspace_size"); }, ErrorKind::kValue,
+               "workspace must be contiguous");
+}
+
+TEST(WorkspaceCarver, CountsThenHandsOutAlignedViewsInTheSameOrder) {
+  WorkspaceCarver count(nullptr, Device::cpu(), 64);
+  count.take(DType::kFloat32, {3, 5});  // 60 bytes -> 64
+  count.take(DType::kBFloat16, {65});   // 130 bytes -> 192
+  const int64_t mark = count.used();
+  count.take(DType::kFloat64, {1});     // 8 bytes -> 64
+  EXPECT_EQ(mark, 64 + 192);
+  EXPECT_EQ(count.used(), 64 + 192 + 64);
+  alignas(64) static char ws[320];
+  WorkspaceCarver cv(ws, Device::cpu(), 64);
+  const TensorView a = cv.take(DType::kFloat32, {3, 5});
+  const TensorView b = cv.take(DType::kBFloat16, {65});
+  EXPECT_EQ(static_cast<char*>(a.data()), ws);
+  EXPECT_EQ(static_cast<char*>(b.data()), ws + 64);
+  EXPECT_EQ(a.stride(0), 5);
+  EXPECT_TRUE(b.is_contiguous());
+  cv.seek(64);  // reuse b's bytes
+  EXPECT_EQ(static_cast<char*>(cv.take(DType::kUInt8, {1}).data()), ws + 64);
+  WorkspaceCarver none(TensorView(), Device::cpu(), 64);
+  EXPECT_EQ(none.take(DType::kFloat32, {2}).data(), nullptr);
+  EXPECT_EQ(none.used(), 64);
 }
 
 }  // namespace

@@ -46,6 +46,12 @@ class ArgCheck {
   // (<total_note>)").
   const ArgCheck& offsets(const std::vector<int64_t>& offsets, const char* name, int64_t total,
                           const char* total_name, const char* total_note = nullptr) const;
+  // A caller-allocated scratch buffer of at least `need` bytes, `size_fn` naming the query that
+  // gives the size: nothing is required (or checked) when need is 0; otherwise it is given,
+  // on ctx's device, contiguous (or empty), holds need bytes (numel * itemsize, any dtype) and its
+  // data is `align`-byte aligned (the kernels' vector width or the carver's alignment).
+  const ArgCheck& workspace(const TensorView& ws, const Context& ctx, int64_t need,
+                            const char* size_fn, int64_t align = 1) const;
 
  private:
   const char* op_;

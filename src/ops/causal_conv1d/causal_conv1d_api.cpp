@@ -122,12 +122,7 @@ conv1d::Geometry check_bwd(const Context& ctx, const CausalConv1dBwdArgs& a) {
   }
   const size_t need = causal_conv1d_bwd_workspace_size(ctx, a);
   if (need > 0) {
-    c.defined(a.workspace, "workspace").on_device(a.workspace, "workspace", ctx);
-    const size_t have = static_cast<size_t>(a.workspace.numel()) * dtype_size(a.workspace.dtype());
-    FUSEDOPS_REQUIRE(have >= need, kValue, kOp, "workspace must hold at least ", need,
-                     " bytes (causal_conv1d_bwd_workspace_size), got ", have);
-    FUSEDOPS_REQUIRE(reinterpret_cast<uintptr_t>(a.workspace.data()) % 16 == 0, kValue, kOp,
-                     "workspace must be 16-byte aligned");
+    c.workspace(a.workspace, ctx, static_cast<int64_t>(need), "causal_conv1d_bwd_workspace_size", 16);
   }
   return g;
 }

@@ -135,7 +135,8 @@ void check_fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
                                     std::to_string(a.memory_budget));
   (void)N;
   (void)V;
-  ce::check_workspace(c, ctx, a.workspace, chunk_loss_workspace_size(ctx, a));
+  c.workspace(a.workspace, ctx, static_cast<int64_t>(chunk_loss_workspace_size(ctx, a)),
+              "chunk_loss_workspace_size", 256);
 }
 
 void check_pair(const ArgCheck& c, const Context& ctx, const TensorView& saved, const char* saved_name,

@@ -229,7 +229,5 @@ void check_dense(const ArgCheck& c, const TensorView& t, const char* name);
 // `out` is `in` itself or does not overlap it.
 void check_in_place_or_apart(const ArgCheck& c, const TensorView& out, const char* out_name,
                              const TensorView& in, const char* in_name);
-// A uint8 device workspace of at least `need` bytes on a 256-byte boundary (nothing if need == 0).
-void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, size_t need);
 
 }  // namespace fusedops::ce

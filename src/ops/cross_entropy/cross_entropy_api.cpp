@@ -92,16 +92,6 @@ void check_label_values(const char* op, const Context& ctx, const TensorView& la
   }
 }
 
-void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, size_t need) {
-  if (need == 0) return;
-  c.defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8}).on_device(ws, "workspace", ctx);
-  c.value(ws.is_contiguous() && static_cast<size_t>(ws.numel()) >= need,
-          "workspace must be a contiguous uint8 tensor of at least " + std::to_string(need) +
-              " bytes (see the *_workspace_size query), got " + std::to_string(ws.numel()));
-  c.value(reinterpret_cast<uintptr_t>(ws.data()) % 256 == 0,
-          "workspace must start on a 256-byte boundary");
-}
-
 }  // namespace ce
 
 namespace {
@@ -160,7 +150,8 @@ void check_fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
         .on_device(a.grad_loss_weight, "grad_loss_weight", ctx);
     ce::check_dense(c, a.grad_loss_weight, "grad_loss_weight");
   }
-  ce::check_workspace(c, ctx, a.workspace, cross_entropy_workspace_size(ctx, N, V));
+  c.workspace(a.workspace, ctx, static_cast<int64_t>(cross_entropy_workspace_size(ctx, N, V)),
+              "cross_entropy_workspace_size", 256);
 }
 
 void check_bwd(const Context& ctx, const CrossEntropyBwdArgs& a) {

@@ -97,7 +97,7 @@ void check_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   la::Check c("chunk_gated_delta_rule", ctx);
   const Dims d = la::check_top(c, a, kGate, kChunkSizes);
   check_family(c, a, d, false);
-  la::check_workspace(c, a.workspace, chunk_gated_delta_rule_fwd_workspace_size(a),
+  c.base().workspace(a.workspace, ctx, chunk_gated_delta_rule_fwd_workspace_size(a),
                       "chunk_gated_delta_rule_fwd_workspace_size");
 }
 
@@ -112,7 +112,7 @@ void check_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
                                 : "ddt_bias must not be given without dt_bias");
     c.opt_output(a.ddt_bias, "ddt_bias", {d.HV});
   }
-  la::check_workspace(c, a.workspace, chunk_gated_delta_rule_bwd_workspace_size(a),
+  c.base().workspace(a.workspace, ctx, chunk_gated_delta_rule_bwd_workspace_size(a),
                       "chunk_gated_delta_rule_bwd_workspace_size");
 }
 

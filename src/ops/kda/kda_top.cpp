@@ -103,7 +103,7 @@ void check_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   la::Check c("chunk_kda", ctx);
   const Dims d = la::check_top(c, a, kGate, kChunkSizes);
   check_family(c, a, d, false);
-  la::check_workspace(c, a.workspace, chunk_kda_fwd_workspace_size(a), "chunk_kda_fwd_workspace_size");
+  c.base().workspace(a.workspace, ctx, chunk_kda_fwd_workspace_size(a), "chunk_kda_fwd_workspace_size");
 }
 
 void check_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
@@ -124,7 +124,7 @@ void check_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
               "ddt_bias must be contiguous with HV*K elements");
     }
   }
-  la::check_workspace(c, a.workspace, chunk_kda_bwd_workspace_size(a), "chunk_kda_bwd_workspace_size");
+  c.base().workspace(a.workspace, ctx, chunk_kda_bwd_workspace_size(a), "chunk_kda_bwd_workspace_size");
 }
 
 // kda_recompute_w_u_fwd's arguments: W, U, kg, qg into ws from the saved Akk.

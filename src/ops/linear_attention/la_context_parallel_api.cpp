@@ -12,43 +12,14 @@
 #include "fusedops/ops/kda.h"
 #include "fusedops/ops/l2norm.h"
 #include "src/ops/linear_attention/la_context_parallel.h"
+#include "src/ops/linear_attention/la_top.h"
 
 namespace fusedops {
 namespace {
 
+using la::Carver;
+
 constexpr double kL2NormEps = 1e-6;  // the top levels' use_qk_l2norm_in_kernel epsilon
-constexpr int64_t kAlign = 256;
-
-// Aligned sub-tensors of a uint8 workspace, or only the byte count when base is null.
-class Arena {
- public:
-  Arena(char* base, Device device) : base_(base), device_(device) {}
-  TensorView take(DType dtype, std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    std::vector<int64_t> strides(shape.size());
-    int64_t st = 1;
-    for (size_t d = shape.size(); d-- > 0;) {
-      strides[d] = st;
-      st *= shape[d];
-    }
-    TensorView t(base_ ? base_ + used_ : nullptr, dtype, device_, static_cast<int>(shape.size()),
-                 shape.data(), strides.data());
-    used_ += (n * static_cast<int64_t>(dtype_size(dtype)) + kAlign - 1) / kAlign * kAlign;
-    return t;
-  }
-  int64_t used() const { return used_; }
-
- private:
-  char* base_;
-  Device device_;
-  int64_t used_ = 0;
-};
-
-char* base_of(const TensorView& ws) {
-  return ws.defined() ? static_cast<char*>(ws.data()) : nullptr;
-}
-
 // A contiguous view of `n` elements of t's dtype at element offset `at` of a contiguous t.
 TensorView sub(const TensorView& t, int64_t at, std::vector<int64_t> shape) {
   std::vector<int64_t> strides(shape.size());
@@ -76,15 +47,6 @@ void check_dense_out(const ArgCheck& c, const Context& ctx, const TensorView& t,
   c.defined(t, name).on_device(t, name, ctx).shape(t, name, shape).contiguous(t, name);
   c.value(t.dtype() == dtype, std::string(name) + " must be " + dtype_name(dtype) + ", got " +
                                   dtype_name(t.dtype()));
-}
-
-void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, int64_t need) {
-  if (need == 0 && !ws.defined()) return;
-  c.defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8}).on_device(ws, "workspace", ctx);
-  c.value(ws.numel() == 0 || ws.is_contiguous(), "workspace must be contiguous");
-  c.value(ws.numel() >= need, "workspace must hold at least " + std::to_string(need) +
-                                  " bytes (the *_workspace_size query), got " +
-                                  std::to_string(ws.numel()));
 }
 
 void check_chunk_size(const ArgCheck& c, int64_t bt) {
@@ -124,7 +86,7 @@ struct FwdWork {
   TensorView kn, rstd, bs, ga, gc, kkt, A, Aqk, kg, w, u, u0, eye, hM, hS;
 };
 
-FwdWork carve_fwd(Arena& ar, const FwdDims& d, const LaCpFwdSummaryArgs& a) {
+FwdWork carve_fwd(Carver& ar, const FwdDims& d, const LaCpFwdSummaryArgs& a) {
   FwdWork w;
   const std::vector<int64_t> gshape = d.kda ? std::vector<int64_t>{1, d.Ts, d.HV, d.K}
                                             : std::vector<int64_t>{1, d.Ts, d.HV};
@@ -196,7 +158,7 @@ struct BwdWork {
   TensorView w, u, kg, qg, dAqk, dvl, dh, dv2;
 };
 
-BwdWork carve_bwd(Arena& ar, const BwdDims& d, bool have_w) {
+BwdWork carve_bwd(Carver& ar, const BwdDims& d, bool have_w) {
   BwdWork w;
   if (!have_w) w.w = ar.take(d.kdt, {1, d.Ts, d.HV, d.K});
   if (!have_w || d.kda) w.u = ar.take(d.vdt, {1, d.Ts, d.HV, d.V});
@@ -282,7 +244,7 @@ Context with_backend(const Context& ctx, const char* backend) {
 int64_t la_cp_fwd_summary_workspace_size(const LaCpFwdSummaryArgs& a) {
   if (!a.k.defined() || !a.v.defined() || !a.g.defined() || a.k.ndim() != 4 || a.v.ndim() != 4) return 0;
   if (a.k.size(1) == 0 || a.chunk_size <= 0) return 0;
-  Arena ar(nullptr, a.k.device());
+  Carver ar(nullptr, a.k.device());
   carve_fwd(ar, fwd_dims(a), a);
   return ar.used();
 }
@@ -296,8 +258,8 @@ void la_cp_fwd_summary(const Context& ctx, const LaCpFwdSummaryArgs& a) {
     la_cp::fill(ctx, {S, 0.0});
     return;
   }
-  check_workspace(ArgCheck("la_cp_fwd_summary"), ctx, a.workspace, la_cp_fwd_summary_workspace_size(a));
-  Arena ar(base_of(a.workspace), ctx.device);
+  ArgCheck("la_cp_fwd_summary").workspace(a.workspace, ctx, la_cp_fwd_summary_workspace_size(a), "la_cp_fwd_summary_workspace_size");
+  Carver ar(a.workspace, ctx.device);
   const FwdWork ws = carve_fwd(ar, d, a);
   TensorView k = a.k, beta = a.beta, g = a.g;
   if (a.use_qk_l2norm_in_kernel) {
@@ -338,7 +300,7 @@ int64_t la_cp_bwd_summary_workspace_size(const LaCpBwdSummaryArgs& a) {
   if (!a.q.defined() || !a.v.defined() || !a.g_cumsum.defined() || a.q.ndim() != 4 || a.v.ndim() != 4)
     return 0;
   if (a.q.size(1) == 0 || a.chunk_size <= 0) return 0;
-  Arena ar(nullptr, a.q.device());
+  Carver ar(nullptr, a.q.device());
   carve_bwd(ar, bwd_dims(a), a.w.defined());
   return ar.used();
 }
@@ -357,8 +319,8 @@ void la_cp_bwd_summary(const Context& ctx, const LaCpBwdSummaryArgs& a) {
     la_cp_fold_fwd(ctx, {no_summaries, sub(a.dht, 0, {d.HV, d.K, d.V}), 0, 0, out});
     return;
   }
-  check_workspace(ArgCheck("la_cp_bwd_summary"), ctx, a.workspace, la_cp_bwd_summary_workspace_size(a));
-  Arena ar(base_of(a.workspace), ctx.device);
+  ArgCheck("la_cp_bwd_summary").workspace(a.workspace, ctx, la_cp_bwd_summary_workspace_size(a), "la_cp_bwd_summary_workspace_size");
+  Carver ar(a.workspace, ctx.device);
   const BwdWork ws = carve_bwd(ar, d, a.w.defined());
   if (d.kda) {
     kda_recompute_w_u_fwd(ctx, {a.q, a.k, a.v, a.beta, a.A, a.g_cumsum, ws.w, ws.u, ws.kg, ws.qg, none, none});

@@ -7,7 +7,6 @@
 namespace fusedops::la {
 namespace {
 
-constexpr int64_t kAlign = 64;
 
 template <class Args>
 Dims dims_common(const Args& a) {
@@ -99,20 +98,6 @@ bool dims_readable(const TensorView& q, const TensorView& v, const TensorView& c
   return !cu.defined() || (ci.defined() && ci.ndim() == 2);
 }
 
-TensorView Carver::take(DType dtype, const std::vector<int64_t>& shape) {
-  const int nd = static_cast<int>(shape.size());
-  std::vector<int64_t> strides(nd);
-  int64_t n = 1;
-  for (int d = nd - 1; d >= 0; --d) {
-    strides[d] = n;
-    n *= shape[d];
-  }
-  const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
-  TensorView t(base_ ? base_ + used_ : nullptr, dtype, device_, nd, shape.data(), strides.data());
-  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
-  return t;
-}
-
 Dims check_top(const Check& c, const LinearAttentionFwdArgs& a, GateForm form,
                const std::vector<int64_t>& chunk_sizes) {
   const Dims d = check_shared(c, a, form, chunk_sizes, false);
@@ -158,14 +143,6 @@ bool no_float64(const LinearAttentionRecurrentFwdArgs& a) {
 bool no_float64(const LinearAttentionRecurrentBwdArgs& a) {
   return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.dout, &a.dht, &a.dq, &a.dk,
                      &a.dv, &a.dg, &a.dbeta, &a.dh0});
-}
-
-void check_workspace(const Check& c, const TensorView& ws, int64_t need, const char* size_fn) {
-  if (need == 0 && !ws.defined()) return;
-  c.base().defined(ws, "workspace").dtype_in(ws, "workspace", {DType::kUInt8});
-  c.value(ws.numel() == 0 || ws.is_contiguous(), "workspace must be contiguous");
-  c.value(ws.numel() >= need, "workspace must hold at least " + std::to_string(need) + " bytes (" + size_fn +
-                                  "), got " + std::to_string(ws.numel()));
 }
 
 Operands backward_operands(const LinearAttentionBwdArgs& a) {

@@ -17,6 +17,7 @@
 #include "fusedops/core/context.h"
 #include "fusedops/ops/l2norm.h"
 #include "fusedops/ops/linear_attention.h"
+#include "src/core/workspace.h"
 #include "src/ops/linear_attention/la_check.h"
 
 namespace fusedops::la {
@@ -46,25 +47,12 @@ Dims dims_of(const LinearAttentionBwdArgs& a);
 bool dims_readable(const TensorView& q, const TensorView& v, const TensorView& cu,
                    const TensorView& ci);
 
-// Hands out 64-byte aligned sub-tensors of a uint8 workspace (or only counts bytes when base is
-// null).
-class Carver {
+// The workspace cursor of both top levels (and the context-parallel summaries): 64-byte aligned
+// sub-tensors of the call's uint8 workspace, or only the byte count when it has none.
+class Carver : public WorkspaceCarver {
  public:
-  Carver(char* base, Device device) : base_(base), device_(device) {}
-  explicit Carver(const TensorView& workspace, Device device)
-      : Carver(static_cast<char*>(workspace.defined() ? workspace.data() : nullptr), device) {}
-  TensorView take(DType dtype, std::initializer_list<int64_t> shape) {
-    return take(dtype, std::vector<int64_t>(shape));
-  }
-  TensorView take(DType dtype, const std::vector<int64_t>& shape);
-  int64_t used() const { return used_; }
-  // Moves the cursor (to a mark from used()): the takes after it reuse the bytes from there on.
-  void seek(int64_t at) { used_ = at; }
-
- private:
-  char* base_;
-  Device device_;
-  int64_t used_ = 0;
+  Carver(char* base, Device device) : WorkspaceCarver(base, device, 64) {}
+  Carver(const TensorView& workspace, Device device) : WorkspaceCarver(workspace, device, 64) {}
 };
 
 // The checks of the fields both top levels share (inputs, flags, varlen indices, the saved
@@ -81,8 +69,6 @@ bool no_float64(const LinearAttentionFwdArgs& a, std::initializer_list<const Ten
 bool no_float64(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own);
 bool no_float64(const LinearAttentionRecurrentFwdArgs& a);
 bool no_float64(const LinearAttentionRecurrentBwdArgs& a);
-// A uint8 workspace of at least `need` bytes (`size_fn` names the function that gives it).
-void check_workspace(const Check& c, const TensorView& ws, int64_t need, const char* size_fn);
 
 // ---------------------------------------------------------------------------------------------
 // The steps.

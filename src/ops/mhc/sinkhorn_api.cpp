@@ -139,14 +139,7 @@ void check_split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
       .on_device(a.dhc_base, "dhc_base", ctx)
       .contiguous(a.dhc_base, "dhc_base");
   const int64_t need = hc_split_sinkhorn_bwd_workspace_size(a);
-  if (need > 0 || a.workspace.defined()) {
-    c.dtype_in(a.workspace, "workspace", {DType::kFloat32}).on_device(a.workspace, "workspace", ctx);
-    contiguous_unless_empty(c, a.workspace, "workspace");
-    c.value(a.workspace.numel() * 4 >= need,
-            "workspace must hold at least " + std::to_string(need) +
-                " bytes (hc_split_sinkhorn_bwd_workspace_size), got " +
-                std::to_string(a.workspace.numel() * 4));
-  }
+  c.workspace(a.workspace, ctx, need, "hc_split_sinkhorn_bwd_workspace_size", 4);
 }
 
 Context with_backend(const Context& ctx, const char* backend) {

@@ -126,15 +126,7 @@ void check_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
         .contiguous(a.dresidual_in, "dresidual_in");
   }
   const int64_t need = rmsnorm_gated_bwd_workspace_size(a);
-  if (need > 0) {
-    c.defined(a.workspace, "workspace").on_device(a.workspace, "workspace", ctx)
-        .contiguous(a.workspace, "workspace");
-    const int64_t have = a.workspace.numel() * static_cast<int64_t>(dtype_size(a.workspace.dtype()));
-    c.value(have >= need, "workspace must hold at least " + std::to_string(need) +
-                              " bytes (rmsnorm_gated_bwd_workspace_size), got " + std::to_string(have));
-    c.value(reinterpret_cast<uintptr_t>(a.workspace.data()) % 16 == 0,
-            "workspace must be 16-byte aligned");
-  }
+  if (need > 0) c.workspace(a.workspace, ctx, need, "rmsnorm_gated_bwd_workspace_size", 16);
 }
 
 Context with_backend(const Context& ctx, const char* backend) {

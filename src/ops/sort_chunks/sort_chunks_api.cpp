@@ -132,13 +132,8 @@ void check_probs(const ArgCheck& c, const Context& ctx, const TensorView& probs,
 
 void check_workspace(const ArgCheck& c, const Context& ctx, const TensorView& ws, int64_t S) {
   if (ctx.device.kind != DeviceKind::kCUDA || S == 0) return;
-  const size_t need = sort_chunks_by_idx_workspace_size(S);
-  c.defined(ws, "workspace");
-  c.on_device(ws, "workspace", ctx);
-  contiguous_or_empty(c, ws, "workspace");
-  const size_t have = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype());
-  c.value(have >= need, "workspace must hold at least " + std::to_string(need) + " bytes (" +
-                            std::to_string(S) + " chunks), got " + std::to_string(have));
+  c.workspace(ws, ctx, static_cast<int64_t>(sort_chunks_by_idx_workspace_size(S)),
+              "sort_chunks_by_idx_workspace_size", 8);
 }
 
 void check_fwd(const Context& ctx, const SortChunksFwdArgs& a) {

@@ -539,7 +539,7 @@ TEST(SortChunksByIdx, CudaNeedsTheWorkspace) {
                  ErrorKind::kValue, "workspace is required but was not given");
     expect_error([&] { sort_chunks_by_idx_fwd(b.ctx(), {inp.view(), sizes.view(), order.view(), TensorView(),
                                                          out.view(), TensorView(), map.view(), small.view()}); },
-                 ErrorKind::kValue, "workspace must hold at least 48 bytes (2 chunks), got 8");
+                 ErrorKind::kValue, "workspace must hold at least 48 bytes (sort_chunks_by_idx_workspace_size), got 8");
     // Debug checks read the device indices (a synchronizing copy).
     Context v = b.ctx();
     v.validate = true;
