@@ -71,8 +71,12 @@ def parse_args(argv):
                    help="comma-separated implementation names not to run (e.g. fla: no Triton autotuning)")
     p.add_argument("--cases", metavar="REGEX", default=None,
                    help="run only the cases whose label matches this regular expression")
-    p.add_argument("--no-compile", action="store_true",
-                   help="no torch.compile row (by default every case with an eager composite gets one)")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="a torch.compile row (the eager composite compiled, default mode) for every case "
+                        "that has an eager composite; the default on CUDA")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="no torch.compile row; the default on the CPU, where Inductor's C++ compilation of "
+                        "every case would take longer than the rest of the report")
     p.add_argument("--keep-triton-cache", action="store_true",
                    help="use the usual Triton cache (default: a fresh one, so that the peers' "
                         "first-call latency includes their compilation)")
@@ -365,7 +369,8 @@ def main(argv=None) -> int:
             print(f"report.py: bad --cases regex: {e}", file=sys.stderr)
             return 2
         cases = [c for c in cases if pattern.search(c.label)]
-    if not args.no_compile and "compile" not in {s.strip() for s in args.skip.split(",")}:
+    with_compile = args.compile if args.compile is not None else device.type == "cuda"
+    if with_compile and "compile" not in {s.strip() for s in args.skip.split(",")}:
         for c in cases:
             eager = next((i for i in c.impls if i.name == "eager"), None)
             if eager is not None and c.compile:
