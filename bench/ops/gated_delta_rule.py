@@ -395,7 +395,7 @@ def _decode_case(device, B, H, D, dtype) -> Case:
 
     impls = [
         impl("fusedops", lambda q, k, v, g, b, h0: fusedops.fused_recurrent_gated_delta_rule(
-            q, k, v, g, b, scale, initial_state=h0, output_final_state=True)),
+            q, k, v, g, beta=b, scale=scale, initial_state=h0, output_final_state=True)),
         impl("eager", step_torch, note="the recurrence's step in plain PyTorch, backward by autograd"),
     ]
     note = ("flash-linear-attention fused_recurrent_gated_delta_rule (Triton; it has no backward: "

@@ -44,8 +44,8 @@ o_prefill, state = fusedops.chunk_gated_delta_rule(qn[:, :200], kn[:, :200], v[:
 outs = []
 for t in range(200, 210):
     o_t, state = fusedops.fused_recurrent_gated_delta_rule(
-        qn[:, t:t + 1], kn[:, t:t + 1], v[:1, t:t + 1].detach(), g[:, t:t + 1], beta[:, t:t + 1],
-        initial_state=state, output_final_state=True)
+        qn[:, t:t + 1], kn[:, t:t + 1], v[:1, t:t + 1].detach(), g[:, t:t + 1],
+        beta=beta[:, t:t + 1], initial_state=state, output_final_state=True)
     outs.append(o_t)
 full, _ = fusedops.chunk_gated_delta_rule(qn[:, :210], kn[:, :210], v[:1, :210].detach(),
                                           g[:, :210], beta[:, :210])

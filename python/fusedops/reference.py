@@ -504,84 +504,57 @@ def _to64(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.to("cpu", torch.float64)
 
 
-def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                           scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
-                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
-                           cu_seqlens: Optional[Tensor] = None, **kwargs):
-    """float64 reference of :func:`fusedops.chunk_gated_delta_rule`: the same chunked pipeline
+def _linear_attention64(op: str, args: tuple, kwargs: dict, backends: tuple):
+    """The float64 reference of a linear-attention top level: the fusedops function ``op`` called
+    with the same arguments (bound to its signature, so every positional form means what it means
+    there), its floating tensors as float64 CPU copies and its integer ones (cu_seqlens) on the
+    CPU, under the ``ref`` backend of ``backends``. Returns float64 ``(o, final_state)`` on q's
+    device; gradients flow back in the inputs' dtypes."""
+    import inspect
+
+    from ._backend import use_backend
+    from .ops import gated_delta_rule as gdn
+    from .ops import kda
+
+    fn = getattr(gdn if hasattr(gdn, op) else kda, op)
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+
+    def cpu64(t):
+        if not isinstance(t, Tensor):
+            return t
+        return t.to("cpu", torch.float64) if t.is_floating_point() else t.cpu()
+
+    for name, value in bound.arguments.items():
+        bound.arguments[name] = ({n: cpu64(t) for n, t in value.items()} if isinstance(value, dict) else cpu64(value))
+    with use_backend(**{n: "ref" for n in backends}):
+        o, ht = fn(*bound.args, **bound.kwargs)
+    device = args[0].device if args else kwargs["q"].device
+    return o.to(device), (None if ht is None else ht.to(device))
+
+
+def chunk_gated_delta_rule(*args, **kwargs):
+    """float64 reference of :func:`fusedops.chunk_gated_delta_rule` (its arguments): the same
+    chunked pipeline run by the ``ref`` backend (float64 loops) on float64 copies of the inputs.
+    Returns float64 ``(o, final_state)`` on the input's device; gradients flow back in the inputs'
+    dtypes."""
+    return _linear_attention64("chunk_gated_delta_rule", args, kwargs, ("chunk_gated_delta_rule", "l2norm"))
+
+
+def fused_recurrent_gated_delta_rule(*args, **kwargs):
+    """float64 reference of :func:`fusedops.fused_recurrent_gated_delta_rule` (its arguments):
+    the per-token recurrence of the ``ref`` backend on float64 copies."""
+    return _linear_attention64("fused_recurrent_gated_delta_rule", args, kwargs,
+                               ("fused_recurrent_gated_delta_rule", "fused_recurrent_kda", "l2norm", "gdn_gate"))
+
+
+def chunk_kda(*args, **kwargs):
+    """float64 reference of :func:`fusedops.chunk_kda` (its arguments): the same chunked pipeline
     run by the ``ref`` backend (float64 loops) on float64 copies of the inputs. Returns float64
     ``(o, final_state)`` on the input's device; gradients flow back in the inputs' dtypes."""
-    from ._backend import use_backend
-    from .ops import gated_delta_rule as gdn
-
-    kwargs = dict(kwargs)
-    for name in ("A_log", "dt_bias"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = _to64(kwargs[name])
-    names = ("chunk_gated_delta_rule", "l2norm")
-    with use_backend(**{n: "ref" for n in names}):
-        o, ht = gdn.chunk_gated_delta_rule(
-            _to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
-            output_final_state, use_qk_l2norm_in_kernel,
-            None if cu_seqlens is None else cu_seqlens.cpu(), **kwargs)
-    return o.to(q.device), (None if ht is None else ht.to(q.device))
+    return _linear_attention64("chunk_kda", args, kwargs, ("chunk_kda", "l2norm"))
 
 
-def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None,
-                                     beta: Optional[Tensor] = None, scale: Optional[float] = None,
-                                     initial_state: Optional[Tensor] = None,
-                                     output_final_state: bool = False,
-                                     use_qk_l2norm_in_kernel: bool = False,
-                                     cu_seqlens: Optional[Tensor] = None):
-    """float64 reference of :func:`fusedops.fused_recurrent_gated_delta_rule` (the per-token
-    recurrence of the ``ref`` backend on float64 copies)."""
-    from ._backend import use_backend
-    from .ops import gated_delta_rule as gdn
-
-    with use_backend(fused_recurrent_gated_delta_rule="ref", l2norm="ref"):
-        o, ht = gdn.fused_recurrent_gated_delta_rule(
-            _to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
-            output_final_state, use_qk_l2norm_in_kernel,
-            None if cu_seqlens is None else cu_seqlens.cpu())
-    return o.to(q.device), (None if ht is None else ht.to(q.device))
-
-
-def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
-              initial_state: Optional[Tensor] = None, output_final_state: bool = False, **kwargs):
-    """float64 reference of :func:`fusedops.chunk_kda`: the same chunked pipeline run by the
-    ``ref`` backend (float64 loops) on float64 copies of the inputs. Returns float64
-    ``(o, final_state)`` on the input's device; gradients flow back in the inputs' dtypes."""
-    from ._backend import use_backend
-    from .ops import kda
-
-    kwargs = dict(kwargs)
-    for name in ("A_log", "dt_bias"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = _to64(kwargs[name])
-    if kwargs.get("cu_seqlens") is not None:
-        kwargs["cu_seqlens"] = kwargs["cu_seqlens"].cpu()
-    with use_backend(chunk_kda="ref", l2norm="ref"):
-        o, ht = kda.chunk_kda(_to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale, _to64(initial_state),
-                              output_final_state, **kwargs)
-    return o.to(q.device), (None if ht is None else ht.to(q.device))
-
-
-def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None,
-                        beta: Optional[Tensor] = None, scale: Optional[float] = None,
-                        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-                        **kwargs):
-    """float64 reference of :func:`fusedops.fused_recurrent_kda` (the per-token recurrence of the
-    ``ref`` backend on float64 copies)."""
-    from ._backend import use_backend
-    from .ops import kda
-
-    kwargs = dict(kwargs)
-    for name in ("A_log", "dt_bias"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = _to64(kwargs[name])
-    if kwargs.get("cu_seqlens") is not None:
-        kwargs["cu_seqlens"] = kwargs["cu_seqlens"].cpu()
-    with use_backend(fused_recurrent_kda="ref", l2norm="ref", kda_gate="ref"):
-        o, ht = kda.fused_recurrent_kda(_to64(q), _to64(k), _to64(v), _to64(g), _to64(beta), scale,
-                                        _to64(initial_state), output_final_state, **kwargs)
-    return o.to(q.device), (None if ht is None else ht.to(q.device))
+def fused_recurrent_kda(*args, **kwargs):
+    """float64 reference of :func:`fusedops.fused_recurrent_kda` (its arguments): the per-token
+    recurrence of the ``ref`` backend on float64 copies."""
+    return _linear_attention64("fused_recurrent_kda", args, kwargs, ("fused_recurrent_kda", "l2norm", "kda_gate"))

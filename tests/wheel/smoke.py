@@ -60,7 +60,7 @@ def cases():
         "chunk_gated_delta_rule (gate, sigmoid)": (gdn(), lambda q, k, v, g, b: fusedops.chunk_gated_delta_rule(
             q, k, v, g, b, use_gate_in_kernel=True, A_log=torch.zeros(H), use_beta_sigmoid_in_kernel=True)[0]),
         "fused_recurrent_gated_delta_rule": (gdn(), lambda q, k, v, g, b:
-                                             fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, b)[0]),
+                                             fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta=b)[0]),
         "chunk_kda": (kda(), lambda q, k, v, g, b: fusedops.chunk_kda(q, k, v, g, b)[0]),
         "chunk_kda (gate)": (kda(), lambda q, k, v, g, b: fusedops.chunk_kda(
             q, k, v, g, b, use_gate_in_kernel=True, A_log=torch.zeros(H), dt_bias=torch.zeros(H * K))[0]),

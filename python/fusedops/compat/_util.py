@@ -118,3 +118,9 @@ def autograd_function(name: str, fn, doc: str) -> type:
     return type(name, (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward),
                  "__doc__": doc, "__module__": "fusedops.compat"})
+
+
+def fla_kwargs(kwargs: dict, *names: str) -> dict:
+    """The keywords FLA reads from a function's ``**kwargs`` (the others it ignores), for the
+    native function, which takes them as keyword-only arguments."""
+    return {n: kwargs[n] for n in names if n in kwargs}

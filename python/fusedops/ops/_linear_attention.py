@@ -507,23 +507,54 @@ def recurrent_op(op: str) -> DifferentiableOp:
 # not differentiable).
 
 
+def chunk_tables(op: str, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                 chunk_indices: Optional[Tensor], chunk_size: int, T: int):
+    """(chunk indices, chunk offsets) of cu_seqlens for a sub-operator, from the kept tables.
+    A caller's ``chunk_indices`` (flash-linear-attention's precomputed table) is accepted when it
+    matches cu_seqlens at this chunk size ([NT, 2], NT the chunk count) and is otherwise an error;
+    the kernels read the kept table, built from the checked host values of cu_seqlens."""
+    if chunk_indices is not None and not isinstance(chunk_indices, Tensor):
+        fail(op, f"chunk_indices must be a tensor (prepare_chunk_indices(cu_seqlens, chunk_size)) or None, got "
+                 f"{type(chunk_indices).__name__} {chunk_indices!r} (flash-linear-attention 0.6.0's positional "
+                 "order: pass output_dtype and the later options by keyword)", TypeError)
+    if cu_seqlens is None:
+        if chunk_indices is not None:
+            fail(op, "chunk_indices describes the chunks of packed sequences; pass it with cu_seqlens")
+        return None, None
+    ci, co = indices(cu_seqlens, cu_seqlens_cpu, chunk_size, T)
+    if chunk_indices is not None and tuple(chunk_indices.shape) != tuple(ci.shape):
+        fail(op, f"chunk_indices must be the [NT, 2] = {list(ci.shape)} table of cu_seqlens at chunk_size="
+                 f"{chunk_size} (prepare_chunk_indices(cu_seqlens, {chunk_size})), got shape "
+                 f"{list(chunk_indices.shape)}")
+    return ci, co
+
+
+def state_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
+    """A state (or stack of states) in the core's [..., K, V] layout from the caller's ([..., V, K]
+    with state_v_first), or back: the same transpose both ways, contiguous as the kernels and
+    flash-linear-attention's sub-operators lay their states out."""
+    if h is None or not state_v_first:
+        return h
+    return h.transpose(-1, -2).contiguous()
+
+
 def chunk_local_cumsum(g: Tensor, chunk_size: int, reverse: bool = False, scale: Optional[float] = None,
-                       cu_seqlens: Optional[Tensor] = None, head_first: bool = False,
-                       output_dtype: Optional[torch.dtype] = torch.float,
-                       chunk_indices: Optional[Tensor] = None) -> Tensor:
+                       cu_seqlens: Optional[Tensor] = None, output_dtype: Optional[torch.dtype] = torch.float,
+                       chunk_indices: Optional[Tensor] = None, use_graph: bool = False, **kwargs) -> Tensor:
     """Chunk-local cumsum of a scalar ``[B,T,H]`` or vector ``[B,T,H,S]`` gate; ``reverse`` is a
-    true suffix sum; ``scale`` multiplies after the sum; ``output_dtype=None`` keeps g's dtype."""
-    if head_first:
-        raise DeprecationWarning("fusedops: chunk_local_cumsum: head_first is removed")
+    true suffix sum; ``scale`` multiplies after the sum; ``output_dtype=None`` keeps g's dtype.
+    flash-linear-attention 0.6.0's signature: ``chunk_indices`` is checked against cu_seqlens,
+    ``use_graph`` is accepted and ignored, ``head_first`` raises."""
+    op = "chunk_local_cumsum"
+    reject_kwargs(op, kwargs)
     if g.dim() not in (3, 4):
         raise ValueError(f"fusedops: chunk_local_cumsum: g must have rank 3 ([B,T,H], scalar gate) or 4 "
                          f"([B,T,H,S], vector gate), got rank {g.dim()}")
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"fusedops: chunk_local_cumsum: chunk_size must be a power of 2, got {chunk_size}")
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+    ci, _ = chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, g.shape[1])
     out = torch.empty(g.shape, dtype=output_dtype or g.dtype, device=g.device)
-    _C.chunk_local_cumsum(context("chunk_local_cumsum", g), last_unit(g), out, cu_seqlens, chunk_indices,
+    _C.chunk_local_cumsum(context(op, g), last_unit(g), out, cu_seqlens, ci,
                           chunk_size, reverse, 1.0 if scale is None else float(scale))
     return out
 
@@ -531,44 +562,62 @@ def chunk_local_cumsum(g: Tensor, chunk_size: int, reverse: bool = False, scale:
 def chunk_gated_delta_rule_fwd_h(k: Tensor, w: Tensor, u: Tensor, g: Optional[Tensor] = None,
                                  gk: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
                                  output_final_state: bool = False, chunk_size: int = 64,
-                                 save_new_value: bool = True, cu_seqlens: Optional[Tensor] = None,
+                                 save_new_value: bool = True, state_v_first: bool = False,
+                                 cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None,
+                                 chunk_indices: Optional[Tensor] = None,
                                  chunk_offsets: Optional[Tensor] = None):
-    """The inter-chunk state recurrence: ``(h [B,NT,HV,K,V], v_new or None, final_state or None)``."""
+    """The inter-chunk state recurrence: ``(h [B,NT,HV,K,V], v_new or None, final_state or None)``
+    (g / gk chunk-local cumsums in natural-log units; every state ``[..., V, K]`` with
+    ``state_v_first``). ``chunk_indices`` and ``chunk_offsets`` are checked against cu_seqlens."""
+    op = "chunk_gated_delta_rule_fwd_h"
     B, T = k.shape[:2]
     HV, K, V = u.shape[2], k.shape[3], u.shape[3]
+    _, co = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, T)
+    check_offsets(op, chunk_offsets, co)
     lead, NT = num_chunks(T, B, cu_seqlens, chunk_size)
-    if cu_seqlens is not None and chunk_offsets is None:
-        chunk_offsets = prepare_chunk_offsets(cu_seqlens, chunk_size)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     h = torch.empty(lead, NT, HV, K, V, dtype=k.dtype, device=k.device)
     vn = torch.empty(u.shape, dtype=u.dtype, device=u.device) if save_new_value else None
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    _C.chunk_gated_delta_rule_fwd_h(context("chunk_gated_delta_rule_fwd_h", k), last_unit(k), last_unit(w),
+    _C.chunk_gated_delta_rule_fwd_h(context(op, k), last_unit(k), last_unit(w),
                                     last_unit(u), last_unit(g), last_unit(gk),
-                                    last_unit(initial_state), h, vn, ht, cu_seqlens, chunk_offsets,
+                                    last_unit(state_kv(initial_state, state_v_first)), h, vn, ht, cu_seqlens, co,
                                     chunk_size)
-    return h, vn, ht
+    return state_kv(h, state_v_first), vn, state_kv(ht, state_v_first)
 
 
 def chunk_gated_delta_rule_bwd_dhu(q: Tensor, k: Tensor, w: Tensor, do: Tensor, dv: Tensor,
                                    g: Optional[Tensor] = None, gk: Optional[Tensor] = None,
                                    h0: Optional[Tensor] = None, dht: Optional[Tensor] = None,
-                                   scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
-                                   chunk_size: int = 64, chunk_offsets: Optional[Tensor] = None):
+                                   scale: Optional[float] = None, state_v_first: bool = False,
+                                   cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                                   chunk_indices: Optional[Tensor] = None,
+                                   chunk_offsets: Optional[Tensor] = None, use_graph: bool = False):
     """Reverse state-gradient recurrence: ``(dh [B,NT,HV,K,V], dh0 or None, dv2)``; dh0 is
-    produced when ``h0`` is given."""
+    produced when ``h0`` is given (states ``[..., V, K]`` with ``state_v_first``)."""
+    op = "chunk_gated_delta_rule_bwd_dhu"
     B, T = q.shape[:2]
     HV, K, V = do.shape[2], q.shape[3], do.shape[3]
+    _, co = chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, T)
+    check_offsets(op, chunk_offsets, co)
     lead, NT = num_chunks(T, B, cu_seqlens, chunk_size)
-    if cu_seqlens is not None and chunk_offsets is None:
-        chunk_offsets = prepare_chunk_offsets(cu_seqlens, chunk_size)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dh = torch.empty(lead, NT, HV, K, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if h0 is not None else None
     dv2 = torch.empty(dv.shape, dtype=dv.dtype, device=dv.device)
-    _C.chunk_gated_delta_rule_bwd_dhu(context("chunk_gated_delta_rule_bwd_dhu", q), last_unit(q), last_unit(k),
+    _C.chunk_gated_delta_rule_bwd_dhu(context(op, q), last_unit(q), last_unit(k),
                                       last_unit(w), last_unit(do), last_unit(dv), last_unit(g),
-                                      last_unit(gk), last_unit(dht), dh, dh0, dv2, cu_seqlens,
-                                      chunk_offsets, K ** -0.5 if scale is None else float(scale),
+                                      last_unit(gk), last_unit(state_kv(dht, state_v_first)), dh, dh0, dv2,
+                                      cu_seqlens, co, K ** -0.5 if scale is None else float(scale),
                                       chunk_size)
-    return dh, dh0, dv2
+    return state_kv(dh, state_v_first), state_kv(dh0, state_v_first), dv2
+
+
+def check_offsets(op: str, chunk_offsets: Optional[Tensor], co: Optional[Tensor]) -> None:
+    if chunk_offsets is None:
+        return
+    if co is None:
+        fail(op, "chunk_offsets describes the chunks of packed sequences; pass it with cu_seqlens")
+    if tuple(chunk_offsets.shape) != tuple(co.shape):
+        fail(op, f"chunk_offsets must be the [N+1] = {list(co.shape)} table of cu_seqlens "
+                 f"(prepare_chunk_offsets), got shape {list(chunk_offsets.shape)}")

@@ -98,23 +98,25 @@ def chunk_gated_delta_rule(
     initial_state: Optional[Tensor] = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: Optional[Tensor] = None,
     cu_seqlens_cpu: Optional[Tensor] = None,
+    chunk_indices: Optional[Tensor] = None,
+    cp_context=None,
     *,
     chunk_size: int = 64,
     use_gate_in_kernel: bool = False,
     A_log: Optional[Tensor] = None,
     dt_bias: Optional[Tensor] = None,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    state_v_first: bool = False,
-    transpose_state_layout: Optional[bool] = None,
     keep_intermediates: Optional[bool] = None,
     cp=None,
-    cp_context=None,
+    transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
-    """Chunked gated delta rule (flash-linear-attention's ``chunk_gated_delta_rule``).
+    """Chunked gated delta rule (flash-linear-attention 0.6.0's ``chunk_gated_delta_rule``: the
+    same positional order, keyword names and defaults; fusedops' own options are keyword-only).
 
     Per sequence and value head, with state ``S`` ([K,V], fp32, ``initial_state`` or 0)::
 
@@ -124,15 +126,19 @@ def chunk_gated_delta_rule(
     (``HV % H == 0``); g, beta ``[B,T,HV]`` (g a per-step log decay, or the raw gate input with
     ``use_gate_in_kernel``: ``g = -exp(A_log) * softplus(g + dt_bias)``; beta in (0,1), or logits
     with ``use_beta_sigmoid_in_kernel``, times 2 with ``allow_neg_eigval``). ``cu_seqlens`` packs
-    sequences along T (B == 1). ``use_qk_l2norm_in_kernel`` normalises q and k (eps 1e-6).
+    sequences along T (B == 1); ``cu_seqlens_cpu`` (its host copy) spares a device read;
+    ``chunk_indices`` (``prepare_chunk_indices(cu_seqlens, chunk_size)``) is checked against
+    cu_seqlens and otherwise not needed. ``use_qk_l2norm_in_kernel`` normalises q and k (eps 1e-6).
     Returns ``(o [B,T,HV,V] in q's dtype, final_state [N,HV,K,V] fp32 or None)``; differentiable
-    in q, k, v, g, beta, initial_state, A_log and dt_bias. ``state_v_first`` stores states as
-    ``[V,K]``. ``keep_intermediates``: when a gradient will be taken, keep W, U, the chunk states
-    and Vnew from the forward instead of recomputing them in the backward (faster backward; saved
-    memory grows by ~(3 + K*V/(chunk_size*K)) x the size of v, e.g. 5x at K=V=128, chunk 64).
-    Default (None): on the CPU, not on CUDA (as flash-linear-attention, which recomputes).
-    ``cp`` (alias ``cp_context``): a context-parallel plan (``fusedops.distributed``): the inputs
-    are this rank's tokens; initial_state / final_state hold every global sequence.
+    in q, k, v, g, beta, initial_state, A_log and dt_bias. ``state_v_first`` (deprecated alias
+    ``transpose_state_layout``) takes and returns states as ``[V,K]``. ``keep_intermediates``:
+    when a gradient will be taken, keep W, U, the chunk states and Vnew from the forward instead
+    of recomputing them in the backward (faster backward; saved memory grows by ~(3 +
+    K*V/(chunk_size*K)) x the size of v, e.g. 5x at K=V=128, chunk 64). Default (None): on the
+    CPU, not on CUDA (as flash-linear-attention, which recomputes). ``cp_context`` (alias ``cp``):
+    a context-parallel plan (``fusedops.distributed.context_parallel``): the inputs are this rank's
+    tokens, the plan gives the sequences (cu_seqlens None); initial_state / final_state hold every
+    global sequence.
     """
     la.reject_kwargs(_OP, kwargs)
     state_v_first = la.state_layout(_OP, state_v_first, transpose_state_layout)
@@ -147,6 +153,7 @@ def chunk_gated_delta_rule(
     if use_gate_in_kernel and A_log is None:
         raise ValueError("fusedops: chunk_gated_delta_rule: use_gate_in_kernel requires A_log")
     la.check_packed(_OP, q, cu_seqlens)
+    la.chunk_tables(_OP, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, q.shape[1])
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if keep_intermediates is None:
@@ -177,34 +184,89 @@ def chunk_gated_delta_rule(
 _rec_fwd = la.recurrent_op(_OP_REC)
 
 
+def beta_in_kernel(beta: Optional[Tensor], like: Tensor, use_beta_sigmoid_in_kernel: bool,
+                   allow_neg_eigval: bool) -> Optional[Tensor]:
+    """flash-linear-attention's in-kernel beta of the recurrent forms: ``sigmoid(beta)`` (times 2
+    with ``allow_neg_eigval``) of the logits, in fp32 (fp64 kept), differentiable; a missing beta
+    is the logits 1 there (``beta = ones``, then the sigmoid)."""
+    if not use_beta_sigmoid_in_kernel:
+        return beta
+    if beta is None:
+        beta = torch.ones(like.shape[:3], dtype=torch.float32, device=like.device)
+    b = torch.sigmoid(beta if beta.dtype == torch.float64 else beta.float())
+    return b * 2 if allow_neg_eigval else b
+
+
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     g: Optional[Tensor] = None,
+    gk: Optional[Tensor] = None,
+    gv: Optional[Tensor] = None,
     beta: Optional[Tensor] = None,
     scale: Optional[float] = None,
     initial_state: Optional[Tensor] = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: Optional[Tensor] = None,
+    *,
+    transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
-    """The gated delta rule token by token (decoding; flash-linear-attention's
-    ``fused_recurrent_gated_delta_rule``): same recurrence and layout as
-    :func:`chunk_gated_delta_rule`, g and beta optional (no decay / beta = 1). Returns
-    ``(o, final_state or None)``; differentiable in every tensor input. The backward recomputes
-    the states from checkpoints every 64 tokens."""
+    """The gated delta rule token by token (decoding; flash-linear-attention 0.6.0's
+    ``fused_recurrent_gated_delta_rule``, its positional order: ``gk`` and ``gv`` come before
+    ``beta``): the recurrence and layout of :func:`chunk_gated_delta_rule`. ``g [B,T,HV]`` a
+    per-head log decay (the raw gate with ``use_gate_in_kernel``: ``-exp(A_log) softplus(g +
+    dt_bias)``) or ``gk [B,T,HV,K]`` a per-key log decay (the recurrence of
+    :func:`fusedops.fused_recurrent_kda`), or neither (no decay); ``gv`` (a per-value decay) and
+    g together with gk are rejected. ``beta [B,T,HV]`` (None: 1), logits with
+    ``use_beta_sigmoid_in_kernel`` (``2 sigmoid`` with ``allow_neg_eigval``). Returns ``(o,
+    final_state or None)``; differentiable in every tensor input (flash-linear-attention's is
+    forward only). The backward recomputes the states from checkpoints every 64 tokens."""
     la.reject_kwargs(_OP_REC, kwargs)
+    state_v_first = la.state_layout(_OP_REC, state_v_first, transpose_state_layout)
     la.check_rank4(_OP_REC, q, k, v)
     la.check_packed(_OP_REC, q, cu_seqlens)
+    if gv is not None:
+        la.fail(_OP_REC, "gv (a per-value decay) is not supported; pass the per-head decay g [B,T,HV] or the "
+                         "per-key decay gk [B,T,HV,K]", NotImplementedError)
+    if gk is not None and g is not None:
+        la.fail(_OP_REC, "g together with gk is not supported; pass one decay, g [B,T,HV] or gk [B,T,HV,K] "
+                         "(e.g. gk + g[..., None])", NotImplementedError)
+    if beta is not None and beta.dim() == 4:
+        la.fail(_OP_REC, "a per-value beta [B,T,HV,V] is not supported; pass a per-head beta [B,T,HV]",
+                NotImplementedError)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        la.fail(_OP_REC, "allow_neg_eigval requires use_beta_sigmoid_in_kernel")
+    if use_gate_in_kernel:
+        if A_log is None:
+            la.fail(_OP_REC, "use_gate_in_kernel requires A_log")
+        if g is None:
+            la.fail(_OP_REC, "use_gate_in_kernel requires g (the raw gate input)")
+    beta = beta_in_kernel(beta, v, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if gk is not None:
+        from .kda import fused_recurrent_kda
+        return fused_recurrent_kda(q, k, v, gk, beta, scale=scale, initial_state=initial_state,
+                                   output_final_state=output_final_state,
+                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first,
+                                   cu_seqlens=cu_seqlens)
+    if use_gate_in_kernel:
+        g = fused_gdn_gate(g, A_log, dt_bias, None)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if use_qk_l2norm_in_kernel:
         from .l2norm import l2norm
         q, k = l2norm(q, 1e-6), l2norm(k, 1e-6)
-    o, ht = _rec_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), cu_seqlens)
-    return o, (ht if output_final_state else None)
+    o, ht = _rec_fwd(q, k, v, g, beta, float(scale), la.state_in(initial_state, state_v_first),
+                     bool(output_final_state), cu_seqlens)
+    return la.state_out(o, ht, output_final_state, state_v_first)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,21 +320,31 @@ def _gate_backward(ctx, dy):
 _gate_fwd = DifferentiableOp("gdn_gate_fwd", _gate_fwd_impl, _gate_fwd_fake, _gate_setup, _gate_backward)
 
 
-def fused_gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor] = None) -> Tensor:
-    """``-exp(A_log) * softplus(g + dt_bias)`` over the last dimension HV (fp32 out);
-    differentiable in g, A_log and dt_bias."""
-    return _gate_fwd(g, A_log, dt_bias)
+def fused_gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor] = None,
+                   output_dtype: Optional[torch.dtype] = torch.float32) -> Tensor:
+    """``-exp(A_log) * softplus(g + dt_bias)`` over the last dimension HV, computed in fp32 (fp64
+    for fp64 g) and returned in ``output_dtype`` (flash-linear-attention's default fp32; None keeps
+    the compute dtype); differentiable in g, A_log and dt_bias."""
+    return out_dtype(_gate_fwd(g, A_log, dt_bias), output_dtype)
 
 
-def gdn_gate_fwd(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor] = None) -> Tensor:
-    """Launcher form of the GDN gate forward (fp32 out)."""
-    return _gate_fwd(g, A_log, dt_bias)
+def gdn_gate_fwd(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor] = None,
+                 output_dtype: Optional[torch.dtype] = torch.float32) -> Tensor:
+    """Launcher form of the GDN gate forward (as :func:`fused_gdn_gate`)."""
+    return out_dtype(_gate_fwd(g, A_log, dt_bias), output_dtype)
 
 
-def gdn_gate_bwd(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor], dy: Tensor):
-    """Launcher form of the GDN gate backward: ``(dg, dA_log, ddt_bias or None)``."""
-    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dy)
+def gdn_gate_bwd(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor], dyg: Tensor):
+    """Launcher form of the GDN gate backward: ``(dg, dA_log, ddt_bias or None)`` in the dtypes of
+    g, A_log and dt_bias."""
+    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dyg)
     return dg, dA, (db if dt_bias is not None else None)
+
+
+def out_dtype(y: Tensor, output_dtype: Optional[torch.dtype]) -> Tensor:
+    """A gate computed in fp32 (fp64 for fp64 inputs) in the caller's ``output_dtype`` (None keeps
+    the compute dtype, as the recurrences that take the gate do)."""
+    return y if output_dtype is None or y.dtype == output_dtype else y.to(output_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,22 +358,26 @@ def chunk_scaled_dot_kkt_fwd(k: Tensor, g: Optional[Tensor] = None, beta: Option
     """Strictly lower ``beta_i (k_i . k_j) exp(g_i - g_j)`` per chunk: ``[B,T,HV,BT]``."""
     if beta is None:
         raise ValueError("fusedops: chunk_scaled_dot_kkt_fwd: beta is required")
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
     B, T = k.shape[:2]
+    chunk_indices, _ = la.chunk_tables("chunk_scaled_dot_kkt_fwd", cu_seqlens, None, chunk_indices, chunk_size, T)
     A = torch.empty(B, T, beta.shape[2], chunk_size, dtype=output_dtype, device=k.device)
     _C.chunk_scaled_dot_kkt_fwd(context("chunk_scaled_dot_kkt", k), la.last_unit(k), la.last_unit(beta),
                                 la.last_unit(g), A, cu_seqlens, chunk_indices, chunk_size)
     return A
 
 
-def solve_tril(A: Tensor, cu_seqlens: Optional[Tensor] = None, output_dtype: torch.dtype = torch.float,
-               chunk_indices: Optional[Tensor] = None) -> Tensor:
-    """``(I + A)^{-1}`` per chunk of a strictly lower ``[B,T,H,BT]`` A (BT in 16/32/64)."""
-    if A.dim() == 4 and cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, A.shape[-1])
-    Ai = torch.empty(A.shape, dtype=output_dtype, device=A.device)
-    _C.solve_tril(context("solve_tril", A), la.last_unit(A), Ai, cu_seqlens, chunk_indices)
+def solve_tril(A: Tensor, cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None,
+               output_dtype: Optional[torch.dtype] = torch.float) -> Tensor:
+    """``(I + A)^{-1}`` per chunk of a strictly lower ``[B,T,H,BT]`` A (BT in 16/32/64), in
+    ``output_dtype`` (None: A's dtype)."""
+    if A.dim() != 4:
+        raise ValueError(f"fusedops: solve_tril: A must have shape [B,T,H,BT], got {list(A.shape)}")
+    if A.shape[-1] not in (16, 32, 64):
+        raise ValueError(f"fusedops: solve_tril: A's last dimension (the chunk size BT) must be 16, 32 or 64, "
+                         f"got {A.shape[-1]}")
+    ci, _ = la.chunk_tables("solve_tril", cu_seqlens, None, chunk_indices, A.shape[-1], A.shape[1])
+    Ai = torch.empty(A.shape, dtype=output_dtype or A.dtype, device=A.device)
+    _C.solve_tril(context("solve_tril", A), la.last_unit(A), Ai, cu_seqlens, ci)
     return Ai
 
 
@@ -309,9 +385,8 @@ def recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, g: Optional
                       cu_seqlens: Optional[Tensor] = None,
                       chunk_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``(w, u) = (A (beta exp(g) k), A (beta v))`` per chunk; w in k's dtype, u in v's."""
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, A.shape[-1])
     B, T, HV = v.shape[:3]
+    chunk_indices, _ = la.chunk_tables("recompute_w_u_fwd", cu_seqlens, None, chunk_indices, A.shape[-1], T)
     w = torch.empty(B, T, HV, k.shape[-1], dtype=k.dtype, device=k.device)
     u = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _C.recompute_w_u_fwd(context("recompute_w_u", k), la.last_unit(k), la.last_unit(v), la.last_unit(beta),
@@ -324,8 +399,8 @@ def prepare_wy_repr_bwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, dw: Tenso
                         chunk_indices: Optional[Tensor] = None):
     """Backward of :func:`recompute_w_u_fwd` and of the solve: ``(dk, dv, dbeta, dg or None)``
     (dk summed over each group of value heads)."""
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, A.shape[-1])
+    chunk_indices, _ = la.chunk_tables("prepare_wy_repr_bwd", cu_seqlens, None, chunk_indices, A.shape[-1],
+                                       k.shape[1])
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(beta.shape, dtype=beta.dtype, device=beta.device)
@@ -336,49 +411,83 @@ def prepare_wy_repr_bwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, dw: Tenso
     return dk, dv, dbeta, dg
 
 
+def _gate(op: str, g: Optional[Tensor], g_gamma: Optional[Tensor], like: Tensor, chunk_size: int,
+          cu_seqlens: Optional[Tensor]) -> Optional[Tensor]:
+    """The chunk-local gate cumsum the kernels read: ``g`` itself, or from a fixed per-head log
+    decay ``g_gamma [HV]`` (``g_gamma * (i+1)`` at position i of each chunk: the chunk-local
+    cumsum of g_gamma repeated at every token)."""
+    if g_gamma is None:
+        return g
+    if g is not None:
+        la.fail(op, "g together with g_gamma is not supported; pass one gate, g (the chunk-local cumsum [B,T,HV]) "
+                    "or g_gamma (a fixed decay [HV])", NotImplementedError)
+    B, T, HV = like.shape[:3]
+    if tuple(g_gamma.shape) != (HV,):
+        la.fail(op, f"g_gamma must have shape [HV]=[{HV}], got {list(g_gamma.shape)}")
+    per_token = g_gamma.to(la.acc_dtype(like)).expand(B, T, HV).contiguous()
+    return chunk_local_cumsum(per_token, chunk_size, cu_seqlens=cu_seqlens, output_dtype=None)
+
+
+def _scale(q: Tensor, scale: Optional[float]) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
 def chunk_fwd_o(q: Tensor, k: Tensor, v: Tensor, h: Tensor, g: Optional[Tensor] = None,
-                scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
-                chunk_size: int = 64, chunk_indices: Optional[Tensor] = None) -> Tensor:
-    """``o = scale (diag(exp(g)) Q h[n] + (M>= . Gamma . Q K^T) v)`` per chunk (v = v_new)."""
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+                g_gamma: Optional[Tensor] = None, scale: Optional[float] = None, state_v_first: bool = False,
+                cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                chunk_indices: Optional[Tensor] = None) -> Tensor:
+    """``o = scale (diag(exp(g)) Q h[n] + (M>= . Gamma . Q K^T) v)`` per chunk (v = v_new; g the
+    chunk-local cumsum in natural-log units, or the fixed decay ``g_gamma``; h ``[..., V, K]`` with
+    ``state_v_first``)."""
+    op = "chunk_fwd_o"
+    ci, _ = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
+    g = _gate(op, g, g_gamma, v, chunk_size, cu_seqlens)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    _C.chunk_fwd_o(context("chunk_fwd_o", q), la.last_unit(q), la.last_unit(k), la.last_unit(v), la.last_unit(h),
-                   la.last_unit(g), o, cu_seqlens, chunk_indices,
-                   q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
+    _C.chunk_fwd_o(context(op, q), la.last_unit(q), la.last_unit(k), la.last_unit(v),
+                   la.last_unit(la.state_kv(h, state_v_first)), la.last_unit(g), o, cu_seqlens, ci,
+                   _scale(q, scale), chunk_size)
     return o
 
 
 def chunk_bwd_dv_local(q: Tensor, k: Tensor, do: Tensor, g: Optional[Tensor] = None,
+                       g_gamma: Optional[Tensor] = None, A: Optional[Tensor] = None,
                        scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
                        chunk_size: int = 64, chunk_indices: Optional[Tensor] = None) -> Tensor:
-    """``dv = scale (M>= . Gamma . Q K^T)^T dO`` per chunk."""
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+    """``dv = scale (M>= . Gamma . Q K^T)^T dO`` per chunk. A precomputed attention matrix ``A``
+    is not supported (pass q, k and the gate)."""
+    op = "chunk_bwd_dv_local"
+    if A is not None:
+        la.fail(op, "a precomputed attention matrix A is not supported; pass q, k and the gate (g or g_gamma) "
+                    "with A=None", NotImplementedError)
+    ci, _ = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
+    g = _gate(op, g, g_gamma, do, chunk_size, cu_seqlens)
     dv = torch.empty(do.shape, dtype=do.dtype, device=do.device)
-    _C.chunk_bwd_dv_local(context("chunk_bwd_dv_local", q), la.last_unit(q), la.last_unit(k), la.last_unit(do),
-                          la.last_unit(g), dv, cu_seqlens, chunk_indices,
-                          q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
+    _C.chunk_bwd_dv_local(context(op, q), la.last_unit(q), la.last_unit(k), la.last_unit(do),
+                          la.last_unit(g), dv, cu_seqlens, ci, _scale(q, scale), chunk_size)
     return dv
 
 
 def chunk_bwd_dqkwg(q: Tensor, k: Tensor, v: Tensor, do: Tensor, h: Tensor, dh: Tensor,
-                    w: Optional[Tensor] = None, g: Optional[Tensor] = None, dv: Optional[Tensor] = None,
-                    scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
-                    chunk_size: int = 64, chunk_indices: Optional[Tensor] = None):
+                    w: Optional[Tensor] = None, g: Optional[Tensor] = None, g_gamma: Optional[Tensor] = None,
+                    dv: Optional[Tensor] = None, scale: Optional[float] = None, state_v_first: bool = False,
+                    cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                    chunk_indices: Optional[Tensor] = None):
     """``(dq, dk, dw or None, dg or None)`` of block B4 (dq, dk summed over value-head groups; dg
-    the partial gradient w.r.t. the chunk-local cumsum)."""
+    the partial gradient w.r.t. the chunk-local cumsum, None with ``g_gamma`` as in
+    flash-linear-attention). ``dv`` (the total gradient of v_new) is required with ``w``."""
+    op = "chunk_bwd_dqkwg"
+    if w is not None and dv is None:
+        la.fail(op, "dv (the total gradient of v_new) is required with w")
+    ci, _ = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
+    gate = _gate(op, g, g_gamma, v, chunk_size, cu_seqlens)
     if dv is None:
-        raise ValueError("fusedops: chunk_bwd_dqkwg: dv (the total gradient of v_new) is required")
-    if cu_seqlens is not None and chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+        dv = torch.zeros_like(v)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dw = torch.empty(*v.shape[:3], k.shape[-1], dtype=w.dtype, device=w.device) if w is not None else None
-    dg = torch.empty(v.shape[:3], dtype=torch.float32, device=q.device) if g is not None else None
-    _C.chunk_bwd_dqkwg(context("chunk_bwd_dqkwg", q), la.last_unit(q), la.last_unit(k), la.last_unit(v),
-                       la.last_unit(do), la.last_unit(h), la.last_unit(dh), la.last_unit(w), la.last_unit(dv),
-                       la.last_unit(g), dq, dk, dw, dg, cu_seqlens, chunk_indices,
-                       q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
-    return dq, dk, dw, dg
-
+    dg = torch.empty(v.shape[:3], dtype=torch.float32, device=q.device) if gate is not None else None
+    _C.chunk_bwd_dqkwg(context(op, q), la.last_unit(q), la.last_unit(k), la.last_unit(v),
+                       la.last_unit(do), la.last_unit(la.state_kv(h, state_v_first)),
+                       la.last_unit(la.state_kv(dh, state_v_first)), la.last_unit(w), la.last_unit(dv),
+                       la.last_unit(gate), dq, dk, dw, dg, cu_seqlens, ci, _scale(q, scale), chunk_size)
+    return dq, dk, dw, (dg if g is not None else None)

@@ -5,7 +5,8 @@ Top level (differentiable, torch.library custom ops):
     chunk_kda(q, k, v, g, beta, ...)            -> (o, final_state)
     fused_recurrent_kda(q, k, v, g, beta, ...)  -> (o, final_state)
     fused_kda_gate(g, A_log, dt_bias, lower_bound) -> the per-channel gate of section 11
-Sub-operators (plain functions): chunk_kda_fwd_intra, kda_recompute_w_u_fwd, chunk_kda_fwd_o,
+Sub-operators (plain functions): chunk_kda_fwd_intra (flash-linear-attention's six outputs) and
+chunk_kda_intra_A (its two intra-chunk matrices), kda_recompute_w_u_fwd, chunk_kda_fwd_o,
 chunk_kda_bwd_dAv, chunk_kda_bwd_wy_dqkg_fused, chunk_kda_bwd_intra, kda_gate_fwd, kda_gate_bwd;
 the pipeline also uses chunk_local_cumsum (vector variant), chunk_gated_delta_rule_fwd_h and
 chunk_gated_delta_rule_bwd_dhu (``gk`` variants), re-exported here as chunk_kda_fwd_h /
@@ -26,7 +27,8 @@ from .._op import DifferentiableOp, PlainOp
 from . import _linear_attention as la
 from ._linear_attention import chunk_gated_delta_rule_bwd_dhu as chunk_kda_bwd_dhu
 from ._linear_attention import chunk_gated_delta_rule_fwd_h as chunk_kda_fwd_h
-from ._linear_attention import chunk_local_cumsum, prepare_chunk_indices
+from ._linear_attention import chunk_local_cumsum
+from .gated_delta_rule import beta_in_kernel, out_dtype
 
 _OP = "chunk_kda"
 _OP_REC = "fused_recurrent_kda"
@@ -36,6 +38,7 @@ __all__ = [
     "fused_recurrent_kda",
     "fused_kda_gate",
     "chunk_kda_fwd_intra",
+    "chunk_kda_intra_A",
     "kda_recompute_w_u_fwd",
     "chunk_kda_fwd_o",
     "chunk_kda_bwd_dAv",
@@ -88,22 +91,29 @@ def chunk_kda(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
-    A_log: Optional[Tensor] = None,
-    dt_bias: Optional[Tensor] = None,
     use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     lower_bound: Optional[float] = None,
-    cu_seqlens: Optional[Tensor] = None,
-    chunk_size: int = 64,
-    cu_seqlens_cpu: Optional[Tensor] = None,
-    allow_neg_eigval: bool = False,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
     state_v_first: bool = False,
-    transpose_state_layout: Optional[bool] = None,
-    cp=None,
+    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens_cpu: Optional[Tensor] = None,
     cp_context=None,
+    use_graph: bool = False,
+    max_num_seqs: Optional[int] = None,
+    *,
+    chunk_size: int = 64,
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
+    cp=None,
+    transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
-    """Chunked Kimi delta attention (flash-linear-attention's ``chunk_kda``).
+    """Chunked Kimi delta attention (flash-linear-attention 0.6.0's ``chunk_kda``: the same
+    positional order, keyword names and defaults; fusedops' own options and the ones
+    flash-linear-attention reads from ``**kwargs`` (chunk_size, A_log, dt_bias) are keyword-only).
 
     Per sequence and value head, with state ``S`` ([K,V], fp32, ``initial_state`` or 0)::
 
@@ -116,16 +126,21 @@ def chunk_kda(
     ``use_beta_sigmoid_in_kernel``. ``initial_state [N,HV,K,V]`` must be fp32. ``cu_seqlens``
     packs sequences along T (B == 1). Returns ``(o [B,T,HV,V] in q's dtype, final_state fp32 or
     None)``; differentiable in q, k, v, g, beta, initial_state, A_log and dt_bias.
-    ``state_v_first`` (alias ``transpose_state_layout``) stores the states as ``[V,K]``.
-    ``cp`` (alias ``cp_context``): a context-parallel plan (``fusedops.distributed``): the inputs
-    are this rank's tokens; initial_state / final_state hold every global sequence.
+    ``state_v_first`` (deprecated alias ``transpose_state_layout``) takes and returns states as
+    ``[V,K]``. ``cp_context`` (alias ``cp``): a context-parallel plan
+    (``fusedops.distributed.context_parallel``): the inputs are this rank's tokens, the plan gives
+    the sequences (cu_seqlens None); initial_state / final_state hold every global sequence.
+    Accepted and ignored (the results are the same): ``disable_recompute`` (W, U and the chunk
+    states are recomputed in the backward), ``use_graph``, ``max_num_seqs``.
+    ``return_intermediate_states`` is not supported (run :func:`chunk_kda_fwd_h` on the outputs of
+    the sub-operators for the per-chunk states).
     """
     op = "chunk_kda"
-    kwargs.pop("disable_recompute", None)  # W, U, h are always recomputed in the backward
-    intermediate_states = kwargs.pop("return_intermediate_states", False)
     la.reject_kwargs(op, kwargs)
-    if intermediate_states:
-        la.fail(op, "return_intermediate_states is not supported")
+    if return_intermediate_states:
+        la.fail(op, "return_intermediate_states is not supported; run chunk_kda_fwd_h on the outputs of the "
+                    "sub-operators (chunk_kda_fwd_intra, kda_recompute_w_u_fwd) for the per-chunk states",
+                NotImplementedError)
     state_v_first = la.state_layout(op, state_v_first, transpose_state_layout)
     la.check_rank4(op, q, k, v)
     if q.shape != k.shape:
@@ -189,25 +204,28 @@ def fused_recurrent_kda(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    g: Optional[Tensor] = None,
-    beta: Optional[Tensor] = None,
+    g: Optional[Tensor],
+    beta: Optional[Tensor],
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
     scale: Optional[float] = None,
     initial_state: Optional[Tensor] = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
-    A_log: Optional[Tensor] = None,
-    dt_bias: Optional[Tensor] = None,
-    lower_bound: Optional[float] = None,
     use_beta_sigmoid_in_kernel: bool = False,
-    cu_seqlens: Optional[Tensor] = None,
+    allow_neg_eigval: bool = False,
+    lower_bound: Optional[float] = None,
     state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    *,
     transpose_state_layout: Optional[bool] = None,
     **kwargs,
 ):
-    """KDA token by token (decoding; flash-linear-attention's ``fused_recurrent_kda``): same
-    recurrence, layout and options as :func:`chunk_kda` (g and beta optional: no decay / beta =
-    1). Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
+    """KDA token by token (decoding; flash-linear-attention 0.6.0's ``fused_recurrent_kda``, its
+    positional order: ``A_log`` and ``dt_bias`` 6th and 7th): same recurrence, layout and options
+    as :func:`chunk_kda` (g and beta may be None: no decay / beta = 1; ``allow_neg_eigval`` doubles
+    the in-kernel sigmoid of beta). Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
     recomputes the states from checkpoints every 64 tokens."""
     op = "fused_recurrent_kda"
     la.reject_kwargs(op, kwargs)
@@ -222,9 +240,10 @@ def fused_recurrent_kda(
             la.fail(op, "use_gate_in_kernel requires g")
         if A_log is None and lower_bound is None:
             la.fail(op, "use_gate_in_kernel requires A_log unless lower_bound is set")
-        g = fused_kda_gate(g, A_log, dt_bias, lower_bound)
-    if use_beta_sigmoid_in_kernel and beta is not None:
-        beta = torch.sigmoid(beta if beta.dtype == torch.float64 else beta.float())
+        g = fused_kda_gate(g, A_log, dt_bias, lower_bound, None)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        la.fail(op, "allow_neg_eigval requires use_beta_sigmoid_in_kernel")
+    beta = beta_in_kernel(beta, v, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if use_qk_l2norm_in_kernel:
@@ -286,30 +305,35 @@ def _gate_backward(ctx, dy):
 _gate_fwd = DifferentiableOp("kda_gate_fwd", _gate_fwd_impl, _gate_fwd_fake, _gate_setup, _gate_backward)
 
 
-def fused_kda_gate(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor] = None,
-                   lower_bound: Optional[float] = None) -> Tensor:
-    """The KDA gate over ``g [B,T,HV,K]`` (fp32 out): ``-exp(A_log) softplus(g + dt_bias)``, or
+def fused_kda_gate(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                   lower_bound: Optional[float] = None,
+                   output_dtype: Optional[torch.dtype] = torch.float32) -> Tensor:
+    """The KDA gate over ``g [B,T,HV,K]``: ``-exp(A_log) softplus(g + dt_bias)``, or
     ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` when ``lower_bound`` is set (A_log then
-    optional). A_log ``[HV]``, dt_bias ``[HV*K]``; differentiable in g, A_log and dt_bias."""
+    optional). A_log ``[HV]``, dt_bias ``[HV*K]``; computed in fp32 (fp64 for fp64 g), returned in
+    ``output_dtype`` (None keeps the compute dtype); differentiable in g, A_log and dt_bias."""
     if g.dim() != 4:
         la.fail("kda_gate", f"g must have rank 4 ([B,T,HV,K]), got shape {list(g.shape)}")
     if A_log is None and lower_bound is None:
         la.fail("kda_gate", "A_log is required unless lower_bound is set")
     has_lb = lower_bound is not None
-    return _gate_fwd(g, A_log, dt_bias, has_lb, float(lower_bound) if has_lb else 0.0)
+    return out_dtype(_gate_fwd(g, A_log, dt_bias, has_lb, float(lower_bound) if has_lb else 0.0), output_dtype)
 
 
-def kda_gate_fwd(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor] = None,
-                 lower_bound: Optional[float] = None) -> Tensor:
-    """Launcher form of the KDA gate forward (fp32 out)."""
-    return fused_kda_gate(g, A_log, dt_bias, lower_bound)
+def kda_gate_fwd(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                 lower_bound: Optional[float] = None,
+                 output_dtype: Optional[torch.dtype] = torch.float32) -> Tensor:
+    """Launcher form of the KDA gate forward (as :func:`fused_kda_gate`)."""
+    return fused_kda_gate(g, A_log, dt_bias, lower_bound, output_dtype)
 
 
-def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], dy: Tensor,
-                 lower_bound: Optional[float] = None):
+def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                 dyg: Optional[Tensor] = None, lower_bound: Optional[float] = None):
     """Launcher form of the KDA gate backward: ``(dg, dA_log or None, ddt_bias or None)``."""
+    if dyg is None:
+        la.fail("kda_gate_bwd", "dyg (the gradient of the gate output) is required")
     has_lb = lower_bound is not None
-    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dy, has_lb, float(lower_bound) if has_lb else 0.0)
+    dg, dA, db = _gate_bwd(g, A_log, dt_bias, dyg, has_lb, float(lower_bound) if has_lb else 0.0)
     return dg, (dA if A_log is not None else None), (db if dt_bias is not None else None)
 
 
@@ -317,28 +341,48 @@ def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], 
 # Sub-operators: plain functions, not differentiable.
 
 
-def _ci(cu_seqlens, chunk_indices, chunk_size):
-    if cu_seqlens is not None and chunk_indices is None:
-        return prepare_chunk_indices(cu_seqlens, chunk_size)
-    return chunk_indices
+def _ci(op, cu_seqlens, chunk_indices, chunk_size, T):
+    return la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, T)[0]
 
 
-def chunk_kda_fwd_intra(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: Optional[float] = None,
-                        cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
-                        chunk_indices: Optional[Tensor] = None, safe_gate: bool = False,
-                        output_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+def chunk_kda_intra_A(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: Optional[float] = None,
+                      cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                      chunk_indices: Optional[Tensor] = None, safe_gate: bool = False,
+                      output_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """``(Aqk, Akk)`` per chunk: ``Aqk = scale sum_c q k exp(gk_i - gk_j)`` (j <= i) and
     ``Akk = (I + L)^{-1}`` with ``L = beta_i sum_c k k exp(gk_i - gk_j)`` (j < i); gk is the
     chunk-local cumsum ``[B,T,HV,K]``. ``[B,T,HV,BT]`` each, in ``output_dtype`` (k's dtype)."""
-    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    op = "chunk_kda_fwd_intra"
+    ci = _ci(op, cu_seqlens, chunk_indices, chunk_size, k.shape[1])
     B, T, HV = gk.shape[:3]
     dt = output_dtype or k.dtype
     Aqk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
     Akk = torch.empty(B, T, HV, chunk_size, dtype=dt, device=k.device)
-    _C.chunk_kda_fwd_intra(context("chunk_kda_fwd_intra", k), la.last_unit(q), la.last_unit(k), la.last_unit(gk),
+    _C.chunk_kda_fwd_intra(context(op, k), la.last_unit(q), la.last_unit(k), la.last_unit(gk),
                            la.last_unit(beta), Aqk, Akk, cu_seqlens, ci,
                            q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size, safe_gate)
     return Aqk, Akk
+
+
+def chunk_kda_fwd_intra(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None,
+                        beta: Optional[Tensor] = None, scale: Optional[float] = None,
+                        cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                        chunk_indices: Optional[Tensor] = None, safe_gate: bool = False,
+                        lower_bound: Optional[float] = None, disable_recompute: bool = False,
+                        use_graph: bool = False):
+    """flash-linear-attention 0.6.0's fused intra-chunk forward: ``(w, u, qg, kg, Aqk, Akk)``
+    (:func:`chunk_kda_intra_A`, then :func:`kda_recompute_w_u_fwd` on Akk), ``Aqk`` and ``Akk`` in
+    k's dtype, ``qg`` only with ``disable_recompute`` (None otherwise). ``gk`` is the chunk-local
+    cumsum in natural-log units. ``lower_bound`` (it only moves flash-linear-attention's internal
+    exponent shift) and ``use_graph`` are accepted and ignored."""
+    if gk is None or beta is None:
+        la.fail("chunk_kda_fwd_intra", "gk (the chunk-local gate cumsum) and beta are required")
+    if chunk_size not in (32, 64):
+        la.fail("chunk_kda_fwd_intra", f"chunk_size must be 32 or 64, got {chunk_size}")
+    Aqk, Akk = chunk_kda_intra_A(q, k, gk, beta, scale, cu_seqlens, chunk_size, chunk_indices, safe_gate)
+    w, u, qg, kg = kda_recompute_w_u_fwd(k, v, beta, Akk, gk, q if disable_recompute else None, cu_seqlens,
+                                         chunk_indices)
+    return w, u, qg, kg, Aqk, Akk
 
 
 def kda_recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, gk: Tensor,
@@ -346,7 +390,7 @@ def kda_recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, gk: Ten
                           chunk_indices: Optional[Tensor] = None):
     """``(w, u, qg or None, kg)``: ``w = Akk (beta exp(gk) k)``, ``u = Akk (beta v)``,
     ``qg = q exp(gk)``, ``kg = k exp(gk_last - gk)``; per value head."""
-    ci = _ci(cu_seqlens, chunk_indices, A.shape[-1])
+    ci = _ci("kda_recompute_w_u_fwd", cu_seqlens, chunk_indices, A.shape[-1], k.shape[1])
     B, T, HV = v.shape[:3]
     K = k.shape[-1]
     w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
@@ -361,37 +405,43 @@ def kda_recompute_w_u_fwd(k: Tensor, v: Tensor, beta: Tensor, A: Tensor, gk: Ten
 def chunk_kda_fwd_o(qg: Tensor, Aqk: Tensor, v: Tensor, h: Tensor, scale: Optional[float] = None,
                     cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None) -> Tensor:
     """``o = scale qg h[n] + (M>= . Aqk) v`` per chunk (v = v_new)."""
-    ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
+    ci = _ci("chunk_kda_fwd_o", cu_seqlens, chunk_indices, Aqk.shape[-1], v.shape[1])
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _C.chunk_kda_fwd_o(context("chunk_kda_fwd_o", v), la.last_unit(qg), la.last_unit(Aqk), la.last_unit(v),
                        la.last_unit(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
     return o
 
 
-def chunk_kda_bwd_dAv(Aqk: Tensor, v: Tensor, do: Tensor, scale: Optional[float] = None,
-                      cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None,
-                      K: Optional[int] = None):
-    """``(dAqk fp32, dv)``: ``dAqk = scale M>= . (dO v^T)``, ``dv = (M>= . Aqk)^T dO``. ``scale``
-    defaults to ``K**-0.5`` (pass K or scale)."""
-    if scale is None:
-        if K is None:
-            la.fail("chunk_kda_bwd_dAv", "pass scale (or K for the default K**-0.5)")
-        scale = K ** -0.5
-    ci = _ci(cu_seqlens, chunk_indices, Aqk.shape[-1])
-    dA = torch.empty(Aqk.shape, dtype=la.acc_dtype(v), device=v.device)
+def chunk_kda_bwd_dAv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, A: Optional[Tensor] = None,
+                      scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
+                      chunk_size: int = 64, chunk_indices: Optional[Tensor] = None, use_graph: bool = False):
+    """``(dAqk fp32, dv)``: ``dAqk = scale M>= . (dO v^T)``, ``dv = (M>= . A)^T dO`` with ``A`` the
+    forward's Aqk (required; q and k give K for the default ``scale = K**-0.5``)."""
+    op = "chunk_kda_bwd_dAv"
+    if A is None:
+        la.fail(op, "A (the forward's Aqk [B,T,HV,BT]) is required")
+    if A.shape[-1] != chunk_size:
+        la.fail(op, f"A's last dimension (the chunk size) must be chunk_size={chunk_size}, got {A.shape[-1]}")
+    ci = _ci(op, cu_seqlens, chunk_indices, chunk_size, v.shape[1])
+    dA = torch.empty(A.shape, dtype=la.acc_dtype(v), device=v.device)
     dv = torch.empty(do.shape, dtype=do.dtype, device=do.device)
-    _C.chunk_kda_bwd_dAv(context("chunk_kda_bwd_dAv", v), la.last_unit(Aqk), la.last_unit(v), la.last_unit(do), dA,
-                         dv, cu_seqlens, ci, float(scale))
+    _C.chunk_kda_bwd_dAv(context(op, v), la.last_unit(A), la.last_unit(v), la.last_unit(do), dA,
+                         dv, cu_seqlens, ci, k.shape[-1] ** -0.5 if scale is None else float(scale))
     return dA, dv
 
 
 def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, g: Tensor, beta: Tensor,
                                 A: Tensor, h: Tensor, do: Tensor, dh: Tensor, dv: Tensor,
-                                scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
-                                chunk_size: int = 64, chunk_indices: Optional[Tensor] = None):
+                                scale: Optional[float] = None, state_v_first: bool = False,
+                                cu_seqlens: Optional[Tensor] = None, chunk_size: int = 64,
+                                chunk_indices: Optional[Tensor] = None, chunk_offsets: Optional[Tensor] = None,
+                                use_graph: bool = False):
     """``(dq, dk, dv, dbeta, dg, dA)`` of block K3 (g = the chunk-local cumsum, A = Akk, dv =
-    the total gradient of v_new); dq, dk summed over value-head groups; all fp32 except dv."""
-    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    the total gradient of v_new; h, dh ``[..., V, K]`` with ``state_v_first``); dq, dk summed over
+    value-head groups (flash-linear-attention keeps them per value head); all fp32 except dv."""
+    op = "chunk_kda_bwd_wy_dqkg_fused"
+    ci, co = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
+    la.check_offsets(op, chunk_offsets, co)
     acc = la.acc_dtype(q)
     B, T, HV = v.shape[:3]
     dq = torch.empty(q.shape, dtype=acc, device=q.device)
@@ -400,21 +450,24 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
     db = torch.empty(B, T, HV, dtype=acc, device=q.device)
     dg = torch.empty(g.shape, dtype=acc, device=q.device)
     dA = torch.empty(B, T, HV, chunk_size, dtype=acc, device=q.device)
+    h, dh = la.state_kv(h, state_v_first), la.state_kv(dh, state_v_first)
     tensors = [la.last_unit(x) for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv)]
     tensors += [dq, dk, dvo, db, dg, dA, cu_seqlens, ci]
-    _C.chunk_kda_bwd_wy_dqkg_fused(context("chunk_kda_bwd_wy_dqkg_fused", q), tensors,
+    _C.chunk_kda_bwd_wy_dqkg_fused(context(op, q), tensors,
                                    q.shape[-1] ** -0.5 if scale is None else float(scale), chunk_size)
     return dq, dk, dvo, db, dg, dA
 
 
 def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Tensor, dAkk: Tensor,
                         dq: Tensor, dk: Tensor, db: Tensor, dg: Tensor, cu_seqlens: Optional[Tensor] = None,
-                        chunk_size: int = 64, chunk_indices: Optional[Tensor] = None,
-                        safe_gate: bool = False):
+                        chunk_indices: Optional[Tensor] = None, chunk_size: int = 64, safe_gate: bool = False,
+                        lower_bound: Optional[float] = None, use_graph: bool = False):
     """Adds the gradients through Aqk and L (block K4) to the partial ``dq, dk, db, dg``; returns
-    new ``(dq, dk, db, dg)`` (inputs untouched)."""
-    ci = _ci(cu_seqlens, chunk_indices, chunk_size)
+    new ``(dq, dk, db, dg)`` (inputs untouched). ``lower_bound`` (flash-linear-attention's
+    exponent shift) and ``use_graph`` are accepted and ignored."""
+    op = "chunk_kda_bwd_intra"
+    ci = _ci(op, cu_seqlens, chunk_indices, chunk_size, q.shape[1])
     outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (dq, dk, db, dg)]
     tensors = [la.last_unit(x) for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg)] + outs + [cu_seqlens, ci]
-    _C.chunk_kda_bwd_intra(context("chunk_kda_bwd_intra", q), tensors, chunk_size, safe_gate)
+    _C.chunk_kda_bwd_intra(context(op, q), tensors, chunk_size, safe_gate)
     return tuple(outs)

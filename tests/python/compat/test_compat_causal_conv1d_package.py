@@ -99,6 +99,25 @@ def test_seq_idx_restarts_each_run():
         causal_conv1d_fn(x, w, activation="gelu")
 
 
+@pytest.mark.parametrize("B,T", [(3, 11), (1, 1), (2, 0), (4, 64)])
+def test_seq_idx_segments_match_a_per_token_scan(B, T):
+    """The runs of seq_idx (found with tensor operations) against the per-token scan of the
+    package's semantics: a run starts at each row start and wherever the index changes (an index
+    seen before, non-adjacent, starts a new run)."""
+    from fusedops.compat.causal_conv1d.causal_conv1d_interface import _segments
+
+    gen = torch.Generator().manual_seed(B * 100 + T)
+    seq_idx = torch.randint(0, 3, (B, T), generator=gen, dtype=torch.int32)
+    cu, firsts = [0], []
+    for b in range(B):
+        firsts.append(len(cu) - 1)
+        cu += [b * T + t for t in range(1, T) if seq_idx[b, t] != seq_idx[b, t - 1]]
+        cu.append((b + 1) * T)
+    got_cu, got_firsts = _segments(seq_idx, B, T)
+    assert got_cu.dtype == torch.int32 and got_cu.tolist() == cu
+    assert got_firsts.tolist() == firsts
+
+
 @pytest.mark.parametrize("L", [None, 3])
 def test_update_appends_to_the_state_in_place(L):
     B, D, W, S = 3, 8, 4, 6  # a state longer than W - 1

@@ -133,7 +133,7 @@ def test_fused_recurrent_positional_order_and_forms():
     """FLA's order puts gk and gv before beta: beta is the 7th positional."""
     q, k, v, g, beta, h0 = la_inputs(1, 40, 2, 4, 16, 16, torch.float32, 15)
     o, ht = fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, None, h0, True)
-    on, hn = gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    on, hn = gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=h0, output_final_state=True)
     assert bitwise(o, on) and bitwise(ht, hn)
     # per-key decay gk: the KDA recurrence
     _, _, _, gk, _, _ = la_inputs(1, 40, 2, 4, 16, 16, torch.float32, 16, kda=True)
@@ -146,7 +146,7 @@ def test_fused_recurrent_positional_order_and_forms():
     A_log, dt_bias = torch.randn(4) * 0.3, torch.randn(4)
     o, _ = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, use_gate_in_kernel=True, A_log=A_log,
                                             dt_bias=dt_bias)
-    assert bitwise(o, gdn.fused_recurrent_gated_delta_rule(q, k, v, gdn.fused_gdn_gate(g, A_log, dt_bias), beta)[0])
+    assert bitwise(o, gdn.fused_recurrent_gated_delta_rule(q, k, v, gdn.fused_gdn_gate(g, A_log, dt_bias), beta=beta)[0])
     with pytest.raises(NotImplementedError, match="gv"):
         fused_recurrent_gated_delta_rule(q, k, v, gv=torch.zeros_like(v), beta=beta)
     with pytest.raises(NotImplementedError, match="g together with gk"):
@@ -275,7 +275,7 @@ def test_sub_operator_positional_orders():
     A = chunk_scaled_dot_kkt_fwd(k, g2, beta, CU, 64, torch.float32, ci)
     assert bitwise(A, gdn.chunk_scaled_dot_kkt_fwd(k, g2 * math.log(2), beta, CU, 64))
     Ai = solve_tril(A, CU, ci, torch.bfloat16)
-    assert Ai.dtype == torch.bfloat16 and bitwise(Ai, gdn.solve_tril(A, CU, torch.bfloat16))
+    assert Ai.dtype == torch.bfloat16 and bitwise(Ai, gdn.solve_tril(A, CU, ci, torch.bfloat16))
     assert solve_tril(A, CU, None, None).dtype == torch.float32
     c = chunk_local_cumsum(g, 64, False, 2.0, CU, torch.float64, ci)
     assert c.dtype == torch.float64 and bitwise(c, gdn.chunk_local_cumsum(g, 64, scale=2.0, cu_seqlens=CU,

@@ -263,6 +263,74 @@ def test_native_positional_order_is_flas(key, sig):
     assert all(k in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD) for _, k in extra), extra
 
 
+# Native linear-attention functions whose names are FLA's: FLA 0.6.0's parameters (FLA's own
+# entries above) in its positional order with its names and defaults, then fusedops' extras, all
+# keyword-only: "native key": (FLA key, the keyword-only extras, in order).
+NATIVE_LA = {
+    "fusedops:chunk_gated_delta_rule": ("ops.gated_delta_rule:chunk_gated_delta_rule", (
+        "chunk_size", "use_gate_in_kernel", "A_log", "dt_bias", "keep_intermediates", "cp",
+        "transpose_state_layout")),
+    "fusedops:fused_recurrent_gated_delta_rule": (
+        "ops.gated_delta_rule:fused_recurrent_gated_delta_rule", ("transpose_state_layout",)),
+    "fusedops:chunk_kda": ("ops.kda:chunk_kda", (
+        "chunk_size", "A_log", "dt_bias", "cp", "transpose_state_layout")),
+    "fusedops:fused_recurrent_kda": ("ops.kda:fused_recurrent_kda", ("transpose_state_layout",)),
+    "fusedops.ops.gated_delta_rule:chunk_local_cumsum": ("ops.utils:chunk_local_cumsum", ()),
+    "fusedops.ops.kda:chunk_local_cumsum": ("ops.utils:chunk_local_cumsum", ()),
+    "fusedops.ops.gated_delta_rule:solve_tril": ("ops.utils:solve_tril", ()),
+    "fusedops.ops.gated_delta_rule:prepare_chunk_indices": ("ops.utils:prepare_chunk_indices", ()),
+    "fusedops.ops.gated_delta_rule:chunk_gated_delta_rule_fwd_h": (
+        "ops.common.chunk_delta_h:chunk_gated_delta_rule_fwd_h", ()),
+    "fusedops.ops.gated_delta_rule:chunk_gated_delta_rule_bwd_dhu": (
+        "ops.common.chunk_delta_h:chunk_gated_delta_rule_bwd_dhu", ()),
+    "fusedops.ops.kda:chunk_kda_fwd_h": ("ops.common.chunk_delta_h:chunk_gated_delta_rule_fwd_h", ()),
+    "fusedops.ops.kda:chunk_kda_bwd_dhu": ("ops.common.chunk_delta_h:chunk_gated_delta_rule_bwd_dhu", ()),
+    "fusedops.ops.gated_delta_rule:chunk_fwd_o": ("ops.common.chunk_o:chunk_fwd_o", ()),
+    "fusedops.ops.gated_delta_rule:chunk_bwd_dv_local": ("ops.common.chunk_o:chunk_bwd_dv_local", ()),
+    "fusedops.ops.gated_delta_rule:chunk_bwd_dqkwg": ("ops.common.chunk_o:chunk_bwd_dqkwg", ()),
+    "fusedops.ops.gated_delta_rule:chunk_scaled_dot_kkt_fwd": (
+        "ops.common.chunk_scaled_dot_kkt:chunk_scaled_dot_kkt_fwd", ()),
+    "fusedops.ops.gated_delta_rule:recompute_w_u_fwd": ("ops.gated_delta_rule.wy_fast:recompute_w_u_fwd", ()),
+    "fusedops.ops.gated_delta_rule:prepare_wy_repr_bwd": ("ops.gated_delta_rule.wy_fast:prepare_wy_repr_bwd", ()),
+    "fusedops.ops.gated_delta_rule:fused_gdn_gate": ("ops.gated_delta_rule.gate:fused_gdn_gate", ()),
+    "fusedops.ops.gated_delta_rule:gdn_gate_fwd": ("ops.gated_delta_rule.gate:gdn_gate_fwd", ()),
+    "fusedops.ops.gated_delta_rule:gdn_gate_bwd": ("ops.gated_delta_rule.gate:gdn_gate_bwd", ()),
+    "fusedops.ops.kda:chunk_kda_fwd_intra": ("ops.kda.chunk_intra:chunk_kda_fwd_intra", ()),
+    "fusedops.ops.kda:chunk_kda_bwd_intra": ("ops.kda.chunk_intra:chunk_kda_bwd_intra", ()),
+    "fusedops.ops.kda:chunk_kda_bwd_dAv": ("ops.kda.chunk_bwd:chunk_kda_bwd_dAv", ()),
+    "fusedops.ops.kda:chunk_kda_bwd_wy_dqkg_fused": ("ops.kda.chunk_bwd:chunk_kda_bwd_wy_dqkg_fused", ()),
+    "fusedops.ops.kda:fused_kda_gate": ("ops.kda.gate:fused_kda_gate", ()),
+    "fusedops.ops.kda:kda_gate_fwd": ("ops.kda.gate:kda_gate_fwd", ()),
+    "fusedops.ops.kda:kda_gate_bwd": ("ops.kda.gate:kda_gate_bwd", ()),
+}
+
+
+@pytest.mark.parametrize("key", list(NATIVE_LA), ids=list(NATIVE_LA))
+def test_native_linear_attention_signature_is_flas(key):
+    fla_key, extras = NATIVE_LA[key]
+    module, name = key.split(":")
+    actual = _as_rows(_actual(module, ":" + name))
+    fla = _as_rows(_expected(FLA[fla_key]))
+    var_kw = [r for r in fla if r[1] == inspect.Parameter.VAR_KEYWORD]
+    fla = [r for r in fla if r[1] != inspect.Parameter.VAR_KEYWORD]
+    assert actual[:len(fla)] == fla
+    rest = actual[len(fla):]
+    assert [n for n, k, _ in rest if k == inspect.Parameter.KEYWORD_ONLY] == list(extras)
+    # FLA's **kwargs stay (fusedops rejects unknown keywords in them; head_first raises as in FLA)
+    assert [k for _, k, _ in rest if k != inspect.Parameter.KEYWORD_ONLY] == [k for _, k, _ in var_kw]
+
+
+def test_native_exports_are_the_ops_functions():
+    import fusedops
+    from fusedops.ops import gated_delta_rule as gdn
+    from fusedops.ops import kda
+
+    assert fusedops.chunk_gated_delta_rule is gdn.chunk_gated_delta_rule
+    assert fusedops.fused_recurrent_gated_delta_rule is gdn.fused_recurrent_gated_delta_rule
+    assert fusedops.chunk_kda is kda.chunk_kda and fusedops.fused_recurrent_kda is kda.fused_recurrent_kda
+    assert fusedops.gated_delta_rule is gdn and fusedops.kda is kda
+
+
 def test_mindspeed_functions_are_autograd_functions():
     from fusedops.compat.mindspeed.api.triton.fused_cross_entropy_loss import FusedCrossEntropyLossFunction
     from fusedops.compat.mindspeed.api.triton.mhc import MHCPostTriton, MhcPreBmm

@@ -175,8 +175,9 @@ def test_fused_recurrent_matches_float64_recurrence(device):
         d = make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
         x = leaves(d, DIFF, device=device)
         cut = None if cu is None else torch.tensor(cu, device=device)
-        o, ht = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.7,
-                                                          x["h0"], True, cu_seqlens=cut)
+        o, ht = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], scale=0.7,
+                                                          initial_state=x["h0"], output_final_state=True,
+                                                          cu_seqlens=cut)
         names = ["q", "k", "v", "g", "beta", "h0"]
         gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
         ours = (o, ht, dict(zip(names, gr)))
@@ -217,8 +218,8 @@ def test_chunk_and_recurrent_forms_agree(device):
 
 def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                         cu_seqlens, chunk_size, **_):
-    return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                                     use_qk_l2norm_in_kernel, cu_seqlens)
+    return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, scale, initial_state,
+                                                     output_final_state, use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +439,8 @@ def test_reference_module_matches_the_oracle():
     assert max_abs_error(o, o64) < 1e-12 and max_abs_error(ht, ht64) < 1e-12
     (dq,) = torch.autograd.grad(o, x["q"], d["do"].double())
     assert dq.dtype == torch.float32
-    o2, _ = fusedops.reference.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"])
+    o2, _ = fusedops.reference.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"],
+                                                                 scale=0.5, initial_state=x["h0"])
     assert max_abs_error(o2, o64) < 1e-12
 
 
@@ -604,7 +606,7 @@ def test_sub_state_pieces(sub, device):
     dv_ = lambda t: t.to(device)  # noqa: E731
     h, vn, ht = gdn.chunk_gated_delta_rule_fwd_h(dv_(d["k"]), dv_(w), dv_(u), dv_(gc), initial_state=dv_(d["h0"]),
                                                  output_final_state=True, chunk_size=s["BT"], cu_seqlens=cu)
-    o = gdn.chunk_fwd_o(dv_(d["q"]), dv_(d["k"]), vn, h, dv_(gc), scale, cu, s["BT"])
+    o = gdn.chunk_fwd_o(dv_(d["q"]), dv_(d["k"]), vn, h, dv_(gc), None, scale, False, cu, s["BT"])
 
     def forward(q, k, w, u, gcum, h0, dt):
         """Sections 6 and 7 written with torch: o, ht, v_new."""
@@ -645,12 +647,12 @@ def test_sub_state_pieces(sub, device):
     check(f"{device} chunk_fwd_o", o, o32, o64, torch.float32)
     # Backward pieces composed (B2-B4) against autograd of the forward above.
     do, dht = d["do"], d["dht"]
-    dvl = gdn.chunk_bwd_dv_local(dv_(d["q"]), dv_(d["k"]), dv_(do), dv_(gc), scale, cu, s["BT"])
+    dvl = gdn.chunk_bwd_dv_local(dv_(d["q"]), dv_(d["k"]), dv_(do), dv_(gc), None, None, scale, cu, s["BT"])
     dh, dh0, dv2 = gdn.chunk_gated_delta_rule_bwd_dhu(dv_(d["q"]), dv_(d["k"]), dv_(w), dv_(do), dvl, dv_(gc),
                                                       h0=dv_(d["h0"]), dht=dv_(dht), scale=scale, cu_seqlens=cu,
                                                       chunk_size=s["BT"])
-    dq, dk, dw, dg = gdn.chunk_bwd_dqkwg(dv_(d["q"]), dv_(d["k"]), vn, dv_(do), h, dh, dv_(w), dv_(gc), dv2, scale,
-                                         cu, s["BT"])
+    dq, dk, dw, dg = gdn.chunk_bwd_dqkwg(dv_(d["q"]), dv_(d["k"]), vn, dv_(do), h, dh, dv_(w), dv_(gc), None, dv2,
+                                         scale, False, cu, s["BT"])
 
     def grads(dt):
         x = [t.detach().to(dt).requires_grad_() for t in (d["q"], d["k"], w, u, gc, d["h0"])]
@@ -717,7 +719,7 @@ def test_torch_compile_fullgraph_matches_eager(device):
 
     def f(q, k, v, g, beta, h0):
         o, ht = fusedops.chunk_gated_delta_rule(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True)
-        o2, _ = fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta, 0.3, h0)
+        o2, _ = fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=0.3, initial_state=h0)
         return (o * o2).sum() + ht.square().sum()
 
     names = ("q", "k", "v", "g", "beta", "h0")
@@ -747,10 +749,13 @@ def test_cu_seqlens_not_ending_at_T_raises_on_every_device(device, last):
     also when the tensor's tables are already kept from a call with another T."""
     x = [t.to(device) for t in _args()]
     ok = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    def recurrent(q, k, v, g, beta, **kw):  # FLA's order: gk, gv come before beta
+        return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, **kw)
+
     fusedops.chunk_gated_delta_rule(*x, cu_seqlens=ok)
-    fusedops.fused_recurrent_gated_delta_rule(*x, cu_seqlens=ok)
+    recurrent(*x, cu_seqlens=ok)
     bad = torch.tensor([0, 3, last], dtype=torch.int32, device=device)
-    for fn in (fusedops.chunk_gated_delta_rule, fusedops.fused_recurrent_gated_delta_rule):
+    for fn in (fusedops.chunk_gated_delta_rule, recurrent):
         with pytest.raises(ValueError, match=f"cu_seqlens must end at T=8 .*got cu_seqlens\\[2\\]={last}"):
             fn(*x, cu_seqlens=bad)
     y = [t[:, :7].contiguous() for t in x]  # the same kept tensor, now with T = 7

@@ -220,8 +220,8 @@ def test_fused_recurrent_matches_float64_recurrence(device):
         d = make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
         x = leaves(d, DIFF, device=device)
         cut = None if cu is None else torch.tensor(cu, device=device)
-        o, ht = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.7, x["h0"], True,
-                                             cu_seqlens=cut)
+        o, ht = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.7, initial_state=x["h0"],
+                                             output_final_state=True, cu_seqlens=cut)
         names = ["q", "k", "v", "g", "beta", "h0"]
         gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
         ours = (o, ht, dict(zip(names, gr)))
@@ -239,7 +239,7 @@ def test_fused_recurrent_options_and_missing_gate_beta(device):
     # no g, no beta
     d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=6, opts={"l2": True})
     x = leaves(d, ("q", "k", "v"), device=device)
-    o, _ = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], use_qk_l2norm_in_kernel=True)
+    o, _ = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], None, None, use_qk_l2norm_in_kernel=True)
     gr = torch.autograd.grad(o, [x["q"], x["k"], x["v"]], d["do"].to(device))
     y = leaves(d, ("q", "k", "v"), torch.float64)
     o64, _ = recurrence(l2n(y["q"]), l2n(y["k"]), y["v"], None, None, 8 ** -0.5)
@@ -262,9 +262,9 @@ def test_fused_recurrent_options_and_missing_gate_beta(device):
 def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                         use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, lower_bound, cu_seqlens,
                         **_):
-    return fusedops.fused_recurrent_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                        use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-                                        use_beta_sigmoid_in_kernel, cu_seqlens)
+    return fusedops.fused_recurrent_kda(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                                        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                        False, lower_bound, cu_seqlens=cu_seqlens)
 
 
 def test_chunk_and_recurrent_forms_agree(device):
@@ -392,7 +392,8 @@ def test_reference_module_matches_the_oracle():
     assert max_abs_error(o, o64) < 1e-12 and max_abs_error(ht, ht64) < 1e-12
     (dq,) = torch.autograd.grad(o, x["q"], d["do"].double())
     assert dq.dtype == torch.float32
-    o2, _ = fusedops.reference.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"])
+    o2, _ = fusedops.reference.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.5,
+                                                    initial_state=x["h0"])
     assert max_abs_error(o2, o64) < 1e-12
 
 
@@ -410,20 +411,20 @@ def test_sub_operators_compose_to_chunk_kda(device):
     q, k, v, g, beta, h0 = (d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0"))
     do, dht = d["do"].to(device), d["dht"].to(device)
     gc = kda.chunk_local_cumsum(g, BT, cu_seqlens=cut)
-    Aqk, Akk = kda.chunk_kda_fwd_intra(q, k, gc, beta, scale, cut, BT)
-    w, u, qg, kg = kda.kda_recompute_w_u_fwd(k, v, beta, Akk, gc, q=q, cu_seqlens=cut)
+    # flash-linear-attention 0.6.0's positional forms of the sub-operators.
+    w, u, qg, kg, Aqk, Akk = kda.chunk_kda_fwd_intra(q, k, v, gc, beta, scale, cut, BT, None, False, None, True)
     h, vn, ht = kda.chunk_kda_fwd_h(kg, w, u, gk=gc, initial_state=h0, output_final_state=True,
                                     chunk_size=BT, cu_seqlens=cut)
     o = kda.chunk_kda_fwd_o(qg, Aqk, vn, h, scale, cut)
     ours = run_ours(d, scale, cu, {}, BT, device)
     torch.testing.assert_close(o, ours[0], rtol=0, atol=0)
     torch.testing.assert_close(ht, ours[1], rtol=0, atol=0)
-    dAqk, dvl = kda.chunk_kda_bwd_dAv(Aqk, vn, do, scale, cut)
+    dAqk, dvl = kda.chunk_kda_bwd_dAv(q, k, vn, do, Aqk, scale, cut, BT)
     dh, dh0, dv2 = kda.chunk_kda_bwd_dhu(qg, kg, w, do, dvl, gk=gc, h0=h0, dht=dht, scale=scale,
                                          cu_seqlens=cut, chunk_size=BT)
     dq, dk, dv, db, dg, dAkk = kda.chunk_kda_bwd_wy_dqkg_fused(q, k, v, vn, gc, beta, Akk, h, do, dh, dv2,
-                                                               scale, cut, BT)
-    dq, dk, db, dg = kda.chunk_kda_bwd_intra(q, k, gc, beta, dAqk, dAkk, dq, dk, db, dg, cut, BT)
+                                                               scale, False, cut, BT)
+    dq, dk, db, dg = kda.chunk_kda_bwd_intra(q, k, gc, beta, dAqk, dAkk, dq, dk, db, dg, cut, None, BT)
     dg = kda.chunk_local_cumsum(dg, BT, reverse=True, cu_seqlens=cut)
     for n, t in (("q", dq), ("k", dk), ("v", dv), ("beta", db), ("g", dg), ("h0", dh0)):
         torch.testing.assert_close(t, ours[2][n], rtol=0, atol=0, msg=n)
@@ -436,8 +437,8 @@ def test_sub_fwd_intra_matches_float64(device):
     for b in range(B):
         for c0 in range(0, T, BT):
             gc[b, c0:c0 + BT] = d["g"][b, c0:c0 + BT].double().cumsum(0)
-    Aqk, Akk = kda.chunk_kda_fwd_intra(d["q"].to(device), d["k"].to(device), gc.float().to(device),
-                                       d["beta"].to(device), 0.6, None, BT)
+    Aqk, Akk = kda.chunk_kda_intra_A(d["q"].to(device), d["k"].to(device), gc.float().to(device),
+                                     d["beta"].to(device), 0.6, None, BT)
 
     def oracle(dt):
         A1 = torch.zeros(B, T, HV, BT, dtype=dt)
@@ -510,7 +511,7 @@ def test_torch_compile_fullgraph_matches_eager():
 
     def f(q, k, v, g, beta, h0):
         o, ht = fusedops.chunk_kda(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True)
-        o2, _ = fusedops.fused_recurrent_kda(q, k, v, g, beta, 0.3, h0)
+        o2, _ = fusedops.fused_recurrent_kda(q, k, v, g, beta, scale=0.3, initial_state=h0)
         return (o * o2).sum() + ht.square().sum()
 
     names = ("q", "k", "v", "g", "beta", "h0")
@@ -602,7 +603,7 @@ def test_compatibility_keywords():
     o2, h2 = fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], 0.3, d["h0"], True, cu_seqlens=cu,
                                 cu_seqlens_cpu=cu.clone(), disable_recompute=True)
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
-    with pytest.raises(ValueError, match="return_intermediate_states is not supported"):
+    with pytest.raises(NotImplementedError, match="return_intermediate_states is not supported"):
         fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], return_intermediate_states=True)
 
 
@@ -611,9 +612,10 @@ def test_state_v_first_is_a_transpose(device, recurrent):
     d = make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
     x = leaves(d, DIFF, device=device)
     fn = fusedops.fused_recurrent_kda if recurrent else fusedops.chunk_kda
-    o1, h1 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, x["h0"], True)
+    o1, h1 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, initial_state=x["h0"], output_final_state=True)
     h0t = x["h0"].detach().transpose(-1, -2).contiguous().requires_grad_()
-    o2, h2 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, h0t, True, state_v_first=True)
+    o2, h2 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, initial_state=h0t, output_final_state=True,
+                state_v_first=True)
     assert h2.shape == (1, 2, 8, 16)
     torch.testing.assert_close(o1, o2, rtol=0, atol=0)
     torch.testing.assert_close(h1, h2.transpose(-1, -2), rtol=0, atol=0)

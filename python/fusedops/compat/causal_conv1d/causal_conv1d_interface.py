@@ -27,22 +27,24 @@ def _check_activation(activation) -> None:
 
 
 def _segments(seq_idx: Tensor, B: int, T: int):
-    """cu_seqlens over the flattened ``[1, B*T]`` tokens for the runs of equal ``seq_idx``
-    within each batch row, and the index of each row's first run (host values)."""
+    """cu_seqlens (int32, on the host) over the flattened ``[1, B*T]`` tokens for the runs of
+    equal ``seq_idx`` within each batch row, and the index of each row's first run (a host
+    tensor). One copy of seq_idx to the host (the kernels' sequence tables are built there);
+    the runs are found with tensor operations."""
     if seq_idx.shape != (B, T):
         raise ValueError(f"fusedops.compat.causal_conv1d: seq_idx must have shape [B, T] = "
                          f"[{B}, {T}], got {list(seq_idx.shape)}")
-    rows = seq_idx.detach().cpu().tolist()
-    cu, firsts = [0], []
-    for b, row in enumerate(rows):
-        if any(s < 0 for s in row):
-            unsupported("causal_conv1d", "causal_conv1d_fn", "negative seq_idx (padding tokens)",
-                        "give padding tokens their own non-negative index and ignore their outputs")
-        firsts.append(len(cu) - 1)
-        for t in range(1, T):
-            if row[t] != row[t - 1]:
-                cu.append(b * T + t)
-        cu.append((b + 1) * T)
+    if T == 0:  # B empty sequences
+        return torch.zeros(B + 1, dtype=torch.int32), torch.arange(B)
+    s = seq_idx.detach().to("cpu", torch.int64)
+    if bool((s < 0).any()):
+        unsupported("causal_conv1d", "causal_conv1d_fn", "negative seq_idx (padding tokens)",
+                    "give padding tokens their own non-negative index and ignore their outputs")
+    starts = torch.ones(B, T, dtype=torch.bool)
+    starts[:, 1:] = s[:, 1:] != s[:, :-1]
+    starts = starts.reshape(-1)
+    cu = torch.cat([starts.nonzero().reshape(-1), torch.tensor([B * T])]).to(torch.int32)
+    firsts = starts.cumsum(0).reshape(B, T)[:, 0] - 1
     return cu, firsts
 
 
@@ -69,11 +71,11 @@ def causal_conv1d_fn(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         y, final = _conv(xt, weight, bias, None, h0, return_final_states, activation,
                          weight_layout="DW")
     else:
-        cu_list, firsts = _segments(seq_idx, B, T)
-        cu = torch.tensor(cu_list, dtype=torch.int32, device=x.device)
+        cu_host, firsts = _segments(seq_idx, B, T)
+        cu = cu_host.to(x.device)
         if h0 is not None:
-            states = h0.new_zeros(len(cu_list) - 1, D, weight.shape[1])
-            h0 = states.index_copy(0, torch.tensor(firsts, device=x.device), h0)
+            states = h0.new_zeros(cu_host.shape[0] - 1, D, weight.shape[1])
+            h0 = states.index_copy(0, firsts.to(x.device), h0)
         y, final = _conv(xt.reshape(1, B * T, D), weight, bias, None, h0, False, activation,
                          cu_seqlens=cu, weight_layout="DW")
         y = y.reshape(B, T, D)

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import contiguous_state, cp_plan, state_v_first_from
+from fusedops.compat._util import contiguous_state, cp_plan, fla_kwargs, state_v_first_from
 from fusedops.ops import gated_delta_rule as _gdn
 
 __all__ = ["chunk_gated_delta_rule", "chunk_gdn"]
@@ -31,30 +31,24 @@ def chunk_gated_delta_rule(
     cp_context=None,
     **kwargs,
 ):
-    """FLA 0.6.0's ``chunk_gated_delta_rule`` on :func:`fusedops.chunk_gated_delta_rule`.
-
-    Keyword-only extras read from ``**kwargs`` as FLA does: ``chunk_size`` (16/32/64, default
-    64), ``use_gate_in_kernel``, ``A_log``, ``dt_bias`` and the deprecated
-    ``transpose_state_layout``; ``head_first`` raises; other keywords are ignored, as in FLA.
-    ``chunk_indices`` is accepted and ignored (fusedops derives the chunks from cu_seqlens).
-    ``cp_context`` takes a plan of ``fusedops.distributed.context_parallel`` (the call then runs
-    context parallel on this rank's tokens). Returns ``(o, final_state)``.
+    """FLA 0.6.0's ``chunk_gated_delta_rule``: :func:`fusedops.chunk_gated_delta_rule` (the same
+    signature) with FLA's ``**kwargs`` handling: ``chunk_size``, ``use_gate_in_kernel``,
+    ``A_log`` and ``dt_bias`` are read from them, ``transpose_state_layout`` is the deprecated
+    ``state_v_first``, ``head_first`` raises, other keywords are ignored. ``cp_context`` takes a
+    plan of ``fusedops.distributed.context_parallel`` whose sequences replace cu_seqlens, as FLA's
+    context does. Returns ``(o, final_state)`` (a contiguous ``[N,HV,V,K]`` state with
+    ``state_v_first``).
     """
-    op = "chunk_gated_delta_rule"
-    plan = cp_plan("fla", op, cp_context)
+    plan = cp_plan("fla", "chunk_gated_delta_rule", cp_context)
     state_v_first = state_v_first_from(state_v_first, kwargs)
     if "head_first" in kwargs:
         raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
-    use_gate_in_kernel = kwargs.get("use_gate_in_kernel", False)
+    if plan is not None:
+        cu_seqlens = cu_seqlens_cpu = chunk_indices = None
     o, final_state = _gdn.chunk_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=None if plan is not None else cu_seqlens,
-        cu_seqlens_cpu=None if plan is not None else cu_seqlens_cpu,
-        chunk_size=kwargs.get("chunk_size", 64), use_gate_in_kernel=use_gate_in_kernel,
-        A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"),
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first, cp=plan)
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
+        chunk_indices, plan, **fla_kwargs(kwargs, "chunk_size", "use_gate_in_kernel", "A_log", "dt_bias"))
     return o, contiguous_state(final_state, state_v_first)
 
 

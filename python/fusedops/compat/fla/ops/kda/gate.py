@@ -23,22 +23,20 @@ def fused_kda_gate(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[
                    output_dtype: torch.dtype = torch.float32) -> Tensor:
     """``-exp(A_log) softplus(g + dt_bias)`` over ``g [..., H, K]`` (``lower_bound *
     sigmoid(exp(A_log) (g + dt_bias))`` with ``lower_bound``); differentiable."""
-    return _kda.fused_kda_gate(_as4d(g), A_log, dt_bias, lower_bound).reshape(g.shape).to(output_dtype)
+    return _kda.fused_kda_gate(_as4d(g), A_log, dt_bias, lower_bound, output_dtype).reshape(g.shape)
 
 
 def kda_gate_fwd(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                  lower_bound: Optional[float] = None,
                  output_dtype: torch.dtype = torch.float32) -> Tensor:
     """Launcher form of the gate forward."""
-    return _kda.kda_gate_fwd(_as4d(g), A_log, dt_bias, lower_bound).reshape(g.shape).to(output_dtype)
+    return _kda.kda_gate_fwd(_as4d(g), A_log, dt_bias, lower_bound, output_dtype).reshape(g.shape)
 
 
 def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                  dyg: Optional[Tensor] = None, lower_bound: Optional[float] = None):
     """``(dg, dA_log or None, ddt_bias or None)`` in the dtypes of g, A_log and dt_bias."""
-    if dyg is None:
-        raise ValueError("fusedops.compat.fla: kda_gate_bwd: dyg (the gradient of the gate) is required")
-    dg, dA, db = _kda.kda_gate_bwd(_as4d(g), A_log, dt_bias, _as4d(dyg), lower_bound)
+    dg, dA, db = _kda.kda_gate_bwd(_as4d(g), A_log, dt_bias, None if dyg is None else _as4d(dyg), lower_bound)
     return (dg.reshape(g.shape).to(g.dtype), None if dA is None else dA.to(A_log.dtype),
             None if db is None else db.to(dt_bias.dtype))
 
@@ -53,6 +51,6 @@ def kda_gate_chunk_cumsum(g: Tensor, A_log: Optional[Tensor], chunk_size: int, s
     if g.dim() != 4:
         raise ValueError(f"fusedops.compat.fla: kda_gate_chunk_cumsum: g must be [B, T, H, K], "
                          f"got {list(g.shape)}")
-    gate = _kda.kda_gate_fwd(g, A_log, dt_bias, lower_bound)
+    gate = _kda.kda_gate_fwd(g, A_log, dt_bias, lower_bound, None)
     return _gdn.chunk_local_cumsum(gate, chunk_size, scale=scale, cu_seqlens=cu_seqlens,
                                    output_dtype=output_dtype or g.dtype)

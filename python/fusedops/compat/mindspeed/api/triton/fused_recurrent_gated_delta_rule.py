@@ -24,6 +24,6 @@ def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Optiona
         unsupported("mindspeed_ops", "fused_recurrent_gated_delta_rule", "head_first=True",
                     "pass q, k, v as [B, T, H, D]")
     return _gdn.fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        q, k, v, g, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         cu_seqlens=cu_seqlens)
