@@ -8,13 +8,13 @@ sub-operators, the in-kernel beta sigmoid of the recurrent forms, chunk_indices 
 
 from __future__ import annotations
 
+import fusedops
 import pytest
 import torch
 import torch.nn.functional as F
-
-import fusedops
 from fusedops.ops import gated_delta_rule as gdn
 from fusedops.ops import kda
+
 from tests.common.linear_attention import check, recurrence
 from tests.python.compat.compat_common import bitwise, delta_rule_chunked, la_inputs
 
