@@ -62,21 +62,6 @@ def contiguous_state(state: Optional[Tensor], state_v_first: bool) -> Optional[T
     return state.contiguous() if state is not None and state_v_first else state
 
 
-def state_to_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
-    """A state (or stack of states) in FLA's layout, as fusedops' sub-operators take it
-    ([..., K, V]); ``state_v_first`` states are [..., V, K]."""
-    if h is None or not state_v_first:
-        return h
-    return h.transpose(-1, -2).contiguous()
-
-
-def state_from_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
-    """A [..., K, V] state back in the caller's layout."""
-    if h is None or not state_v_first:
-        return h
-    return h.transpose(-1, -2).contiguous()
-
-
 def process_group_kwargs(lib: str, op: str, native, process_group) -> dict:
     """``{"process_group": group}`` when a group is given and the native function takes one
     (vocab parallelism); a clear error when it does not."""
