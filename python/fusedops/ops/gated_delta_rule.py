@@ -153,7 +153,8 @@ def chunk_gated_delta_rule(
     if use_gate_in_kernel and A_log is None:
         raise ValueError("fusedops: chunk_gated_delta_rule: use_gate_in_kernel requires A_log")
     la.check_packed(_OP, q, cu_seqlens)
-    la.chunk_tables(_OP, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, q.shape[1])
+    if chunk_indices is not None:  # FLA's precomputed table: checked, the op reads the kept one
+        la.chunk_tables(_OP, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, q.shape[1])
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if keep_intermediates is None:
