@@ -341,6 +341,18 @@ def kda_gate_bwd(g: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Te
 # Sub-operators: plain functions, not differentiable.
 
 
+def _per_value_head(op: str, q: Tensor, k: Tensor, HV: int) -> tuple[Tensor, Tensor]:
+    """q, k ``[B,T,H,K]`` repeated over each group of value heads, ``[B,T,HV,K]``: the backward
+    sub-operators then give dq, dk per value head (flash-linear-attention's layout) instead of
+    summing each group."""
+    H = q.shape[2]
+    if H == HV:
+        return q, k
+    if H == 0 or HV % H:
+        la.fail(op, f"the {HV} value heads are not a multiple of the {H} q/k heads")
+    return q.repeat_interleave(HV // H, 2), k.repeat_interleave(HV // H, 2)
+
+
 def _ci(op, cu_seqlens, chunk_indices, chunk_size, T):
     return la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, T)[0]
 
@@ -437,13 +449,15 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
                                 chunk_indices: Optional[Tensor] = None, chunk_offsets: Optional[Tensor] = None,
                                 use_graph: bool = False):
     """``(dq, dk, dv, dbeta, dg, dA)`` of block K3 (g = the chunk-local cumsum, A = Akk, dv =
-    the total gradient of v_new; h, dh ``[..., V, K]`` with ``state_v_first``); dq, dk summed over
-    value-head groups (flash-linear-attention keeps them per value head); all fp32 except dv."""
+    the total gradient of v_new; h, dh ``[..., V, K]`` with ``state_v_first``); dq, dk per value
+    head ``[B,T,HV,K]`` as flash-linear-attention returns them (with GVA the caller sums each
+    group of value heads); all fp32 except dv."""
     op = "chunk_kda_bwd_wy_dqkg_fused"
     ci, co = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
     la.check_offsets(op, chunk_offsets, co)
     acc = la.acc_dtype(q)
     B, T, HV = v.shape[:3]
+    q, k = _per_value_head(op, q, k, HV)
     dq = torch.empty(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=acc, device=q.device)
     dvo = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -463,9 +477,16 @@ def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Ten
                         chunk_indices: Optional[Tensor] = None, chunk_size: int = 64, safe_gate: bool = False,
                         lower_bound: Optional[float] = None, use_graph: bool = False):
     """Adds the gradients through Aqk and L (block K4) to the partial ``dq, dk, db, dg``; returns
-    new ``(dq, dk, db, dg)`` (inputs untouched). ``lower_bound`` (flash-linear-attention's
-    exponent shift) and ``use_graph`` are accepted and ignored."""
+    new ``(dq, dk, db, dg)`` (inputs untouched). dq, dk are per value head ``[B,T,HV,K]``, in and
+    out, as flash-linear-attention keeps them (:func:`chunk_kda_bwd_wy_dqkg_fused`'s). ``lower_bound``
+    (flash-linear-attention's exponent shift) and ``use_graph`` are accepted and ignored."""
     op = "chunk_kda_bwd_intra"
+    HV = g.shape[2]
+    q, k = _per_value_head(op, q, k, HV)
+    for name, t in (("dq", dq), ("dk", dk)):
+        if tuple(t.shape) != tuple(q.shape):
+            la.fail(op, f"{name} must be per value head, [B,T,HV,K]={list(q.shape)} (as chunk_kda_bwd_wy_dqkg_fused "
+                        f"returns it), got {list(t.shape)}")
     ci = _ci(op, cu_seqlens, chunk_indices, chunk_size, q.shape[1])
     outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (dq, dk, db, dg)]
     tensors = [la.last_unit(x) for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg)] + outs + [cu_seqlens, ci]

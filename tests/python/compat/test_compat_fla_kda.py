@@ -146,17 +146,21 @@ def _fla_chunk_kda(q, k, v, g, beta, scale, h0, do, dht, cu, state_v_first):
     dq, dk, db, dg = chunk_kda_bwd_intra(q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk,
                                          db=db, dg=dg, **common)
     dg = chunk_local_cumsum(dg, reverse=True, output_dtype=None, **common)
+    H, HV = q.shape[2], v.shape[2]
+    if HV > H:  # FLA's chunk_kda_bwd: dq, dk come per value head and are summed over each group
+        dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)
+        dk = dk.view(*dk.shape[:2], H, HV // H, dk.shape[-1]).sum(dim=3)
     return ht, dq, dk, dv, dg, db, dh0
 
 
-@pytest.mark.parametrize("varlen,state_v_first", [(False, False), (True, True)])
-def test_flas_chunk_kda_pipeline_on_the_mirrored_sub_operators(varlen, state_v_first):
+@pytest.mark.parametrize("varlen,state_v_first,H", [(False, False, 2), (True, True, 2), (True, False, 1)])
+def test_flas_chunk_kda_pipeline_on_the_mirrored_sub_operators(varlen, state_v_first, H):
     """The final state and every gradient of FLA's composition of the sub-operators are KDA's,
     in float64 on the reference backend (the states are float32 by the sub-operators'
     contracts, as in FLA)."""
     B, T = (1, 70) if varlen else (2, 70)
     cu = CU if varlen else None
-    q, k, v, g, beta, h0 = la_inputs(B, T, 2, 2, 16, 16, torch.float64, 36, kda=True, n_states=2)
+    q, k, v, g, beta, h0 = la_inputs(B, T, H, 2, 16, 16, torch.float64, 36, kda=True, n_states=2)
     do, dht = torch.randn(B, T, 2, 16, dtype=torch.float64), torch.randn(2, 2, 16, 16)
     tr = (lambda t: t.transpose(-1, -2).contiguous()) if state_v_first else (lambda t: t)
     with fusedops.use_backend("ref"):
@@ -188,15 +192,18 @@ def test_fwd_intra_returns_flas_six_tensors():
         chunk_kda_fwd_intra(q, k, v, gc, beta, chunk_size=16)
 
 
-def test_backward_sub_operators_reject_gva():
+def test_backward_sub_operators_keep_dq_dk_per_value_head_with_gva():
+    """FLA allocates dq, dk at the HV dimension (the caller sums each group): so do they."""
     q, k, v, g, beta, _ = la_inputs(1, 8, 1, 2, 16, 16, torch.float32, 38, kda=True)
     z = torch.zeros(1, 8, 2, 64)
-    with pytest.raises(NotImplementedError, match=r"GVA \(HV = 2 value heads over H = 1"):
-        chunk_kda_bwd_intra(q, k, g, beta, z, z, torch.zeros(1, 8, 2, 16), torch.zeros(1, 8, 2, 16),
-                            torch.zeros(1, 8, 2), torch.zeros_like(g))
     h = torch.zeros(1, 1, 2, 16, 16)
-    with pytest.raises(NotImplementedError, match="GVA"):
-        chunk_kda_bwd_wy_dqkg_fused(q, k, v, v, g, beta, z, h, v, h, v)
+    dq, dk, *_ = chunk_kda_bwd_wy_dqkg_fused(q, k, v, v, g, beta, z, h, v, h, v)
+    assert dq.shape == dk.shape == (1, 8, 2, 16)
+    dq, dk, db, dg = chunk_kda_bwd_intra(q, k, g, beta, z, z, dq, dk, torch.zeros(1, 8, 2), torch.zeros_like(g))
+    assert dq.shape == dk.shape == (1, 8, 2, 16)
+    with pytest.raises(ValueError, match=r"dq must be per value head, \[B,T,HV,K\]=\[1, 8, 2, 16\]"):
+        chunk_kda_bwd_intra(q, k, g, beta, z, z, torch.zeros(1, 8, 1, 16), torch.zeros(1, 8, 1, 16),
+                            torch.zeros(1, 8, 2), torch.zeros_like(g))
 
 
 def test_gate_call_forms():

@@ -426,8 +426,19 @@ def test_sub_operators_compose_to_chunk_kda(device):
                                                                scale, False, cut, BT)
     dq, dk, db, dg = kda.chunk_kda_bwd_intra(q, k, gc, beta, dAqk, dAkk, dq, dk, db, dg, cut, None, BT)
     dg = kda.chunk_local_cumsum(dg, BT, reverse=True, cu_seqlens=cut)
-    for n, t in (("q", dq), ("k", dk), ("v", dv), ("beta", db), ("g", dg), ("h0", dh0)):
+    for n, t in (("v", dv), ("beta", db), ("g", dg), ("h0", dh0)):
         torch.testing.assert_close(t, ours[2][n], rtol=0, atol=0, msg=n)
+    # dq, dk per value head (FLA's layout): their sums over each group are chunk_kda's (the
+    # kernel's group sum runs in another order: equal to fp32 rounding)
+    assert dq.shape == (B, T, HV, K) and dk.shape == (B, T, HV, K)
+    for n, t in (("q", dq), ("k", dk)):
+        torch.testing.assert_close(t.unflatten(2, (H, HV // H)).sum(3), ours[2][n], rtol=1e-5, atol=1e-6, msg=n)
+    # ... and each value head's is the gradient w.r.t. that head's copy of q, k (chunk_kda on q, k
+    # repeated over the value heads: no GVA)
+    rep = dict(d, q=d["q"].repeat_interleave(HV // H, 2), k=d["k"].repeat_interleave(HV // H, 2))
+    per_head = run_ours(rep, scale, cu, {}, BT, device)
+    for n, t in (("q", dq), ("k", dk)):
+        torch.testing.assert_close(t, per_head[2][n], rtol=0, atol=0, msg=n)
 
 
 def test_sub_fwd_intra_matches_float64(device):

@@ -6,17 +6,10 @@ from typing import Optional
 
 from torch import Tensor
 
-from fusedops.compat._util import log2_to_natural, unsupported
+from fusedops.compat._util import log2_to_natural
 from fusedops.ops import kda as _kda
 
 __all__ = ["chunk_kda_fwd_intra", "chunk_kda_bwd_intra"]
-
-
-def _no_gva(op: str, q: Tensor, v_like: Tensor) -> None:
-    if v_like.shape[2] != q.shape[2]:
-        unsupported("fla", op, f"GVA (HV = {v_like.shape[2]} value heads over H = {q.shape[2]} "
-                    "q/k heads)", "FLA keeps dq, dk per value head here and fusedops' sub-operators "
-                    "sum them over each group; use chunk_kda, whose backward handles GVA")
 
 
 def chunk_kda_fwd_intra(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None,
@@ -36,8 +29,7 @@ def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Ten
                         cu_seqlens: Optional[Tensor] = None, chunk_indices: Optional[Tensor] = None,
                         chunk_size: int = 64, safe_gate: bool = False,
                         lower_bound: Optional[float] = None, use_graph: bool = False):
-    """The native sub-operator (the same signature) with ``g`` in FLA's log2 units; without GVA
-    only (see the error)."""
-    _no_gva("chunk_kda_bwd_intra", q, g)
+    """The native sub-operator (the same signature; dq, dk per value head) with ``g`` in FLA's
+    log2 units."""
     return _kda.chunk_kda_bwd_intra(q, k, log2_to_natural(g), beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens,
                                     chunk_indices, chunk_size, safe_gate, lower_bound, use_graph)
