@@ -224,8 +224,9 @@ def fused_recurrent_kda(
 ):
     """KDA token by token (decoding; flash-linear-attention 0.6.0's ``fused_recurrent_kda``, its
     positional order: ``A_log`` and ``dt_bias`` 6th and 7th): same recurrence, layout and options
-    as :func:`chunk_kda` (g and beta may be None: no decay / beta = 1; ``allow_neg_eigval`` doubles
-    the in-kernel sigmoid of beta). Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
+    as :func:`chunk_kda` (g and beta may be None: no decay / beta = 1, the logits 1 with
+    ``use_beta_sigmoid_in_kernel``; ``allow_neg_eigval`` doubles the in-kernel sigmoid of beta).
+    Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
     recomputes the states from checkpoints every 64 tokens."""
     op = "fused_recurrent_kda"
     la.reject_kwargs(op, kwargs)
