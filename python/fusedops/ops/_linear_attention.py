@@ -213,6 +213,32 @@ def state_layout(op: str, state_v_first: bool, transpose_state_layout: Optional[
     return bool(state_v_first)
 
 
+_ORDER = ("flash-linear-attention 0.6.0's positional order, fusedops' since 0.1.0; pass the arguments after "
+          "beta by keyword")
+
+
+def check_slots(op: str, tensors: Optional[dict] = None, flags: Optional[dict] = None,
+                numbers: Optional[dict] = None, output_dtype=None) -> None:
+    """The type of each argument in a slot that moved with the switch to flash-linear-attention's
+    positional order, so that a call in fusedops' former order fails with a TypeError naming the
+    order instead of running with its arguments in other roles: ``tensors`` a tensor or None,
+    ``flags`` a bool (0/1), ``numbers`` a number (not a bool) or None, ``output_dtype`` a
+    torch.dtype or None."""
+    for name, t in (tensors or {}).items():
+        if t is not None and not isinstance(t, Tensor):
+            fail(op, f"{name} must be a tensor or None, got {type(t).__name__} ({_ORDER})", TypeError)
+    for name, f in (flags or {}).items():
+        if not (isinstance(f, bool) or (type(f) is int and f in (0, 1))):
+            fail(op, f"{name} must be a bool, got {type(f).__name__} ({_ORDER})", TypeError)
+    for name, x in (numbers or {}).items():
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                              and not (isinstance(x, Tensor) and x.numel() == 1)):
+            fail(op, f"{name} must be a number or None, got {type(x).__name__} ({_ORDER})", TypeError)
+    if output_dtype is not None and not isinstance(output_dtype, torch.dtype):
+        fail(op, f"output_dtype must be a torch.dtype or None, got {type(output_dtype).__name__} ({_ORDER})",
+             TypeError)
+
+
 def check_rank4(op: str, q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -513,10 +539,7 @@ def chunk_tables(op: str, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional
     A caller's ``chunk_indices`` (flash-linear-attention's precomputed table) is accepted when it
     matches cu_seqlens at this chunk size ([NT, 2], NT the chunk count) and is otherwise an error;
     the kernels read the kept table, built from the checked host values of cu_seqlens."""
-    if chunk_indices is not None and not isinstance(chunk_indices, Tensor):
-        fail(op, f"chunk_indices must be a tensor (prepare_chunk_indices(cu_seqlens, chunk_size)) or None, got "
-                 f"{type(chunk_indices).__name__} {chunk_indices!r} (flash-linear-attention 0.6.0's positional "
-                 "order: pass output_dtype and the later options by keyword)", TypeError)
+    check_slots(op, dict(chunk_indices=chunk_indices))
     if cu_seqlens is None:
         if chunk_indices is not None:
             fail(op, "chunk_indices describes the chunks of packed sequences; pass it with cu_seqlens")
@@ -547,6 +570,8 @@ def chunk_local_cumsum(g: Tensor, chunk_size: int, reverse: bool = False, scale:
     ``use_graph`` is accepted and ignored, ``head_first`` raises."""
     op = "chunk_local_cumsum"
     reject_kwargs(op, kwargs)
+    check_slots(op, dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices), dict(reverse=reverse),
+                dict(scale=scale), output_dtype)
     if g.dim() not in (3, 4):
         raise ValueError(f"fusedops: chunk_local_cumsum: g must have rank 3 ([B,T,H], scalar gate) or 4 "
                          f"([B,T,H,S], vector gate), got rank {g.dim()}")
@@ -570,6 +595,9 @@ def chunk_gated_delta_rule_fwd_h(k: Tensor, w: Tensor, u: Tensor, g: Optional[Te
     (g / gk chunk-local cumsums in natural-log units; every state ``[..., V, K]`` with
     ``state_v_first``). ``chunk_indices`` and ``chunk_offsets`` are checked against cu_seqlens."""
     op = "chunk_gated_delta_rule_fwd_h"
+    check_slots(op, dict(g=g, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets),
+                dict(output_final_state=output_final_state, save_new_value=save_new_value, state_v_first=state_v_first))
     B, T = k.shape[:2]
     HV, K, V = u.shape[2], k.shape[3], u.shape[3]
     _, co = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, T)
@@ -596,6 +624,8 @@ def chunk_gated_delta_rule_bwd_dhu(q: Tensor, k: Tensor, w: Tensor, do: Tensor, 
     """Reverse state-gradient recurrence: ``(dh [B,NT,HV,K,V], dh0 or None, dv2)``; dh0 is
     produced when ``h0`` is given (states ``[..., V, K]`` with ``state_v_first``)."""
     op = "chunk_gated_delta_rule_bwd_dhu"
+    check_slots(op, dict(g=g, gk=gk, h0=h0, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                         chunk_offsets=chunk_offsets), dict(state_v_first=state_v_first), dict(scale=scale))
     B, T = q.shape[:2]
     HV, K, V = do.shape[2], q.shape[3], do.shape[3]
     _, co = chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, T)

@@ -141,6 +141,11 @@ def chunk_gated_delta_rule(
     global sequence.
     """
     la.reject_kwargs(_OP, kwargs)
+    la.check_slots(_OP, dict(initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                             chunk_indices=chunk_indices, A_log=A_log, dt_bias=dt_bias),
+                   dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                        state_v_first=state_v_first), dict(scale=scale))
     state_v_first = la.state_layout(_OP, state_v_first, transpose_state_layout)
     la.check_rank4(_OP, q, k, v)
     if q.shape[2] != k.shape[2]:
@@ -232,12 +237,20 @@ def fused_recurrent_gated_delta_rule(
     final_state or None)``; differentiable in every tensor input (flash-linear-attention's is
     forward only). The backward recomputes the states from checkpoints every 64 tokens."""
     la.reject_kwargs(_OP_REC, kwargs)
+    la.check_slots(_OP_REC, dict(g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
+                                 dt_bias=dt_bias, cu_seqlens=cu_seqlens),
+                   dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first), dict(scale=scale))
     state_v_first = la.state_layout(_OP_REC, state_v_first, transpose_state_layout)
     la.check_rank4(_OP_REC, q, k, v)
     la.check_packed(_OP_REC, q, cu_seqlens)
     if gv is not None:
         la.fail(_OP_REC, "gv (a per-value decay) is not supported; pass the per-head decay g [B,T,HV] or the "
                          "per-key decay gk [B,T,HV,K]", NotImplementedError)
+    if gk is not None and gk.dim() != 4:
+        la.fail(_OP_REC, f"gk (the per-key decay) must have shape [B,T,HV,K], got {list(gk.shape)}; beta is the 7th "
+                         "positional (flash-linear-attention 0.6.0's order q, k, v, g, gk, gv, beta): pass beta=")
     if gk is not None and g is not None:
         la.fail(_OP_REC, "g together with gk is not supported; pass one decay, g [B,T,HV] or gk [B,T,HV,K] "
                          "(e.g. gk + g[..., None])", NotImplementedError)
@@ -345,6 +358,7 @@ def gdn_gate_bwd(g: Tensor, A_log: Tensor, dt_bias: Optional[Tensor], dyg: Tenso
 def out_dtype(y: Tensor, output_dtype: Optional[torch.dtype]) -> Tensor:
     """A gate computed in fp32 (fp64 for fp64 inputs) in the caller's ``output_dtype`` (None keeps
     the compute dtype, as the recurrences that take the gate do)."""
+    la.check_slots("gate", output_dtype=output_dtype)
     return y if output_dtype is None or y.dtype == output_dtype else y.to(output_dtype)
 
 
@@ -371,6 +385,7 @@ def solve_tril(A: Tensor, cu_seqlens: Optional[Tensor] = None, chunk_indices: Op
                output_dtype: Optional[torch.dtype] = torch.float) -> Tensor:
     """``(I + A)^{-1}`` per chunk of a strictly lower ``[B,T,H,BT]`` A (BT in 16/32/64), in
     ``output_dtype`` (None: A's dtype)."""
+    la.check_slots("solve_tril", dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices), output_dtype=output_dtype)
     if A.dim() != 4:
         raise ValueError(f"fusedops: solve_tril: A must have shape [B,T,H,BT], got {list(A.shape)}")
     if A.shape[-1] not in (16, 32, 64):
@@ -441,6 +456,8 @@ def chunk_fwd_o(q: Tensor, k: Tensor, v: Tensor, h: Tensor, g: Optional[Tensor] 
     chunk-local cumsum in natural-log units, or the fixed decay ``g_gamma``; h ``[..., V, K]`` with
     ``state_v_first``)."""
     op = "chunk_fwd_o"
+    la.check_slots(op, dict(g=g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices),
+                   dict(state_v_first=state_v_first), dict(scale=scale))
     ci, _ = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
     g = _gate(op, g, g_gamma, v, chunk_size, cu_seqlens)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -457,6 +474,8 @@ def chunk_bwd_dv_local(q: Tensor, k: Tensor, do: Tensor, g: Optional[Tensor] = N
     """``dv = scale (M>= . Gamma . Q K^T)^T dO`` per chunk. A precomputed attention matrix ``A``
     is not supported (pass q, k and the gate)."""
     op = "chunk_bwd_dv_local"
+    la.check_slots(op, dict(g=g, g_gamma=g_gamma, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices),
+                   numbers=dict(scale=scale))
     if A is not None:
         la.fail(op, "a precomputed attention matrix A is not supported; pass q, k and the gate (g or g_gamma) "
                     "with A=None", NotImplementedError)
@@ -477,6 +496,8 @@ def chunk_bwd_dqkwg(q: Tensor, k: Tensor, v: Tensor, do: Tensor, h: Tensor, dh: 
     the partial gradient w.r.t. the chunk-local cumsum, None with ``g_gamma`` as in
     flash-linear-attention). ``dv`` (the total gradient of v_new) is required with ``w``."""
     op = "chunk_bwd_dqkwg"
+    la.check_slots(op, dict(w=w, g=g, g_gamma=g_gamma, dv=dv, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices),
+                   dict(state_v_first=state_v_first), dict(scale=scale))
     if w is not None and dv is None:
         la.fail(op, "dv (the total gradient of v_new) is required with w")
     ci, _ = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])

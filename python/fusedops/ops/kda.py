@@ -137,6 +137,13 @@ def chunk_kda(
     """
     op = "chunk_kda"
     la.reject_kwargs(op, kwargs)
+    la.check_slots(op, dict(initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                            A_log=A_log, dt_bias=dt_bias),
+                   dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, disable_recompute=disable_recompute,
+                        return_intermediate_states=return_intermediate_states, state_v_first=state_v_first,
+                        use_graph=use_graph), dict(scale=scale, lower_bound=lower_bound, max_num_seqs=max_num_seqs))
     if return_intermediate_states:
         la.fail(op, "return_intermediate_states is not supported; run chunk_kda_fwd_h on the outputs of the "
                     "sub-operators (chunk_kda_fwd_intra, kda_recompute_w_u_fwd) for the per-chunk states",
@@ -230,6 +237,12 @@ def fused_recurrent_kda(
     recomputes the states from checkpoints every 64 tokens."""
     op = "fused_recurrent_kda"
     la.reject_kwargs(op, kwargs)
+    la.check_slots(op, dict(g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens),
+                   dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first),
+                   dict(scale=scale, lower_bound=lower_bound))
     state_v_first = la.state_layout(op, state_v_first, transpose_state_layout)
     initial_state = la.state_in(initial_state, state_v_first)
     la.check_rank4(op, q, k, v)
@@ -388,6 +401,9 @@ def chunk_kda_fwd_intra(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     k's dtype, ``qg`` only with ``disable_recompute`` (None otherwise). ``gk`` is the chunk-local
     cumsum in natural-log units. ``lower_bound`` (it only moves flash-linear-attention's internal
     exponent shift) and ``use_graph`` are accepted and ignored."""
+    la.check_slots("chunk_kda_fwd_intra", dict(gk=gk, beta=beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices),
+                   dict(safe_gate=safe_gate, disable_recompute=disable_recompute),
+                   dict(scale=scale, lower_bound=lower_bound))
     if gk is None or beta is None:
         la.fail("chunk_kda_fwd_intra", "gk (the chunk-local gate cumsum) and beta are required")
     if chunk_size not in (32, 64):
@@ -431,6 +447,7 @@ def chunk_kda_bwd_dAv(q: Tensor, k: Tensor, v: Tensor, do: Tensor, A: Optional[T
     """``(dAqk fp32, dv)``: ``dAqk = scale M>= . (dO v^T)``, ``dv = (M>= . A)^T dO`` with ``A`` the
     forward's Aqk (required; q and k give K for the default ``scale = K**-0.5``)."""
     op = "chunk_kda_bwd_dAv"
+    la.check_slots(op, dict(A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices), numbers=dict(scale=scale))
     if A is None:
         la.fail(op, "A (the forward's Aqk [B,T,HV,BT]) is required")
     if A.shape[-1] != chunk_size:
@@ -454,6 +471,8 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
     head ``[B,T,HV,K]`` as flash-linear-attention returns them (with GVA the caller sums each
     group of value heads); all fp32 except dv."""
     op = "chunk_kda_bwd_wy_dqkg_fused"
+    la.check_slots(op, dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets),
+                   dict(state_v_first=state_v_first), dict(scale=scale))
     ci, co = la.chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, q.shape[1])
     la.check_offsets(op, chunk_offsets, co)
     acc = la.acc_dtype(q)
@@ -482,6 +501,8 @@ def chunk_kda_bwd_intra(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, dAqk: Ten
     out, as flash-linear-attention keeps them (:func:`chunk_kda_bwd_wy_dqkg_fused`'s). ``lower_bound``
     (flash-linear-attention's exponent shift) and ``use_graph`` are accepted and ignored."""
     op = "chunk_kda_bwd_intra"
+    la.check_slots(op, dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices), dict(safe_gate=safe_gate),
+                   dict(lower_bound=lower_bound))
     HV = g.shape[2]
     q, k = _per_value_head(op, q, k, HV)
     for name, t in (("dq", dq), ("dk", dk)):

@@ -181,8 +181,6 @@ def test_chunk_indices_are_checked_against_cu_seqlens():
         fusedops.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=CU, chunk_indices=gdn.prepare_chunk_indices(CU, 16))
     with pytest.raises(ValueError, match="pass it with cu_seqlens"):
         gdn.chunk_local_cumsum(g, 64, chunk_indices=ok)
-    with pytest.raises(TypeError, match="chunk_indices must be a tensor .*positional order"):
-        gdn.solve_tril(torch.zeros(1, T, HV, 64), CU, torch.bfloat16)  # fusedops' former order
     with pytest.raises(ValueError, match=r"chunk_offsets must be the \[N\+1\]"):
         gdn.chunk_gated_delta_rule_fwd_h(k, k.repeat_interleave(2, 2), v, g, cu_seqlens=CU,
                                          chunk_offsets=torch.zeros(2, dtype=torch.int64))
@@ -200,3 +198,29 @@ def test_gdn_gate_output_dtype(fn):
     assert fn(a.double(), A_log.double(), dt_bias.double(), None).dtype == torch.float64
     x = torch.randn(B, T, HV, K, generator=gen)
     assert kda.fused_kda_gate(x, A_log, None, None, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_calls_in_the_former_positional_order_fail_clearly():
+    """A call written for fusedops' order before FLA's (arguments after beta by position) raises a
+    TypeError / ValueError naming the order instead of running with arguments in other roles."""
+    q, k, v, g, beta, h0 = la_inputs(B, T, H, HV, K, V, torch.float32, 51, n_states=3)
+    gk = la_inputs(B, T, H, HV, K, V, torch.float32, 52, kda=True)[3]
+    order = "positional order"
+    with pytest.raises(TypeError, match=f"use_beta_sigmoid_in_kernel must be a bool, got Tensor .*{order}"):
+        fusedops.chunk_gated_delta_rule(q, k, v, g, beta, None, h0, True, False, CU)  # was: 10th cu_seqlens
+    with pytest.raises(ValueError, match="gk .*must have shape \\[B,T,HV,K\\].*beta is the 7th positional"):
+        fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta)  # was: 5th beta
+    with pytest.raises(TypeError, match=f"A_log must be a tensor or None, got float .*{order}"):
+        fusedops.fused_recurrent_kda(q, k, v, gk, beta, 0.7, h0, True)  # was: 6th scale
+    with pytest.raises(TypeError, match=f"use_beta_sigmoid_in_kernel must be a bool, got Tensor .*{order}"):
+        fusedops.chunk_kda(q, k, v, gk, beta, None, None, False, False, True, torch.zeros(HV))  # was: 11th A_log
+    with pytest.raises(TypeError, match=f"output_dtype must be a torch.dtype or None, got bool .*{order}"):
+        gdn.chunk_local_cumsum(g, 64, False, None, None, False)  # was: 6th head_first
+    with pytest.raises(TypeError, match=f"chunk_indices must be a tensor or None, got dtype .*{order}"):
+        gdn.solve_tril(torch.zeros(1, T, HV, 64), CU, torch.bfloat16)  # was: 3rd output_dtype
+    with pytest.raises(TypeError, match=f"g_gamma must be a tensor or None, got float .*{order}"):
+        gdn.chunk_fwd_o(q, k, v, torch.zeros(1, 2, HV, K, V), g, 0.3, CU)  # was: 6th scale
+    with pytest.raises(TypeError, match=f"state_v_first must be a bool, got Tensor .*{order}"):
+        gdn.chunk_gated_delta_rule_fwd_h(k, k, v, g, None, None, False, 64, True, CU)  # was: 10th cu_seqlens
+    with pytest.raises(TypeError, match=f"scale must be a number or None, got bool .*{order}"):
+        fusedops.fused_recurrent_kda(q, k, v, gk, beta, None, None, True)
