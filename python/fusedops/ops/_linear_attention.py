@@ -222,13 +222,13 @@ def check_slots(op: str, tensors: Optional[dict] = None, flags: Optional[dict] =
     """The type of each argument in a slot that moved with the switch to flash-linear-attention's
     positional order, so that a call in fusedops' former order fails with a TypeError naming the
     order instead of running with its arguments in other roles: ``tensors`` a tensor or None,
-    ``flags`` a bool (0/1), ``numbers`` a number (not a bool) or None, ``output_dtype`` a
-    torch.dtype or None."""
+    ``flags`` a truth value (not a tensor, dtype, string, float or int other than 0/1),
+    ``numbers`` a number (not a bool) or None, ``output_dtype`` a torch.dtype or None."""
     for name, t in (tensors or {}).items():
         if t is not None and not isinstance(t, Tensor):
             fail(op, f"{name} must be a tensor or None, got {type(t).__name__} ({_ORDER})", TypeError)
-    for name, f in (flags or {}).items():
-        if not (isinstance(f, bool) or (type(f) is int and f in (0, 1))):
+    for name, f in (flags or {}).items():  # truth values (None, numpy bools, 0/1 pass), not data
+        if isinstance(f, (Tensor, torch.dtype, str, float)) or (type(f) is int and f not in (0, 1)):
             fail(op, f"{name} must be a bool, got {type(f).__name__} ({_ORDER})", TypeError)
     for name, x in (numbers or {}).items():
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
