@@ -507,7 +507,7 @@ bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGate
   if ((a.h.defined() && !state16_ok(a.h, dt)) || (a.v_new.defined() && !tok16_ok(a.v_new, dt))) return false;
   if (!ends_ok(a.h0, a.ht)) return false;
   const int64_t B = a.k.size(0), T = a.k.size(1);
-  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  const Layout L = sm80::with_snapshots(sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt), a.h);
   const bool fused = env_switch("FUSEDOPS_GDN_WG_WU") != 0 && wu.A.defined() && wu.A.size(3) == kBT &&
                      tok16_ok(wu.A, dt) && tok16_ok(wu.v, dt) && wu.beta.defined() &&
                      wu.k.data() == a.k.data() && wu.w.data() == a.w.data() &&
@@ -549,7 +549,7 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   if ((a.dh.defined() && !state16_ok(a.dh, dt)) || (a.dv2.defined() && !tok16_ok(a.dv2, dt))) return false;
   if (!ends_ok(a.dht, a.dh0)) return false;
   const int64_t B = a.k.size(0), T = a.k.size(1);
-  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  const Layout L = sm80::with_snapshots(sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt), a.dh);
   launch<true>(ctx, "chunk_gated_delta_rule_bwd_dhu", dt, N, a.dout.size(2), a.k.size(2), L, sm80::tok_of(a.k),
                sm80::tok_of(a.q), sm80::tok_of(a.w), sm80::tok_of(a.dout), sm80::tok_of(a.g),
                sm80::mat_of(a.dht), sm80::mat_of(a.dh), sm80::tok_of(a.dv2), sm80::mat_of(a.dh0),

@@ -745,7 +745,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
   const int64_t HV = a.u.size(2), V = a.u.size(3);
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  const Layout L = with_snapshots(layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return;
   if (fwd_h_mma_ok(ctx, a)) {
@@ -1136,7 +1136,7 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return true;
-  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  const Layout L = with_snapshots(layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
   // o leaves through shared memory by 16-byte row stores when it is 16-bit in q's dtype.
   const bool o_staged = mma16::staged_out_ok(o, o, a.k.dtype());
   auto run = [&](auto kernel, size_t smem) {

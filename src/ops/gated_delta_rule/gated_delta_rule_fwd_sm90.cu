@@ -325,7 +325,7 @@ bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const C
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0) return true;
-  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype());
+  const Layout L = sm80::with_snapshots(sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
   const bool o_staged = sm80::mma16::staged_out_ok(b.o, b.o, a.k.dtype());
   auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_wg_kernel<true, false> : fwd_ho_wg_kernel<false, false>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
@@ -359,7 +359,7 @@ bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, con
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
   if (N * HV == 0) return true;
-  const Layout L = sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt);
+  const Layout L = sm80::with_snapshots(sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt), a.h);
   const bool o_staged = staged_out_ok(o, o, dt);
   auto kernel = dt == DType::kBFloat16 ? fwd_ho_wg_kernel<true, true> : fwd_ho_wg_kernel<false, true>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);

@@ -205,11 +205,13 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a, StateF
 
 void chunk_gated_delta_rule_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   check_fwd(ctx, a);
+  const la::NestedCalls nested;  // cu_seqlens was checked (or its device check launched) once
   dispatch("chunk_gated_delta_rule", Direction::kForward, ctx, a.q.dtype(), a);
 }
 
 void chunk_gated_delta_rule_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   check_bwd(ctx, a);
+  const la::NestedCalls nested;  // cu_seqlens was checked (or its device check launched) once
   dispatch("chunk_gated_delta_rule", Direction::kBackward, ctx, a.q.dtype(), a);
 }
 

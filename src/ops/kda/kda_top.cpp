@@ -224,11 +224,13 @@ void compose_bwd(const Context& ctx, const ChunkKdaBwdArgs& a, FusedIntraCumsumB
 
 void chunk_kda_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   check_fwd(ctx, a);
+  const la::NestedCalls nested;  // cu_seqlens was checked (or its device check launched) once
   dispatch("chunk_kda", Direction::kForward, ctx, a.q.dtype(), a);
 }
 
 void chunk_kda_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
   check_bwd(ctx, a);
+  const la::NestedCalls nested;  // cu_seqlens was checked (or its device check launched) once
   dispatch("chunk_kda", Direction::kBackward, ctx, a.q.dtype(), a);
 }
 

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 
+#include "fusedops/core/device_errors.h"
 #include "fusedops/ops/linear_attention.h"
+#ifdef FUSEDOPS_WITH_CUDA
+#include "src/cuda/device_errors.cuh"
+#endif
 
 namespace fusedops::la {
 
@@ -10,10 +14,47 @@ namespace {
 
 bool contiguous_or_empty(const TensorView& t) { return t.numel() == 0 || t.is_contiguous(); }
 
+thread_local int t_nested = 0;
+
+// An index tensor's contents in host memory, as a CPU view: the tensor itself on the CPU, else a
+// copy (read_tensor_bytes: a synchronisation, so only under the debug checks).
+struct HostIndex {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  HostIndex(const char* op, const Context& ctx, const TensorView& t) {
+    if (t.device().kind == DeviceKind::kCPU) {
+      view = t;
+      return;
+    }
+    bytes = read_tensor_bytes(op, ctx, t);
+    view = TensorView(bytes.data(), t.dtype(), Device::cpu(), t.ndim(), t.shape(), t.strides());
+  }
+};
+
 }  // namespace
 
+NestedCalls::NestedCalls() { ++t_nested; }
+NestedCalls::~NestedCalls() { --t_nested; }
+
 bool Check::read_indices() const {
-  return ctx_.device.kind == DeviceKind::kCPU || ctx_.validate;
+  // (Under a top level, whose own check read them, CUDA sub-operators do not copy them again.)
+  return ctx_.device.kind == DeviceKind::kCPU || (t_nested == 0 && debug_checks(ctx_));
+}
+
+void Check::report_seqlens_on_device(const TensorView& cu, int64_t T) const {
+#ifdef FUSEDOPS_WITH_CUDA
+  if (ctx_.device.kind != DeviceKind::kCUDA || t_nested > 0 || cu.numel() == 0 || reported_) return;
+  reported_ = true;  // once per call (seqlens, chunk_indices and chunk_offsets each get here)
+  const uint32_t code = device_error_code(
+      op_, "cu_seqlens must start at 0, be non-decreasing and end at T; cu_seqlens[{index}] = "
+           "{value} is not (the kernels clamp every offset to [0, T])");
+  cuda::DeviceGuard guard(op_, ctx_.device.index);
+  cuda::check_offsets(op_, code, cu.data(), cu.dtype() == DType::kInt64, cu.size(0), T,
+                      static_cast<cudaStream_t>(ctx_.stream));
+#else
+  (void)cu;
+  (void)T;
+#endif
 }
 
 void Check::input(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
@@ -59,7 +100,13 @@ int64_t Check::seqlens(const TensorView& cu, int64_t B, int64_t T) const {
   FUSEDOPS_REQUIRE(cu.size(0) >= 1, kValue, op_, "cu_seqlens must have at least one entry (N+1 >= 1)");
   FUSEDOPS_REQUIRE(contiguous_or_empty(cu), kValue, op_, "cu_seqlens must be contiguous");
   const int64_t N = cu.size(0) - 1;
-  if (read_indices() && cu.device().kind == DeviceKind::kCPU) {
+  if (!read_indices()) {
+    report_seqlens_on_device(cu, T);
+    return N;
+  }
+  {
+    const HostIndex host(op_, ctx_, cu);
+    const TensorView& cu = host.view;
     FUSEDOPS_REQUIRE(read_index(cu, 0) == 0, kValue, op_, "cu_seqlens must start at 0, got ",
                      read_index(cu, 0));
     for (int64_t i = 0; i < N; ++i) {
@@ -84,7 +131,9 @@ int64_t Check::chunk_indices(const TensorView& cu, const TensorView& ci, int64_t
   FUSEDOPS_REQUIRE(ci.size(1) == 2 && contiguous_or_empty(ci), kValue, op_,
                    "chunk_indices must be a contiguous [NT,2] tensor, got shape ", ci.shape_string());
   const int64_t NT = ci.size(0);
-  if (read_indices() && cu.device().kind == DeviceKind::kCPU) {
+  if (read_indices()) {
+    const HostIndex host_cu(op_, ctx_, cu), host_ci(op_, ctx_, ci);
+    const TensorView &cu = host_cu.view, &ci = host_ci.view;
     const auto seqs = make_seqs(B, T, cu, BT);
     const auto chunks = make_chunks(seqs, BT);
     FUSEDOPS_REQUIRE(static_cast<int64_t>(chunks.size()) == NT, kValue, op_,
@@ -112,7 +161,9 @@ int64_t Check::chunk_offsets(const TensorView& cu, const TensorView& co, int64_t
   FUSEDOPS_REQUIRE(co.size(0) == N + 1 && contiguous_or_empty(co), kValue, op_,
                    "chunk_offsets must be a contiguous [N+1]=[", N + 1, "] tensor, got shape ",
                    co.shape_string());
-  if (read_indices() && cu.device().kind == DeviceKind::kCPU) {
+  if (read_indices()) {
+    const HostIndex host_cu(op_, ctx_, cu), host_co(op_, ctx_, co);
+    const TensorView &cu = host_cu.view, &co = host_co.view;
     const auto seqs = make_seqs(B, T, cu, BT);
     for (int64_t i = 0; i <= N; ++i) {
       const int64_t want = i < N ? seqs[i].chunk_offset

@@ -17,6 +17,8 @@ class Check {
 
   const ArgCheck& base() const { return c_; }
   const char* op() const { return op_; }
+  // Whether the index tensors' contents are read and checked on the host: on the CPU, and on CUDA
+  // under the debug checks (debug_checks(ctx): a copy and a synchronisation).
   bool read_indices() const;
 
   // A floating input of the given shape on ctx.device whose last dim has stride 1.
@@ -40,8 +42,10 @@ class Check {
   // HV is a multiple of Hk.
   void groups(int64_t HV, int64_t Hk, const char* v_name, const char* k_name) const;
 
-  // cu_seqlens (optional) for a [B,T,...] batch: rank 1, int32/int64, B == 1; contents checked
-  // when readable. Returns N.
+  // cu_seqlens (optional) for a [B,T,...] batch: rank 1, int32/int64, B == 1. Its contents are
+  // checked on the host when read_indices(); otherwise (CUDA) a one-block device check reports a
+  // bad entry through the device error record (fusedops/core/device_errors.h) while the kernels
+  // clamp every offset (la_sm80.cuh), unless a top level already did (NestedCalls). Returns N.
   int64_t seqlens(const TensorView& cu, int64_t B, int64_t T) const;
   // chunk_indices for chunk-parallel ops (required with cu_seqlens). Returns NT.
   int64_t chunk_indices(const TensorView& cu, const TensorView& ci, int64_t B, int64_t T,
@@ -56,9 +60,22 @@ class Check {
                     const TensorView& cu, int64_t nt_read) const;
 
  private:
+  void report_seqlens_on_device(const TensorView& cu, int64_t T) const;
+
   ArgCheck c_;
   const Context& ctx_;
   const char* op_;
+  mutable bool reported_ = false;
+};
+
+// While alive, the linear-attention entry points called on this thread do not launch the device
+// check of cu_seqlens: a top level that checked it once holds one around its sub-operators.
+class NestedCalls {
+ public:
+  NestedCalls();
+  ~NestedCalls();
+  NestedCalls(const NestedCalls&) = delete;
+  NestedCalls& operator=(const NestedCalls&) = delete;
 };
 
 // ctx with its backend forced (the top levels force theirs on every sub-operator they call).

@@ -108,6 +108,8 @@ struct Layout {
   const void* co = nullptr;     // chunk_offsets [N+1]
   int i64 = 0;                  // index dtype is int64
   int tc = 0;                   // chunk products on tf32 tensor cores (16-bit inputs)
+  int64_t N = 0;                // sequences (cu_seqlens.size(0) - 1)
+  int64_t nsnap = 0;            // varlen state kernels: snapshots h / dh hold (0: none written)
 };
 
 // Tensor-core products for 16-bit inputs (their tf32 rounding, 2^-11 relative, stays far below
@@ -134,8 +136,24 @@ inline Layout layout_of(int64_t B, int64_t T, int64_t BT, const TensorView& cu, 
     L.ci = ci.defined() && ci.numel() ? ci.data() : nullptr;
     L.co = co.defined() && co.numel() ? co.data() : nullptr;
     L.i64 = cu.dtype() == DType::kInt64;
+    L.N = cu.size(0) - 1;
   }
   return L;
+}
+
+// L for a state kernel that writes the snapshots `snap` ([B,NT,...] h or dh; may be undefined):
+// with cu_seqlens, seq_pos keeps every sequence's snapshots inside its NT rows.
+inline Layout with_snapshots(Layout L, const TensorView& snap) {
+  L.nsnap = snap.defined() && snap.ndim() >= 2 ? snap.size(1) : 0;
+  return L;
+}
+
+// Index contents are not checked on the host on a GPU (see la_check.h): the position helpers
+// below clamp what they read so that a malformed cu_seqlens, chunk_indices or chunk_offsets never
+// addresses memory outside the call's tensors (the result is then meaningless; the device check
+// of cu_seqlens reports it).
+__device__ __forceinline__ int64_t clamp_index(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
 }
 
 __device__ __forceinline__ int64_t rd_index(const void* p, int i64, int64_t i) {
@@ -156,10 +174,13 @@ __device__ __forceinline__ ChunkPos chunk_pos(const Layout& L, int64_t i) {
     c.t0 = (i % L.nt) * L.BT;
     end = L.T;
   } else {
-    const int64_t s = rd_index(L.ci, L.i64, 2 * i), n = rd_index(L.ci, L.i64, 2 * i + 1);
+    // Sequence s in [0, N), its bounds in [0, T], the chunk's start at most T.
+    const int64_t s = clamp_index(rd_index(L.ci, L.i64, 2 * i), 0, L.N - 1);
+    const int64_t n = clamp_index(rd_index(L.ci, L.i64, 2 * i + 1), 0, L.T);
     c.b = 0;
-    c.t0 = rd_index(L.cu, L.i64, s) + n * L.BT;
-    end = rd_index(L.cu, L.i64, s + 1);
+    const int64_t bos = L.N > 0 ? clamp_index(rd_index(L.cu, L.i64, s), 0, L.T) : 0;
+    end = L.N > 0 ? clamp_index(rd_index(L.cu, L.i64, s + 1), bos, L.T) : 0;
+    c.t0 = clamp_index(bos + n * L.BT, 0, L.T);
   }
   const int64_t len = end - c.t0;
   c.len = len <= 0 ? 0 : (len > L.BT ? L.BT : static_cast<int>(len));
@@ -179,10 +200,13 @@ __device__ __forceinline__ SeqPos seq_pos(const Layout& L, int64_t n) {
     s.coff = n * L.nt;
   } else {
     s.b = 0;
-    s.t0 = rd_index(L.cu, L.i64, n);
-    const int64_t e = rd_index(L.cu, L.i64, n + 1);
-    s.len = e > s.t0 ? e - s.t0 : 0;
+    s.t0 = clamp_index(rd_index(L.cu, L.i64, n), 0, L.T);
+    s.len = clamp_index(rd_index(L.cu, L.i64, n + 1), s.t0, L.T) - s.t0;
     s.coff = L.co ? rd_index(L.co, L.i64, n) : 0;
+    if (L.nsnap > 0) {  // the sequence's snapshots coff .. coff + ceil(len / BT) - 1 inside [0, nsnap)
+      s.coff = clamp_index(s.coff, 0, L.nsnap);
+      s.len = clamp_index(s.len, 0, (L.nsnap - s.coff) * L.BT);
+    }
   }
   return s;
 }

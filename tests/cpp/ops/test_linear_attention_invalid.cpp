@@ -1,0 +1,570 @@
+// Invalid and extreme inputs of the linear-attention operators (issue 39; the "Invalid inputs"
+// tables of src/ops/{gated_delta_rule,kda,linear_attention}/README.md name these tests):
+//   LinearAttentionInvalid.*: bad varlen index contents (cu_seqlens, chunk_indices, chunk_offsets)
+//   raise on the CPU before any work and are reported on CUDA; index tensors of another dtype or
+//   device; inputs on another device; strided last dimensions and outputs; empty inputs (T = 0,
+//   B = 0, empty sequences); NaN / Inf propagating like the float64 reference; element counts past
+//   2^31 (CUDA only).
+// Every call goes through the public entry points of both families' top levels, their per-token
+// forms and the shared sub-operators.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/cpp/test_util.h"
+
+namespace fusedops::testing {
+namespace {
+
+enum class Form { kChunkGdn, kChunkKda, kRecurrentGdn, kRecurrentKda };
+
+const char* op_name(Form f) {
+  switch (f) {
+    case Form::kChunkGdn: return "chunk_gated_delta_rule";
+    case Form::kChunkKda: return "chunk_kda";
+    case Form::kRecurrentGdn: return "fused_recurrent_gated_delta_rule";
+    default: return "fused_recurrent_kda";
+  }
+}
+
+bool is_kda(Form f) { return f == Form::kChunkKda || f == Form::kRecurrentKda; }
+bool is_chunk(Form f) { return f == Form::kChunkGdn || f == Form::kChunkKda; }
+
+// An int64 tensor holding `v`.
+TestTensor ints(std::vector<int64_t> shape, const std::vector<int64_t>& v) {
+  TestTensor t(DType::kInt64, std::move(shape));
+  std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+// One forward call of a top level or a per-token form with every tensor it needs (fp32 or the
+// given dtype; CPU unless dev), the varlen tables built by the library's host helpers.
+struct Call {
+  Form form;
+  int64_t B, T, H = 2, HV = 2, K = 8, V = 8, BT = 32;
+  std::vector<int64_t> cu;
+  DType dt;
+  Device dev;
+  TestTensor q, k, v, g, beta, h0, o, ht, gc, A, Aqk, Akk, ws, cu_t, ci, co;
+
+  Call(Form f, int64_t b, int64_t t, std::vector<int64_t> cu_ = {}, DType d = DType::kFloat32,
+       Device dv = Device::cpu())
+      : form(f), B(b), T(t), cu(std::move(cu_)), dt(d), dev(dv) {
+    const int64_t N = cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1;
+    const DType f32 = DType::kFloat32;
+    q = TestTensor(dt, {B, T, H, K}, dev);
+    k = TestTensor(dt, {B, T, H, K}, dev);
+    v = TestTensor(dt, {B, T, HV, V}, dev);
+    const std::vector<int64_t> gshape = is_kda(form) ? std::vector<int64_t>{B, T, HV, K} : std::vector<int64_t>{B, T, HV};
+    g = TestTensor(f32, gshape, dev);
+    beta = TestTensor(f32, {B, T, HV}, dev);
+    h0 = TestTensor(f32, {N, HV, K, V}, dev);
+    o = TestTensor(dt, {B, T, HV, V}, dev);
+    ht = TestTensor(f32, {N, HV, K, V}, dev);
+    gc = TestTensor(f32, gshape, dev);
+    A = TestTensor(dt, {B, T, HV, BT}, dev);
+    Aqk = TestTensor(dt, {B, T, HV, BT}, dev);
+    Akk = TestTensor(dt, {B, T, HV, BT}, dev);
+    if (!cu.empty()) {
+      TestTensor c(DType::kInt64, {static_cast<int64_t>(cu.size())});
+      std::memcpy(c.data(), cu.data(), cu.size() * 8);
+      bool valid = cu[0] == 0 && cu.back() == T;
+      for (size_t i = 1; i < cu.size(); ++i) valid = valid && cu[i] >= cu[i - 1];
+      // Tables of a valid cu_seqlens from the host helpers; for an invalid one, of its last
+      // valid form (the tables' shapes only matter: the contents check fails first).
+      std::vector<int64_t> fixed = cu;
+      if (!valid) {
+        fixed.assign(cu.size(), 0);
+        fixed.back() = T;
+        for (size_t i = 1; i + 1 < cu.size(); ++i) fixed[i] = std::min(std::max(cu[i], fixed[i - 1]), T);
+      }
+      TestTensor fc(DType::kInt64, {static_cast<int64_t>(fixed.size())});
+      std::memcpy(fc.data(), fixed.data(), fixed.size() * 8);
+      const int64_t NT = varlen_chunk_count(fc.view(), BT);
+      TestTensor cit(DType::kInt64, {NT, 2}), cot(DType::kInt64, {N + 1});
+      prepare_chunk_indices(fc.view(), BT, cit.view());
+      prepare_chunk_offsets(fc.view(), BT, cot.view());
+      cu_t = c.to(dev);
+      ci = cit.to(dev);
+      co = cot.to(dev);
+    }
+    fill(1);
+  }
+
+  void fill(uint64_t seed) {
+    q.fill_normal(seed, 0.0, 0.3);
+    k.fill_normal(seed + 1, 0.0, 0.3);
+    v.fill_normal(seed + 2);
+    std::vector<double> gv = g.fill_normal(seed + 3);
+    for (double& x : gv) x = -0.05 - 0.1 * std::fabs(x);
+    g.set(gv);
+    std::vector<double> bv = beta.fill_normal(seed + 4);
+    for (double& x : bv) x = 1.0 / (1.0 + std::exp(-x));
+    beta.set(bv);
+    h0.fill_normal(seed + 5, 0.0, 0.5);
+    o.set(std::vector<double>(o.numel(), NAN));
+    ht.set(std::vector<double>(ht.numel(), NAN));
+  }
+
+  template <class Args>
+  void shared(Args& a) const {
+    a.q = q.view(); a.k = k.view(); a.v = v.view(); a.g = g.view(); a.beta = beta.view();
+    a.initial_state = h0.view(); a.cu_seqlens = cu.empty() ? TensorView() : cu_t.view();
+    a.scale = 0.3;
+    a.o = o.view(); a.final_state = ht.view();
+  }
+
+  void run(const Context& ctx) {
+    switch (form) {
+      case Form::kChunkGdn: {
+        ChunkGatedDeltaRuleFwdArgs a;
+        shared(a);
+        chunk_args(a);
+        a.A = A.view();
+        run_chunk(ctx, a, chunk_gated_delta_rule_fwd_workspace_size(a), chunk_gated_delta_rule_fwd);
+        break;
+      }
+      case Form::kChunkKda: {
+        ChunkKdaFwdArgs a;
+        shared(a);
+        chunk_args(a);
+        a.Aqk = Aqk.view();
+        a.Akk = Akk.view();
+        run_chunk(ctx, a, chunk_kda_fwd_workspace_size(a), chunk_kda_fwd);
+        break;
+      }
+      case Form::kRecurrentGdn: {
+        FusedRecurrentGatedDeltaRuleFwdArgs a;
+        shared(a);
+        fused_recurrent_gated_delta_rule_fwd(ctx, a);
+        break;
+      }
+      default: {
+        FusedRecurrentKdaFwdArgs a;
+        shared(a);
+        fused_recurrent_kda_fwd(ctx, a);
+      }
+    }
+  }
+
+  template <class Args>
+  void chunk_args(Args& a) const {
+    a.chunk_size = BT;
+    a.g_cumsum = gc.view();
+    if (!cu.empty()) {
+      a.chunk_indices = ci.view();
+      a.chunk_offsets = co.view();
+    }
+  }
+
+  template <class Args, class Fn>
+  void run_chunk(const Context& ctx, Args& a, int64_t bytes, Fn fn) {
+    ws = TestTensor(DType::kUInt8, {std::max<int64_t>(bytes, 1)}, dev);
+    a.workspace = ws.view();
+    fn(ctx, a);
+  }
+};
+
+const Form kForms[] = {Form::kChunkGdn, Form::kChunkKda, Form::kRecurrentGdn, Form::kRecurrentKda};
+
+bool all_nan(const TestTensor& t) {
+  for (double x : t.to_double())
+    if (!std::isnan(x)) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Varlen index contents.
+
+TEST(LinearAttentionInvalid, BadCuSeqlensRaiseOnTheCpuBeforeAnyWork) {
+  struct Bad {
+    std::vector<int64_t> cu;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {{2, 5, 9}, "cu_seqlens must start at 0, got 2"},
+      {{0, 6, 3, 9}, "cu_seqlens must be non-decreasing, got cu_seqlens[1]=6 > cu_seqlens[2]=3"},
+      {{0, 4, 8}, "cu_seqlens must end at T=9 (the packed length), got cu_seqlens[2]=8"},
+      {{0, 4, 12}, "cu_seqlens must end at T=9 (the packed length), got cu_seqlens[2]=12"},
+  };
+  for (Form f : kForms)
+    for (const auto& b : runnable_backends(op_name(f), Direction::kForward)) {
+      if (b.device.kind != DeviceKind::kCPU) continue;
+      for (const Bad& x : bad) {
+        SCOPED_TRACE(std::string(op_name(f)) + " " + b.id + " " + x.message);
+        Call c(f, 1, 9, x.cu);
+        expect_error([&] { c.run(b.ctx()); }, ErrorKind::kValue, std::string(op_name(f)) + ": " + x.message);
+        EXPECT_TRUE(all_nan(c.o) && all_nan(c.ht)) << "the call wrote its outputs before raising";
+      }
+    }
+}
+
+// The shared sub-operators that take the tables: a table that does not match cu_seqlens raises on
+// the CPU before any work (the outputs keep their NaN).
+TEST(LinearAttentionInvalid, ChunkTablesThatDoNotMatchCuSeqlensRaiseOnTheCpu) {
+  const Context ctx = Context::cpu();
+  Call c(Form::kChunkGdn, 1, 70, {0, 30, 30, 70});  // 1 + 0 + 2 chunks of 32
+  TestTensor out(DType::kFloat32, {1, 70, 2});
+  out.set(std::vector<double>(out.numel(), NAN));
+  ChunkLocalCumsumArgs cs;
+  cs.g = c.g.view();
+  cs.out = out.view();
+  cs.cu_seqlens = c.cu_t.view();
+  cs.chunk_size = 32;
+  TestTensor ci = ints({3, 2}, {0, 0, 2, 0, 2, 7});  // row 2 names chunk 7 of sequence 2
+  cs.chunk_indices = ci.view();
+  expect_error([&] { chunk_local_cumsum(ctx, cs); }, ErrorKind::kValue,
+               "chunk_local_cumsum: chunk_indices row 2 is (2,7), expected (2,1) for these cu_seqlens");
+  TestTensor ci4(DType::kInt64, {4, 2});
+  cs.chunk_indices = ci4.view();
+  expect_error([&] { chunk_local_cumsum(ctx, cs); }, ErrorKind::kValue,
+               "chunk_indices has 4 rows but cu_seqlens with chunk_size 32 gives 3 chunks");
+  cs.chunk_indices = TensorView();
+  expect_error([&] { chunk_local_cumsum(ctx, cs); }, ErrorKind::kValue, "chunk_indices is required with cu_seqlens");
+  EXPECT_TRUE(all_nan(out));
+
+  // chunk_gated_delta_rule_fwd_h with offsets off by one.
+  TestTensor w(DType::kFloat32, {1, 70, 2, 8}), u(DType::kFloat32, {1, 70, 2, 8});
+  TestTensor h(DType::kFloat32, {1, 3, 2, 8, 8}), vn(DType::kFloat32, {1, 70, 2, 8});
+  h.set(std::vector<double>(h.numel(), NAN));
+  TestTensor co = ints({4}, {0, 1, 1, 4});
+  ChunkGatedDeltaRuleFwdHArgs fh;
+  fh.k = c.k.view(); fh.w = w.view(); fh.u = u.view(); fh.g = c.g.view(); fh.h = h.view();
+  fh.v_new = vn.view(); fh.cu_seqlens = c.cu_t.view(); fh.chunk_offsets = co.view(); fh.chunk_size = 32;
+  expect_error([&] { chunk_gated_delta_rule_fwd_h(ctx, fh); }, ErrorKind::kValue,
+               "chunk_gated_delta_rule_fwd_h: chunk_offsets[3] is 4, expected 3 for these cu_seqlens");
+  EXPECT_TRUE(all_nan(h));
+  // ... and the backward recurrence.
+  TestTensor dout(DType::kFloat32, {1, 70, 2, 8}), dv(DType::kFloat32, {1, 70, 2, 8});
+  TestTensor dh(DType::kFloat32, {1, 3, 2, 8, 8}), dv2(DType::kFloat32, {1, 70, 2, 8});
+  dh.set(std::vector<double>(dh.numel(), NAN));
+  ChunkGatedDeltaRuleBwdDhuArgs bd;
+  bd.q = c.q.view(); bd.k = c.k.view(); bd.w = w.view(); bd.dout = dout.view(); bd.dv = dv.view();
+  bd.g = c.g.view(); bd.dh = dh.view(); bd.dv2 = dv2.view(); bd.cu_seqlens = c.cu_t.view();
+  bd.chunk_offsets = co.view(); bd.chunk_size = 32;
+  expect_error([&] { chunk_gated_delta_rule_bwd_dhu(ctx, bd); }, ErrorKind::kValue,
+               "chunk_gated_delta_rule_bwd_dhu: chunk_offsets[3] is 4, expected 3 for these cu_seqlens");
+  EXPECT_TRUE(all_nan(dh));
+  // The host helpers reject a bad cu_seqlens too.
+  TestTensor badcu = ints({3}, {0, 5, 2});
+  expect_error([&] { varlen_chunk_count(badcu.view(), 32); }, ErrorKind::kValue,
+               "varlen_chunk_count: cu_seqlens must be non-decreasing, got cu_seqlens[1]=5 > cu_seqlens[2]=2");
+}
+
+// Index tensors of another dtype, rank or device, and inputs on another device than the call's:
+// raised before anything is read (a CUDA device view is never dereferenced on a CPU call).
+TEST(LinearAttentionInvalid, IndexDtypesAndDevicesRaise) {
+  const Context ctx = Context::cpu();
+  for (Form f : kForms) {
+    SCOPED_TRACE(op_name(f));
+    {
+      Call c(f, 1, 9, {0, 4, 9});
+      TestTensor fcu(DType::kFloat32, {3});
+      c.cu_t = fcu;
+      expect_error([&] { c.run(ctx); }, ErrorKind::kType, "cu_seqlens must have dtype in {int32, int64}, got float32");
+    }
+    {
+      Call c(f, 1, 9, {0, 4, 9});
+      TestTensor cu2(DType::kInt64, {1, 3});
+      c.cu_t = cu2;
+      expect_error([&] { c.run(ctx); }, ErrorKind::kValue, "cu_seqlens must have rank 1");
+    }
+    {  // a view that claims to live on cuda:0 (never dereferenced)
+      Call c(f, 1, 9, {0, 4, 9});
+      int64_t fake[3] = {0, 4, 9};
+      Call* p = &c;
+      const TensorView cuda_cu(fake, DType::kInt64, Device::cuda(0), {3});
+      FusedRecurrentGatedDeltaRuleFwdArgs a;
+      p->shared(a);
+      a.cu_seqlens = cuda_cu;
+      if (f == Form::kRecurrentGdn)
+        expect_error([&] { fused_recurrent_gated_delta_rule_fwd(ctx, a); }, ErrorKind::kValue, "cu_seqlens must be on cpu");
+      a.cu_seqlens = c.cu_t.view();
+      float qf = 0;
+      const TensorView cuda_q(&qf, DType::kFloat32, Device::cuda(0), {1, 9, 2, 8});
+      a.q = cuda_q;
+      if (f == Form::kRecurrentGdn)
+        expect_error([&] { fused_recurrent_gated_delta_rule_fwd(ctx, a); }, ErrorKind::kValue, "q must be on cpu");
+    }
+  }
+  {  // the same through the chunk form and the shared sub-operator
+    Call c(Form::kChunkGdn, 1, 9, {0, 4, 9});
+    int64_t fake[3] = {0, 4, 9};
+    c.cu_t = TestTensor(DType::kInt64, {3});
+    ChunkLocalCumsumArgs cs;
+    TestTensor out(DType::kFloat32, {1, 9, 2});
+    cs.g = c.g.view();
+    cs.out = out.view();
+    cs.cu_seqlens = TensorView(fake, DType::kInt64, Device::cuda(0), {3});
+    cs.chunk_indices = c.ci.view();
+    cs.chunk_size = 32;
+    expect_error([&] { chunk_local_cumsum(ctx, cs); }, ErrorKind::kValue, "cu_seqlens must be on cpu");
+    TestTensor ci32(DType::kInt32, {1, 2});
+    cs.cu_seqlens = TensorView(fake, DType::kInt64, Device::cpu(), {3});
+    cs.chunk_indices = ci32.view();
+    expect_error([&] { chunk_local_cumsum(ctx, cs); }, ErrorKind::kType, "chunk_indices must have the dtype of cu_seqlens");
+  }
+}
+
+// Rank, shape and dtype of the inputs, the initial state and the outputs, before any work.
+TEST(LinearAttentionInvalid, RankShapeAndDtypeRaise) {
+  const Context ctx = Context::cpu();
+  for (Form f : kForms) {
+    SCOPED_TRACE(op_name(f));
+    const std::string op = std::string(op_name(f)) + ": ";
+    {
+      Call c(f, 2, 9);
+      c.q = TestTensor(DType::kFloat32, {2, 9, 16});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kValue, op + "q must have rank 4");
+    }
+    {
+      Call c(f, 2, 9);
+      c.g = TestTensor(DType::kFloat32, is_kda(f) ? std::vector<int64_t>{2, 9, 2, 3} : std::vector<int64_t>{2, 9, 1});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kValue, op + "g must have shape");
+    }
+    {
+      Call c(f, 2, 9);
+      c.h0 = TestTensor(DType::kFloat32, {3, 2, 8, 8});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kValue, op + "initial_state must have shape [2,2,8,8], got [3,2,8,8]");
+    }
+    if (is_chunk(f)) {
+      Call c(f, 2, 9);
+      c.v = TestTensor(DType::kBFloat16, {2, 9, 2, 8});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kType, op + "v must have the dtype of q (float32), got bfloat16");
+    } else {  // the per-token forms read every tensor in its own float dtype
+      Call c(f, 2, 9), same(f, 2, 9);
+      TestTensor v16(DType::kBFloat16, {2, 9, 2, 8});
+      const std::vector<double> vals = v16.set(c.v.to_double());
+      c.v = v16;
+      same.v.set(vals);
+      c.run(ctx);
+      same.run(ctx);
+      EXPECT_EQ(c.o.to_double(), same.o.to_double());
+    }
+    {
+      Call c(f, 2, 9);
+      c.q = TestTensor(DType::kInt32, {2, 9, 2, 8});
+      c.k = TestTensor(DType::kInt32, {2, 9, 2, 8});
+      c.v = TestTensor(DType::kInt32, {2, 9, 2, 8});
+      c.o = TestTensor(DType::kInt32, {2, 9, 2, 8});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kType, op);
+    }
+    {
+      Call c(f, 2, 9);
+      c.o = TestTensor(DType::kFloat32, {2, 9, 2, 7});
+      expect_error([&] { c.run(ctx); }, ErrorKind::kValue, op + "o must have shape [2,9,2,8], got [2,9,2,7]");
+    }
+  }
+}
+
+// A strided last dimension of an input, and any non-contiguous output, raise (the Python layer
+// copies such inputs); strided leading dimensions are read in place (the families' own tests).
+TEST(LinearAttentionInvalid, StridedLastDimensionsAndOutputsRaise) {
+  const Context ctx = Context::cpu();
+  for (Form f : kForms) {
+    SCOPED_TRACE(op_name(f));
+    Call c(f, 2, 9);
+    TestTensor wide(DType::kFloat32, {2, 9, 2, 16});
+    FusedRecurrentGatedDeltaRuleFwdArgs a;
+    c.shared(a);
+    a.q = wide.strided_view({2, 9, 2, 8}, {9 * 32, 32, 16, 2});
+    if (f == Form::kRecurrentGdn) {
+      expect_error([&] { fused_recurrent_gated_delta_rule_fwd(ctx, a); }, ErrorKind::kValue,
+                   "q must have a contiguous last dimension (stride 1)");
+      a.q = c.q.view();
+      TestTensor big(DType::kFloat32, {2, 9, 2, 16});
+      a.o = big.strided_view({2, 9, 2, 8}, {9 * 32, 32, 16, 1});
+      expect_error([&] { fused_recurrent_gated_delta_rule_fwd(ctx, a); }, ErrorKind::kValue, "o must be contiguous");
+    }
+    if (f == Form::kChunkKda) {
+      ChunkKdaFwdArgs k;
+      c.shared(k);
+      c.chunk_args(k);
+      k.Aqk = c.Aqk.view();
+      k.Akk = c.Akk.view();
+      k.v = wide.strided_view({2, 9, 2, 8}, {9 * 32, 32, 16, 2});
+      TestTensor ws(DType::kUInt8, {1 << 20});
+      k.workspace = ws.view();
+      expect_error([&] { chunk_kda_fwd(ctx, k); }, ErrorKind::kValue, "v must have a contiguous last dimension (stride 1)");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Empty inputs: T = 0, B = 0 and empty sequences give empty outputs and final states equal to the
+// initial states (the empty sequences' too) on every CPU backend.
+
+TEST(LinearAttentionInvalid, EmptyInputsPassTheStateThrough) {
+  struct Shape {
+    int64_t B, T;
+    std::vector<int64_t> cu;
+  };
+  const std::vector<Shape> shapes = {{2, 0, {}}, {0, 9, {}}, {1, 0, {0, 0, 0}}, {1, 40, {0, 0, 40, 40}}};
+  for (Form f : kForms)
+    for (const auto& b : runnable_backends(op_name(f), Direction::kForward)) {
+      if (b.device.kind != DeviceKind::kCPU) continue;
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE(std::string(op_name(f)) + " " + b.id + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+                     " N+1=" + std::to_string(s.cu.size()));
+        Call c(f, s.B, s.T, s.cu);
+        c.run(b.ctx());
+        const auto h0 = c.h0.to_double(), ht = c.ht.to_double();
+        const int64_t per = c.HV * c.K * c.V;
+        for (size_t n = 0; n + 1 < std::max<size_t>(s.cu.size(), 1); ++n) {
+          if (s.cu.empty() || s.cu[n + 1] != s.cu[n]) continue;  // only the empty sequences
+          for (int64_t i = 0; i < per; ++i) ASSERT_EQ(ht[n * per + i], h0[n * per + i]) << "sequence " << n;
+        }
+        if (s.T == 0)
+          for (size_t i = 0; i < ht.size(); ++i) ASSERT_EQ(ht[i], h0[i]);
+        for (double x : c.o.to_double()) ASSERT_TRUE(std::isfinite(x));
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NaN / Inf: every backend gives the reference backend's pattern in o and final_state, and the
+// sequences the poisoned token does not reach are exactly a clean call's.
+
+int64_t c_row(const Call& c) { return c.T * c.HV * c.V; }
+
+std::vector<uint8_t> pattern(const std::vector<double>& v) {
+  std::vector<uint8_t> m(v.size());
+  for (size_t i = 0; i < v.size(); ++i) m[i] = std::isnan(v[i]) ? 1 : (std::isinf(v[i]) ? (v[i] > 0 ? 2 : 3) : 0);
+  return m;
+}
+
+TEST(LinearAttentionInvalid, NonFinitePropagatesLikeTheReference) {
+  // Batch row 0: NaN in k at token 5 (its state: every later output of row 0 and its final
+  // state); row 1: +Inf in v at token 7; row 2 clean.
+  auto poison = [](Call& c) {
+    std::vector<double> kv = c.k.to_double(), vv = c.v.to_double();
+    kv[5 * c.H * c.K + 3] = NAN;                // b 0, t 5, head 0
+    vv[(c.T + 7) * c.HV * c.V + 2] = INFINITY;  // b 1, t 7, head 0
+    c.k.set(kv);
+    c.v.set(vv);
+  };
+  auto nonfinite = [](const std::vector<double>& v) {
+    std::vector<uint8_t> m(v.size());
+    for (size_t i = 0; i < v.size(); ++i) m[i] = !std::isfinite(v[i]);
+    return m;
+  };
+  for (Form f : kForms)
+    for (const auto& b : runnable_backends(op_name(f), Direction::kForward)) {
+      if (b.id == "ref") continue;
+      for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+        if (!backend_takes(op_name(f), Direction::kForward, b.id, dt)) continue;
+        SCOPED_TRACE(std::string(op_name(f)) + " " + b.id + " " + dtype_name(dt));
+        Call ref(f, 3, 40, {}, dt);
+        poison(ref);
+        Context rctx = Context::cpu();
+        rctx.backend = "ref";
+        ref.run(rctx);
+        Call ours(f, 3, 40, {}, dt, b.device);
+        poison(ours);
+        ours.run(b.ctx());
+        Call clean(f, 3, 40, {}, dt, b.device);
+        clean.run(b.ctx());
+        const auto got = ours.o.to_double(), want = ref.o.to_double(), base = clean.o.to_double();
+        const auto gm = nonfinite(got), wm = nonfinite(want);
+        // The final states: exactly the reference's pattern.
+        EXPECT_EQ(pattern(ours.ht.to_double()), pattern(ref.ht.to_double())) << "final_state";
+        if (!is_chunk(f)) {
+          EXPECT_EQ(pattern(got), pattern(want)) << "o";
+        } else {
+          // Every output the reference makes non-finite is non-finite; besides those, only
+          // outputs of the poisoned chunk itself (its earlier tokens: the chunk products multiply
+          // the poisoned rows by zero weights, 0 * NaN = NaN).
+          const int64_t row = c_row(ours), tok = ours.HV * ours.V;
+          for (size_t i = 0; i < gm.size(); ++i) {
+            if (wm[i]) ASSERT_TRUE(gm[i]) << "o[" << i << "] finite where the reference is not";
+            const int64_t t = (static_cast<int64_t>(i) % row) / tok, bi = static_cast<int64_t>(i) / row;
+            if (gm[i] && !wm[i]) ASSERT_TRUE(bi < 2 && t < ours.BT) << "o[" << i << "] non-finite outside the poisoned chunk";
+          }
+        }
+        // Batch row 2 never meets the poison: bit for bit a clean call's.
+        const size_t row = got.size() / 3;
+        for (size_t i = 2 * row; i < got.size(); ++i) ASSERT_EQ(got[i], base[i]) << "row 2 changed at " << i;
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA: cu_seqlens is not read on the host; the device check reports a bad one (raised by
+// check_device_errors) and the kernels clamp every offset; debug checks raise the CPU's error.
+
+TEST(LinearAttentionInvalid, CudaReportsBadCuSeqlensAndRaisesUnderDebugChecks) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << "needs a CUDA build";
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (Form f : kForms) {
+    SCOPED_TRACE(op_name(f));
+    Call c(f, 1, 70, {0, 30, 90}, DType::kBFloat16, Device::cuda(0));
+    const Context ctx = Context::cuda(0);
+    c.run(ctx);  // in bounds (clamped), reported
+    expect_error([&] { check_device_errors(ctx); }, ErrorKind::kValue, "cu_seqlens[2] = 90 is not");
+    check_device_errors(ctx);  // cleared
+    Context debug = ctx;
+    debug.validate = true;
+    expect_error([&] { c.run(debug); }, ErrorKind::kValue, "cu_seqlens must end at T=70 (the packed length), got cu_seqlens[2]=90");
+  }
+  // The shared sub-operator with a chunk_indices row naming a sequence past N: clamped, no fault.
+  Call c(Form::kChunkGdn, 1, 70, {0, 30, 70}, DType::kFloat32, Device::cuda(0));
+  TestTensor out(DType::kFloat32, {1, 70, 2}, Device::cuda(0));
+  TestTensor ci = ints({3, 2}, {0, 0, 1, 0, 1000000, 5});
+  TestTensor cid = ci.to(Device::cuda(0));
+  ChunkLocalCumsumArgs cs;
+  cs.g = c.g.view(); cs.out = out.view(); cs.cu_seqlens = c.cu_t.view(); cs.chunk_indices = cid.view(); cs.chunk_size = 32;
+  chunk_local_cumsum(Context::cuda(0), cs);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  check_device_errors(Context::cuda(0));
+#endif
+}
+
+// Element counts past 2^31: o [B,T,HV,V] of more than 2^31 elements, written from inputs whose
+// batch rows are one row repeated (stride 0: no memory), so the last row must equal the first.
+TEST(LinearAttentionInvalid, OutputsPast2Pow31ElementsOnCuda) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << "2^31 output elements need >= 4 GiB: CUDA only (a CPU run would need the same "
+                  "host memory and minutes of CI time)";
+#else
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "2^31 output elements need >= 4 GiB: CUDA only (a CPU run would need the same "
+                    "host memory and minutes of CI time)";
+  const Device d = Device::cuda(0);
+  const int64_t T = 64;
+  Call one(Form::kRecurrentGdn, 1, T, {}, DType::kBFloat16, d);
+  const int64_t B = (int64_t(1) << 31) / (T * one.HV * one.V) + 2;
+  void* out = nullptr;
+  const size_t bytes = static_cast<size_t>(B * T * HV * V) * 2;
+  ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
+  auto bcast = [&](const TestTensor& t) {
+    std::vector<int64_t> shape = t.shape(), strides(shape.size());
+    int64_t n = 1;
+    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) strides[i] = n, n *= shape[i];
+    shape[0] = B;
+    strides[0] = 0;
+    return TensorView(t.data(), t.dtype(), d, static_cast<int>(shape.size()), shape.data(), strides.data());
+  };
+  FusedRecurrentGatedDeltaRuleFwdArgs a;
+  one.shared(a);
+  a.q = bcast(one.q); a.k = bcast(one.k); a.v = bcast(one.v); a.g = bcast(one.g); a.beta = bcast(one.beta);
+  a.initial_state = TensorView();
+  a.final_state = TensorView();
+  const int64_t oshape[4] = {B, T, one.HV, one.V}, ostr[4] = {T * one.HV * one.V, one.HV * one.V, one.V, 1};
+  a.o = TensorView(out, DType::kBFloat16, d, 4, oshape, ostr);
+  fused_recurrent_gated_delta_rule_fwd(Context::cuda(0), a);
+  const size_t row = static_cast<size_t>(T * one.HV * one.V) * 2;
+  std::vector<uint8_t> first(row), last(row);
+  ASSERT_EQ(cudaMemcpy(first.data(), out, row, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(last.data(), static_cast<uint8_t*>(out) + (B - 1) * row, row, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first, last);
+  cudaFree(out);
+#endif
+}
+
+}  // namespace
+}  // namespace fusedops::testing

@@ -1,0 +1,308 @@
+"""Invalid and extreme inputs of the linear-attention operators (issue 39, items 1 and 2): the rows
+of the "Invalid inputs" tables in src/ops/{gated_delta_rule,kda,linear_attention}/README.md.
+
+The four top levels (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, chunk_kda,
+fused_recurrent_kda) and the shared sub-operators (chunk_local_cumsum,
+chunk_gated_delta_rule_fwd_h / _bwd_dhu, prepare_chunk_indices / _offsets) get every input
+class: rank, shape, dtype, device, layout, empty tensors, varlen offsets and chunk tables,
+NaN / Inf, and element counts past 2^31. Calls pass everything after q, k, v, g, beta by keyword
+(the positional order beyond those follows flash-linear-attention's and may change).
+"""
+
+from __future__ import annotations
+
+import fusedops
+import pytest
+import torch
+from fusedops import gated_delta_rule as gdn
+
+from tests.common.bad_input import expect_rejected
+
+CUDA_REASON = ("" if torch.cuda.is_available() and fusedops.built_with_cuda()
+               else "needs a CUDA device and a CUDA build")
+TOP = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"]
+
+
+def _kda(op: str) -> bool:
+    return "kda" in op
+
+
+def _inputs(op: str, B=1, T=9, H=2, HV=2, K=8, V=8, dtype=torch.float32, device="cpu", N=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).to(device)
+
+    N = B if N is None else N
+    gshape = (B, T, HV, K) if _kda(op) else (B, T, HV)
+    return {
+        "q": rn(B, T, H, K, scale=0.3).to(dtype), "k": rn(B, T, H, K, scale=0.3).to(dtype),
+        "v": rn(B, T, HV, V).to(dtype), "g": (-0.05 - 0.1 * rn(*gshape).abs()).float(),
+        "beta": torch.sigmoid(rn(B, T, HV)).float(), "initial_state": (0.5 * rn(N, HV, K, V)).float(),
+    }
+
+
+def _call(op: str, x: dict, **kw):
+    fn = getattr(fusedops, op)
+    kw.setdefault("output_final_state", True)
+    return fn(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=x.get("initial_state"),
+              scale=0.3, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# values: cu_seqlens contents.
+
+BAD_CU = [
+    ([2, 5, 9], "cu_seqlens must start at 0"),
+    ([0, 6, 3, 9], r"cu_seqlens must be non-decreasing, got cu_seqlens\[1\]=6 > cu_seqlens\[2\]=3"),
+    ([0, 4, 8], r"cu_seqlens must end at T=9 \(the packed length\), got cu_seqlens\[2\]=8"),
+    ([0, 4, 4096], r"cu_seqlens must end at T=9 \(the packed length\), got cu_seqlens\[2\]=4096"),
+]
+
+
+@pytest.mark.parametrize("op", TOP)
+@pytest.mark.parametrize("cu,message", BAD_CU, ids=["start", "decreasing", "short", "long"])
+def test_bad_cu_seqlens_raise_before_any_work(device, op, cu, message):
+    """On every device: the Python layer reads cu_seqlens' values on the host (once per tensor, to
+    build the chunk tables) and checks them against T at every call; under debug checks too."""
+    x = _inputs(op, device=device, N=len(cu) - 1)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=message):
+        _call(op, x, cu_seqlens=cu_t)
+    with fusedops.debug_checks(), pytest.raises(ValueError, match=message):
+        _call(op, x, cu_seqlens=cu_t)
+
+
+@pytest.mark.parametrize("op", ["chunk_local_cumsum", "chunk_gated_delta_rule_fwd_h",
+                                "chunk_gated_delta_rule_bwd_dhu"])
+def test_shared_sub_operators_reject_bad_cu_seqlens(device, op):
+    T = 9
+    g = -torch.rand(1, T, 2, device=device)
+    k = torch.randn(1, T, 2, 8, device=device)
+    cu = torch.tensor([0, 6, 3, 9], device=device)
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        if op == "chunk_local_cumsum":
+            gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu)
+        elif op == "chunk_gated_delta_rule_fwd_h":
+            gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=torch.randn(1, T, 2, 8, device=device), g=g,
+                                             chunk_size=32, cu_seqlens=cu)
+        else:
+            gdn.chunk_gated_delta_rule_bwd_dhu(q=k, k=k, w=k, do=torch.randn(1, T, 2, 8, device=device),
+                                               dv=torch.randn(1, T, 2, 8, device=device), g=g,
+                                               cu_seqlens=cu, chunk_size=32)
+
+
+def test_chunk_tables_that_do_not_match_cu_seqlens(device):
+    """A caller's chunk_indices / chunk_offsets are checked against cu_seqlens on the CPU before any
+    work; on CUDA they are not read on the host (the kernels clamp every position, so a bad table
+    gives a meaningless result, never an access out of bounds), except under debug checks."""
+    g = -torch.rand(1, 70, 2, device=device)
+    cu = torch.tensor([0, 30, 30, 70], device=device)
+    good = gdn.prepare_chunk_indices(cu, 32)
+    assert good.tolist() == [[0, 0], [2, 0], [2, 1]]
+    bad = torch.tensor([[0, 0], [2, 0], [2, 7]], device=device)
+    message = "chunk_indices row 2 is (2,7), expected (2,1) for these cu_seqlens"
+    if device == "cpu":
+        with pytest.raises(ValueError, match=__import__("re").escape(message)):
+            gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
+    else:
+        gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)  # no fault
+        torch.cuda.synchronize()
+        fusedops.check_errors()
+    with fusedops.debug_checks(), pytest.raises(ValueError, match=__import__("re").escape(message)):
+        gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
+    with pytest.raises(ValueError, match="chunk_indices has 2 rows but cu_seqlens with chunk_size 32 gives 3"):
+        gdn.chunk_local_cumsum(g.cpu(), 32, cu_seqlens=cu.cpu(), chunk_indices=good[:2].cpu())
+    offs = torch.tensor([0, 1, 1, 4])
+    with pytest.raises(ValueError, match=r"chunk_offsets\[3\] is 4, expected 3 for these cu_seqlens"):
+        k = torch.randn(1, 70, 2, 8)
+        gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=torch.randn(1, 70, 2, 8), g=g.cpu(), chunk_size=32,
+                                         cu_seqlens=cu.cpu(), chunk_offsets=offs)
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason=CUDA_REASON or "-")
+def test_cuda_sub_operator_reports_bad_cu_seqlens():
+    """chunk_local_cumsum on CUDA with caller-built tables does not read cu_seqlens on the host: the
+    device check reports it (check_errors), debug checks raise at the call."""
+    g = -torch.rand(1, 70, 2, device="cuda")
+    cu = torch.tensor([0, 30, 90], device="cuda")
+    ci = torch.tensor([[0, 0], [1, 0], [1, 1]], device="cuda")
+    expect_rejected("cuda", lambda: gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=ci),
+                    "cu_seqlens must end at T=70 (the packed length), got cu_seqlens[2]=90",
+                    "cu_seqlens[2] = 90 is not")
+
+
+@pytest.mark.parametrize("fn", ["prepare_chunk_indices", "prepare_chunk_offsets"])
+def test_table_builders_reject_bad_cu_seqlens(fn):
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        getattr(gdn, fn)(torch.tensor([0, 5, 2]), 32)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        getattr(gdn, fn)(torch.tensor([1, 5]), 32)
+    with pytest.raises(ValueError, match="rank-1 int32/int64"):
+        getattr(gdn, fn)(torch.tensor([0.0, 5.0]), 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# rank, shape, dtype.
+
+
+@pytest.mark.parametrize("op", TOP)
+def test_rank_shape_and_dtype_errors(op):
+    x = _inputs(op)
+    bad = dict(x, q=x["q"][0])
+    with pytest.raises(ValueError, match="rank|must have shape|\\[B,T,H,K\\]"):
+        _call(op, bad)
+    bad = dict(x, g=x["g"][..., :1] if not _kda(op) else x["g"][..., :3])
+    with pytest.raises(ValueError, match="g must have shape"):
+        _call(op, bad)
+    bad = dict(x, v=x["v"].bfloat16())
+    if "recurrent" in op:  # the per-token forms read every tensor in its own float dtype
+        assert torch.equal(_call(op, bad)[0], _call(op, dict(bad, v=bad["v"].float()))[0])
+    else:
+        with pytest.raises((TypeError, ValueError), match="v must have the dtype of q"):
+            _call(op, bad)
+    bad = dict(x, q=x["q"].to(torch.int32), k=x["k"].to(torch.int32), v=x["v"].to(torch.int32))
+    with pytest.raises((TypeError, ValueError, RuntimeError)):
+        _call(op, bad)
+    bad = dict(x, initial_state=torch.zeros(3, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"initial_state must have shape"):
+        _call(op, bad)
+    with pytest.raises(ValueError, match="with cu_seqlens the batch size must be 1"):
+        _call(op, _inputs(op, B=2), cu_seqlens=torch.tensor([0, 9]))
+    cu_f = torch.tensor([0.0, 9.0])
+    with pytest.raises((TypeError, ValueError), match="int32/int64|int32, int64"):
+        _call(op, x, cu_seqlens=cu_f)
+    with pytest.raises((TypeError, ValueError), match="rank"):
+        _call(op, dict(x, initial_state=None), cu_seqlens=torch.tensor([[0, 9]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# layout: strided inputs are read in place or copied; the result equals the contiguous call's.
+
+
+@pytest.mark.parametrize("op", TOP)
+def test_strided_inputs_match_contiguous(device, op):
+    x = _inputs(op, B=2, T=40, device=device)
+    o, ht = _call(op, x)
+    y = {}
+    for n, t in x.items():
+        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
+        buf[..., 1::2] = t  # the last dimension strided: the Python layer copies it
+        y[n] = buf[..., 1::2]
+    y["q"] = x["q"].transpose(0, 1).contiguous().transpose(0, 1)  # B and T swapped in memory
+    o2, ht2 = _call(op, y)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+
+
+# ---------------------------------------------------------------------------------------------
+# empty: T = 0, B = 0, empty sequences.
+
+
+@pytest.mark.parametrize("op", TOP)
+@pytest.mark.parametrize("shape", [(2, 0, None), (0, 9, None), (1, 0, [0, 0, 0]), (1, 40, [0, 0, 40, 40])],
+                         ids=["T0", "B0", "varlen-T0", "empty-sequences"])
+def test_empty_inputs(device, op, shape):
+    B, T, cu = shape
+    N = B if cu is None else len(cu) - 1
+    x = _inputs(op, B=B, T=T, device=device, N=N)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    cu_t = None if cu is None else torch.tensor(cu, device=device)
+    o, ht = _call(op, leaves, cu_seqlens=cu_t)
+    assert o.shape == x["v"].shape and ht.shape == x["initial_state"].shape
+    empty = [n for n in range(N) if cu is None and T == 0 or cu is not None and cu[n] == cu[n + 1]]
+    for n in empty:
+        assert torch.equal(ht[n].detach(), x["initial_state"][n]), f"sequence {n}"
+    dht = torch.randn_like(ht)
+    (o.sum() + (ht * dht).sum()).backward()
+    for n in empty:
+        assert torch.equal(leaves["initial_state"].grad[n], dht[n]), f"dh0 of sequence {n}"
+    for n, t in leaves.items():
+        assert t.grad is not None and t.grad.shape == t.shape and torch.isfinite(t.grad).all(), n
+
+
+# ---------------------------------------------------------------------------------------------
+# nonfinite: the float64 reference's NaN / Inf pattern, and untouched sequences bit for bit.
+
+
+@pytest.mark.parametrize("op", TOP)
+@pytest.mark.parametrize("where", ["k", "v", "q"])
+def test_nonfinite_inputs_propagate_like_the_reference(device, runnable_backends, op, where):
+    x = _inputs(op, B=3, T=40, device=device)
+    dirty = dict(x)
+    p = x[where].clone()
+    p[0, 5, 0, 3] = float("nan")   # batch row 0
+    p[1, 7, 1, 2] = float("inf")   # batch row 1; row 2 stays clean
+    dirty[where] = p
+    names = ("q", "k", "v", "g", "beta", "initial_state")
+
+    def run(module, inputs, cast=lambda t: t):
+        leaves = {n: cast(t).clone().requires_grad_() for n, t in inputs.items()}
+        o, ht = getattr(module, op)(q=leaves["q"], k=leaves["k"], v=leaves["v"], g=leaves["g"],
+                                    beta=leaves["beta"], initial_state=leaves["initial_state"], scale=0.3,
+                                    output_final_state=True)
+        gen = torch.Generator().manual_seed(1)
+        do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
+        grads = torch.autograd.grad((o * do).sum() + ht.sum(), [leaves[n] for n in names])
+        return [o.detach(), ht.detach(), *grads]
+
+    ref = run(fusedops.reference, dirty, lambda t: t.cpu().double())
+    for backend in runnable_backends(op, device):
+        with fusedops.use_backend(**{op: backend}):
+            ours = run(fusedops, dirty)
+            clean = run(fusedops, x)
+        for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
+            what = f"{op} {backend} {where} output/gradient {i}"
+            a = a.cpu()
+            if "recurrent" in op:  # exactly the reference's NaN and Inf
+                assert torch.equal(torch.isnan(a), torch.isnan(r)), \
+                    f"{what}: NaN at {torch.isnan(a).nonzero().tolist()[:8]}, reference {torch.isnan(r).nonzero().tolist()[:8]}"
+                assert torch.equal(torch.isinf(a), torch.isinf(r)), f"{what}: Inf pattern differs"
+            elif i < 2:
+                # o and final_state: every value the reference makes non-finite is non-finite; the
+                # chunk products may also carry it to the earlier tokens of the poisoned chunk (a
+                # zero weight times NaN). The gradients of the poisoned sequence are not compared:
+                # where a zero weight meets NaN differs between the float64 and fp32 chunk
+                # algorithms (and the per-token recurrence), and no pattern is the one truth.
+                missing = ~torch.isfinite(r) & torch.isfinite(a)
+                assert not missing.any(), f"{what}: finite at {missing.nonzero().tolist()[:8]} where the reference is not"
+            # batch row 2 (and its state) never meets the poison: bit for bit a clean call's
+            assert torch.equal(a[2], c[2].cpu()), f"{what}: batch row 2 differs from a clean call"
+
+
+# ---------------------------------------------------------------------------------------------
+# device: tensors of one call on two devices.
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason=CUDA_REASON or "-")
+@pytest.mark.parametrize("op", TOP)
+def test_tensors_on_two_devices_raise(op):
+    x = _inputs(op, device="cuda")
+    for name in x:
+        mixed = dict(x, **{name: x[name].cpu()})
+        with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+            _call(op, mixed)
+    with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+        gdn.chunk_local_cumsum(x["g"], 32, cu_seqlens=torch.tensor([0, 9]),
+                               chunk_indices=torch.tensor([[0, 0]], device="cuda"))
+
+
+# ---------------------------------------------------------------------------------------------
+# int32: element counts past 2^31.
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 4 GiB: CUDA only (a CPU run "
+                    "would need the same host memory and minutes of CI time)")
+@pytest.mark.parametrize("op", TOP)
+def test_outputs_past_int32_elements_on_cuda(op):
+    """o of more than 2^31 elements from inputs whose batch rows repeat one row (expanded views):
+    the last batch row equals the first, and both equal a call on that row alone."""
+    T, HV, V = 64, 2, 64
+    B = 2 ** 31 // (T * HV * V) + 2
+    one = _inputs(op, B=1, T=T, H=2, HV=HV, K=64, V=V, dtype=torch.bfloat16, device="cuda")
+    big = {n: t.expand(B, *t.shape[1:]) for n, t in one.items() if n != "initial_state"}
+    big["initial_state"] = None
+    with torch.no_grad():
+        o, _ = _call(op, big, output_final_state=False)
+        o1, _ = _call(op, dict(one, initial_state=None), output_final_state=False)
+    assert torch.equal(o[-1], o[0]) and torch.equal(o[-1], o1[0])
+    fusedops.check_errors()
