@@ -11,6 +11,8 @@ NaN / Inf, and element counts past 2^31. Calls pass everything after q, k, v, g,
 
 from __future__ import annotations
 
+import re
+
 import fusedops
 import pytest
 import torch
@@ -103,13 +105,13 @@ def test_chunk_tables_that_do_not_match_cu_seqlens(device):
     bad = torch.tensor([[0, 0], [2, 0], [2, 7]], device=device)
     message = "chunk_indices row 2 is (2,7), expected (2,1) for these cu_seqlens"
     if device == "cpu":
-        with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        with pytest.raises(ValueError, match=re.escape(message)):
             gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
     else:
         gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)  # no fault
         torch.cuda.synchronize()
         fusedops.check_errors()
-    with fusedops.debug_checks(), pytest.raises(ValueError, match=__import__("re").escape(message)):
+    with fusedops.debug_checks(), pytest.raises(ValueError, match=re.escape(message)):
         gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
     with pytest.raises(ValueError, match="chunk_indices has 2 rows but cu_seqlens with chunk_size 32 gives 3"):
         gdn.chunk_local_cumsum(g.cpu(), 32, cu_seqlens=cu.cpu(), chunk_indices=good[:2].cpu())
