@@ -28,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ["rmsnorm", "l2norm", "causal_conv1d", "clipped_swiglu", "sort_chunks", "matmul_add",
-            "cross_entropy", "chunk_loss", "mhc"]
+            "cross_entropy", "chunk_loss", "mhc", "gated_delta_rule", "kda", "linear_attention"]
 CLASSES = ["rank", "shape", "dtype", "device", "layout", "empty", "values", "nonfinite", "int32"]
 CUDA_REASON = ("" if torch.cuda.is_available() and fusedops.built_with_cuda()
                else "needs a CUDA device and a CUDA build")

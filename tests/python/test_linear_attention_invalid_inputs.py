@@ -286,6 +286,12 @@ def test_tensors_on_two_devices_raise(op):
     with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
         gdn.chunk_local_cumsum(x["g"], 32, cu_seqlens=torch.tensor([0, 9]),
                                chunk_indices=torch.tensor([[0, 0]], device="cuda"))
+    # the shared sub-operators: each of their tensors on the CPU in a CUDA call
+    y = _sub_inputs(device="cuda")
+    for sub in SUBOPS:
+        for name in ("g", "k", "w"):
+            with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+                _run_sub(sub, dict(y, **{name: y[name].cpu()}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,4 +313,130 @@ def test_outputs_past_int32_elements_on_cuda(op):
         o, _ = _call(op, big, output_final_state=False)
         o1, _ = _call(op, dict(one, initial_state=None), output_final_state=False)
     assert torch.equal(o[-1], o[0]) and torch.equal(o[-1], o1[0])
+    fusedops.check_errors()
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared sub-operators: chunk_local_cumsum, chunk_gated_delta_rule_fwd_h / _bwd_dhu.
+
+SUBOPS = ["chunk_local_cumsum", "chunk_gated_delta_rule_fwd_h", "chunk_gated_delta_rule_bwd_dhu"]
+
+
+def _sub_inputs(B=1, T=70, device="cpu", N=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+
+    N = B if N is None else N
+    return {"g": -0.05 - 0.1 * rn(B, T, 2).abs(), "q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3),
+            "w": rn(B, T, 2, 8, scale=0.3), "u": rn(B, T, 2, 8), "do": rn(B, T, 2, 8), "dv": rn(B, T, 2, 8),
+            "h0": rn(N, 2, 8, 8), "dht": rn(N, 2, 8, 8)}
+
+
+def _run_sub(op, x, **kw):
+    if op == "chunk_local_cumsum":
+        return (gdn.chunk_local_cumsum(x["g"], 32, **kw),)
+    if op == "chunk_gated_delta_rule_fwd_h":
+        return gdn.chunk_gated_delta_rule_fwd_h(k=x["k"], w=x["w"], u=x["u"], g=x["g"], initial_state=x["h0"],
+                                                output_final_state=True, chunk_size=32, **kw)
+    return gdn.chunk_gated_delta_rule_bwd_dhu(q=x["q"], k=x["k"], w=x["w"], do=x["do"], dv=x["dv"], g=x["g"],
+                                              h0=x["h0"], dht=x["dht"], scale=0.3, chunk_size=32, **kw)
+
+
+@pytest.mark.parametrize("op", SUBOPS)
+def test_sub_operator_rank_shape_and_dtype_errors(op):
+    x = _sub_inputs()
+    main = {"chunk_local_cumsum": "g", "chunk_gated_delta_rule_fwd_h": "k", "chunk_gated_delta_rule_bwd_dhu": "k"}[op]
+    with pytest.raises(ValueError, match="rank"):
+        _run_sub(op, dict(x, **{main: x[main][0]}))
+    other = {"chunk_local_cumsum": None, "chunk_gated_delta_rule_fwd_h": "u", "chunk_gated_delta_rule_bwd_dhu": "do"}[op]
+    if other:
+        with pytest.raises(ValueError, match=f"{other if other != 'do' else 'dout'} must have shape"):
+            _run_sub(op, dict(x, **{other: x[other][:, :-1]}))
+    else:  # chunk_indices of another shape
+        cu = torch.tensor([0, 30, 70])
+        with pytest.raises(ValueError, match=r"chunk_indices must be a contiguous \[NT,2\] tensor"):
+            _run_sub(op, x, cu_seqlens=cu, chunk_indices=torch.zeros(3, 3, dtype=torch.int64))
+    with pytest.raises((TypeError, ValueError)):
+        _run_sub(op, dict(x, g=x["g"].to(torch.int32), k=x["k"].to(torch.int32)))
+    with pytest.raises((TypeError, ValueError), match="int32/int64|int32, int64"):
+        _run_sub(op, x, cu_seqlens=torch.tensor([0.0, 70.0]))
+
+
+@pytest.mark.parametrize("op", SUBOPS)
+def test_sub_operator_strided_inputs_match_contiguous(device, op):
+    x = _sub_inputs(B=2, device=device)
+    y = {}
+    for n, t in x.items():
+        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
+        buf[..., 1::2] = t
+        y[n] = buf[..., 1::2]
+    y["k"] = x["k"].transpose(0, 1).contiguous().transpose(0, 1)
+    for a, b in zip(_run_sub(op, x), _run_sub(op, y)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("op", SUBOPS)
+@pytest.mark.parametrize("shape", [(2, 0, None), (1, 0, [0, 0]), (1, 70, [0, 0, 70, 70])],
+                         ids=["T0", "varlen-T0", "empty-sequences"])
+def test_sub_operator_empty_inputs(device, op, shape):
+    B, T, cu = shape
+    N = B if cu is None else len(cu) - 1
+    x = _sub_inputs(B=B, T=T, device=device, N=N)
+    outs = _run_sub(op, x, cu_seqlens=None if cu is None else torch.tensor(cu, device=device))
+    for o in outs:
+        assert o is not None and torch.isfinite(o).all()
+    if op != "chunk_local_cumsum":
+        empty = [n for n in range(N) if cu is None or cu[n] == cu[n + 1]]
+        end = outs[2] if op == "chunk_gated_delta_rule_fwd_h" else outs[1]  # final state / dh0
+        start = x["h0"] if op == "chunk_gated_delta_rule_fwd_h" else x["dht"]
+        for n in empty:
+            assert torch.equal(end[n], start[n]), f"sequence {n}"
+
+
+@pytest.mark.parametrize("op", SUBOPS)
+def test_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backends, op):
+    """NaN in one gate (cumsum) or key (the state recurrences) of batch row 0, +Inf in row 1: every
+    backend gives the float64 ref backend's NaN / Inf pattern; row 2 is bit for bit a clean call's."""
+    x = _sub_inputs(B=3, device=device)
+    dirty = dict(x)
+    name = "g" if op == "chunk_local_cumsum" else "k"
+    p = x[name].clone()
+    p[(0, 40) + (0,) * (p.dim() - 2)] = float("nan")
+    p[(1, 7) + (1,) * (p.dim() - 2)] = float("inf")
+    dirty[name] = p
+    with fusedops.use_backend(**{op: "ref"}):
+        ref = [t.cpu() for t in _run_sub(op, {n: t.cpu().double() if n in ("g", "q", "k", "w", "u", "do", "dv") else
+                                                 t.cpu() for n, t in dirty.items()})]
+    for backend in runnable_backends(op, device):
+        with fusedops.use_backend(**{op: backend}):
+            ours, clean = _run_sub(op, dirty), _run_sub(op, x)
+        for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
+            what = f"{op} {backend} output {i}"
+            a = a.cpu()
+            assert torch.equal(torch.isnan(a), torch.isnan(r)), \
+                f"{what}: NaN at {torch.isnan(a).nonzero().tolist()[:6]}, ref {torch.isnan(r).nonzero().tolist()[:6]}"
+            assert torch.equal(torch.isinf(a), torch.isinf(r)), f"{what}: Inf pattern differs"
+            if a.shape[0] == 3:
+                assert torch.equal(a[2], c.cpu()[2]), f"{what}: batch row 2 differs from a clean call"
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 4 GiB: CUDA only (a CPU run "
+                    "would need the same host memory and minutes of CI time)")
+@pytest.mark.parametrize("op", SUBOPS)
+def test_sub_operator_outputs_past_int32_elements_on_cuda(op):
+    """Outputs of more than 2^31 elements from inputs whose batch rows repeat one row (expanded):
+    the last batch row equals the first."""
+    x1 = _sub_inputs(B=1, T=64, device="cuda")
+    per = {"chunk_local_cumsum": 64 * 2, "chunk_gated_delta_rule_fwd_h": 64 * 2 * 8,
+           "chunk_gated_delta_rule_bwd_dhu": 64 * 2 * 8}[op]
+    B = 2 ** 31 // per + 2
+    x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
+    x["h0"] = x["dht"] = None
+    with torch.no_grad():
+        outs = _run_sub(op, x)
+    for o in outs:
+        if o is not None and o.shape[0] == B:
+            assert torch.equal(o[-1], o[0])
     fusedops.check_errors()

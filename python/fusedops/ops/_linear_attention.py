@@ -240,8 +240,13 @@ def check_slots(op: str, tensors: Optional[dict] = None, flags: Optional[dict] =
 
 
 def check_rank4(op: str, q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
+    check_rank4_of(op, q=q, k=k, v=v)
+
+
+def check_rank4_of(op: str, **tensors: Optional[Tensor]) -> None:
+    """Each given [B,T,H,D] tensor has rank 4 (before a shape is read from it)."""
+    for name, t in tensors.items():
+        if t is not None and t.dim() != 4:
             fail(op, f"{name} must have rank 4 ([B,T,H,D]), got shape {list(t.shape)}")
 
 
@@ -598,6 +603,7 @@ def chunk_gated_delta_rule_fwd_h(k: Tensor, w: Tensor, u: Tensor, g: Optional[Te
     check_slots(op, dict(g=g, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                          chunk_indices=chunk_indices, chunk_offsets=chunk_offsets),
                 dict(output_final_state=output_final_state, save_new_value=save_new_value, state_v_first=state_v_first))
+    check_rank4_of(op, k=k, w=w, u=u)
     B, T = k.shape[:2]
     HV, K, V = u.shape[2], k.shape[3], u.shape[3]
     _, co = chunk_tables(op, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, T)
@@ -626,6 +632,7 @@ def chunk_gated_delta_rule_bwd_dhu(q: Tensor, k: Tensor, w: Tensor, do: Tensor, 
     op = "chunk_gated_delta_rule_bwd_dhu"
     check_slots(op, dict(g=g, gk=gk, h0=h0, dht=dht, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                          chunk_offsets=chunk_offsets), dict(state_v_first=state_v_first), dict(scale=scale))
+    check_rank4_of(op, q=q, k=k, w=w, dout=do, dv=dv)
     B, T = q.shape[:2]
     HV, K, V = do.shape[2], q.shape[3], do.shape[3]
     _, co = chunk_tables(op, cu_seqlens, None, chunk_indices, chunk_size, T)

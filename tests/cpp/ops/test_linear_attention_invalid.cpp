@@ -491,6 +491,125 @@ TEST(LinearAttentionInvalid, NonFinitePropagatesLikeTheReference) {
     }
 }
 
+// The shared sub-operators chunk_local_cumsum, chunk_gated_delta_rule_fwd_h / _bwd_dhu: rank,
+// shape, empty inputs (T = 0, empty sequences) and NaN / Inf against the ref backend's pattern
+// (exact: their products never meet a zero weight), on every CPU backend.
+struct Sub {
+  int64_t B, T;
+  std::vector<int64_t> cu;
+  TestTensor g, q, k, w, u, dout, dv, h0, dht, cs, h, vn, ht, dh, dh0, dv2, cu_t, ci, co;
+  Sub(int64_t b, int64_t t, std::vector<int64_t> c = {}) : B(b), T(t), cu(std::move(c)) {
+    const DType f = DType::kFloat32;
+    const int64_t N = cu.empty() ? B : static_cast<int64_t>(cu.size()) - 1;
+    g = TestTensor(f, {B, T, 2});
+    std::vector<double> gv = g.fill_normal(3);
+    for (double& x : gv) x = -0.05 - 0.1 * std::fabs(x);
+    g.set(gv);
+    for (TestTensor* x : {&q, &k, &w, &u, &dout, &dv, &vn, &dv2}) *x = TestTensor(f, {B, T, 2, 8});
+    q.fill_normal(4, 0, 0.3); k.fill_normal(5, 0, 0.3); w.fill_normal(6, 0, 0.3); u.fill_normal(7);
+    dout.fill_normal(8); dv.fill_normal(9);
+    for (TestTensor* x : {&h0, &dht, &ht, &dh0}) *x = TestTensor(f, {N, 2, 8, 8});
+    h0.fill_normal(10); dht.fill_normal(11);
+    cs = TestTensor(f, {B, T, 2});
+    int64_t NT = (T + 31) / 32;  // per batch row
+    if (!cu.empty()) {
+      cu_t = ints({static_cast<int64_t>(cu.size())}, cu);
+      NT = varlen_chunk_count(cu_t.view(), 32);
+      ci = TestTensor(DType::kInt64, {NT, 2});
+      co = TestTensor(DType::kInt64, {N + 1});
+      prepare_chunk_indices(cu_t.view(), 32, ci.view());
+      prepare_chunk_offsets(cu_t.view(), 32, co.view());
+    }
+    h = TestTensor(f, {cu.empty() ? B : 1, NT, 2, 8, 8});
+    dh = TestTensor(f, {cu.empty() ? B : 1, NT, 2, 8, 8});
+  }
+  TensorView cuv() const { return cu.empty() ? TensorView() : cu_t.view(); }
+  void cumsum(const Context& ctx) {
+    chunk_local_cumsum(ctx, {g.view(), cs.view(), cuv(), cu.empty() ? TensorView() : ci.view(), 32, false, 1.0});
+  }
+  void fwd_h(const Context& ctx) {
+    ChunkGatedDeltaRuleFwdHArgs a;
+    a.k = k.view(); a.w = w.view(); a.u = u.view(); a.g = g.view(); a.h0 = h0.view(); a.h = h.view();
+    a.v_new = vn.view(); a.ht = ht.view(); a.cu_seqlens = cuv(); a.chunk_size = 32;
+    if (!cu.empty()) a.chunk_offsets = co.view();
+    chunk_gated_delta_rule_fwd_h(ctx, a);
+  }
+  void bwd_dhu(const Context& ctx) {
+    ChunkGatedDeltaRuleBwdDhuArgs a;
+    a.q = q.view(); a.k = k.view(); a.w = w.view(); a.dout = dout.view(); a.dv = dv.view(); a.g = g.view();
+    a.dht = dht.view(); a.dh = dh.view(); a.dh0 = dh0.view(); a.dv2 = dv2.view(); a.cu_seqlens = cuv();
+    a.scale = 0.3; a.chunk_size = 32;
+    if (!cu.empty()) a.chunk_offsets = co.view();
+    chunk_gated_delta_rule_bwd_dhu(ctx, a);
+  }
+  std::vector<std::vector<double>> outputs() const {
+    return {cs.to_double(), h.to_double(), vn.to_double(), ht.to_double(), dh.to_double(), dh0.to_double(),
+            dv2.to_double()};
+  }
+};
+
+TEST(LinearAttentionInvalid, SharedSubOperatorsRankShapeEmptyAndNonFinite) {
+  const Context ctx = Context::cpu();
+  {  // rank and shape
+    Sub s(1, 70);
+    s.k = TestTensor(DType::kFloat32, {1, 70, 16});
+    expect_error([&] { s.fwd_h(ctx); }, ErrorKind::kValue, "chunk_gated_delta_rule_fwd_h: k must have rank 4");
+    expect_error([&] { s.bwd_dhu(ctx); }, ErrorKind::kValue, "chunk_gated_delta_rule_bwd_dhu: k must have rank 4");
+    Sub t(1, 70);
+    t.u = TestTensor(DType::kFloat32, {1, 69, 2, 8});
+    expect_error([&] { t.fwd_h(ctx); }, ErrorKind::kValue, "chunk_gated_delta_rule_fwd_h: u must have shape [1,70,2,8]");
+    t.cs = TestTensor(DType::kFloat32, {1, 70, 3});
+    expect_error([&] { t.cumsum(ctx); }, ErrorKind::kValue, "chunk_local_cumsum: out must have shape [1,70,2]");
+    t.dh = TestTensor(DType::kFloat32, {1, 2, 2, 8, 8});
+    expect_error([&] { t.bwd_dhu(ctx); }, ErrorKind::kValue, "chunk_gated_delta_rule_bwd_dhu: dh must have shape [1,3,2,8,8]");
+  }
+  for (const char* op : {"chunk_local_cumsum", "chunk_gated_delta_rule_fwd_h", "chunk_gated_delta_rule_bwd_dhu"})
+    for (const auto& b : runnable_backends(op, Direction::kForward)) {
+      if (b.device.kind != DeviceKind::kCPU) continue;
+      SCOPED_TRACE(std::string(op) + " " + b.id);
+      const std::string o = op;
+      auto run = [&](Sub& s, const Context& c) {
+        if (o == "chunk_local_cumsum") s.cumsum(c);
+        else if (o == "chunk_gated_delta_rule_fwd_h") s.fwd_h(c);
+        else s.bwd_dhu(c);
+      };
+      // empty: T = 0 and empty sequences pass the state through
+      for (const auto& cu : {std::vector<int64_t>{}, std::vector<int64_t>{0, 0, 70, 70}}) {
+        Sub s(cu.empty() ? 2 : 1, cu.empty() ? 0 : 70, cu);
+        run(s, b.ctx());
+        if (o == "chunk_local_cumsum") continue;
+        const auto end = o == "chunk_gated_delta_rule_fwd_h" ? s.ht.to_double() : s.dh0.to_double();
+        const auto start = o == "chunk_gated_delta_rule_fwd_h" ? s.h0.to_double() : s.dht.to_double();
+        for (int64_t n : cu.empty() ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0, 2})
+          for (int64_t i = 0; i < 128; ++i) ASSERT_EQ(end[n * 128 + i], start[n * 128 + i]) << "sequence " << n;
+      }
+      // nonfinite: NaN in a gate (cumsum) or key of batch row 0, +Inf in row 1; the ref pattern
+      auto poison = [&](Sub& s) {
+        TestTensor& t = o == "chunk_local_cumsum" ? s.g : s.k;
+        std::vector<double> v = t.to_double();
+        const int64_t row = t.numel() / 3;
+        v[40 * (row / 70)] = NAN;
+        v[row + 7 * (row / 70) + 1] = INFINITY;
+        t.set(v);
+      };
+      Sub ours(3, 70), ref(3, 70), clean(3, 70);
+      poison(ours);
+      poison(ref);
+      Context rctx = Context::cpu();
+      rctx.backend = "ref";
+      run(ref, rctx);
+      run(ours, b.ctx());
+      run(clean, b.ctx());
+      const auto a = ours.outputs(), r = ref.outputs(), c = clean.outputs();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(pattern(a[i]), pattern(r[i])) << "output " << i;
+        const size_t third = a[i].size() / 3;
+        for (size_t j = 2 * third; j < a[i].size(); ++j)
+          if (!(std::isnan(a[i][j]) && std::isnan(c[i][j]))) ASSERT_EQ(a[i][j], c[i][j]) << "output " << i << " row 2";
+      }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // CUDA: cu_seqlens is not read on the host; the device check reports a bad one (raised by
 // check_device_errors) and the kernels clamp every offset; debug checks raise the CPU's error.
@@ -563,6 +682,24 @@ TEST(LinearAttentionInvalid, OutputsPast2Pow31ElementsOnCuda) {
   ASSERT_EQ(cudaMemcpy(last.data(), static_cast<uint8_t*>(out) + (B - 1) * row, row, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(first, last);
   cudaFree(out);
+  {  // the shared chunk_local_cumsum: g [B,64,2] broadcast along B, out of more than 2^31 elements
+    const int64_t Bc = (int64_t(1) << 31) / (64 * 2) + 2;
+    TestTensor g1(DType::kFloat32, {1, 64, 2}, d);
+    g1.fill_normal(3);
+    const int64_t gs[3] = {Bc, 64, 2}, gst[3] = {0, 2, 1}, ost[3] = {64 * 2, 2, 1};
+    void* o2 = nullptr;
+    ASSERT_EQ(cudaMalloc(&o2, static_cast<size_t>(Bc) * 128 * 4), cudaSuccess);
+    ChunkLocalCumsumArgs cs;
+    cs.g = TensorView(g1.data(), DType::kFloat32, d, 3, gs, gst);
+    cs.out = TensorView(o2, DType::kFloat32, d, 3, gs, ost);
+    cs.chunk_size = 64;
+    chunk_local_cumsum(Context::cuda(0), cs);
+    std::vector<uint8_t> a(512), z(512);
+    ASSERT_EQ(cudaMemcpy(a.data(), o2, 512, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(z.data(), static_cast<uint8_t*>(o2) + (Bc - 1) * 512, 512, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(a, z);
+    cudaFree(o2);
+  }
 #endif
 }
 
