@@ -292,6 +292,11 @@ def test_tensors_on_two_devices_raise(op):
         for name in ("g", "k", "w"):
             with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
                 _run_sub(sub, dict(y, **{name: y[name].cpu()}))
+    z = _gdn_sub_inputs(device="cuda")
+    for sub in GDN_SUBOPS:
+        m = _main(sub)
+        with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+            _run_gdn_sub(sub, dict(z, **{m: z[m].cpu()}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,4 +444,143 @@ def test_sub_operator_outputs_past_int32_elements_on_cuda(op):
     for o in outs:
         if o is not None and o.shape[0] == B:
             assert torch.equal(o[-1], o[0])
+    fusedops.check_errors()
+
+
+# ---------------------------------------------------------------------------------------------
+# The GDN chunk sub-operators (flash-linear-attention's building blocks).
+
+GDN_SUBOPS = ["chunk_scaled_dot_kkt_fwd", "solve_tril", "recompute_w_u_fwd", "prepare_wy_repr_bwd", "chunk_fwd_o",
+              "chunk_bwd_dv_local", "chunk_bwd_dqkwg"]
+BT = 32
+
+
+def _gdn_sub_inputs(B=2, T=70, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+
+    NT = -(-T // BT)
+    x = {"q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3), "v": rn(B, T, 2, 8),
+         "g": gdn.chunk_local_cumsum(-0.05 - 0.1 * rn(B, T, 2).abs(), BT), "beta": torch.sigmoid(rn(B, T, 2)),
+         "do": rn(B, T, 2, 8), "dw": rn(B, T, 2, 8), "du": rn(B, T, 2, 8), "dv": rn(B, T, 2, 8),
+         "w": rn(B, T, 2, 8, scale=0.3), "h": rn(B, NT, 2, 8, 8), "dh": rn(B, NT, 2, 8, 8)}
+    x["A"] = gdn.solve_tril(gdn.chunk_scaled_dot_kkt_fwd(k=x["k"], g=x["g"], beta=x["beta"], chunk_size=BT))
+    return x
+
+
+def _run_gdn_sub(op, x, **kw):
+    f = getattr(gdn, op)
+    if op == "chunk_scaled_dot_kkt_fwd":
+        out = f(k=x["k"], g=x["g"], beta=x["beta"], chunk_size=BT, **kw)
+    elif op == "solve_tril":
+        out = f(A=x["A"], **kw)
+    elif op == "recompute_w_u_fwd":
+        out = f(k=x["k"], v=x["v"], beta=x["beta"], A=x["A"], g=x["g"], **kw)
+    elif op == "prepare_wy_repr_bwd":
+        out = f(k=x["k"], v=x["v"], beta=x["beta"], A=x["A"], dw=x["dw"], du=x["du"], g=x["g"], **kw)
+    elif op == "chunk_fwd_o":
+        out = f(q=x["q"], k=x["k"], v=x["v"], h=x["h"], g=x["g"], scale=0.3, chunk_size=BT, **kw)
+    elif op == "chunk_bwd_dv_local":
+        out = f(q=x["q"], k=x["k"], do=x["do"], g=x["g"], scale=0.3, chunk_size=BT, **kw)
+    else:
+        out = f(q=x["q"], k=x["k"], v=x["v"], do=x["do"], h=x["h"], dh=x["dh"], w=x["w"], g=x["g"], dv=x["dv"],
+                scale=0.3, chunk_size=BT, **kw)
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+
+
+def _main(op):
+    return "A" if op == "solve_tril" else ("k" if op in ("chunk_scaled_dot_kkt_fwd", "recompute_w_u_fwd",
+                                                        "prepare_wy_repr_bwd") else "q")
+
+
+@pytest.mark.parametrize("op", GDN_SUBOPS)
+def test_gdn_sub_operator_errors(op):
+    """Rank and shape raise a clear error (never an IndexError from reading a shape), dtypes and
+    chunk tables that do not match cu_seqlens raise on the CPU."""
+    x = _gdn_sub_inputs(B=1)
+    m = _main(op)
+    with pytest.raises((ValueError, TypeError), match="rank|must have shape"):
+        _run_gdn_sub(op, dict(x, **{m: x[m][0]}))
+    other = "beta" if op in ("chunk_scaled_dot_kkt_fwd", "recompute_w_u_fwd", "prepare_wy_repr_bwd") else \
+        ("A" if op == "solve_tril" else "do" if op != "chunk_fwd_o" else "v")
+    bad = x[other][..., :-1] if op == "solve_tril" else x[other][:, :-1]
+    with pytest.raises(ValueError, match="must have shape|must be 16, 32 or 64|rank"):
+        _run_gdn_sub(op, dict(x, **{other: bad}))
+    with pytest.raises((TypeError, ValueError)):
+        _run_gdn_sub(op, dict(x, **{m: x[m].to(torch.int32)}))
+    cu = torch.tensor([0, 30, 70])
+    bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])
+    with pytest.raises(ValueError, match=re.escape("chunk_indices row 2 is (1,5), expected (1,1)")):
+        _run_gdn_sub(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        _run_gdn_sub(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
+
+
+@pytest.mark.parametrize("op", GDN_SUBOPS)
+def test_gdn_sub_operator_layouts_and_empty_inputs(device, op):
+    x = _gdn_sub_inputs(device=device)
+    y = {}
+    for n, t in x.items():
+        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
+        buf[..., 1::2] = t
+        y[n] = buf[..., 1::2]
+    for a, b in zip(_run_gdn_sub(op, x), _run_gdn_sub(op, y)):
+        assert torch.equal(a, b)
+    e = _gdn_sub_inputs(T=0, device=device)
+    for o in _run_gdn_sub(op, e):
+        assert o.numel() == 0 or torch.isfinite(o).all()
+    v = _gdn_sub_inputs(B=1, device=device)  # an empty sequence among others
+    for o in _run_gdn_sub(op, v, cu_seqlens=torch.tensor([0, 0, 30, 30, 70], device=device)):
+        assert torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("op", GDN_SUBOPS)
+def test_gdn_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backends, op):
+    """NaN in one token of batch row 0's main input, +Inf in row 1's: every backend gives the ref
+    backend's pattern, up to the earlier rows of the poisoned chunk (a zero weight of the chunk
+    products times NaN); row 2 is bit for bit a clean call's."""
+    x = _gdn_sub_inputs(B=3, device=device)
+    m = _main(op)
+    p = x[m].clone()
+    p[(0, 40) + (0,) * (p.dim() - 2)] = float("nan")
+    p[(1, 7) + (1,) * (p.dim() - 2)] = float("inf")
+    dirty = dict(x, **{m: p})
+    reg = {"recompute_w_u_fwd": "recompute_w_u", "prepare_wy_repr_bwd": "recompute_w_u",
+           "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt"}.get(op, op)  # the registry's name
+    with fusedops.use_backend(**{reg: "ref"}):
+        ref = [t.cpu() for t in _run_gdn_sub(op, {n: t.cpu().double() for n, t in dirty.items()})]
+    for backend in runnable_backends(reg, device):
+        with fusedops.use_backend(**{reg: backend}):
+            ours, clean = _run_gdn_sub(op, dirty), _run_gdn_sub(op, x)
+        for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
+            what = f"{op} {backend} output {i}"
+            a = a.cpu()
+            missing = ~torch.isfinite(r) & torch.isfinite(a)
+            assert not missing.any(), f"{what}: finite at {missing.nonzero().tolist()[:6]} where ref is not"
+            if a.dim() >= 2 and a.shape[1] == 70:  # token-major outputs: extra ones only in the poisoned chunks
+                allowed = torch.zeros(a.shape, dtype=torch.bool)
+                allowed[0, BT:2 * BT] = True
+                allowed[1, :BT] = True
+                extra = ~torch.isfinite(a) & torch.isfinite(r) & ~allowed
+                assert not extra.any(), f"{what}: non-finite outside the poisoned chunks at {extra.nonzero().tolist()[:6]}"
+            assert torch.equal(a[2], c.cpu()[2]), f"{what}: batch row 2 differs from a clean call"
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 8 GiB: CUDA only (a CPU run "
+                    "would need the same host memory and minutes of CI time)")
+@pytest.mark.parametrize("op", GDN_SUBOPS)
+def test_gdn_sub_operator_outputs_past_int32_elements_on_cuda(op):
+    """Outputs of more than 2^31 elements from inputs broadcast along B (expanded views): the last
+    batch row of every output equals the first."""
+    x1 = _gdn_sub_inputs(B=1, T=64, device="cuda")
+    per = 64 * 2 * (BT if op in ("chunk_scaled_dot_kkt_fwd", "solve_tril") else 8)
+    B = 2 ** 31 // per + 2
+    x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
+    with torch.no_grad():
+        outs = _run_gdn_sub(op, x)
+    assert max(o.numel() for o in outs) > 2 ** 31
+    for o in outs:
+        assert torch.equal(o[-1], o[0])
     fusedops.check_errors()

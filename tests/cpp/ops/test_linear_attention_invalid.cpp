@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/cpp/test_util.h"
@@ -608,6 +609,138 @@ TEST(LinearAttentionInvalid, SharedSubOperatorsRankShapeEmptyAndNonFinite) {
           if (!(std::isnan(a[i][j]) && std::isnan(c[i][j]))) ASSERT_EQ(a[i][j], c[i][j]) << "output " << i << " row 2";
       }
     }
+}
+
+// GDN's chunk sub-operators (chunk_scaled_dot_kkt_fwd, solve_tril, recompute_w_u_fwd,
+// prepare_wy_repr_bwd, chunk_fwd_o, chunk_bwd_dv_local, chunk_bwd_dqkwg): rank, chunk tables that do
+// not match cu_seqlens (raised before any work), T = 0, and NaN / Inf against the ref backend's
+// pattern (up to the rows of the poisoned chunk), on every CPU backend.
+struct GdnSub {
+  int64_t B, T, NT;
+  TestTensor q, k, v, g, beta, A, h, dh, dout, dv, dw, du, w, o1, o2, o3, o4;
+  explicit GdnSub(int64_t b, int64_t t) : B(b), T(t), NT((t + 31) / 32) {
+    const DType f = DType::kFloat32;
+    for (TestTensor* x : {&q, &k, &v, &dout, &dv, &dw, &du, &w}) *x = TestTensor(f, {B, T, 2, 8});
+    q.fill_normal(1, 0, 0.3); k.fill_normal(2, 0, 0.3); v.fill_normal(3); dout.fill_normal(4); dv.fill_normal(5);
+    dw.fill_normal(6); du.fill_normal(7); w.fill_normal(8, 0, 0.3);
+    g = TestTensor(f, {B, T, 2});
+    std::vector<double> gv = g.fill_normal(9);
+    for (int64_t i = 0; i < static_cast<int64_t>(gv.size()); ++i) gv[i] = -0.02 * ((i / 2) % 32 + 1);  // a cumsum
+    g.set(gv);
+    beta = TestTensor(f, {B, T, 2});
+    std::vector<double> bv = beta.fill_normal(10);
+    for (double& x : bv) x = 1.0 / (1.0 + std::exp(-x));
+    beta.set(bv);
+    A = TestTensor(f, {B, T, 2, 32});
+    std::vector<double> av = A.fill_normal(11, 0, 0.1);
+    for (int64_t i = 0; i < static_cast<int64_t>(av.size()); ++i)
+      if (i % 32 >= (i / 64) % 32) av[i] = 0;  // strictly lower per chunk row (t % 32 = row)
+    A.set(av);
+    h = TestTensor(f, {B, NT, 2, 8, 8});
+    h.fill_normal(12);
+    dh = TestTensor(f, {B, NT, 2, 8, 8});
+    dh.fill_normal(13);
+    o1 = TestTensor(f, {B, T, 2, 32});
+    o2 = TestTensor(f, {B, T, 2, 8});
+    o3 = TestTensor(f, {B, T, 2, 8});
+    o4 = TestTensor(f, {B, T, 2});
+  }
+  // Runs `op`; its outputs are o1..o4 as the op has them.
+  void run(const std::string& op, const Context& ctx, const TensorView& cu = {}, const TensorView& ci = {}) {
+    if (op == "chunk_scaled_dot_kkt") {
+      chunk_scaled_dot_kkt_fwd(ctx, {k.view(), beta.view(), g.view(), o1.view(), cu, ci, 32});
+    } else if (op == "solve_tril") {
+      solve_tril(ctx, {A.view(), o1.view(), cu, ci});
+    } else if (op == "recompute_w_u") {
+      recompute_w_u_fwd(ctx, {k.view(), v.view(), beta.view(), A.view(), g.view(), o2.view(), o3.view(), cu, ci});
+    } else if (op == "prepare_wy_repr_bwd") {
+      PrepareWyReprBwdArgs a;
+      a.k = k.view(); a.v = v.view(); a.beta = beta.view(); a.A = A.view(); a.g = g.view(); a.dw = dw.view();
+      a.du = du.view(); a.dk = o2.view(); a.dv = o3.view(); a.dbeta = o4.view(); a.dg = TensorView();
+      a.g = TensorView();
+      a.cu_seqlens = cu; a.chunk_indices = ci;
+      prepare_wy_repr_bwd(ctx, a);
+    } else if (op == "chunk_fwd_o") {
+      chunk_fwd_o(ctx, {q.view(), k.view(), v.view(), h.view(), g.view(), o2.view(), cu, ci, 0.3, 32});
+    } else if (op == "chunk_bwd_dv_local") {
+      chunk_bwd_dv_local(ctx, {q.view(), k.view(), dout.view(), g.view(), o2.view(), cu, ci, 0.3, 32});
+    } else {
+      ChunkBwdDqkwgArgs a;
+      a.q = q.view(); a.k = k.view(); a.v = v.view(); a.dout = dout.view(); a.h = h.view(); a.dh = dh.view();
+      a.w = w.view(); a.dv = dv.view(); a.g = g.view(); a.dq = o2.view(); a.dk = o3.view(); a.dw = dw.view();
+      a.dg = o4.view(); a.cu_seqlens = cu; a.chunk_indices = ci; a.scale = 0.3; a.chunk_size = 32;
+      chunk_bwd_dqkwg(ctx, a);
+    }
+  }
+  // The tensor the test poisons / makes of the wrong rank.
+  TestTensor& main(const std::string& op) {
+    if (op == "solve_tril") return A;
+    if (op == "chunk_scaled_dot_kkt" || op == "recompute_w_u" || op == "prepare_wy_repr_bwd") return k;
+    return q;
+  }
+};
+
+TEST(LinearAttentionInvalid, GdnSubOperators) {
+  const Context ctx = Context::cpu();
+  const std::vector<std::string> ops = {"chunk_scaled_dot_kkt", "solve_tril", "recompute_w_u", "prepare_wy_repr_bwd",
+                                        "chunk_fwd_o", "chunk_bwd_dv_local", "chunk_bwd_dqkwg"};
+  for (const std::string& op : ops) {
+    SCOPED_TRACE(op);
+    {  // rank
+      GdnSub s(1, 70);
+      TestTensor& m = s.main(op);
+      m = TestTensor(DType::kFloat32, {1, 70, 16});
+      expect_error([&] { s.run(op, ctx); }, ErrorKind::kValue, "must have rank");
+    }
+    {  // a chunk_indices row that does not match cu_seqlens: raised before any work
+      GdnSub s(1, 70);
+      TestTensor cu = ints({3}, {0, 30, 70}), ci = ints({3, 2}, {0, 0, 1, 0, 1, 5});
+      for (TestTensor* t : {&s.o1, &s.o2, &s.o3}) t->set(std::vector<double>(t->numel(), NAN));
+      expect_error([&] { s.run(op, ctx, cu.view(), ci.view()); }, ErrorKind::kValue,
+                   "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
+      EXPECT_TRUE(all_nan(s.o1) && all_nan(s.o2) && all_nan(s.o3));
+    }
+    const std::string reg = op == "prepare_wy_repr_bwd" ? "recompute_w_u" : op;
+    const Direction dir = op == "prepare_wy_repr_bwd" ? Direction::kBackward : Direction::kForward;
+    for (const auto& b : runnable_backends(reg, dir)) {
+      if (b.device.kind != DeviceKind::kCPU) continue;
+      SCOPED_TRACE(b.id);
+      {  // T = 0 and an empty sequence among others
+        GdnSub e(2, 0);
+        e.run(op, b.ctx());
+        GdnSub v(1, 70);
+        TestTensor cu = ints({5}, {0, 0, 30, 30, 70}), ci = ints({3, 2}, {1, 0, 3, 0, 3, 1});
+        v.run(op, b.ctx(), cu.view(), ci.view());
+      }
+      // NaN at token 40 of batch row 0, +Inf at token 7 of row 1; row 2 clean.
+      GdnSub ours(3, 70), ref(3, 70), clean(3, 70);
+      for (GdnSub* s : {&ours, &ref}) {
+        TestTensor& m = s->main(op);
+        std::vector<double> x = m.to_double();
+        const int64_t row = m.numel() / 3, tok = row / 70;
+        x[40 * tok] = NAN;
+        x[row + 7 * tok + 1] = INFINITY;
+        m.set(x);
+      }
+      Context rctx = Context::cpu();
+      rctx.backend = "ref";
+      ref.run(op, rctx);
+      ours.run(op, b.ctx());
+      clean.run(op, b.ctx());
+      for (auto [a, r, c] : {std::tuple{&ours.o1, &ref.o1, &clean.o1}, std::tuple{&ours.o2, &ref.o2, &clean.o2},
+                             std::tuple{&ours.o3, &ref.o3, &clean.o3}, std::tuple{&ours.o4, &ref.o4, &clean.o4}}) {
+        const auto av = a->to_double(), rv = r->to_double(), cv = c->to_double();
+        const int64_t row = static_cast<int64_t>(av.size()) / 3, tok = row / 70;
+        for (int64_t i = 0; i < static_cast<int64_t>(av.size()); ++i) {
+          const int64_t bi = i / row, t = (i % row) / tok;
+          if (!std::isfinite(rv[i])) ASSERT_FALSE(std::isfinite(av[i])) << "finite where the reference is not, at " << i;
+          if (!std::isfinite(av[i]) && std::isfinite(rv[i]))  // only inside the poisoned chunks
+            ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "non-finite at " << i;
+          if (bi == 2 && !(std::isnan(av[i]) && std::isnan(cv[i]))) ASSERT_EQ(av[i], cv[i]) << "row 2 at " << i;
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
