@@ -25,6 +25,14 @@ CUDA_REASON = ("" if torch.cuda.is_available() and fusedops.built_with_cuda()
 TOP = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"]
 
 
+def _backends(op: str, device: str) -> list[str]:
+    """The backends registered for op (either direction) that can run here on device; never empty
+    (the tests below would pass vacuously)."""
+    ids = sorted({e["backend"] for e in fusedops.backends(op) if e["device"] == device and e["runnable_here"]})
+    assert ids, f"no runnable backend of {op} on {device}"
+    return ids
+
+
 def _kda(op: str) -> bool:
     return "kda" in op
 
@@ -248,6 +256,7 @@ def test_nonfinite_inputs_propagate_like_the_reference(device, runnable_backends
         return [o.detach(), ht.detach(), *grads]
 
     ref = run(fusedops.reference, dirty, lambda t: t.cpu().double())
+    assert runnable_backends(op, device)
     for backend in runnable_backends(op, device):
         with fusedops.use_backend(**{op: backend}):
             ours = run(fusedops, dirty)
@@ -297,6 +306,11 @@ def test_tensors_on_two_devices_raise(op):
         m = _main(sub)
         with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
             _run_gdn_sub(sub, dict(z, **{m: z[m].cpu()}))
+    z = _kda_sub_inputs(device="cuda")
+    for sub in KDA_SUBOPS:
+        m = _kda_main(sub)
+        with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+            _run_kda_sub(sub, dict(z, **{m: z[m].cpu()}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +415,7 @@ def test_sub_operator_empty_inputs(device, op, shape):
 
 
 @pytest.mark.parametrize("op", SUBOPS)
-def test_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backends, op):
+def test_sub_operator_nonfinite_like_the_ref_backend(device, op):
     """NaN in one gate (cumsum) or key (the state recurrences) of batch row 0, +Inf in row 1: every
     backend gives the float64 ref backend's NaN / Inf pattern; row 2 is bit for bit a clean call's."""
     x = _sub_inputs(B=3, device=device)
@@ -414,7 +428,7 @@ def test_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backends, 
     with fusedops.use_backend(**{op: "ref"}):
         ref = [t.cpu() for t in _run_sub(op, {n: t.cpu().double() if n in ("g", "q", "k", "w", "u", "do", "dv") else
                                                  t.cpu() for n, t in dirty.items()})]
-    for backend in runnable_backends(op, device):
+    for backend in _backends(op, device):
         with fusedops.use_backend(**{op: backend}):
             ours, clean = _run_sub(op, dirty), _run_sub(op, x)
         for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
@@ -537,7 +551,7 @@ def test_gdn_sub_operator_layouts_and_empty_inputs(device, op):
 
 
 @pytest.mark.parametrize("op", GDN_SUBOPS)
-def test_gdn_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backends, op):
+def test_gdn_sub_operator_nonfinite_like_the_ref_backend(device, op):
     """NaN in one token of batch row 0's main input, +Inf in row 1's: every backend gives the ref
     backend's pattern, up to the earlier rows of the poisoned chunk (a zero weight of the chunk
     products times NaN); row 2 is bit for bit a clean call's."""
@@ -551,7 +565,7 @@ def test_gdn_sub_operator_nonfinite_like_the_ref_backend(device, runnable_backen
            "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt"}.get(op, op)  # the registry's name
     with fusedops.use_backend(**{reg: "ref"}):
         ref = [t.cpu() for t in _run_gdn_sub(op, {n: t.cpu().double() for n, t in dirty.items()})]
-    for backend in runnable_backends(reg, device):
+    for backend in _backends(reg, device):
         with fusedops.use_backend(**{reg: backend}):
             ours, clean = _run_gdn_sub(op, dirty), _run_gdn_sub(op, x)
         for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
@@ -580,6 +594,138 @@ def test_gdn_sub_operator_outputs_past_int32_elements_on_cuda(op):
     x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
     with torch.no_grad():
         outs = _run_gdn_sub(op, x)
+    assert max(o.numel() for o in outs) > 2 ** 31
+    for o in outs:
+        assert torch.equal(o[-1], o[0])
+    fusedops.check_errors()
+
+
+# ---------------------------------------------------------------------------------------------
+# The KDA chunk sub-operators.
+
+KDA_SUBOPS = ["chunk_kda_fwd_intra", "kda_recompute_w_u_fwd", "chunk_kda_fwd_o", "chunk_kda_bwd_dAv",
+              "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"]
+KDA_REG = {"kda_recompute_w_u_fwd": "kda_recompute_w_u"}
+
+
+def _kda_sub_inputs(B=2, T=70, device="cpu", seed=0):
+    from fusedops import kda
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+
+    NT = -(-T // BT)
+    x = {"q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3), "v": rn(B, T, 2, 8),
+         "g": gdn.chunk_local_cumsum(-0.05 - 0.1 * rn(B, T, 2, 8).abs(), BT), "beta": torch.sigmoid(rn(B, T, 2)),
+         "do": rn(B, T, 2, 8), "dv": rn(B, T, 2, 8), "v_new": rn(B, T, 2, 8), "h": rn(B, NT, 2, 8, 8),
+         "dh": rn(B, NT, 2, 8, 8), "dq": rn(B, T, 2, 8), "dk": rn(B, T, 2, 8), "db": rn(B, T, 2),
+         "dg": rn(B, T, 2, 8), "dAqk": rn(B, T, 2, BT), "dAkk": rn(B, T, 2, BT)}
+    x["Aqk"], x["A"] = kda.chunk_kda_fwd_intra(q=x["q"], k=x["k"], gk=x["g"], beta=x["beta"], scale=0.3,
+                                               chunk_size=BT)
+    return x
+
+
+def _run_kda_sub(op, x, **kw):
+    from fusedops import kda
+
+    f = getattr(kda, op)
+    if op == "chunk_kda_fwd_intra":
+        out = f(q=x["q"], k=x["k"], gk=x["g"], beta=x["beta"], scale=0.3, chunk_size=BT, **kw)
+    elif op == "kda_recompute_w_u_fwd":
+        out = f(k=x["k"], v=x["v"], beta=x["beta"], A=x["A"], gk=x["g"], q=x["q"], **kw)
+    elif op == "chunk_kda_fwd_o":
+        out = f(qg=x["q"], Aqk=x["Aqk"], v=x["v"], h=x["h"], scale=0.3, **kw)
+    elif op == "chunk_kda_bwd_dAv":
+        out = f(Aqk=x["Aqk"], v=x["v"], do=x["do"], scale=0.3, **kw)
+    elif op == "chunk_kda_bwd_wy_dqkg_fused":
+        out = f(q=x["q"], k=x["k"], v=x["v"], v_new=x["v_new"], g=x["g"], beta=x["beta"], A=x["A"], h=x["h"],
+                do=x["do"], dh=x["dh"], dv=x["dv"], scale=0.3, chunk_size=BT, **kw)
+    else:
+        out = f(q=x["q"], k=x["k"], g=x["g"], beta=x["beta"], dAqk=x["dAqk"], dAkk=x["dAkk"], dq=x["dq"],
+                dk=x["dk"], db=x["db"], dg=x["dg"], chunk_size=BT, **kw)
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+
+
+def _kda_main(op):
+    return {"chunk_kda_fwd_o": "v", "chunk_kda_bwd_dAv": "do"}.get(op, "k")
+
+
+@pytest.mark.parametrize("op", KDA_SUBOPS)
+def test_kda_sub_operator_errors(op):
+    """Rank raises a clear error (never an IndexError from reading a shape); integer inputs,
+    chunk tables that do not match cu_seqlens and a bad cu_seqlens raise on the CPU."""
+    x = _kda_sub_inputs(B=1)
+    m = _kda_main(op)
+    with pytest.raises((ValueError, TypeError), match="rank|must have shape"):
+        _run_kda_sub(op, dict(x, **{m: x[m][0]}))
+    with pytest.raises((TypeError, ValueError)):
+        _run_kda_sub(op, dict(x, **{m: x[m].to(torch.int32)}))
+    cu = torch.tensor([0, 30, 70])
+    bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])
+    with pytest.raises(ValueError, match=re.escape("chunk_indices row 2 is (1,5), expected (1,1)")):
+        _run_kda_sub(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        _run_kda_sub(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
+
+
+@pytest.mark.parametrize("op", KDA_SUBOPS)
+def test_kda_sub_operator_layouts_and_empty_inputs(device, op):
+    x = _kda_sub_inputs(device=device)
+    y = {}
+    for n, t in x.items():
+        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
+        buf[..., 1::2] = t
+        y[n] = buf[..., 1::2]
+    for a, b in zip(_run_kda_sub(op, x), _run_kda_sub(op, y)):
+        assert torch.equal(a, b)
+    for o in _run_kda_sub(op, _kda_sub_inputs(T=0, device=device)):
+        assert o.numel() == 0
+    v = _kda_sub_inputs(B=1, device=device)  # an empty sequence among others
+    for o in _run_kda_sub(op, v, cu_seqlens=torch.tensor([0, 0, 30, 30, 70], device=device)):
+        assert torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("op", KDA_SUBOPS)
+def test_kda_sub_operator_nonfinite_like_the_ref_backend(device, op):
+    """As test_gdn_sub_operator_nonfinite_like_the_ref_backend, for KDA's sub-operators."""
+    x = _kda_sub_inputs(B=3, device=device)
+    m = _kda_main(op)
+    p = x[m].clone()
+    p[0, 40, 0, 3] = float("nan")
+    p[1, 7, 1, 1] = float("inf")
+    dirty = dict(x, **{m: p})
+    reg = KDA_REG.get(op, op)
+    with fusedops.use_backend(**{reg: "ref"}):
+        ref = [t.cpu() for t in _run_kda_sub(op, {n: t.cpu().double() for n, t in dirty.items()})]
+    for backend in _backends(reg, device):
+        with fusedops.use_backend(**{reg: backend}):
+            ours, clean = _run_kda_sub(op, dirty), _run_kda_sub(op, x)
+        for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
+            what = f"{op} {backend} output {i}"
+            a = a.cpu()
+            missing = ~torch.isfinite(r) & torch.isfinite(a)
+            assert not missing.any(), f"{what}: finite at {missing.nonzero().tolist()[:6]} where ref is not"
+            if a.dim() >= 2 and a.shape[1] == 70:
+                allowed = torch.zeros(a.shape, dtype=torch.bool)
+                allowed[0, BT:2 * BT] = True
+                allowed[1, :BT] = True
+                extra = ~torch.isfinite(a) & torch.isfinite(r) & ~allowed
+                assert not extra.any(), f"{what}: non-finite outside the poisoned chunks at {extra.nonzero().tolist()[:6]}"
+            assert torch.equal(a[2], c.cpu()[2]), f"{what}: batch row 2 differs from a clean call"
+
+
+@pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 8 GiB: CUDA only (a CPU run "
+                    "would need the same host memory and minutes of CI time)")
+@pytest.mark.parametrize("op", KDA_SUBOPS)
+def test_kda_sub_operator_outputs_past_int32_elements_on_cuda(op):
+    x1 = _kda_sub_inputs(B=1, T=64, device="cuda")
+    per = 64 * 2 * (BT if op in ("chunk_kda_fwd_intra", "chunk_kda_bwd_dAv") else 8)
+    B = 2 ** 31 // per + 2
+    x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
+    with torch.no_grad():
+        outs = _run_kda_sub(op, x)
     assert max(o.numel() for o in outs) > 2 ** 31
     for o in outs:
         assert torch.equal(o[-1], o[0])

@@ -169,6 +169,20 @@ struct Call {
   }
 };
 
+// The CPU backends registered for op in either direction (never empty: a loop over them must not
+// pass vacuously).
+std::vector<BackendCase> cpu_backends(const std::string& op) {
+  std::vector<BackendCase> out;
+  for (Direction d : {Direction::kForward, Direction::kBackward})
+    for (const auto& b : runnable_backends(op, d)) {
+      bool seen = false;
+      for (const auto& o : out) seen = seen || o.id == b.id;
+      if (b.device.kind == DeviceKind::kCPU && !seen) out.push_back(b);
+    }
+  EXPECT_FALSE(out.empty()) << "no CPU backend of " << op;
+  return out;
+}
+
 const Form kForms[] = {Form::kChunkGdn, Form::kChunkKda, Form::kRecurrentGdn, Form::kRecurrentKda};
 
 bool all_nan(const TestTensor& t) {
@@ -565,8 +579,7 @@ TEST(LinearAttentionInvalid, SharedSubOperatorsRankShapeEmptyAndNonFinite) {
     expect_error([&] { t.bwd_dhu(ctx); }, ErrorKind::kValue, "chunk_gated_delta_rule_bwd_dhu: dh must have shape [1,3,2,8,8]");
   }
   for (const char* op : {"chunk_local_cumsum", "chunk_gated_delta_rule_fwd_h", "chunk_gated_delta_rule_bwd_dhu"})
-    for (const auto& b : runnable_backends(op, Direction::kForward)) {
-      if (b.device.kind != DeviceKind::kCPU) continue;
+    for (const auto& b : cpu_backends(op)) {
       SCOPED_TRACE(std::string(op) + " " + b.id);
       const std::string o = op;
       auto run = [&](Sub& s, const Context& c) {
@@ -700,10 +713,7 @@ TEST(LinearAttentionInvalid, GdnSubOperators) {
                    "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
       EXPECT_TRUE(all_nan(s.o1) && all_nan(s.o2) && all_nan(s.o3));
     }
-    const std::string reg = op == "prepare_wy_repr_bwd" ? "recompute_w_u" : op;
-    const Direction dir = op == "prepare_wy_repr_bwd" ? Direction::kBackward : Direction::kForward;
-    for (const auto& b : runnable_backends(reg, dir)) {
-      if (b.device.kind != DeviceKind::kCPU) continue;
+    for (const auto& b : cpu_backends(op == "prepare_wy_repr_bwd" ? "recompute_w_u" : op)) {
       SCOPED_TRACE(b.id);
       {  // T = 0 and an empty sequence among others
         GdnSub e(2, 0);
@@ -737,6 +747,127 @@ TEST(LinearAttentionInvalid, GdnSubOperators) {
           if (!std::isfinite(av[i]) && std::isfinite(rv[i]))  // only inside the poisoned chunks
             ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "non-finite at " << i;
           if (bi == 2 && !(std::isnan(av[i]) && std::isnan(cv[i]))) ASSERT_EQ(av[i], cv[i]) << "row 2 at " << i;
+        }
+      }
+    }
+  }
+}
+
+// KDA's chunk sub-operators (chunk_kda_fwd_intra, kda_recompute_w_u_fwd, chunk_kda_fwd_o,
+// chunk_kda_bwd_dAv, chunk_kda_bwd_wy_dqkg_fused, chunk_kda_bwd_intra): as GdnSubOperators.
+struct KdaSub {
+  int64_t B, T, NT;
+  // inputs
+  TestTensor q, k, v, gk, beta, Aqk, Akk, h, dh, dout, dvn, vnew, dAqk, dAkk, dq, dk, db, dg;
+  // outputs (fp32; each op uses the first few)
+  std::vector<TestTensor> out;
+  explicit KdaSub(int64_t b, int64_t t) : B(b), T(t), NT((t + 31) / 32) {
+    const DType f = DType::kFloat32;
+    for (TestTensor* x : {&q, &k, &v, &dout, &dvn, &vnew, &dq, &dk, &dg, &gk}) *x = TestTensor(f, {B, T, 2, 8});
+    uint64_t seed = 1;
+    for (TestTensor* x : {&q, &k}) x->fill_normal(seed++, 0, 0.3);
+    for (TestTensor* x : {&v, &dout, &dvn, &vnew, &dq, &dk, &dg}) x->fill_normal(seed++);
+    std::vector<double> gv(gk.numel());
+    for (int64_t i = 0; i < gk.numel(); ++i) gv[i] = -0.02 * (((i / 16) % T) % 32 + 1) * (1 + (i % 8) * 0.1);
+    gk.set(gv);
+    beta = TestTensor(f, {B, T, 2});
+    std::vector<double> bv = beta.fill_normal(seed++);
+    for (double& x : bv) x = 1.0 / (1.0 + std::exp(-x));
+    beta.set(bv);
+    db = TestTensor(f, {B, T, 2});
+    db.fill_normal(seed++);
+    for (TestTensor* x : {&Aqk, &Akk, &dAqk, &dAkk}) {
+      *x = TestTensor(f, {B, T, 2, 32});
+      x->fill_normal(seed++, 0, 0.1);
+    }
+    h = TestTensor(f, {B, NT, 2, 8, 8});
+    h.fill_normal(seed++);
+    dh = TestTensor(f, {B, NT, 2, 8, 8});
+    dh.fill_normal(seed++);
+    for (int i = 0; i < 6; ++i) out.emplace_back(f, std::vector<int64_t>{B, T, 2, 8});
+    out.emplace_back(f, std::vector<int64_t>{B, T, 2, 32});
+    out.emplace_back(f, std::vector<int64_t>{B, T, 2, 32});
+    out.emplace_back(f, std::vector<int64_t>{B, T, 2});
+  }
+  TensorView o(int i) const { return out[i].view(); }
+  void run(const std::string& op, const Context& ctx, const TensorView& cu = {}, const TensorView& ci = {}) {
+    if (op == "chunk_kda_fwd_intra") {
+      chunk_kda_fwd_intra(ctx, {q.view(), k.view(), gk.view(), beta.view(), o(6), o(7), cu, ci, 0.3, 32, false});
+    } else if (op == "kda_recompute_w_u") {
+      kda_recompute_w_u_fwd(ctx, {q.view(), k.view(), v.view(), beta.view(), Akk.view(), gk.view(), o(0), o(1), o(2),
+                                  o(3), cu, ci});
+    } else if (op == "chunk_kda_fwd_o") {
+      chunk_kda_fwd_o(ctx, {q.view(), Aqk.view(), v.view(), h.view(), o(0), cu, ci, 0.3});
+    } else if (op == "chunk_kda_bwd_dAv") {
+      chunk_kda_bwd_dAv(ctx, {Aqk.view(), v.view(), dout.view(), o(6), o(0), cu, ci, 0.3});
+    } else if (op == "chunk_kda_bwd_wy_dqkg_fused") {
+      chunk_kda_bwd_wy_dqkg_fused(ctx, {q.view(), k.view(), v.view(), vnew.view(), gk.view(), beta.view(), Akk.view(),
+                                        h.view(), dh.view(), dout.view(), dvn.view(), o(0), o(1), o(2), o(8), o(3),
+                                        o(7), cu, ci, 0.3, 32});
+    } else {
+      chunk_kda_bwd_intra(ctx, {q.view(), k.view(), gk.view(), beta.view(), dAqk.view(), dAkk.view(), dq.view(),
+                                dk.view(), db.view(), dg.view(), o(0), o(1), o(8), o(2), cu, ci, 32, false});
+    }
+  }
+  TestTensor& main(const std::string& op) {
+    if (op == "chunk_kda_fwd_o") return v;
+    if (op == "chunk_kda_bwd_dAv") return dout;
+    return k;
+  }
+};
+
+TEST(LinearAttentionInvalid, KdaSubOperators) {
+  const Context ctx = Context::cpu();
+  const std::vector<std::string> ops = {"chunk_kda_fwd_intra", "kda_recompute_w_u", "chunk_kda_fwd_o",
+                                        "chunk_kda_bwd_dAv", "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"};
+  for (const std::string& op : ops) {
+    SCOPED_TRACE(op);
+    {
+      KdaSub s(1, 70);
+      s.main(op) = TestTensor(DType::kFloat32, {1, 70, 16});
+      expect_error([&] { s.run(op, ctx); }, ErrorKind::kValue, op == "chunk_kda_bwd_dAv" ? "dout must have shape" : "must have rank");
+    }
+    {
+      KdaSub s(1, 70);
+      TestTensor cu = ints({3}, {0, 30, 70}), ci = ints({3, 2}, {0, 0, 1, 0, 1, 5});
+      for (TestTensor& t : s.out) t.set(std::vector<double>(t.numel(), NAN));
+      expect_error([&] { s.run(op, ctx, cu.view(), ci.view()); }, ErrorKind::kValue,
+                   "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
+      for (const TestTensor& t : s.out) EXPECT_TRUE(all_nan(t));
+    }
+    for (const auto& b : cpu_backends(op)) {
+      SCOPED_TRACE(b.id);
+      {
+        KdaSub e(2, 0);
+        e.run(op, b.ctx());
+        KdaSub v(1, 70);
+        TestTensor cu = ints({5}, {0, 0, 30, 30, 70}), ci = ints({3, 2}, {1, 0, 3, 0, 3, 1});
+        v.run(op, b.ctx(), cu.view(), ci.view());
+      }
+      KdaSub ours(3, 70), ref(3, 70), clean(3, 70);
+      for (KdaSub* s : {&ours, &ref}) {
+        TestTensor& m = s->main(op);
+        std::vector<double> x = m.to_double();
+        const int64_t row = m.numel() / 3, tok = row / 70;
+        x[40 * tok + 3] = NAN;
+        x[row + 7 * tok + 9] = INFINITY;
+        m.set(x);
+      }
+      Context rctx = Context::cpu();
+      rctx.backend = "ref";
+      ref.run(op, rctx);
+      ours.run(op, b.ctx());
+      clean.run(op, b.ctx());
+      for (size_t k = 0; k < ours.out.size(); ++k) {
+        const auto av = ours.out[k].to_double(), rv = ref.out[k].to_double(), cv = clean.out[k].to_double();
+        const int64_t row = static_cast<int64_t>(av.size()) / 3, tok = row / 70;
+        for (int64_t i = 0; i < static_cast<int64_t>(av.size()); ++i) {
+          const int64_t bi = i / row, t = (i % row) / tok;
+          if (std::isnan(rv[i]) && std::isnan(av[i])) continue;
+          if (!std::isfinite(rv[i])) ASSERT_FALSE(std::isfinite(av[i])) << "output " << k << ": finite at " << i;
+          if (!std::isfinite(av[i]) && std::isfinite(rv[i]))
+            ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "output " << k << ": non-finite at " << i;
+          if (bi == 2 && !(std::isnan(av[i]) && std::isnan(cv[i]))) ASSERT_EQ(av[i], cv[i]) << "output " << k << " row 2";
         }
       }
     }
