@@ -23,9 +23,14 @@
 //   * Every output is overwritten unless an Args field says it accumulates. Every backend computes
 //     in fp32 (ref: float64) whatever the storage dtypes; output dtypes are the caller's choice
 //     among fp32/bf16/fp16 (ref also fp64) unless stated.
-//   * Index tensors live on ctx.device. On the CPU their contents are always checked (cu_seqlens
-//     from 0 to T, non-decreasing; chunk_indices / chunk_offsets consistent with it) before any
-//     work; on other devices only when ctx.validate is set.
+//   * Index tensors live on ctx.device; their contents follow the bad-input contract
+//     (fusedops/core/device_errors.h). On the CPU they are checked (cu_seqlens from 0 to T,
+//     non-decreasing; chunk_indices / chunk_offsets consistent with it) before any work, and so
+//     on CUDA under the debug checks (debug_checks(ctx): a copy and a synchronisation). Otherwise
+//     a CUDA call checks cu_seqlens on the device and reports a bad entry (check_device_errors),
+//     and the kernels clamp every position they read from the three tensors, so a bad one never
+//     addresses memory outside the call's tensors (the result is then meaningless; tables that do
+//     not match a valid cu_seqlens are not reported).
 #pragma once
 
 #include <cstdint>
