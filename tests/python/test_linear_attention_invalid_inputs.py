@@ -33,6 +33,16 @@ def _backends(op: str, device: str) -> list[str]:
     return ids
 
 
+def _normal(seed: int, device: str):
+    """rn(*shape, scale=1.0): normal fp32 tensors on device from one generator seeded with seed."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).float().to(device)
+
+    return rn
+
+
 def _kda(op: str) -> bool:
     return "kda" in op
 
@@ -301,16 +311,11 @@ def test_tensors_on_two_devices_raise(op):
         for name in ("g", "k", "w"):
             with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
                 _run_sub(sub, dict(y, **{name: y[name].cpu()}))
-    z = _gdn_sub_inputs(device="cuda")
-    for sub in GDN_SUBOPS:
-        m = _main(sub)
-        with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
-            _run_gdn_sub(sub, dict(z, **{m: z[m].cpu()}))
-    z = _kda_sub_inputs(device="cuda")
-    for sub in KDA_SUBOPS:
-        m = _kda_main(sub)
-        with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
-            _run_kda_sub(sub, dict(z, **{m: z[m].cpu()}))
+    for ops, inputs, run, main in CHUNK_SUBOPS.values():
+        z = inputs(device="cuda")
+        for sub in ops:
+            with pytest.raises((ValueError, RuntimeError), match="must be on|same device|Expected all tensors"):
+                run(sub, dict(z, **{main(sub): z[main(sub)].cpu()}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,10 +347,7 @@ SUBOPS = ["chunk_local_cumsum", "chunk_gated_delta_rule_fwd_h", "chunk_gated_del
 
 
 def _sub_inputs(B=1, T=70, device="cpu", N=None, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def rn(*s, scale=1.0):
-        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+    rn = _normal(seed, device)
 
     N = B if N is None else N
     return {"g": -0.05 - 0.1 * rn(B, T, 2).abs(), "q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3),
@@ -462,7 +464,7 @@ def test_sub_operator_outputs_past_int32_elements_on_cuda(op):
 
 
 # ---------------------------------------------------------------------------------------------
-# The GDN chunk sub-operators (flash-linear-attention's building blocks).
+# The families' chunk sub-operators (flash-linear-attention's building blocks): GDN's and KDA's.
 
 GDN_SUBOPS = ["chunk_scaled_dot_kkt_fwd", "solve_tril", "recompute_w_u_fwd", "prepare_wy_repr_bwd", "chunk_fwd_o",
               "chunk_bwd_dv_local", "chunk_bwd_dqkwg"]
@@ -470,10 +472,7 @@ BT = 32
 
 
 def _gdn_sub_inputs(B=2, T=70, device="cpu", seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def rn(*s, scale=1.0):
-        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+    rn = _normal(seed, device)
 
     NT = -(-T // BT)
     x = {"q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3), "v": rn(B, T, 2, 8),
@@ -509,112 +508,14 @@ def _main(op):
                                                         "prepare_wy_repr_bwd") else "q")
 
 
-@pytest.mark.parametrize("op", GDN_SUBOPS)
-def test_gdn_sub_operator_errors(op):
-    """Rank and shape raise a clear error (never an IndexError from reading a shape), dtypes and
-    chunk tables that do not match cu_seqlens raise on the CPU."""
-    x = _gdn_sub_inputs(B=1)
-    m = _main(op)
-    with pytest.raises((ValueError, TypeError), match="rank|must have shape"):
-        _run_gdn_sub(op, dict(x, **{m: x[m][0]}))
-    other = "beta" if op in ("chunk_scaled_dot_kkt_fwd", "recompute_w_u_fwd", "prepare_wy_repr_bwd") else \
-        ("A" if op == "solve_tril" else "do" if op != "chunk_fwd_o" else "v")
-    bad = x[other][..., :-1] if op == "solve_tril" else x[other][:, :-1]
-    with pytest.raises(ValueError, match="must have shape|must be 16, 32 or 64|rank"):
-        _run_gdn_sub(op, dict(x, **{other: bad}))
-    with pytest.raises((TypeError, ValueError)):
-        _run_gdn_sub(op, dict(x, **{m: x[m].to(torch.int32)}))
-    cu = torch.tensor([0, 30, 70])
-    bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])
-    with pytest.raises(ValueError, match=re.escape("chunk_indices row 2 is (1,5), expected (1,1)")):
-        _run_gdn_sub(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
-    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
-        _run_gdn_sub(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
-
-
-@pytest.mark.parametrize("op", GDN_SUBOPS)
-def test_gdn_sub_operator_layouts_and_empty_inputs(device, op):
-    x = _gdn_sub_inputs(device=device)
-    y = {}
-    for n, t in x.items():
-        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
-        buf[..., 1::2] = t
-        y[n] = buf[..., 1::2]
-    for a, b in zip(_run_gdn_sub(op, x), _run_gdn_sub(op, y)):
-        assert torch.equal(a, b)
-    e = _gdn_sub_inputs(T=0, device=device)
-    for o in _run_gdn_sub(op, e):
-        assert o.numel() == 0 or torch.isfinite(o).all()
-    v = _gdn_sub_inputs(B=1, device=device)  # an empty sequence among others
-    for o in _run_gdn_sub(op, v, cu_seqlens=torch.tensor([0, 0, 30, 30, 70], device=device)):
-        assert torch.isfinite(o).all()
-
-
-@pytest.mark.parametrize("op", GDN_SUBOPS)
-def test_gdn_sub_operator_nonfinite_like_the_ref_backend(device, op):
-    """NaN in one token of batch row 0's main input, +Inf in row 1's: every backend gives the ref
-    backend's pattern, up to the earlier rows of the poisoned chunk (a zero weight of the chunk
-    products times NaN); row 2 is bit for bit a clean call's."""
-    x = _gdn_sub_inputs(B=3, device=device)
-    m = _main(op)
-    p = x[m].clone()
-    p[(0, 40) + (0,) * (p.dim() - 2)] = float("nan")
-    p[(1, 7) + (1,) * (p.dim() - 2)] = float("inf")
-    dirty = dict(x, **{m: p})
-    reg = {"recompute_w_u_fwd": "recompute_w_u", "prepare_wy_repr_bwd": "recompute_w_u",
-           "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt"}.get(op, op)  # the registry's name
-    with fusedops.use_backend(**{reg: "ref"}):
-        ref = [t.cpu() for t in _run_gdn_sub(op, {n: t.cpu().double() for n, t in dirty.items()})]
-    for backend in _backends(reg, device):
-        with fusedops.use_backend(**{reg: backend}):
-            ours, clean = _run_gdn_sub(op, dirty), _run_gdn_sub(op, x)
-        for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
-            what = f"{op} {backend} output {i}"
-            a = a.cpu()
-            missing = ~torch.isfinite(r) & torch.isfinite(a)
-            assert not missing.any(), f"{what}: finite at {missing.nonzero().tolist()[:6]} where ref is not"
-            if a.dim() >= 2 and a.shape[1] == 70:  # token-major outputs: extra ones only in the poisoned chunks
-                allowed = torch.zeros(a.shape, dtype=torch.bool)
-                allowed[0, BT:2 * BT] = True
-                allowed[1, :BT] = True
-                extra = ~torch.isfinite(a) & torch.isfinite(r) & ~allowed
-                assert not extra.any(), f"{what}: non-finite outside the poisoned chunks at {extra.nonzero().tolist()[:6]}"
-            assert torch.equal(a[2], c.cpu()[2]), f"{what}: batch row 2 differs from a clean call"
-
-
-@pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 8 GiB: CUDA only (a CPU run "
-                    "would need the same host memory and minutes of CI time)")
-@pytest.mark.parametrize("op", GDN_SUBOPS)
-def test_gdn_sub_operator_outputs_past_int32_elements_on_cuda(op):
-    """Outputs of more than 2^31 elements from inputs broadcast along B (expanded views): the last
-    batch row of every output equals the first."""
-    x1 = _gdn_sub_inputs(B=1, T=64, device="cuda")
-    per = 64 * 2 * (BT if op in ("chunk_scaled_dot_kkt_fwd", "solve_tril") else 8)
-    B = 2 ** 31 // per + 2
-    x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
-    with torch.no_grad():
-        outs = _run_gdn_sub(op, x)
-    assert max(o.numel() for o in outs) > 2 ** 31
-    for o in outs:
-        assert torch.equal(o[-1], o[0])
-    fusedops.check_errors()
-
-
-# ---------------------------------------------------------------------------------------------
-# The KDA chunk sub-operators.
-
 KDA_SUBOPS = ["chunk_kda_fwd_intra", "kda_recompute_w_u_fwd", "chunk_kda_fwd_o", "chunk_kda_bwd_dAv",
               "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"]
-KDA_REG = {"kda_recompute_w_u_fwd": "kda_recompute_w_u"}
 
 
 def _kda_sub_inputs(B=2, T=70, device="cpu", seed=0):
     from fusedops import kda
 
-    gen = torch.Generator().manual_seed(seed)
-
-    def rn(*s, scale=1.0):
-        return (torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().to(device)
+    rn = _normal(seed, device)
 
     NT = -(-T // BT)
     x = {"q": rn(B, T, 2, 8, scale=0.3), "k": rn(B, T, 2, 8, scale=0.3), "v": rn(B, T, 2, 8),
@@ -652,62 +553,90 @@ def _kda_main(op):
     return {"chunk_kda_fwd_o": "v", "chunk_kda_bwd_dAv": "do"}.get(op, "k")
 
 
-@pytest.mark.parametrize("op", KDA_SUBOPS)
-def test_kda_sub_operator_errors(op):
-    """Rank raises a clear error (never an IndexError from reading a shape); integer inputs,
-    chunk tables that do not match cu_seqlens and a bad cu_seqlens raise on the CPU."""
-    x = _kda_sub_inputs(B=1)
-    m = _kda_main(op)
+# family -> (operators, inputs, runner, the input the tests poison / reshape)
+CHUNK_SUBOPS = {"gdn": (GDN_SUBOPS, _gdn_sub_inputs, _run_gdn_sub, _main),
+                "kda": (KDA_SUBOPS, _kda_sub_inputs, _run_kda_sub, _kda_main)}
+CHUNK_CASES = [(f, op) for f, (ops, *_) in CHUNK_SUBOPS.items() for op in ops]
+REGISTRY = {"recompute_w_u_fwd": "recompute_w_u", "prepare_wy_repr_bwd": "recompute_w_u",
+            "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt", "kda_recompute_w_u_fwd": "kda_recompute_w_u"}
+
+
+def _case_id(case):
+    return f"{case[0]}-{case[1]}"
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)
+def test_chunk_sub_operator_errors(case):
+    """Rank raises a clear error (never an IndexError from reading a shape); another input's shape,
+    integer inputs, chunk tables that do not match cu_seqlens and a bad cu_seqlens raise on the
+    CPU before any work."""
+    family, op = case
+    _, inputs, run, main = CHUNK_SUBOPS[family]
+    x = inputs(B=1)
+    m = main(op)
     with pytest.raises((ValueError, TypeError), match="rank|must have shape"):
-        _run_kda_sub(op, dict(x, **{m: x[m][0]}))
+        run(op, dict(x, **{m: x[m][0]}))
+    if family == "gdn":
+        other = "beta" if op in ("chunk_scaled_dot_kkt_fwd", "recompute_w_u_fwd", "prepare_wy_repr_bwd") else \
+            ("A" if op == "solve_tril" else "do" if op != "chunk_fwd_o" else "v")
+        bad = x[other][..., :-1] if op == "solve_tril" else x[other][:, :-1]
+        with pytest.raises(ValueError, match="must have shape|must be 16, 32 or 64|rank"):
+            run(op, dict(x, **{other: bad}))
     with pytest.raises((TypeError, ValueError)):
-        _run_kda_sub(op, dict(x, **{m: x[m].to(torch.int32)}))
+        run(op, dict(x, **{m: x[m].to(torch.int32)}))
     cu = torch.tensor([0, 30, 70])
     bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])
     with pytest.raises(ValueError, match=re.escape("chunk_indices row 2 is (1,5), expected (1,1)")):
-        _run_kda_sub(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
+        run(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
     with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
-        _run_kda_sub(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
+        run(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
 
 
-@pytest.mark.parametrize("op", KDA_SUBOPS)
-def test_kda_sub_operator_layouts_and_empty_inputs(device, op):
-    x = _kda_sub_inputs(device=device)
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)
+def test_chunk_sub_operator_layouts_and_empty_inputs(device, case):
+    family, op = case
+    _, inputs, run, _ = CHUNK_SUBOPS[family]
+    x = inputs(device=device)
     y = {}
     for n, t in x.items():
         buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
         buf[..., 1::2] = t
         y[n] = buf[..., 1::2]
-    for a, b in zip(_run_kda_sub(op, x), _run_kda_sub(op, y)):
+    for a, b in zip(run(op, x), run(op, y)):
         assert torch.equal(a, b)
-    for o in _run_kda_sub(op, _kda_sub_inputs(T=0, device=device)):
+    for o in run(op, inputs(T=0, device=device)):
         assert o.numel() == 0
-    v = _kda_sub_inputs(B=1, device=device)  # an empty sequence among others
-    for o in _run_kda_sub(op, v, cu_seqlens=torch.tensor([0, 0, 30, 30, 70], device=device)):
+    v = inputs(B=1, device=device)  # an empty sequence among others
+    for o in run(op, v, cu_seqlens=torch.tensor([0, 0, 30, 30, 70], device=device)):
         assert torch.isfinite(o).all()
 
 
-@pytest.mark.parametrize("op", KDA_SUBOPS)
-def test_kda_sub_operator_nonfinite_like_the_ref_backend(device, op):
-    """As test_gdn_sub_operator_nonfinite_like_the_ref_backend, for KDA's sub-operators."""
-    x = _kda_sub_inputs(B=3, device=device)
-    m = _kda_main(op)
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)
+def test_chunk_sub_operator_nonfinite_like_the_ref_backend(device, case):
+    """NaN in one token of batch row 0's main input, +Inf in row 1's: every backend gives a
+    non-finite value wherever the float64 ref backend does, and besides those only in the rows of
+    the poisoned chunk (a zero weight of the chunk products times NaN); row 2 is bit for bit a
+    clean call's."""
+    family, op = case
+    _, inputs, run, main = CHUNK_SUBOPS[family]
+    x = inputs(B=3, device=device)
+    m = main(op)
     p = x[m].clone()
-    p[0, 40, 0, 3] = float("nan")
-    p[1, 7, 1, 1] = float("inf")
+    p[(0, 40) + (0,) * (p.dim() - 3) + (3,)] = float("nan")
+    p[(1, 7) + (1,) * (p.dim() - 3) + (1,)] = float("inf")
     dirty = dict(x, **{m: p})
-    reg = KDA_REG.get(op, op)
+    reg = REGISTRY.get(op, op)
     with fusedops.use_backend(**{reg: "ref"}):
-        ref = [t.cpu() for t in _run_kda_sub(op, {n: t.cpu().double() for n, t in dirty.items()})]
+        ref = [t.cpu() for t in run(op, {n: t.cpu().double() for n, t in dirty.items()})]
     for backend in _backends(reg, device):
         with fusedops.use_backend(**{reg: backend}):
-            ours, clean = _run_kda_sub(op, dirty), _run_kda_sub(op, x)
+            ours, clean = run(op, dirty), run(op, x)
         for i, (a, r, c) in enumerate(zip(ours, ref, clean)):
             what = f"{op} {backend} output {i}"
             a = a.cpu()
             missing = ~torch.isfinite(r) & torch.isfinite(a)
             assert not missing.any(), f"{what}: finite at {missing.nonzero().tolist()[:6]} where ref is not"
-            if a.dim() >= 2 and a.shape[1] == 70:
+            if a.dim() >= 2 and a.shape[1] == 70:  # token-major outputs: extra ones only in the poisoned chunks
                 allowed = torch.zeros(a.shape, dtype=torch.bool)
                 allowed[0, BT:2 * BT] = True
                 allowed[1, :BT] = True
@@ -718,14 +647,18 @@ def test_kda_sub_operator_nonfinite_like_the_ref_backend(device, op):
 
 @pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 8 GiB: CUDA only (a CPU run "
                     "would need the same host memory and minutes of CI time)")
-@pytest.mark.parametrize("op", KDA_SUBOPS)
-def test_kda_sub_operator_outputs_past_int32_elements_on_cuda(op):
-    x1 = _kda_sub_inputs(B=1, T=64, device="cuda")
-    per = 64 * 2 * (BT if op in ("chunk_kda_fwd_intra", "chunk_kda_bwd_dAv") else 8)
-    B = 2 ** 31 // per + 2
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)
+def test_chunk_sub_operator_outputs_past_int32_elements_on_cuda(case):
+    """Outputs of more than 2^31 elements from inputs broadcast along B (expanded views): the last
+    batch row of every output equals the first."""
+    family, op = case
+    _, inputs, run, _ = CHUNK_SUBOPS[family]
+    x1 = inputs(B=1, T=64, device="cuda")
+    wide = op in ("chunk_scaled_dot_kkt_fwd", "solve_tril", "chunk_kda_fwd_intra", "chunk_kda_bwd_dAv")
+    B = 2 ** 31 // (64 * 2 * (BT if wide else 8)) + 2
     x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
     with torch.no_grad():
-        outs = _run_kda_sub(op, x)
+        outs = run(op, x)
     assert max(o.numel() for o in outs) > 2 ** 31
     for o in outs:
         assert torch.equal(o[-1], o[0])

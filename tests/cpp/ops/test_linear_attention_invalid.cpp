@@ -624,6 +624,22 @@ TEST(LinearAttentionInvalid, SharedSubOperatorsRankShapeEmptyAndNonFinite) {
     }
 }
 
+// One output [3,70,...] of a chunk sub-operator whose main input was poisoned at token 40 of batch
+// row 0 and token 7 of row 1 (got), the ref backend's (ref) and a clean call's (clean): non-finite
+// wherever the reference is, besides those only inside the poisoned chunks of 32 rows (a zero
+// weight of the chunk products times NaN), and row 2 bit for bit the clean call's.
+void expect_poisoned_chunks(const std::vector<double>& got, const std::vector<double>& ref,
+                            const std::vector<double>& clean) {
+  const int64_t row = static_cast<int64_t>(got.size()) / 3, tok = row / 70;
+  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+    const int64_t bi = i / row, t = (i % row) / tok;
+    if (!std::isfinite(ref[i])) ASSERT_FALSE(std::isfinite(got[i])) << "finite where the reference is not, at " << i;
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i]))
+      ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "non-finite outside the poisoned chunks, at " << i;
+    if (bi == 2 && !(std::isnan(got[i]) && std::isnan(clean[i]))) ASSERT_EQ(got[i], clean[i]) << "row 2 at " << i;
+  }
+}
+
 // GDN's chunk sub-operators (chunk_scaled_dot_kkt_fwd, solve_tril, recompute_w_u_fwd,
 // prepare_wy_repr_bwd, chunk_fwd_o, chunk_bwd_dv_local, chunk_bwd_dqkwg): rank, chunk tables that do
 // not match cu_seqlens (raised before any work), T = 0, and NaN / Inf against the ref backend's
@@ -685,6 +701,7 @@ struct GdnSub {
       chunk_bwd_dqkwg(ctx, a);
     }
   }
+  std::vector<TestTensor*> outputs() { return {&o1, &o2, &o3, &o4}; }
   // The tensor the test poisons / makes of the wrong rank.
   TestTensor& main(const std::string& op) {
     if (op == "solve_tril") return A;
@@ -693,63 +710,63 @@ struct GdnSub {
   }
 };
 
-TEST(LinearAttentionInvalid, GdnSubOperators) {
+// The checks both families' chunk sub-operators get (Sub: GdnSub or KdaSub; reg: the registry's
+// name): the main input of rank 3 raises `rank_msg`; a chunk_indices row that does not match
+// cu_seqlens raises before any work; T = 0 and an empty sequence among others run on every CPU
+// backend; NaN / Inf as expect_poisoned_chunks says.
+template <class Sub>
+void check_chunk_sub_operator(const std::string& op, const std::string& reg, const std::string& rank_msg) {
   const Context ctx = Context::cpu();
-  const std::vector<std::string> ops = {"chunk_scaled_dot_kkt", "solve_tril", "recompute_w_u", "prepare_wy_repr_bwd",
-                                        "chunk_fwd_o", "chunk_bwd_dv_local", "chunk_bwd_dqkwg"};
-  for (const std::string& op : ops) {
+  {
+    Sub s(1, 70);
+    s.main(op) = TestTensor(DType::kFloat32, {1, 70, 16});
+    expect_error([&] { s.run(op, ctx); }, ErrorKind::kValue, rank_msg);
+  }
+  {
+    Sub s(1, 70);
+    TestTensor cu = ints({3}, {0, 30, 70}), ci = ints({3, 2}, {0, 0, 1, 0, 1, 5});
+    for (TestTensor* t : s.outputs()) t->set(std::vector<double>(t->numel(), NAN));
+    expect_error([&] { s.run(op, ctx, cu.view(), ci.view()); }, ErrorKind::kValue,
+                 "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
+    for (TestTensor* t : s.outputs()) EXPECT_TRUE(all_nan(*t));
+  }
+  for (const auto& b : cpu_backends(reg)) {
+    SCOPED_TRACE(b.id);
+    {
+      Sub e(2, 0);
+      e.run(op, b.ctx());
+      Sub v(1, 70);
+      TestTensor cu = ints({5}, {0, 0, 30, 30, 70}), ci = ints({3, 2}, {1, 0, 3, 0, 3, 1});
+      v.run(op, b.ctx(), cu.view(), ci.view());
+    }
+    // NaN at token 40 of batch row 0, +Inf at token 7 of row 1; row 2 clean.
+    Sub ours(3, 70), ref(3, 70), clean(3, 70);
+    for (Sub* s : {&ours, &ref}) {
+      TestTensor& m = s->main(op);
+      std::vector<double> x = m.to_double();
+      const int64_t row = m.numel() / 3, tok = row / 70;
+      x[40 * tok + 3] = NAN;
+      x[row + 7 * tok + 9] = INFINITY;
+      m.set(x);
+    }
+    Context rctx = Context::cpu();
+    rctx.backend = "ref";
+    ref.run(op, rctx);
+    ours.run(op, b.ctx());
+    clean.run(op, b.ctx());
+    const auto a = ours.outputs(), r = ref.outputs(), c = clean.outputs();
+    for (size_t k = 0; k < a.size(); ++k) {
+      SCOPED_TRACE("output " + std::to_string(k));
+      expect_poisoned_chunks(a[k]->to_double(), r[k]->to_double(), c[k]->to_double());
+    }
+  }
+}
+
+TEST(LinearAttentionInvalid, GdnSubOperators) {
+  for (const std::string op : {"chunk_scaled_dot_kkt", "solve_tril", "recompute_w_u", "prepare_wy_repr_bwd",
+                               "chunk_fwd_o", "chunk_bwd_dv_local", "chunk_bwd_dqkwg"}) {
     SCOPED_TRACE(op);
-    {  // rank
-      GdnSub s(1, 70);
-      TestTensor& m = s.main(op);
-      m = TestTensor(DType::kFloat32, {1, 70, 16});
-      expect_error([&] { s.run(op, ctx); }, ErrorKind::kValue, "must have rank");
-    }
-    {  // a chunk_indices row that does not match cu_seqlens: raised before any work
-      GdnSub s(1, 70);
-      TestTensor cu = ints({3}, {0, 30, 70}), ci = ints({3, 2}, {0, 0, 1, 0, 1, 5});
-      for (TestTensor* t : {&s.o1, &s.o2, &s.o3}) t->set(std::vector<double>(t->numel(), NAN));
-      expect_error([&] { s.run(op, ctx, cu.view(), ci.view()); }, ErrorKind::kValue,
-                   "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
-      EXPECT_TRUE(all_nan(s.o1) && all_nan(s.o2) && all_nan(s.o3));
-    }
-    for (const auto& b : cpu_backends(op == "prepare_wy_repr_bwd" ? "recompute_w_u" : op)) {
-      SCOPED_TRACE(b.id);
-      {  // T = 0 and an empty sequence among others
-        GdnSub e(2, 0);
-        e.run(op, b.ctx());
-        GdnSub v(1, 70);
-        TestTensor cu = ints({5}, {0, 0, 30, 30, 70}), ci = ints({3, 2}, {1, 0, 3, 0, 3, 1});
-        v.run(op, b.ctx(), cu.view(), ci.view());
-      }
-      // NaN at token 40 of batch row 0, +Inf at token 7 of row 1; row 2 clean.
-      GdnSub ours(3, 70), ref(3, 70), clean(3, 70);
-      for (GdnSub* s : {&ours, &ref}) {
-        TestTensor& m = s->main(op);
-        std::vector<double> x = m.to_double();
-        const int64_t row = m.numel() / 3, tok = row / 70;
-        x[40 * tok] = NAN;
-        x[row + 7 * tok + 1] = INFINITY;
-        m.set(x);
-      }
-      Context rctx = Context::cpu();
-      rctx.backend = "ref";
-      ref.run(op, rctx);
-      ours.run(op, b.ctx());
-      clean.run(op, b.ctx());
-      for (auto [a, r, c] : {std::tuple{&ours.o1, &ref.o1, &clean.o1}, std::tuple{&ours.o2, &ref.o2, &clean.o2},
-                             std::tuple{&ours.o3, &ref.o3, &clean.o3}, std::tuple{&ours.o4, &ref.o4, &clean.o4}}) {
-        const auto av = a->to_double(), rv = r->to_double(), cv = c->to_double();
-        const int64_t row = static_cast<int64_t>(av.size()) / 3, tok = row / 70;
-        for (int64_t i = 0; i < static_cast<int64_t>(av.size()); ++i) {
-          const int64_t bi = i / row, t = (i % row) / tok;
-          if (!std::isfinite(rv[i])) ASSERT_FALSE(std::isfinite(av[i])) << "finite where the reference is not, at " << i;
-          if (!std::isfinite(av[i]) && std::isfinite(rv[i]))  // only inside the poisoned chunks
-            ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "non-finite at " << i;
-          if (bi == 2 && !(std::isnan(av[i]) && std::isnan(cv[i]))) ASSERT_EQ(av[i], cv[i]) << "row 2 at " << i;
-        }
-      }
-    }
+    check_chunk_sub_operator<GdnSub>(op, op == "prepare_wy_repr_bwd" ? "recompute_w_u" : op, "must have rank");
   }
 }
 
@@ -790,6 +807,11 @@ struct KdaSub {
     out.emplace_back(f, std::vector<int64_t>{B, T, 2});
   }
   TensorView o(int i) const { return out[i].view(); }
+  std::vector<TestTensor*> outputs() {
+    std::vector<TestTensor*> v;
+    for (TestTensor& t : out) v.push_back(&t);
+    return v;
+  }
   void run(const std::string& op, const Context& ctx, const TensorView& cu = {}, const TensorView& ci = {}) {
     if (op == "chunk_kda_fwd_intra") {
       chunk_kda_fwd_intra(ctx, {q.view(), k.view(), gk.view(), beta.view(), o(6), o(7), cu, ci, 0.3, 32, false});
@@ -817,60 +839,10 @@ struct KdaSub {
 };
 
 TEST(LinearAttentionInvalid, KdaSubOperators) {
-  const Context ctx = Context::cpu();
-  const std::vector<std::string> ops = {"chunk_kda_fwd_intra", "kda_recompute_w_u", "chunk_kda_fwd_o",
-                                        "chunk_kda_bwd_dAv", "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"};
-  for (const std::string& op : ops) {
+  for (const std::string op : {"chunk_kda_fwd_intra", "kda_recompute_w_u", "chunk_kda_fwd_o", "chunk_kda_bwd_dAv",
+                               "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"}) {
     SCOPED_TRACE(op);
-    {
-      KdaSub s(1, 70);
-      s.main(op) = TestTensor(DType::kFloat32, {1, 70, 16});
-      expect_error([&] { s.run(op, ctx); }, ErrorKind::kValue, op == "chunk_kda_bwd_dAv" ? "dout must have shape" : "must have rank");
-    }
-    {
-      KdaSub s(1, 70);
-      TestTensor cu = ints({3}, {0, 30, 70}), ci = ints({3, 2}, {0, 0, 1, 0, 1, 5});
-      for (TestTensor& t : s.out) t.set(std::vector<double>(t.numel(), NAN));
-      expect_error([&] { s.run(op, ctx, cu.view(), ci.view()); }, ErrorKind::kValue,
-                   "chunk_indices row 2 is (1,5), expected (1,1) for these cu_seqlens");
-      for (const TestTensor& t : s.out) EXPECT_TRUE(all_nan(t));
-    }
-    for (const auto& b : cpu_backends(op)) {
-      SCOPED_TRACE(b.id);
-      {
-        KdaSub e(2, 0);
-        e.run(op, b.ctx());
-        KdaSub v(1, 70);
-        TestTensor cu = ints({5}, {0, 0, 30, 30, 70}), ci = ints({3, 2}, {1, 0, 3, 0, 3, 1});
-        v.run(op, b.ctx(), cu.view(), ci.view());
-      }
-      KdaSub ours(3, 70), ref(3, 70), clean(3, 70);
-      for (KdaSub* s : {&ours, &ref}) {
-        TestTensor& m = s->main(op);
-        std::vector<double> x = m.to_double();
-        const int64_t row = m.numel() / 3, tok = row / 70;
-        x[40 * tok + 3] = NAN;
-        x[row + 7 * tok + 9] = INFINITY;
-        m.set(x);
-      }
-      Context rctx = Context::cpu();
-      rctx.backend = "ref";
-      ref.run(op, rctx);
-      ours.run(op, b.ctx());
-      clean.run(op, b.ctx());
-      for (size_t k = 0; k < ours.out.size(); ++k) {
-        const auto av = ours.out[k].to_double(), rv = ref.out[k].to_double(), cv = clean.out[k].to_double();
-        const int64_t row = static_cast<int64_t>(av.size()) / 3, tok = row / 70;
-        for (int64_t i = 0; i < static_cast<int64_t>(av.size()); ++i) {
-          const int64_t bi = i / row, t = (i % row) / tok;
-          if (std::isnan(rv[i]) && std::isnan(av[i])) continue;
-          if (!std::isfinite(rv[i])) ASSERT_FALSE(std::isfinite(av[i])) << "output " << k << ": finite at " << i;
-          if (!std::isfinite(av[i]) && std::isfinite(rv[i]))
-            ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "output " << k << ": non-finite at " << i;
-          if (bi == 2 && !(std::isnan(av[i]) && std::isnan(cv[i]))) ASSERT_EQ(av[i], cv[i]) << "output " << k << " row 2";
-        }
-      }
-    }
+    check_chunk_sub_operator<KdaSub>(op, op, op == "chunk_kda_bwd_dAv" ? "dout must have shape" : "must have rank");
   }
 }
 

@@ -12,6 +12,7 @@ beta by keyword."""
 from __future__ import annotations
 
 import fusedops
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,6 +91,12 @@ def _check(family, recurrent, device, data, dtype, seed):
     BT = data.draw(st.sampled_from(FAMILIES[family][3]), label="chunk_size")
     cu = _varlen(data, T) if varlen else None
     opts = _options(data, family, recurrent)
+    if opts.get("l2") and K == 1:
+        # With in-kernel l2norm at K = 1 the normalized q, k are +-1 and their gradients are a
+        # cancellation of two O(1) terms (exactly ~eps / |k|^3): an fp32 result is off by about an
+        # ulp of those terms, above the policy's floor of the ~0 result. Such a head dim is drawn
+        # without l2norm (found by this test: dk 1.2x the floor at T = K = V = 1).
+        K = 2
     h0 = data.draw(st.booleans(), label="initial_state")
     final = data.draw(st.booleans(), label="output_final_state")
     drop = recurrent and data.draw(st.sampled_from(["none", "g", "beta", "both"]), label="absent") or "none"
@@ -139,25 +146,10 @@ def _check(family, recurrent, device, data, dtype, seed):
         lat.check(f"{tag} d{n}", ours[n], base[2][n], ref[2][n], dt)
 
 
+@pytest.mark.parametrize("family,recurrent", [("gdn", False), ("gdn", True), ("kda", False), ("kda", True)],
+                         ids=["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
+                              "fused_recurrent_kda"])
 @SETTINGS
 @given(dtype=DTYPES, data=st.data(), seed=st.integers(0, 2**20))
-def test_chunk_gated_delta_rule(device, dtype, data, seed):
-    _check("gdn", False, device, data, dtype, seed)
-
-
-@SETTINGS
-@given(dtype=DTYPES, data=st.data(), seed=st.integers(0, 2**20))
-def test_fused_recurrent_gated_delta_rule(device, dtype, data, seed):
-    _check("gdn", True, device, data, dtype, seed)
-
-
-@SETTINGS
-@given(dtype=DTYPES, data=st.data(), seed=st.integers(0, 2**20))
-def test_chunk_kda(device, dtype, data, seed):
-    _check("kda", False, device, data, dtype, seed)
-
-
-@SETTINGS
-@given(dtype=DTYPES, data=st.data(), seed=st.integers(0, 2**20))
-def test_fused_recurrent_kda(device, dtype, data, seed):
-    _check("kda", True, device, data, dtype, seed)
+def test_linear_attention_top_level(device, family, recurrent, dtype, data, seed):
+    _check(family, recurrent, device, data, dtype, seed)
