@@ -18,8 +18,6 @@ import pytest
 import torch
 from fusedops import gated_delta_rule as gdn
 
-from tests.common.bad_input import expect_rejected
-
 CUDA_REASON = ("" if torch.cuda.is_available() and fusedops.built_with_cuda()
                else "needs a CUDA device and a CUDA build")
 TOP = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"]
@@ -113,43 +111,41 @@ def test_shared_sub_operators_reject_bad_cu_seqlens(device, op):
 
 
 def test_chunk_tables_that_do_not_match_cu_seqlens(device):
-    """A caller's chunk_indices / chunk_offsets are checked against cu_seqlens on the CPU before any
-    work; on CUDA they are not read on the host (the kernels clamp every position, so a bad table
-    gives a meaningless result, never an access out of bounds), except under debug checks."""
+    """The Python layer builds the chunk tables from cu_seqlens' checked host values (kept per
+    tensor) and the kernels read those: a caller's chunk_indices / chunk_offsets (flash-linear-
+    attention's precomputed tables) must have their table's shape (else ValueError) and their
+    contents are not used, so wrong contents give the correct result. (The C++ entry points read
+    the caller's tables: LinearAttentionInvalid.ChunkTablesThatDoNotMatchCuSeqlensRaiseOnTheCpu.)"""
     g = -torch.rand(1, 70, 2, device=device)
     cu = torch.tensor([0, 30, 30, 70], device=device)
     good = gdn.prepare_chunk_indices(cu, 32)
     assert good.tolist() == [[0, 0], [2, 0], [2, 1]]
     bad = torch.tensor([[0, 0], [2, 0], [2, 7]], device=device)
-    message = "chunk_indices row 2 is (2,7), expected (2,1) for these cu_seqlens"
-    if device == "cpu":
-        with pytest.raises(ValueError, match=re.escape(message)):
-            gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
-    else:
-        gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)  # no fault
-        torch.cuda.synchronize()
-        fusedops.check_errors()
-    with fusedops.debug_checks(), pytest.raises(ValueError, match=re.escape(message)):
-        gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad)
-    with pytest.raises(ValueError, match="chunk_indices has 2 rows but cu_seqlens with chunk_size 32 gives 3"):
-        gdn.chunk_local_cumsum(g.cpu(), 32, cu_seqlens=cu.cpu(), chunk_indices=good[:2].cpu())
-    offs = torch.tensor([0, 1, 1, 4])
-    with pytest.raises(ValueError, match=r"chunk_offsets\[3\] is 4, expected 3 for these cu_seqlens"):
-        k = torch.randn(1, 70, 2, 8)
-        gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=torch.randn(1, 70, 2, 8), g=g.cpu(), chunk_size=32,
-                                         cu_seqlens=cu.cpu(), chunk_offsets=offs)
+    want = gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu)
+    assert torch.equal(gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=bad), want)
+    with pytest.raises(ValueError, match=re.escape("chunk_indices must be the [NT, 2] = [3, 2] table of cu_seqlens")):
+        gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=good[:2])
+    k = torch.randn(1, 70, 2, 8, device=device)
+    u = torch.randn(1, 70, 2, 8, device=device)
+    h = gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=u, g=g, chunk_size=32, cu_seqlens=cu)[0]
+    offs = torch.tensor([0, 1, 1, 4], device=device)
+    assert torch.equal(gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=u, g=g, chunk_size=32, cu_seqlens=cu,
+                                                        chunk_offsets=offs)[0], h)
+    with pytest.raises(ValueError, match=re.escape("chunk_offsets must be the [N+1] = [4] table of cu_seqlens")):
+        gdn.chunk_gated_delta_rule_fwd_h(k=k, w=k, u=u, g=g, chunk_size=32, cu_seqlens=cu, chunk_offsets=offs[:3])
 
 
 @pytest.mark.skipif(bool(CUDA_REASON), reason=CUDA_REASON or "-")
-def test_cuda_sub_operator_reports_bad_cu_seqlens():
-    """chunk_local_cumsum on CUDA with caller-built tables does not read cu_seqlens on the host: the
-    device check reports it (check_errors), debug checks raise at the call."""
+def test_cuda_sub_operator_rejects_bad_cu_seqlens_at_the_call():
+    """chunk_local_cumsum on CUDA reads cu_seqlens' values on the host (to build its tables) and
+    raises at the call, with or without debug checks, and leaves no device report."""
     g = -torch.rand(1, 70, 2, device="cuda")
     cu = torch.tensor([0, 30, 90], device="cuda")
-    ci = torch.tensor([[0, 0], [1, 0], [1, 1]], device="cuda")
-    expect_rejected("cuda", lambda: gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu, chunk_indices=ci),
-                    "cu_seqlens must end at T=70 (the packed length), got cu_seqlens[2]=90",
-                    "cu_seqlens[2] = 90 is not")
+    fusedops.check_errors()
+    for ctx in (fusedops.debug_checks(False), fusedops.debug_checks()):
+        with ctx, pytest.raises(ValueError, match=r"cu_seqlens must end at T=70 \(the packed length\), got cu_seqlens\[2\]=90"):
+            gdn.chunk_local_cumsum(g, 32, cu_seqlens=cu)
+    fusedops.check_errors()
 
 
 @pytest.mark.parametrize("fn", ["prepare_chunk_indices", "prepare_chunk_offsets"])
@@ -377,7 +373,7 @@ def test_sub_operator_rank_shape_and_dtype_errors(op):
             _run_sub(op, dict(x, **{other: x[other][:, :-1]}))
     else:  # chunk_indices of another shape
         cu = torch.tensor([0, 30, 70])
-        with pytest.raises(ValueError, match=r"chunk_indices must be a contiguous \[NT,2\] tensor"):
+        with pytest.raises(ValueError, match=r"chunk_indices must be the \[NT, 2\] = \[3, 2\] table"):
             _run_sub(op, x, cu_seqlens=cu, chunk_indices=torch.zeros(3, 3, dtype=torch.int64))
     with pytest.raises((TypeError, ValueError)):
         _run_sub(op, dict(x, g=x["g"].to(torch.int32), k=x["k"].to(torch.int32)))
@@ -508,7 +504,7 @@ def _main(op):
                                                         "prepare_wy_repr_bwd") else "q")
 
 
-KDA_SUBOPS = ["chunk_kda_fwd_intra", "kda_recompute_w_u_fwd", "chunk_kda_fwd_o", "chunk_kda_bwd_dAv",
+KDA_SUBOPS = ["chunk_kda_intra_A", "chunk_kda_fwd_intra", "kda_recompute_w_u_fwd", "chunk_kda_fwd_o", "chunk_kda_bwd_dAv",
               "chunk_kda_bwd_wy_dqkg_fused", "chunk_kda_bwd_intra"]
 
 
@@ -523,8 +519,8 @@ def _kda_sub_inputs(B=2, T=70, device="cpu", seed=0):
          "do": rn(B, T, 2, 8), "dv": rn(B, T, 2, 8), "v_new": rn(B, T, 2, 8), "h": rn(B, NT, 2, 8, 8),
          "dh": rn(B, NT, 2, 8, 8), "dq": rn(B, T, 2, 8), "dk": rn(B, T, 2, 8), "db": rn(B, T, 2),
          "dg": rn(B, T, 2, 8), "dAqk": rn(B, T, 2, BT), "dAkk": rn(B, T, 2, BT)}
-    x["Aqk"], x["A"] = kda.chunk_kda_fwd_intra(q=x["q"], k=x["k"], gk=x["g"], beta=x["beta"], scale=0.3,
-                                               chunk_size=BT)
+    x["Aqk"], x["A"] = kda.chunk_kda_intra_A(q=x["q"], k=x["k"], gk=x["g"], beta=x["beta"], scale=0.3,
+                                             chunk_size=BT)
     return x
 
 
@@ -532,14 +528,17 @@ def _run_kda_sub(op, x, **kw):
     from fusedops import kda
 
     f = getattr(kda, op)
-    if op == "chunk_kda_fwd_intra":
+    if op == "chunk_kda_intra_A":
         out = f(q=x["q"], k=x["k"], gk=x["g"], beta=x["beta"], scale=0.3, chunk_size=BT, **kw)
+    elif op == "chunk_kda_fwd_intra":
+        out = f(q=x["q"], k=x["k"], v=x["v"], gk=x["g"], beta=x["beta"], scale=0.3, chunk_size=BT,
+                disable_recompute=True, **kw)
     elif op == "kda_recompute_w_u_fwd":
         out = f(k=x["k"], v=x["v"], beta=x["beta"], A=x["A"], gk=x["g"], q=x["q"], **kw)
     elif op == "chunk_kda_fwd_o":
         out = f(qg=x["q"], Aqk=x["Aqk"], v=x["v"], h=x["h"], scale=0.3, **kw)
     elif op == "chunk_kda_bwd_dAv":
-        out = f(Aqk=x["Aqk"], v=x["v"], do=x["do"], scale=0.3, **kw)
+        out = f(q=x["q"], k=x["k"], v=x["v"], do=x["do"], A=x["Aqk"], scale=0.3, chunk_size=BT, **kw)
     elif op == "chunk_kda_bwd_wy_dqkg_fused":
         out = f(q=x["q"], k=x["k"], v=x["v"], v_new=x["v_new"], g=x["g"], beta=x["beta"], A=x["A"], h=x["h"],
                 do=x["do"], dh=x["dh"], dv=x["dv"], scale=0.3, chunk_size=BT, **kw)
@@ -558,7 +557,8 @@ CHUNK_SUBOPS = {"gdn": (GDN_SUBOPS, _gdn_sub_inputs, _run_gdn_sub, _main),
                 "kda": (KDA_SUBOPS, _kda_sub_inputs, _run_kda_sub, _kda_main)}
 CHUNK_CASES = [(f, op) for f, (ops, *_) in CHUNK_SUBOPS.items() for op in ops]
 REGISTRY = {"recompute_w_u_fwd": "recompute_w_u", "prepare_wy_repr_bwd": "recompute_w_u",
-            "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt", "kda_recompute_w_u_fwd": "kda_recompute_w_u"}
+            "chunk_scaled_dot_kkt_fwd": "chunk_scaled_dot_kkt", "kda_recompute_w_u_fwd": "kda_recompute_w_u",
+            "chunk_kda_intra_A": "chunk_kda_fwd_intra"}
 
 
 def _case_id(case):
@@ -568,8 +568,9 @@ def _case_id(case):
 @pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)
 def test_chunk_sub_operator_errors(case):
     """Rank raises a clear error (never an IndexError from reading a shape); another input's shape,
-    integer inputs, chunk tables that do not match cu_seqlens and a bad cu_seqlens raise on the
-    CPU before any work."""
+    integer inputs, a chunk_indices of another shape than cu_seqlens' table and a bad cu_seqlens
+    raise before any work; a caller's chunk_indices of the right shape is not read (the kept table
+    built from cu_seqlens is), so wrong contents give the correct result."""
     family, op = case
     _, inputs, run, main = CHUNK_SUBOPS[family]
     x = inputs(B=1)
@@ -585,9 +586,11 @@ def test_chunk_sub_operator_errors(case):
     with pytest.raises((TypeError, ValueError)):
         run(op, dict(x, **{m: x[m].to(torch.int32)}))
     cu = torch.tensor([0, 30, 70])
-    bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])
-    with pytest.raises(ValueError, match=re.escape("chunk_indices row 2 is (1,5), expected (1,1)")):
-        run(op, x, cu_seqlens=cu, chunk_indices=bad_ci)
+    bad_ci = torch.tensor([[0, 0], [1, 0], [1, 5]])  # the right shape, wrong contents: not used
+    for a, b in zip(run(op, x, cu_seqlens=cu, chunk_indices=bad_ci), run(op, x, cu_seqlens=cu)):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=re.escape("chunk_indices must be the [NT, 2] = [3, 2] table")):
+        run(op, x, cu_seqlens=cu, chunk_indices=bad_ci[:2])
     with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
         run(op, x, cu_seqlens=torch.tensor([0, 50, 30, 70]))
 
@@ -654,7 +657,8 @@ def test_chunk_sub_operator_outputs_past_int32_elements_on_cuda(case):
     family, op = case
     _, inputs, run, _ = CHUNK_SUBOPS[family]
     x1 = inputs(B=1, T=64, device="cuda")
-    wide = op in ("chunk_scaled_dot_kkt_fwd", "solve_tril", "chunk_kda_fwd_intra", "chunk_kda_bwd_dAv")
+    wide = op in ("chunk_scaled_dot_kkt_fwd", "solve_tril", "chunk_kda_intra_A", "chunk_kda_fwd_intra",
+                  "chunk_kda_bwd_dAv")
     B = 2 ** 31 // (64 * 2 * (BT if wide else 8)) + 2
     x = {n: t.expand(B, *t.shape[1:]) for n, t in x1.items()}
     with torch.no_grad():
