@@ -41,6 +41,13 @@ def _normal(seed: int, device: str):
     return rn
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values with the last dimension strided (stride 2): the Python layer copies such inputs."""
+    buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=t.device)
+    buf[..., 1::2] = t
+    return buf[..., 1::2]
+
+
 def _kda(op: str) -> bool:
     return "kda" in op
 
@@ -200,11 +207,7 @@ def test_rank_shape_and_dtype_errors(op):
 def test_strided_inputs_match_contiguous(device, op):
     x = _inputs(op, B=2, T=40, device=device)
     o, ht = _call(op, x)
-    y = {}
-    for n, t in x.items():
-        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
-        buf[..., 1::2] = t  # the last dimension strided: the Python layer copies it
-        y[n] = buf[..., 1::2]
+    y = {n: _strided(t) for n, t in x.items()}
     y["q"] = x["q"].transpose(0, 1).contiguous().transpose(0, 1)  # B and T swapped in memory
     o2, ht2 = _call(op, y)
     assert torch.equal(o, o2) and torch.equal(ht, ht2)
@@ -384,11 +387,7 @@ def test_sub_operator_rank_shape_and_dtype_errors(op):
 @pytest.mark.parametrize("op", SUBOPS)
 def test_sub_operator_strided_inputs_match_contiguous(device, op):
     x = _sub_inputs(B=2, device=device)
-    y = {}
-    for n, t in x.items():
-        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
-        buf[..., 1::2] = t
-        y[n] = buf[..., 1::2]
+    y = {n: _strided(t) for n, t in x.items()}
     y["k"] = x["k"].transpose(0, 1).contiguous().transpose(0, 1)
     for a, b in zip(_run_sub(op, x), _run_sub(op, y)):
         assert torch.equal(a, b)
@@ -600,11 +599,7 @@ def test_chunk_sub_operator_layouts_and_empty_inputs(device, case):
     family, op = case
     _, inputs, run, _ = CHUNK_SUBOPS[family]
     x = inputs(device=device)
-    y = {}
-    for n, t in x.items():
-        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=device)
-        buf[..., 1::2] = t
-        y[n] = buf[..., 1::2]
+    y = {n: _strided(t) for n, t in x.items()}
     for a, b in zip(run(op, x), run(op, y)):
         assert torch.equal(a, b)
     for o in run(op, inputs(T=0, device=device)):
