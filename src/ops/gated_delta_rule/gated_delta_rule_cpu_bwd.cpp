@@ -269,16 +269,21 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
       // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
       // from the two products dQ and dK need anyway (no Q K^T product).
       std::vector<double> t1, rs, rq, ck;
-      // dst += Tm (rows of the product just formed in Tm) and dots[i] = Tm_i . x_i in double.
-      auto add_product_rows = [&](float* dst, int64_t ld, const Rows& x, std::vector<double>& dots) {
+      std::vector<float> dsd;
+      // Tm_i += dsd_i y_i (the diagonal term, y = K for dQ, Q for dK) after dots[i] = Tm_i . x_i
+      // (without it); then dst += Tm.
+      auto add_diagonal_then_rows = [&](float* dst, int64_t ld, const Rows& x, const Rows& y,
+                                        std::vector<double>& dots) {
         for (int64_t i = 0; i < n; ++i) {
-          const float* __restrict t = Tm + i * K;
+          float* __restrict t = Tm + i * K;
           dots[i] = dotd(t, x.p + i * x.ld, K);
+          const float* __restrict yi = y.p + i * y.ld;
           float* __restrict d = dst + i * ld;
-          for (int64_t y = 0; y < K; ++y) d[y] += t[y];
+          for (int64_t c2 = 0; c2 < K; ++c2) d[c2] += t[c2] + dsd[i] * yi[c2];
         }
       };
       if (dg.defined()) {
+        dsd.assign(n, 0.0f);
         t1.resize(n);
         rs.resize(n);
         rq.resize(n);
@@ -307,10 +312,18 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         for (int64_t i = 0; i < n; ++i)
           for (int64_t y = 0; y < K; ++y) dQ[i * lq + y] *= scale * eg[i];
         if (dg.defined()) {
-          // Ds K on its own (the same fp32 sums the accumulating product adds, so dQ is the
-          // same): row i dotted with q_i is row i's sum of M = Ds . (Q K^T), diagonal included.
+          // The diagonal of M = Ds . (Q K^T) adds to row i's sum and to column i's alike, so it
+          // is left out of both: were it inside the two products, their different fp32 rounding
+          // would leave ~1e-7 |M_ii| in each token's dg, the same sign along the chunk, and the
+          // gate parameters' gradients (sums of g_cum-weighted dg) would lose those digits.
+          // Ds K with a zero diagonal: row i dotted with q_i is row i's off-diagonal sum of M;
+          // then dQ_i gets its diagonal term Ds_ii k_i.
+          for (int64_t i = 0; i < n; ++i) {
+            dsd[i] = Ds[i * n + i];
+            Ds[i * n + i] = 0.0f;
+          }
           gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, false, Tm, K, Tri::kLower);
-          add_product_rows(dQ, lq, qr, rq);
+          add_diagonal_then_rows(dQ, lq, qr, kr, rq);
         } else {
           gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, lq, Tri::kLower);
         }
@@ -321,10 +334,10 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           for (int64_t y = 0; y < K; ++y) dK[i * lk + y] = dKi[i * K + y] *= f;
         }
         if (dg.defined()) {
-          // Ds^T Q on its own: row j dotted with k_j is column j's sum of M (diagonal included,
-          // so it cancels against the row sum's).
+          // Ds^T Q with the zero diagonal: row j dotted with k_j is column j's off-diagonal sum
+          // of M; then dK_j gets Ds_jj q_j.
           gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, false, Tm, K, Tri::kUpper);
-          add_product_rows(dK, lk, kr, ck);
+          add_diagonal_then_rows(dK, lk, kr, qr, ck);
         } else {
           gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, lk, Tri::kUpper);
         }
