@@ -51,7 +51,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
-    std::vector<double> dGd, dBd;
+    std::vector<double> dGd, dBd, gd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
@@ -73,7 +73,7 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       std::fill(dKs, dKs + n * K, 0.0f);
       float* Am = s.get(4, n * n);
       float* bt = s.get(6, n);
-      float* gm = s.get(7, n);
+      gd.resize(n);
       float* eg = s.get(8, n);
       float* dA = s.get(10, n * n);
       float* tmp = s.get(11, n * n);
@@ -88,10 +88,9 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_tril_block(A, c, hv, false, Am, n);
         load_scalars(beta, c, hv, bt);
-        load_scalars(g, c, hv, gm);
-        std::copy(gm, gm + n, eg);
-        exp_inplace(eg, n);
-        if (g.defined()) decay_matrix(gm, n, true, gam, n);
+        load_gates(g, c, hv, gd.data());
+        exp_from(gd.data(), n, 0.0, eg);
+        if (g.defined()) decay_matrix(gd.data(), n, true, gam, n);
         const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
         const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
         const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
@@ -182,6 +181,7 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
@@ -199,11 +199,11 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
       gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
            true);
       float* P = s.get(4, n * n);
-      float* gm = s.get(5, n);
       float* D = s.get(6, n * V);
+      gd.resize(n);
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_scalars(g, c, hv, gm);
-        decay_matrix(gm, n, false, P, n);
+        load_gates(g, c, hv, gd.data());
+        decay_matrix(gd.data(), n, false, P, n);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
         const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
@@ -261,7 +261,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
       float* dKi = s.get(10, n * K);
       float* dW = s.get(11, n * K);
       float* Tm = s.get(21, n * K);
-      float* gm = s.get(12, n);
+      std::vector<double> gd(n);
       float* eg = s.get(13, n);
       float* dG = s.get(14, n);
       // The gate gradient is assembled from its separate terms (each summed in double) rather
@@ -295,11 +295,10 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         // S^T, dH^T and Vnew^T are packed by the products straight from S, dH and Vnew.
         const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
         const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
-        load_scalars(g, c, hv, gm);
-        std::copy(gm, gm + n, eg);
-        exp_inplace(eg, n);
+        load_gates(g, c, hv, gd.data());
+        exp_from(gd.data(), n, 0.0, eg);
         // Ds = scale M>= . Gamma . (dO Vnew^T).
-        decay_matrix(gm, n, false, Ds, n);
+        decay_matrix(gd.data(), n, false, Ds, n);
         float* dov = s.get(20, n * n);
         gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vr.p, vr.ld, false, dov, n, Tri::kNone, true, nullptr,
              0, true);
@@ -330,7 +329,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
         gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dH, V, false, dKi, K, Tri::kNone, false, nullptr, 0, true);
         for (int64_t i = 0; i < n; ++i) {
-          const float f = std::exp(gm[last] - gm[i]);
+          const float f = std::exp(static_cast<float>(gd[last] - gd[i]));
           for (int64_t y = 0; y < K; ++y) dK[i * lk + y] = dKi[i * K + y] *= f;
         }
         if (dg.defined()) {
@@ -552,11 +551,11 @@ void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
 }
 
 bool sup_wy(const PrepareWyReprBwdArgs& a) {
-  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.dw, &a.du, &a.dk, &a.dv, &a.dbeta, &a.dg});
+  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.dw, &a.du, &a.dk, &a.dv, &a.dbeta, &a.dg});
 }
-bool sup_dvl(const ChunkBwdDvLocalArgs& a) { return no_float64({&a.q, &a.k, &a.dout, &a.g, &a.dv}); }
+bool sup_dvl(const ChunkBwdDvLocalArgs& a) { return no_float64({&a.q, &a.k, &a.dout, &a.dv}); }
 bool sup_dqkwg(const ChunkBwdDqkwgArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.dout, &a.h, &a.dh, &a.w, &a.dv, &a.g, &a.dq, &a.dk,
+  return no_float64({&a.q, &a.k, &a.v, &a.dout, &a.h, &a.dh, &a.w, &a.dv, &a.dq, &a.dk,
                      &a.dw, &a.dg});
 }
 bool sup_gate(const GdnGateBwdArgs& a) {
@@ -566,7 +565,7 @@ bool sup_recurrent(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
   return la::no_float64(a);
 }
 bool sup_top(const ChunkGatedDeltaRuleBwdArgs& a) {
-  return la::no_float64(a, {&a.A});
+  return la::no_float64_but_gate_cumsum(a, {&a.A});
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
@@ -57,12 +58,12 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
            true);
       float* gam = s.get(3, n * n);
       float* bt = s.get(5, n);
-      float* gm = s.get(6, n);
+      gd.resize(n);
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_scalars(beta, c, hv, bt);
         if (g.defined()) {
-          load_scalars(g, c, hv, gm);
-          decay_matrix(gm, n, true, gam, n);
+          load_gates(g, c, hv, gd.data());
+          decay_matrix(gd.data(), n, true, gam, n);
         }
         const OutRows L = out_rows(A, c, hv, s.get(4, n * A.D));
         for (int64_t i = 0; i < n; ++i) {
@@ -108,6 +109,7 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t h = task % H, n = c.len;
@@ -128,11 +130,12 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
       float* U = s.get(5, n * V);
       float* bt = s.get(6, n);
       float* eg = s.get(7, n);
+      gd.resize(n);
       for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
         load_tril_block(A, c, hv, false, Am, n);
         load_scalars(beta, c, hv, bt);
-        load_scalars(g, c, hv, eg);
-        exp_inplace(eg, n);
+        load_gates(g, c, hv, gd.data());
+        exp_from(gd.data(), n, 0.0, eg);
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j <= i; ++j) {
             Aw[i * n + j] = Am[i * n + j] * bt[j] * eg[j];
@@ -159,6 +162,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd;
     for (int64_t task = b; task < e; ++task) {
       const Chunk& c = chunks[task / H];
       const int64_t hh = task % H, n = c.len;
@@ -177,16 +181,15 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
       gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
            true);
       float* P = s.get(4, n * n);
-      float* gm = s.get(5, n);
       float* eg = s.get(6, n);
       float* O = s.get(7, n * V);
+      gd.resize(n);
       for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_scalars(g, c, hv, gm);
-        decay_matrix(gm, n, false, P, n);
+        load_gates(g, c, hv, gd.data());
+        decay_matrix(gd.data(), n, false, P, n);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
-        std::copy(gm, gm + n, eg);
-        exp_inplace(eg, n);
+        exp_from(gd.data(), n, 0.0, eg);
         const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
         const OutRows Oo = out_rows(o, c, hv, O);
         gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, Oo.p, Oo.ld);
@@ -258,20 +261,21 @@ void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fp32 backend takes fp32/bf16/fp16 storage; float64 anywhere goes to the reference.
+// The fp32 backend takes fp32/bf16/fp16 storage; float64 anywhere goes to the reference, except a
+// float64 gate cumsum (g / g_cumsum), whose in-chunk differences the kernels take in double.
 
-bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_float64({&a.k, &a.beta, &a.g, &a.A}); }
+bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_float64({&a.k, &a.beta, &a.A}); }
 bool sup_solve(const SolveTrilArgs& a) { return no_float64({&a.A, &a.Ai}); }
 bool sup_wu(const RecomputeWUFwdArgs& a) {
-  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.w, &a.u});
+  return no_float64({&a.k, &a.v, &a.beta, &a.A, &a.w, &a.u});
 }
-bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_float64({&a.q, &a.k, &a.v, &a.h, &a.g, &a.o}); }
+bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_float64({&a.q, &a.k, &a.v, &a.h, &a.o}); }
 bool sup_gate(const GdnGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
 bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
   return la::no_float64(a);
 }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
-  return la::no_float64(a, {&a.A});
+  return la::no_float64_but_gate_cumsum(a, {&a.A});
 }
 
 }  // namespace

@@ -23,19 +23,19 @@ void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
 }
 
 bool sup_intra(const ChunkKdaFwdIntraArgs& a) {
-  return no_float64({&a.q, &a.k, &a.gk, &a.beta, &a.Aqk, &a.Akk});
+  return no_float64({&a.q, &a.k, &a.beta, &a.Aqk, &a.Akk});
 }
 bool sup_wu(const KdaRecomputeWUFwdArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.beta, &a.Akk, &a.gk, &a.w, &a.u, &a.kg, &a.qg});
+  return no_float64({&a.q, &a.k, &a.v, &a.beta, &a.Akk, &a.w, &a.u, &a.kg, &a.qg});
 }
 bool sup_o(const ChunkKdaFwdOArgs& a) { return no_float64({&a.qg, &a.Aqk, &a.v, &a.h, &a.o}); }
 bool sup_dav(const ChunkKdaBwdDAvArgs& a) { return no_float64({&a.Aqk, &a.v, &a.dout, &a.dAqk, &a.dv}); }
 bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {
-  return no_float64({&a.q, &a.k, &a.v, &a.v_new, &a.gk, &a.beta, &a.Akk, &a.h, &a.dh, &a.dout,
+  return no_float64({&a.q, &a.k, &a.v, &a.v_new, &a.beta, &a.Akk, &a.h, &a.dh, &a.dout,
                      &a.dvn, &a.dq, &a.dk, &a.dv, &a.dbeta, &a.dg, &a.dAkk});
 }
 bool sup_bintra(const ChunkKdaBwdIntraArgs& a) {
-  return no_float64({&a.q, &a.k, &a.gk, &a.beta, &a.dAqk, &a.dAkk, &a.dq, &a.dk, &a.dbeta, &a.dg,
+  return no_float64({&a.q, &a.k, &a.beta, &a.dAqk, &a.dAkk, &a.dq, &a.dk, &a.dbeta, &a.dg,
                      &a.dq_out, &a.dk_out, &a.dbeta_out, &a.dg_out});
 }
 bool sup_gate(const KdaGateFwdArgs& a) { return no_float64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
@@ -49,10 +49,10 @@ bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) {
   return la::no_float64(a);
 }
 bool sup_top(const ChunkKdaFwdArgs& a) {
-  return la::no_float64(a, {&a.Aqk, &a.Akk});
+  return la::no_float64_but_gate_cumsum(a, {&a.Aqk, &a.Akk});
 }
 bool sup_top_bwd(const ChunkKdaBwdArgs& a) {
-  return la::no_float64(a, {&a.Aqk, &a.Akk});
+  return la::no_float64_but_gate_cumsum(a, {&a.Aqk, &a.Akk});
 }
 
 }  // namespace

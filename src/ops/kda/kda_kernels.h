@@ -124,6 +124,15 @@ inline Scratch<T>& scratch() {
   return fusedops::cpu::thread_scratch<KdaScratch, T>();
 }
 
+// The calling thread's buffer for a chunk's gate cumsum in double, whatever the kernel's T: the
+// kernels round the in-chunk differences of G, never G itself, so they are exact for any gate
+// given a float64 g_cumsum (an fp32 one carries half an ulp of |G|, 5e-4 at -1e4, into every
+// difference). Its own arena: T = double kernels use scratch<double>() indices freely.
+struct KdaGateScratch {};
+inline double* gate_buffer(int64_t n) {
+  return fusedops::cpu::thread_scratch<KdaGateScratch, double>().get(0, n);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chunk-level loads and stores.
 
@@ -218,14 +227,15 @@ inline void unit_lower_inverse(const T* L, int64_t n, T* X) {
 
 // The sub-block factors of rows [i0, i1) against reference row r = i0:
 //   Ef[i - i0, c] = exp(G_ic - G_rc) (i >= r),   Eb[j, c] = exp(G_rc - G_jc) (j < r).
+// G is the chunk's gate cumsum in double (load_gates): the differences are rounded, not G.
 template <class T>
-inline void block_factors(const T* G, int64_t K, int64_t i0, int64_t i1, T* Ef, T* Eb) {
-  const T* gr = G + i0 * K;
+inline void block_factors(const double* G, int64_t K, int64_t i0, int64_t i1, T* Ef, T* Eb) {
+  const double* gr = G + i0 * K;
   for (int64_t i = i0; i < i1; ++i)
-    for (int64_t c = 0; c < K; ++c) Ef[(i - i0) * K + c] = G[i * K + c] - gr[c];
+    for (int64_t c = 0; c < K; ++c) Ef[(i - i0) * K + c] = static_cast<T>(G[i * K + c] - gr[c]);
   vexp(Ef, (i1 - i0) * K);
   for (int64_t j = 0; j < i0; ++j)
-    for (int64_t c = 0; c < K; ++c) Eb[j * K + c] = gr[c] - G[j * K + c];
+    for (int64_t c = 0; c < K; ++c) Eb[j * K + c] = static_cast<T>(gr[c] - G[j * K + c]);
   vexp(Eb, i0 * K);
 }
 
@@ -286,7 +296,7 @@ inline void diag_update(int64_t K, T dqij, T dlij, T bl, const T* __restrict kj,
 // P[i,j] = sum_c Q_ic K_jc E_ijc (j <= i) and M[i,j] = sum_c K_ic K_jc E_ijc (j < i), zeros
 // elsewhere; [n,n] with ld n. Q, Kc, G: [n,K].
 template <class T>
-void intra_scores(int64_t n, int64_t K, const T* Q, const T* Kc, const T* G, T* P, T* M,
+void intra_scores(int64_t n, int64_t K, const T* Q, const T* Kc, const double* G, T* P, T* M,
                   Scratch<T>& s, size_t sb) {
   std::fill(P, P + n * n, T(0));
   std::fill(M, M + n * n, T(0));
@@ -311,9 +321,9 @@ void intra_scores(int64_t n, int64_t K, const T* Q, const T* Kc, const T* G, T* 
     }
     // Diagonal sub-block: element-wise exponentials of the differences (i >= j).
     for (int64_t i = i0; i < i1; ++i) {
-      const T* gi = G + i * K;
+      const double* gi = G + i * K;
       for (int64_t j = i0; j <= i; ++j) {
-        const T* gj = G + j * K;
+        const double* gj = G + j * K;
         const T* kj = Kc + j * K;
         if (j == i) {
           T acc = 0;
@@ -321,7 +331,7 @@ void intra_scores(int64_t n, int64_t K, const T* Q, const T* Kc, const T* G, T* 
           P[i * n + j] = acc;
           continue;
         }
-        for (int64_t c = 0; c < K; ++c) e[c] = gi[c] - gj[c];
+        for (int64_t c = 0; c < K; ++c) e[c] = static_cast<T>(gi[c] - gj[c]);
         vexp(e, K);
         dot2(Q + i * K, Kc + i * K, kj, e, K, P[i * n + j], M[i * n + j]);
       }
@@ -347,7 +357,7 @@ void fwd_intra(const ChunkKdaFwdIntraArgs& a) {
       T* Kc = s.get(1, n * K);
       load_rows(q, c, h, Q);
       load_rows(k, c, h, Kc);
-      T* Gm = s.get(2, n * K);
+      double* Gm = gate_buffer(n * K);
       T* bt = s.get(3, n);
       T* P = s.get(4, n * n);
       T* M = s.get(5, n * n);
@@ -384,7 +394,7 @@ void recompute_wu(const KdaRecomputeWUFwdArgs& a) {
       load_rows(k, c, h, Kc);
       T* Q = s.get(1, n * K);
       if (q.defined()) load_rows(q, c, h, Q);
-      T* Gm = s.get(2, n * K);
+      double* Gm = gate_buffer(n * K);
       T* eg = s.get(3, n * K);
       T* X = s.get(4, n * K);
       T* O = s.get(5, n * K);
@@ -396,7 +406,7 @@ void recompute_wu(const KdaRecomputeWUFwdArgs& a) {
         load_rows(gk, c, hv, Gm);
         load_scalars(beta, c, hv, bt);
         load_lower(Akk, c, hv, false, Am);
-        std::copy(Gm, Gm + n * K, eg);
+        for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
         vexp(eg, n * K);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t x = 0; x < K; ++x) X[i * K + x] = Kc[i * K + x] * eg[i * K + x] * bt[i];
@@ -409,7 +419,7 @@ void recompute_wu(const KdaRecomputeWUFwdArgs& a) {
         store_rows(U, u, c, hv);
         // kg = K exp(G_last - G); qg = Q exp(G).
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) X[i * K + x] = Gm[last * K + x] - Gm[i * K + x];
+          for (int64_t x = 0; x < K; ++x) X[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
         vexp(X, n * K);
         for (int64_t x = 0; x < n * K; ++x) X[x] *= Kc[x];
         store_rows(X, kg, c, hv);
@@ -501,7 +511,7 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
       load_rows(k, c, hh, Kc);
       std::fill(dQs, dQs + n * K, T(0));
       std::fill(dKs, dKs + n * K, T(0));
-      T* Gm = s.get(4, n * K);
+      double* Gm = gate_buffer(n * K);
       T* eg = s.get(5, n * K);
       T* egl = s.get(6, n * K);
       T* Sbuf = s.get(7, K * V);
@@ -537,10 +547,10 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
         load_rows(vn, c, hv, Vn);
         load_rows(dout, c, hv, dO);
         load_rows(dvn, c, hv, dVn);
-        std::copy(Gm, Gm + n * K, eg);
+        for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
         vexp(eg, n * K);
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) egl[i * K + x] = Gm[last * K + x] - Gm[i * K + x];
+          for (int64_t x = 0; x < K; ++x) egl[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
         vexp(egl, n * K);
         transpose(S, V, K, V, ST, K);
         transpose(dH, V, K, V, dHT, K);
@@ -615,7 +625,7 @@ void bwd_intra(const ChunkKdaBwdIntraArgs& a) {
       load_rows(k, c, hh, Kc);
       load_rows(dq, c, hh, dQs);
       load_rows(dk, c, hh, dKs);
-      T* Gm = s.get(4, n * K);
+      double* Gm = gate_buffer(n * K);
       T* bt = s.get(5, n);
       T* db = s.get(6, n);
       T* dG = s.get(7, n * K);
@@ -665,12 +675,12 @@ void bwd_intra(const ChunkKdaBwdIntraArgs& a) {
           }
           // Diagonal sub-block, strictly lower pairs, element-wise.
           for (int64_t i = i0 + 1; i < i1; ++i) {
-            const T* gi = Gm + i * K;
+            const double* gi = Gm + i * K;
             for (int64_t j = i0; j < i; ++j) {
               const T dqij = Dq[i * n + j], dlij = Dl[i * n + j];
               if (dqij == T(0) && dlij == T(0)) continue;
-              const T* gj = Gm + j * K;
-              for (int64_t x = 0; x < K; ++x) e[x] = gi[x] - gj[x];
+              const double* gj = Gm + j * K;
+              for (int64_t x = 0; x < K; ++x) e[x] = static_cast<T>(gi[x] - gj[x]);
               vexp(e, K);
               diag_update(K, dqij, dlij, dlij * bt[i], Kc + j * K, Q + i * K, Kc + i * K, e, dqi + i * K,
                           rr + i * K, cc + j * K);

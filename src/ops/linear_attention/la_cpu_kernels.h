@@ -338,12 +338,31 @@ inline void store_scalars(const float* in, const Tok& t, const Chunk& c, int64_t
   for (int64_t i = 0; i < c.len; ++i) store_floats(in + i, t.ptr(c.b, c.t0 + i, h), t.dtype, 1);
 }
 
+// A chunk's cumulative gates g_cumsum [B,T,H] (0 without a gate) in double. The kernels take
+// their in-chunk differences g_i - g_j in double and round only those: with an fp32 g_cumsum
+// each value carries an error of half an ulp of its magnitude (5e-4 at -1e4), which the
+// differences between two late tokens of a chunk keep however small they are; a float64
+// g_cumsum (the torch layer's on the CPU) keeps them exact for any gate (docs/precision.md).
+inline void load_gates(const Tok& t, const Chunk& c, int64_t h, double* out) {
+  if (!t.defined()) {
+    std::fill(out, out + c.len, 0.0);
+    return;
+  }
+  for (int64_t i = 0; i < c.len; ++i) load_doubles(t.ptr(c.b, c.t0 + i, h), t.dtype, out + i, 1);
+}
+
+// out[i] = exp(g_i - ref) in fp32 (ref = 0: the decay from the chunk's start).
+inline void exp_from(const double* g, int64_t n, double ref, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(g[i] - ref);
+  exp_inplace(out, n);
+}
+
 // gam[i,j] = exp(g_i - g_j) for j <= i (j < i when strict), 0 elsewhere; [n, n] with ld.
-inline void decay_matrix(const float* g, int64_t n, bool strict, float* gam, int64_t ld) {
+inline void decay_matrix(const double* g, int64_t n, bool strict, float* gam, int64_t ld) {
   for (int64_t i = 0; i < n; ++i) {
     float* row = gam + i * ld;
     const int64_t m = strict ? i : i + 1;
-    for (int64_t j = 0; j < m; ++j) row[j] = g[i] - g[j];
+    for (int64_t j = 0; j < m; ++j) row[j] = static_cast<float>(g[i] - g[j]);
     exp_inplace(row, m);
     std::fill(row + m, row + n, 0.0f);
   }

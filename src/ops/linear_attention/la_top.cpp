@@ -136,6 +136,18 @@ bool no_float64(const LinearAttentionBwdArgs& a, std::initializer_list<const Ten
          no_float64(own);
 }
 
+bool no_float64_but_gate_cumsum(const LinearAttentionFwdArgs& a, std::initializer_list<const TensorView*> own) {
+  LinearAttentionFwdArgs b = a;
+  b.g_cumsum = TensorView();
+  return no_float64(b, {}) && no_float64(own);
+}
+
+bool no_float64_but_gate_cumsum(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own) {
+  LinearAttentionBwdArgs b = a;
+  b.g_cumsum = TensorView();
+  return no_float64(b, {}) && no_float64(own);
+}
+
 bool no_float64(const LinearAttentionRecurrentFwdArgs& a) {
   return no_float64({&a.q, &a.k, &a.v, &a.g, &a.beta, &a.initial_state, &a.o, &a.final_state});
 }

@@ -67,6 +67,9 @@ Dims check_top(const Check& c, const LinearAttentionBwdArgs& a, GateForm form,
 // fp32/bf16/fp16 storage; float64 goes to ref): the shared fields and the family's own.
 bool no_float64(const LinearAttentionFwdArgs& a, std::initializer_list<const TensorView*> own);
 bool no_float64(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own);
+// The same, but g_cumsum may be float64 (the fp32 CPU kernels take its differences in double).
+bool no_float64_but_gate_cumsum(const LinearAttentionFwdArgs& a, std::initializer_list<const TensorView*> own);
+bool no_float64_but_gate_cumsum(const LinearAttentionBwdArgs& a, std::initializer_list<const TensorView*> own);
 bool no_float64(const LinearAttentionRecurrentFwdArgs& a);
 bool no_float64(const LinearAttentionRecurrentBwdArgs& a);
 

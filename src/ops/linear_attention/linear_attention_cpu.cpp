@@ -83,10 +83,13 @@ void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
       for (int64_t s = 0; s < c.len; ++s) {
         const int64_t i = a.reverse ? c.len - 1 - s : s;
         load_floats(g.ptr(c.b, c.t0 + i, h), g.dtype, x.data(), D);
-        for (int64_t d = 0; d < D; ++d) {
-          acc[d] += x[d];
-          x[d] = static_cast<float>(acc[d] * a.scale);
+        for (int64_t d = 0; d < D; ++d) acc[d] += x[d];
+        if (out.dtype == DType::kFloat64) {  // exact sums of the fp32 steps (see load_gates)
+          double* o = reinterpret_cast<double*>(out.ptr(c.b, c.t0 + i, h));
+          for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * a.scale;
+          continue;
         }
+        for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(acc[d] * a.scale);
         store_floats(x.data(), out.ptr(c.b, c.t0 + i, h), out.dtype, D);
       }
     }
@@ -102,6 +105,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
   fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd(a.chunk_size);
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
       const int64_t vt = std::min(vt_max, V - v0);
@@ -149,9 +153,9 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
         float* Vg = s.get(6, len * vt);
         if (g.defined()) {
           float* gm = s.get(4, len);
-          load_scalars(g, c, hv, gm);
-          const float gl = gm[last];
-          for (int64_t i = 0; i < len; ++i) gm[i] = gl - gm[i];
+          load_gates(g, c, hv, gd.data());
+          const double gl = gd[last];
+          for (int64_t i = 0; i < len; ++i) gm[i] = static_cast<float>(gl - gd[i]);
           exp_inplace(gm, len);
           for (int64_t i = 0; i < len; ++i) {
             const float f = gm[i];
@@ -159,7 +163,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
             float* __restrict dst = Vg + i * vt;
             for (int64_t x = 0; x < vt; ++x) dst[x] = src[x] * f;
           }
-          const float d = std::exp(gl);
+          const float d = std::exp(static_cast<float>(gl));
           for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
         } else {
           for (int64_t i = 0; i < len; ++i) std::copy(Vn + i * ldn, Vn + i * ldn + vt, Vg + i * vt);
@@ -206,6 +210,7 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
   fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
     Scratch& s = thread_scratch();
+    std::vector<double> gd(a.chunk_size);
     for (int64_t task = b; task < e; ++task) {
       const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
       const int64_t vt = std::min(vt_max, V - v0);
@@ -254,15 +259,15 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
         const Rows qr = view_rows(q, c, hv / G, s.get(9, len * K));
         gemm(len, vt, K, 1.0f, kr.p, kr.ld, 1, X, vt, false, tmp, vt);
         if (g.defined()) {
-          load_scalars(g, c, hv, gm);
-          const float gl = gm[last];
+          load_gates(g, c, hv, gd.data());
+          const double gl = gd[last];
           for (int64_t i = 0; i < len; ++i) {
-            const float f = std::exp(gl - gm[i]);
-            const float fq = scale * std::exp(gm[i]);
+            const float f = std::exp(static_cast<float>(gl - gd[i]));
+            const float fq = scale * std::exp(static_cast<float>(gd[i]));
             for (int64_t x = 0; x < vt; ++x) D2[i * ld2 + x] = Dl[i * ldl + x] + f * tmp[i * vt + x];
             for (int64_t y = 0; y < K; ++y) qg[i * K + y] = fq * qr.p[i * qr.ld + y];
           }
-          const float d = std::exp(gl);
+          const float d = std::exp(static_cast<float>(gl));
           for (int64_t e2 = 0; e2 < K * vt; ++e2) X[e2] *= d;
         } else {
           for (int64_t i = 0; i < len; ++i) {
@@ -308,13 +313,14 @@ void sigmoid_bwd(const Context&, const BetaSigmoidBwdArgs& a) {
   });
 }
 
-bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_float64({&a.g, &a.out}); }
+// A float64 out is the exact cumsum of fp32/bf16/fp16 steps (the torch layer's g_cumsum on the CPU).
+bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_float64({&a.g}); }
 bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
-  return no_float64({&a.k, &a.w, &a.u, &a.g, &a.gk, &a.h0, &a.h, &a.v_new, &a.ht});
+  return no_float64({&a.k, &a.w, &a.u, &a.h0, &a.h, &a.v_new, &a.ht});
 }
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_float64({&a.x, &a.y}); }
 bool sup_dhu(const ChunkGatedDeltaRuleBwdDhuArgs& a) {
-  return no_float64({&a.q, &a.k, &a.w, &a.dout, &a.dv, &a.g, &a.gk, &a.dht, &a.dh, &a.dh0, &a.dv2});
+  return no_float64({&a.q, &a.k, &a.w, &a.dout, &a.dv, &a.dht, &a.dh, &a.dh0, &a.dv2});
 }
 bool sup_sigmoid_bwd(const BetaSigmoidBwdArgs& a) { return no_float64({&a.x, &a.dy, &a.dx}); }
 

@@ -410,7 +410,9 @@ def test_sub_operators_compose_to_chunk_kda(device):
     cut = torch.tensor(cu, dtype=torch.int64, device=device)
     q, k, v, g, beta, h0 = (d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0"))
     do, dht = d["do"].to(device), d["dht"].to(device)
-    gc = kda.chunk_local_cumsum(g, BT, cu_seqlens=cut)
+    # chunk_kda keeps the gate cumsum in float64 on the CPU (docs/precision.md, extreme gates).
+    gc = kda.chunk_local_cumsum(g, BT, cu_seqlens=cut,
+                                output_dtype=torch.float64 if device == "cpu" else torch.float)
     # flash-linear-attention 0.6.0's positional forms of the sub-operators.
     w, u, qg, kg, Aqk, Akk = kda.chunk_kda_fwd_intra(q, k, v, gc, beta, scale, cut, BT, None, False, None, True)
     h, vn, ht = kda.chunk_kda_fwd_h(kg, w, u, gk=gc, initial_state=h0, output_final_state=True,
