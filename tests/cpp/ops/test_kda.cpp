@@ -824,7 +824,8 @@ void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, 
   r.h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0);
   r.o = poisoned(dt, tok(L, L.HV, L.V), b.device);
   r.ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-  r.gc = poisoned(adt, tok(L, L.HV, L.K), b.device);
+  // The gate cumsum is float64 on the CPU, as the torch layer allocates it (README, Numerics).
+  r.gc = poisoned(b.device.kind == DeviceKind::kCPU ? DType::kFloat64 : adt, tok(L, L.HV, L.K), b.device);
   r.Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
   r.Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
   ChunkKdaFwdArgs& fa = r.fa;
@@ -893,6 +894,54 @@ TEST(KdaTop, ChunkKdaMatchesTheRecurrenceOracle) {
   });
 }
 
+// Per-channel log-gates of -1e4, -88 and -104 (exp underflows to 0 in fp32) on every seventh
+// step or on all, and all-zero gates: o, final state and every gradient within 10x of the
+// backend's error at ordinary gates against the float64 recurrence (an fp32 gate cumsum was 1e-3
+// off at -1e4, 1e-5 at -88).
+TEST(KdaTop, ExtremeGatesStayInTheOrdinaryErrorClass) {
+  const char* names[] = {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+  int checked = 0;
+  for_each_case("chunk_kda", Direction::kBackward, [&](const BackendCase& b, DType dt, const Layout& L) {
+    if (dt != DType::kFloat32 && dt != DType::kBFloat16) return;
+    const Index ix = make_index(L, b.device);
+    auto errors = [&](const Inputs& in) {
+      KdaFwdRun run;
+      run_kda_fwd(run, b, dt, L, ix, in);
+      KdaBwdRun br;
+      run_kda_bwd(br, b, dt, L, in, run.fa, chunk_kda_bwd);
+      const RecOut r64 = o_recurrent(in, L, 0.5, true, true, kExact);
+      const std::pair<const TestTensor*, const Vec*> outs[] = {
+          {&run.o, &r64.o}, {&run.ht, &r64.ht}, {&br.dq, &r64.dq}, {&br.dk, &r64.dk},
+          {&br.dv, &r64.dv}, {&br.dg, &r64.dg}, {&br.db, &r64.dbeta}, {&br.dh0, &r64.dh0}};
+      std::vector<double> e;
+      for (const auto& [t, want] : outs) {
+        double m = 1;
+        for (double x : *want) m = std::max(m, std::abs(x));
+        e.push_back(max_abs_error(t->to_double(), *want) / m);
+      }
+      return e;
+    };
+    const Inputs in = make_inputs(L, 15, dt);
+    const std::vector<double> base = errors(in);
+    for (double value : {-1e4, -88.0, -104.0, 0.0})
+      for (bool all : {false, true}) {
+        if (value == 0.0 && !all) continue;
+        SCOPED_TRACE("g=" + std::to_string(value) + (all ? " all" : " some"));
+        Inputs x = in;
+        const int64_t K = L.K;
+        for (size_t t = 0; t < x.graw.size() / K; ++t)
+          if (all || t % 7 == 3)
+            for (int64_t c = 0; c < K; ++c) x.graw[t * K + c] = value;
+        x.gk = o_cumsum(x.graw, L);
+        const std::vector<double> e = errors(x);
+        for (size_t i = 0; i < e.size(); ++i)
+          EXPECT_LE(e[i], 10 * std::max(base[i], floor_for(dt))) << names[i] << ": ordinary gates " << base[i];
+        ++checked;
+      }
+  });
+  EXPECT_GT(checked, 0);
+}
+
 // Every output of the top level, forward and backward, is bitwise that of kda::compose_fwd /
 // compose_bwd without a backend's fused steps (each sub-operator its own launch on the same
 // backend): the CUDA backend's fusions (cumsum into the intra kernels, state recurrence with the
@@ -954,7 +1003,7 @@ TEST(KdaTop, ForwardEqualsItsStateAndOutputSubOperatorsBitwise) {
     run_kda_fwd(run, b, dt, L, ix, in);
     const ChunkKdaFwdArgs& fa = run.fa;
     const TestTensor &o = run.o, &ht = run.ht;
-    TestTensor gc2 = poisoned(adt, tok(L, L.HV, L.K), b.device);
+    TestTensor gc2 = poisoned(run.gc.dtype(), tok(L, L.HV, L.K), b.device);
     chunk_local_cumsum(sub, {fa.g, gc2.view(), fa.cu_seqlens, fa.chunk_indices, L.BT, false, 1.0});
     EXPECT_EQ(run.gc.bytes(), gc2.bytes());
     TestTensor Aqk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device), Akk2 = poisoned(dt, tok(L, L.HV, L.BT), b.device);
