@@ -57,7 +57,7 @@ def make_runner(fam):
     """errors(backend_case, setting) for a family module (its make_inputs, forced, run_ours and
     run_composite); the float64 oracles are computed once per (dtype, setting)."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def inputs_and_oracle(dtype, value, fraction):
         s = SHAPE
         d = fam.make_inputs(s["B"], s["T"], s["H"], s["HV"], s["K"], s["V"], dtype, seed=7)

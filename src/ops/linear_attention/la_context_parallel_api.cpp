@@ -96,7 +96,9 @@ FwdWork carve_fwd(Carver& ar, const FwdDims& d, const LaCpFwdSummaryArgs& a) {
   }
   if (a.use_beta_sigmoid_in_kernel) w.bs = ar.take(d.acc, {1, d.Ts, d.HV});
   if (a.use_gate_in_kernel) w.ga = ar.take(d.acc, gshape);
-  w.gc = ar.take(d.acc, gshape);
+  // float64 on the CPU, as the top levels' g_cumsum: the CPU kernels take its in-chunk
+  // differences in double (exact for any gate; see the family READMEs' Numerics).
+  w.gc = ar.take(a.k.device().kind == DeviceKind::kCPU ? DType::kFloat64 : d.acc, gshape);
   if (d.kda) {
     w.Aqk = ar.take(d.kdt, {1, d.Ts, d.HV, d.BT});
     w.kg = ar.take(d.kdt, {1, d.Ts, d.HV, d.K});

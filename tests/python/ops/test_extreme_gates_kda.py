@@ -8,8 +8,8 @@ backends were 1e-3 off at -1e4 and 1e-5 off at -88.
 
 from __future__ import annotations
 
-import test_kda as fam
 import pytest
+import test_kda as fam
 import torch
 
 from tests.common import extreme_gates as xg
