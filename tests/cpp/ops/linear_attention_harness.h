@@ -99,6 +99,17 @@ inline void normalize_rows(Vec& v, int64_t D, double eps = 0.0) {
   }
 }
 
+// max|ours - ref| / max(1, max|ref|) of each (ours, ref) pair, in order (the extreme-gate tests).
+inline std::vector<double> relative_errors(std::initializer_list<std::pair<const TestTensor*, const Vec*>> outs) {
+  std::vector<double> e;
+  for (const auto& [t, want] : outs) {
+    double m = 1;
+    for (double x : *want) m = std::max(m, std::abs(x));
+    e.push_back(max_abs_error(t->to_double(), *want) / m);
+  }
+  return e;
+}
+
 // fp32 "by convention" tensors (gates, states) are float64 in the float64 cases.
 inline DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
 

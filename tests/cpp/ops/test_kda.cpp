@@ -910,16 +910,8 @@ TEST(KdaTop, ExtremeGatesStayInTheOrdinaryErrorClass) {
       KdaBwdRun br;
       run_kda_bwd(br, b, dt, L, in, run.fa, chunk_kda_bwd);
       const RecOut r64 = o_recurrent(in, L, 0.5, true, true, kExact);
-      const std::pair<const TestTensor*, const Vec*> outs[] = {
-          {&run.o, &r64.o}, {&run.ht, &r64.ht}, {&br.dq, &r64.dq}, {&br.dk, &r64.dk},
-          {&br.dv, &r64.dv}, {&br.dg, &r64.dg}, {&br.db, &r64.dbeta}, {&br.dh0, &r64.dh0}};
-      std::vector<double> e;
-      for (const auto& [t, want] : outs) {
-        double m = 1;
-        for (double x : *want) m = std::max(m, std::abs(x));
-        e.push_back(max_abs_error(t->to_double(), *want) / m);
-      }
-      return e;
+      return relative_errors({{&run.o, &r64.o}, {&run.ht, &r64.ht}, {&br.dq, &r64.dq}, {&br.dk, &r64.dk},
+                              {&br.dv, &r64.dv}, {&br.dg, &r64.dg}, {&br.db, &r64.dbeta}, {&br.dh0, &r64.dh0}});
     };
     const Inputs in = make_inputs(L, 15, dt);
     const std::vector<double> base = errors(in);
