@@ -57,16 +57,23 @@ def _chunk_offsets(vals: list[int], chunk_size: int, like: Tensor) -> Tensor:
     return _to_device(offs, like)
 
 
+def _check_chunk_size(op: str, chunk_size: int) -> None:
+    if chunk_size < 1:
+        raise ValueError(f"fusedops: {op}: chunk_size must be >= 1, got {chunk_size}")
+
+
 def prepare_chunk_indices(cu_seqlens: Tensor, chunk_size: int,
                           cu_seqlens_cpu: Optional[Tensor] = None) -> Tensor:
     """``[NT, 2]`` rows ``(sequence, chunk within the sequence)`` in sequence order, in the dtype
     and on the device of ``cu_seqlens``."""
+    _check_chunk_size("prepare_chunk_indices", chunk_size)
     return _chunk_indices(_host_seqlens(cu_seqlens, cu_seqlens_cpu), chunk_size, cu_seqlens)
 
 
 def prepare_chunk_offsets(cu_seqlens: Tensor, chunk_size: int,
                           cu_seqlens_cpu: Optional[Tensor] = None) -> Tensor:
     """``[N+1]``: exclusive prefix sum of the per-sequence chunk counts."""
+    _check_chunk_size("prepare_chunk_offsets", chunk_size)
     return _chunk_offsets(_host_seqlens(cu_seqlens, cu_seqlens_cpu), chunk_size, cu_seqlens)
 
 
