@@ -119,6 +119,7 @@ FwdWork carve_fwd(Carver& ar, const FwdDims& d, const LaCpFwdSummaryArgs& a) {
 
 FwdDims check_fwd(const Context& ctx, const LaCpFwdSummaryArgs& a) {
   ArgCheck c("la_cp_fwd_summary");
+  check_chunk_size(c, a.chunk_size);  // before the dimensions, which divide by it
   c.rank(a.k, "k", 4).rank(a.v, "v", 4);
   c.dtype_in(a.k, "k", {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64});
   c.same_dtype(a.v, "v", a.k, "k");
@@ -137,7 +138,6 @@ FwdDims check_fwd(const Context& ctx, const LaCpFwdSummaryArgs& a) {
   if (d.kda) check_token_major(c, ctx, a.g, "g", {1, d.Ts, d.HV, d.K});
   else check_token_major(c, ctx, a.g, "g", {1, d.Ts, d.HV});
   check_token_major(c, ctx, a.beta, "beta", {1, d.Ts, d.HV});
-  check_chunk_size(c, a.chunk_size);
   c.value(!a.allow_neg_eigval || a.use_beta_sigmoid_in_kernel,
           "allow_neg_eigval requires use_beta_sigmoid_in_kernel");
   c.value(!a.use_gate_in_kernel || a.A_log.defined() || (d.kda && a.has_lower_bound),
@@ -177,6 +177,7 @@ BwdWork carve_bwd(Carver& ar, const BwdDims& d, bool have_w) {
 
 BwdDims check_bwd(const Context& ctx, const LaCpBwdSummaryArgs& a) {
   ArgCheck c("la_cp_bwd_summary");
+  check_chunk_size(c, a.chunk_size);  // before the dimensions, which divide by it
   c.rank(a.q, "q", 4).rank(a.v, "v", 4);
   c.dtype_in(a.q, "q", {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64});
   c.value(a.q.size(0) == 1, "the segment must have batch size 1 (one sequence), got B=" +
@@ -196,7 +197,6 @@ BwdDims check_bwd(const Context& ctx, const LaCpBwdSummaryArgs& a) {
   check_token_major(c, ctx, a.beta, "beta", {1, d.Ts, d.HV});
   if (d.kda) check_token_major(c, ctx, a.g_cumsum, "g_cumsum", {1, d.Ts, d.HV, d.K});
   else check_token_major(c, ctx, a.g_cumsum, "g_cumsum", {1, d.Ts, d.HV});
-  check_chunk_size(c, a.chunk_size);
   check_token_major(c, ctx, a.A, "A", {1, d.Ts, d.HV, d.BT});
   if (d.kda) {
     check_token_major(c, ctx, a.Aqk, "Aqk", {1, d.Ts, d.HV, d.BT});
