@@ -522,5 +522,79 @@ TEST(LaGateInvalid, IndexHelpers) {
   EXPECT_EQ(read_ints(cob), (std::vector<double>{0, 2}));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Element counts past 2^31 (CUDA only: a CPU run would need the same host memory and minutes of
+// CI time).
+
+constexpr const char* kLargeReason =
+    "2^31 elements need >= 8 GiB: CUDA only (a CPU run would need the same host memory and "
+    "minutes of CI time)";
+
+TEST(LaCpInvalid, FoldPast2Pow31ElementsOnCuda) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << kLargeReason;
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << kLargeReason;
+  const Device d = Device::cuda(0);
+  const Context ctx = Context::cuda(0);
+  // R = 2049 ranks of HV*K*(K+V) = 2^20 values: 2^31 + 2^20 elements. Folding the last rank alone
+  // must equal folding a copy of it at row 0 (64-bit row offsets).
+  const int64_t HV = 32, K = 128, V = 128, R = 2049, W = la_cp_summary_size(HV, K, V);
+  void* big = nullptr;
+  ASSERT_EQ(cudaMalloc(&big, static_cast<size_t>(R * W) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(big, 0, static_cast<size_t>(R * W) * 4), cudaSuccess);
+  TestTensor last(DType::kFloat32, {1, W}, d), st(DType::kFloat32, {HV, K, V}, d),
+      want(DType::kFloat32, {HV, K, V}, d);
+  last.fill_normal(41, 0.0, 0.1);
+  ASSERT_EQ(cudaMemcpy(static_cast<float*>(big) + (R - 1) * W, last.data(), W * 4,
+                       cudaMemcpyDeviceToDevice),
+            cudaSuccess);
+  const TensorView summaries(big, DType::kFloat32, d, {R, W});
+  la_cp_fold_fwd(ctx, {summaries, TensorView(), R - 1, R, st.view()});
+  la_cp_fold_fwd(ctx, {last.view(), TensorView(), 0, 1, want.view()});
+  const auto a = st.to_double(), b = want.to_double();
+  EXPECT_EQ(a, b);
+  double norm = 0;
+  for (double x : b) norm += std::abs(x);
+  EXPECT_GT(norm, 0.0);
+  cudaFree(big);
+#endif
+}
+
+TEST(LaGateInvalid, OutputsPast2Pow31ElementsOnCuda) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << kLargeReason;
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << kLargeReason;
+  const Device d = Device::cuda(0);
+  const Context ctx = Context::cuda(0);
+  // g of one row [1,HV] broadcast (stride 0) to 2^31/HV + 2 rows; the outputs are real: their
+  // last row must equal their first.
+  const int64_t HV = 8, rows = (int64_t(1) << 31) / HV + 2;
+  TestTensor g1(DType::kFloat32, {1, HV}, d), A(DType::kFloat32, {HV}, d);
+  g1.fill_normal(42);
+  A.fill_normal(43);
+  const int64_t shape[2] = {rows, HV}, gst[2] = {0, 1}, yst[2] = {HV, 1};
+  const TensorView g(g1.data(), DType::kFloat32, d, 2, shape, gst);
+  void* y = nullptr;
+  const size_t row = static_cast<size_t>(HV) * 4;
+  ASSERT_EQ(cudaMalloc(&y, static_cast<size_t>(rows) * row), cudaSuccess);
+  const TensorView yv(y, DType::kFloat32, d, 2, shape, yst);
+  for (int op = 0; op < 2; ++op) {
+    if (op == 0)
+      gdn_gate_fwd(ctx, {g, A.view(), TensorView(), yv});
+    else
+      beta_sigmoid_fwd(ctx, {g, yv, false});
+    std::vector<uint8_t> first(row), lastrow(row);
+    ASSERT_EQ(cudaMemcpy(first.data(), y, row, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lastrow.data(), static_cast<uint8_t*>(y) + (rows - 1) * row, row,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(first, lastrow) << op;
+  }
+  cudaFree(y);
+#endif
+}
+
 }  // namespace
 }  // namespace fusedops::testing
