@@ -243,11 +243,11 @@ def test_gate_nonfinite_like_the_ref_backend(op):
 @pytest.mark.skipif(bool(CUDA_REASON), reason=LARGE_REASON)
 @pytest.mark.parametrize("op", GATES)
 def test_gate_outputs_past_int32_elements_on_cuda(op):
-    """2^31 + 8 elements of the main input: the last row equals the first (64-bit offsets)."""
+    """More than 2^31 elements of the main input: the last row equals the first (64-bit offsets)."""
     n = 2**31 + 8
     HV = 8
     if op == "fused_kda_gate":
-        g = torch.zeros(n // 32, 1, HV, 4, device="cuda")
+        g = torch.zeros(2**31 // (HV * 4) + 2, 1, HV, 4, device="cuda")
         x = {"g": g, "A_log": torch.zeros(HV, device="cuda"), "dt_bias": torch.zeros(HV * 4, device="cuda")}
     elif op == "fused_gdn_gate":
         g = torch.zeros(n // HV, 1, HV, device="cuda")
@@ -505,7 +505,7 @@ def test_cp_nonfinite_propagate():
 @pytest.mark.skipif(bool(CUDA_REASON), reason=LARGE_REASON)
 def test_cp_fold_past_int32_elements_on_cuda():
     """summaries of 2^31 + 2^20 elements (R = 2049 ranks of HV*K*(K+V) = 2^20): folding the last
-    rank alone equals folding a copy of it at row 0 (64-bit offsets)."""
+    rank alone, forward and backward, equals folding a copy of it at row 0 (64-bit offsets)."""
     hv, k, v = 32, 128, 128
     R = 2049
     summaries = torch.zeros(R, hv * k * (k + v), device="cuda")
@@ -516,3 +516,9 @@ def test_cp_fold_past_int32_elements_on_cuda():
     want = torch.empty_like(state)
     _C.la_cp_fold_fwd(context("la_cp_fold", first), first, None, 0, 1, want)
     assert torch.equal(state, want) and want.abs().sum() > 0
+    # The backward fold reads the same rows of M: L of R ranks, all zero but the last.
+    L = torch.zeros(R, hv * k * v, device="cuda")
+    L[-1].normal_()
+    _C.la_cp_fold_bwd(context("la_cp_fold", summaries), summaries, L, R - 1, R, state)
+    _C.la_cp_fold_bwd(context("la_cp_fold", first), first, L[-1:].clone(), 0, 1, want)
+    assert torch.equal(state, want)

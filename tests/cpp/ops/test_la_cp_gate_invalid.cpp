@@ -557,6 +557,21 @@ TEST(LaCpInvalid, FoldPast2Pow31ElementsOnCuda) {
   double norm = 0;
   for (double x : b) norm += std::abs(x);
   EXPECT_GT(norm, 0.0);
+  // The backward fold reads the same rows of M: L of R ranks (all zero but the last).
+  void* Ls = nullptr;
+  const int64_t WL = HV * K * V;
+  ASSERT_EQ(cudaMalloc(&Ls, static_cast<size_t>(R * WL) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(Ls, 0, static_cast<size_t>(R * WL) * 4), cudaSuccess);
+  TestTensor l1(DType::kFloat32, {1, WL}, d);
+  l1.fill_normal(44);
+  ASSERT_EQ(cudaMemcpy(static_cast<float*>(Ls) + (R - 1) * WL, l1.data(), WL * 4,
+                       cudaMemcpyDeviceToDevice),
+            cudaSuccess);
+  la_cp_fold_bwd(ctx,
+                 {summaries, TensorView(Ls, DType::kFloat32, d, {R, WL}), R - 1, R, st.view()});
+  la_cp_fold_bwd(ctx, {last.view(), l1.view(), 0, 1, want.view()});
+  EXPECT_EQ(st.to_double(), want.to_double());
+  cudaFree(Ls);
   cudaFree(big);
 #endif
 }
