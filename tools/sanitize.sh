@@ -38,7 +38,7 @@ if [ -z "$py_files" ]; then
   py_files="tests/python/ops/test_sort_chunks_by_idx.py tests/python/ops/test_cross_entropy.py
     tests/python/ops/test_chunk_loss.py tests/python/ops/test_causal_conv1d.py
     tests/python/ops/test_clipped_swiglu.py tests/python/test_invalid_inputs.py
-    tests/python/test_linear_attention_invalid_inputs.py
+    tests/python/test_linear_attention_invalid_inputs.py tests/python/test_la_cp_and_gate_invalid_inputs.py
     tests/python/property/test_linear_attention_properties.py"
 fi
 py_start=$SECONDS
