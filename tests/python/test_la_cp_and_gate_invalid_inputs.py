@@ -144,6 +144,10 @@ def test_gate_rank_shape_and_dtype_errors(op):
         _gate(op, dict(x, A_log=x["A_log"].long()))
     with pytest.raises(ValueError, match=rf"{name}: dt_bias must"):
         _gate(op, dict(x, dt_bias=torch.randn(2)))
+    bwd = gdn.gdn_gate_bwd if op == "fused_gdn_gate" else kda.kda_gate_bwd
+    bad_dy = torch.randn(x["g"].shape[:-1] + (x["g"].shape[-1] + 1,))
+    with pytest.raises(ValueError, match=rf"{name}: dy must have shape"):
+        bwd(x["g"], x["A_log"], x["dt_bias"], bad_dy)
     if op == "fused_kda_gate":
         with pytest.raises(ValueError, match=r"kda_gate: g must have rank 4 \(\[B,T,HV,K\]\), got shape \[2, 5, 3\]"):
             _gate(op, dict(x, g=torch.randn(2, 5, 3)))
