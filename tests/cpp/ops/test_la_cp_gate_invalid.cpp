@@ -396,6 +396,22 @@ TEST(LaGateInvalid, GatesAndBetaSigmoid) {
                "kda_gate: dt_bias must be a contiguous tensor of HV*K=12 elements");
   expect_error([&] { bs(g.view(), y4.view()); }, ErrorKind::kValue,
                "beta_sigmoid: y must have shape [2,5,3], got [2,5,4]");
+  {  // the backwards' dy of another shape than g
+    TestTensor dA(DType::kFloat32, {HV}), db(DType::kFloat32, {HV}), dbk(DType::kFloat32, {HV * K});
+    TestTensor yk5(DType::kFloat32, {Bn, T, HV, K + 1});
+    expect_error(
+        [&] {
+          gdn_gate_bwd(ctx,
+                       {g.view(), A.view(), b.view(), y4.view(), y.view(), dA.view(), db.view()});
+        },
+        ErrorKind::kValue, "gdn_gate: dy must have shape [2,5,3], got [2,5,4]");
+    expect_error(
+        [&] {
+          kda_gate_bwd(
+              ctx, {gk.view(), A.view(), bk.view(), yk5.view(), yk.view(), dA.view(), dbk.view()});
+        },
+        ErrorKind::kValue, "kda_gate: dy must have shape [2,5,3,4], got [2,5,3,5]");
+  }
   expect_error([&] { gdn(gi.view(), A.view(), b.view(), y.view()); }, ErrorKind::kType,
                "gdn_gate: g must have dtype in");
   expect_error([&] { gdn(g.view(), Ai.view(), b.view(), y.view()); }, ErrorKind::kType,
