@@ -43,29 +43,27 @@ TestTensor normal(std::vector<int64_t> shape, uint64_t seed, double mean = 0.0, 
   return t;
 }
 
-// A view of t that claims to live on cuda:0 (for the device checks; never dereferenced).
-TensorView on_cuda(const TestTensor& t) {
+// A view of t's memory with t's shape and strides on `device`; with `halve_last`, its last
+// dimension halved and read with stride 2 (a strided last dimension).
+TensorView review(const TestTensor& t, Device device, bool halve_last) {
   const TensorView v = t.view();
   std::vector<int64_t> shape(v.ndim()), strides(v.ndim());
   for (int d = 0; d < v.ndim(); ++d) {
     shape[d] = v.size(d);
     strides[d] = v.stride(d);
   }
-  return TensorView(t.data(), t.dtype(), Device::cuda(0), v.ndim(), shape.data(), strides.data());
+  if (halve_last) {
+    shape.back() /= 2;
+    strides.back() = 2;
+  }
+  return TensorView(t.data(), t.dtype(), device, v.ndim(), shape.data(), strides.data());
 }
 
-// t's first half along the last dimension, read with stride 2 there (a strided last dimension).
-TensorView every_other(const TestTensor& t) {
-  const TensorView v = t.view();
-  std::vector<int64_t> shape(v.ndim()), strides(v.ndim());
-  for (int d = 0; d < v.ndim(); ++d) {
-    shape[d] = v.size(d);
-    strides[d] = v.stride(d);
-  }
-  shape.back() /= 2;
-  strides.back() = 2;
-  return TensorView(t.data(), t.dtype(), v.device(), v.ndim(), shape.data(), strides.data());
-}
+// A view of t that claims to live on cuda:0 (for the device checks; never dereferenced).
+TensorView on_cuda(const TestTensor& t) { return review(t, Device::cuda(0), false); }
+
+// t's first half along the last dimension, read with stride 2 there.
+TensorView every_other(const TestTensor& t) { return review(t, t.view().device(), true); }
 
 // ---------------------------------------------------------------------------------------------
 // The context-parallel summaries.
@@ -248,7 +246,9 @@ TEST(LaCpInvalid, SummariesOfEmptySegmentsAndNonFiniteInputs) {
         static_cast<int64_t>(i) >= M && (i - M) / (kK * kV) == 0 && (i - M) % kV == 5;
     EXPECT_EQ(std::isnan(got[i]), want_nan) << i;
     nans += std::isnan(got[i]);
-    if (!want_nan) EXPECT_EQ(got[i], c[i]) << i;
+    if (!want_nan) {
+      EXPECT_EQ(got[i], c[i]) << i;
+    }
   }
   EXPECT_EQ(nans, kK);
   // NaN in one token's dout of head 0: L NaN in head 0 only.
@@ -468,7 +468,9 @@ TEST(LaGateInvalid, GatesAndBetaSigmoid) {
     const auto got = yn.to_double(), want = yr.to_double();
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << fn << " " << i;
-      if (!std::isnan(want[i])) EXPECT_EQ(got[i], want[i]) << fn << " " << i;
+      if (!std::isnan(want[i])) {
+        EXPECT_EQ(got[i], want[i]) << fn << " " << i;
+      }
     }
     EXPECT_TRUE(std::isnan(got[0]));
   }
@@ -546,11 +548,16 @@ constexpr const char* kLargeReason =
     "2^31 elements need >= 8 GiB: CUDA only (a CPU run would need the same host memory and "
     "minutes of CI time)";
 
-TEST(LaCpInvalid, FoldPast2Pow31ElementsOnCuda) {
-#ifndef FUSEDOPS_WITH_CUDA
-  GTEST_SKIP() << kLargeReason;
+bool large_tests_run() {
+#ifdef FUSEDOPS_WITH_CUDA
+  return cuda_device_count() > 0;
 #else
-  if (cuda_device_count() == 0) GTEST_SKIP() << kLargeReason;
+  return false;
+#endif
+}
+
+#ifdef FUSEDOPS_WITH_CUDA
+void fold_past_2pow31() {
   const Device d = Device::cuda(0);
   const Context ctx = Context::cuda(0);
   // R = 2049 ranks of HV*K*(K+V) = 2^20 values: 2^31 + 2^20 elements. Folding the last rank alone
@@ -589,14 +596,9 @@ TEST(LaCpInvalid, FoldPast2Pow31ElementsOnCuda) {
   EXPECT_EQ(st.to_double(), want.to_double());
   cudaFree(Ls);
   cudaFree(big);
-#endif
 }
 
-TEST(LaGateInvalid, OutputsPast2Pow31ElementsOnCuda) {
-#ifndef FUSEDOPS_WITH_CUDA
-  GTEST_SKIP() << kLargeReason;
-#else
-  if (cuda_device_count() == 0) GTEST_SKIP() << kLargeReason;
+void gates_past_2pow31() {
   const Device d = Device::cuda(0);
   const Context ctx = Context::cuda(0);
   // g of one row [1,HV] broadcast (stride 0) to 2^31/HV + 2 rows; the outputs are real: their
@@ -624,6 +626,20 @@ TEST(LaGateInvalid, OutputsPast2Pow31ElementsOnCuda) {
     EXPECT_EQ(first, lastrow) << op;
   }
   cudaFree(y);
+}
+#endif
+
+TEST(LaCpInvalid, FoldPast2Pow31ElementsOnCuda) {
+  if (!large_tests_run()) GTEST_SKIP() << kLargeReason;
+#ifdef FUSEDOPS_WITH_CUDA
+  fold_past_2pow31();
+#endif
+}
+
+TEST(LaGateInvalid, OutputsPast2Pow31ElementsOnCuda) {
+  if (!large_tests_run()) GTEST_SKIP() << kLargeReason;
+#ifdef FUSEDOPS_WITH_CUDA
+  gates_past_2pow31();
 #endif
 }
 
