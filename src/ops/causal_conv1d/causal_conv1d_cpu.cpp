@@ -22,60 +22,26 @@ using conv1d::Geometry;
 constexpr int64_t kRows = 256;  // time steps per task
 constexpr int64_t kCols = 512;  // channels per task (W rows of them stay in L1)
 
-// The activation loops, compiled without -ftrapping-math (GCC): otherwise the clamps in vexp
-// are not if-converted and the loops stay scalar. No result changes (nothing here traps).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("no-trapping-math")
-#endif
-
-// e^x for x <= 0 to about 1 ulp (Cephes' expf polynomial), branch-free so that loops over it
-// vectorise; x below -87 gives e^-87 (the smallest result kept normal), except -inf: 0, so that
-// silu(-inf) = -inf * 0 is NaN, as in the reference and torch (not -inf). NaN is evaluated as -87
-// (the caller's own arithmetic on the NaN input gives NaN; a NaN here would convert to int: UB).
-inline float vexp_nonpos(float x) {
-  const bool minus_inf = x == -__builtin_inff();
-  x = x >= -87.0f ? x : -87.0f;
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);  // std::floor would not inline here
-  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return minus_inf ? 0.0f : p * scale;
-}
-
-// silu(a) = a / (1 + e^-a), as (a >= 0 ? a : a e) / (1 + e) with e = e^-|a| in (0, 1]. No
-// intermediate leaves the normal range. (Stop 36: the former a / (1 + e^-a), with e^-a clamped
-// at e^88, was vectorised with every lane also computing the clamped branch a / (1 + e^88), a
-// subnormal; on Intel CPUs each such division takes a microcode assist: the forward with SiLU
+// silu and its gradient from src/cpu/simd.h (the CPU kernels' one exp): e = e^-|a| <= 1, so that
+// no intermediate overflows or divides a denormal (stop 36: the former a / (1 + e^-a), with e^-a
+// clamped at e^88, was vectorised with every lane also computing the clamped branch a / (1 + e^88),
+// a subnormal; on Intel CPUs each such division takes a microcode assist: the forward with SiLU
 // ran at 7.3 ms instead of ~1.5 on a 2-core Xeon. AMD serves subnormals at full speed.)
-inline float silu(float a) {
-  const float e = vexp_nonpos(-std::fabs(a));
-  return (a >= 0.0f ? a : a * e) / (1.0f + e);
-}
+// silu(-inf) = -inf * 0 is NaN, as in the reference and torch.
+using cpu::silu;
 
 // a = silu(a) over a row.
 void silu_row(float* __restrict a, int64_t nd) {
   for (int64_t d = 0; d < nd; ++d) a[d] = silu(a[d]);
 }
 
-// a = dy * silu'(a) over a row: silu'(a) = s (1 + a (1 - s)), s = sigmoid(a); s and 1 - s are
-// 1 / (1 + e) and e / (1 + e) (or the reverse for a < 0), e = e^-|a|.
+// a = dy * silu'(a) over a row: silu'(a) = s (1 + a (1 - s)), s = sigmoid(a) (s and 1 - s from
+// cpu::sigmoid_pair, without cancellation).
 void silu_grad_row(const float* __restrict dy, float* __restrict a, int64_t nd) {
   for (int64_t d = 0; d < nd; ++d) {
     const float v = a[d];
-    const float e = vexp_nonpos(-std::fabs(v));
-    const float r = 1.0f / (1.0f + e);
-    const float er = e * r;
-    const float s = v >= 0.0f ? r : er;
-    const float sc = v >= 0.0f ? er : r;
+    float s, sc;
+    cpu::sigmoid_pair(v, s, sc);
     a[d] = dy[d] * s * (1.0f + v * sc);
   }
 }
@@ -108,10 +74,6 @@ __attribute__((noinline)) void fused_step(const T* __restrict xt, float* __restr
     y[d] = from_float<T>(a);
   }
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 
 float load_any(const TensorView& t, int64_t off) {
   return visit_float(t.dtype(), [&](auto tag) {

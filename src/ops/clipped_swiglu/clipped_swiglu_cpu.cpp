@@ -17,41 +17,11 @@ namespace {
 
 using clipped_swiglu::Rows2d;
 
-// exp(x) for float, within 2 ulp of the correctly rounded value on [-87, 88] (Cody-Waite range
-// reduction to [-ln2/2, ln2/2], degree-6 polynomial, exponent by integer add). Out-of-range
-// inputs are clamped (exp(-87.3) ~ 1.2e-38, exp(88.3) ~ 2e38), which no sigmoid below notices,
-// except +-inf: exp(-inf) = 0 and exp(inf) = inf, so that sigmoid(-inf) is 0 and a * sigmoid(a)
-// at a = -inf is NaN, as in the reference and torch (not -inf). NaN stays NaN. Written for
-// auto-vectorization: no branches, no calls.
-inline float exp_poly(float v) {
-  const bool nan = v != v;
-  const bool inf = v == __builtin_inff(), minus_inf = v == -__builtin_inff();
-  float x = nan ? 0.0f : v;
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.3f ? 88.3f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float f = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  p = p * f * f + f + 1.0f;
-  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, 4);
-  return nan || inf ? v : minus_inf ? 0.0f : p * scale;
-}
-
-inline float sigmoid(float v) { return 1.0f / (1.0f + exp_poly(-v)); }
-// s = sigmoid(v) and 1 - s: exp(-v) * s for v >= 0, avoiding the cancellation of 1.0f - s
-// (which would cost the backward several ulps where s is close to 1), and 1 - s below.
-inline void sigmoid_pair(float v, float& s, float& one_minus_s) {
-  const float e = exp_poly(-v);
-  s = 1.0f / (1.0f + e);
-  one_minus_s = v >= 0.0f ? e * s : 1.0f - s;
-}
+// sigmoid and sigmoid_pair (s and 1 - s without cancellation): src/cpu/simd.h's, the CPU kernels'
+// one exp underneath (sigmoid(-inf) = 0, so a * sigmoid(a) at a = -inf is NaN, as in the reference
+// and torch; NaN stays NaN).
+using cpu::sigmoid;
+using cpu::sigmoid_pair;
 inline float clamp_max(float v, float hi) { return v > hi ? hi : v; }
 inline float clamp_both(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 

@@ -25,30 +25,9 @@
 namespace fusedops::cpu::ce {
 namespace {
 
-// exp(x) for x <= 0 in fp32, about 2 ulp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), a
-// degree-6 polynomial for exp(r), 2^n from the exponent bits. x < -87 gives 0 and NaN stays NaN.
-// The range handling uses integer masks, not float selects: GCC does not if-convert float
-// comparisons under -ftrapping-math (its default), and the loops over this must vectorise.
-inline float exp_nonpositive(float x) {
-  const uint32_t ux = std::bit_cast<uint32_t>(x);
-  const uint32_t mag = ux & 0x7fffffffu;
-  const uint32_t big = 0u - static_cast<uint32_t>(mag > 0x42AE0000u);  // |x| > 87 or NaN
-  const uint32_t nan = 0u - static_cast<uint32_t>(mag > 0x7F800000u);
-  const float xc = std::bit_cast<float>((big & 0xC2AE0000u) | (~big & ux));  // -87 when big
-  const float k = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: round(x / ln2)
-  const float n = k - 12582912.0f;
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const uint32_t ni = std::bit_cast<uint32_t>(k) - 0x4B400000u;  // n as a two's complement int
-  const float e = p * std::bit_cast<float>((ni + 127u) << 23);
-  return std::bit_cast<float>((~big & std::bit_cast<uint32_t>(e)) | (nan & 0x7FC00000u));
-}
+// exp(x) of x = logit - max <= 0: src/cpu/simd.h's exp (the CPU kernels' one; 0 below -87.3 and
+// for masked -inf logits, NaN stays NaN), on a float or on an __m512 in the AVX-512 loops.
+using cpu::exp;
 
 // float -> T for a span, branch-free for bf16 (src/core/half.h's scalar conversion returns early
 // for NaN, which keeps the loop scalar); the same rounding (nearest even, NaN stays NaN).
@@ -130,32 +109,6 @@ float sum_lanes(const T* a, int64_t n) {
 }
 
 #ifdef FUSEDOPS_CE_AVX512
-// exp_nonpositive on 16 lanes with AVX-512: the same reduction and polynomial, 2^n applied by
-// vscalefps instead of the exponent-bit arithmetic and its range masks (11 vector operations
-// instead of ~20; bitwise the same results wherever exp(x) is a normal float, i.e. x >= -87.3).
-// Below that it gives the denormal (or 0) instead of 0; NaN stays NaN; -inf (masked logits) is
-// clamped to -104 first, which gives 0.
-inline __m512 exp_nonpositive16(__m512 x) {
-  // The all-lanes masked forms: GCC 12's unmasked ones pass an undefined vector that trips
-  // -Wmaybe-uninitialized.
-  constexpr __mmask16 kAll = 0xFFFF;
-  x = _mm512_mask_max_ps(x, kAll, _mm512_set1_ps(-104.0f), x);  // the second operand wins for NaN
-  const __m512 n = _mm512_mask_roundscale_ps(x, kAll, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_mask_scalef_ps(p, kAll, p, n);
-}
-#endif
-
-#ifdef FUSEDOPS_CE_AVX512
 // 16 values as floats in a register, converted in registers (the same values as block_floats).
 // Stop 36: exp_sum went through block_floats' stack array, two 32-byte stores read back by one
 // 64-byte load, which store forwarding does not serve on Intel CPUs: a stall per 16 logits
@@ -185,7 +138,7 @@ float exp_shift_sum(float* a, int64_t n, float m) {
     __m512 vacc = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (; i + kLanes <= n; i += kLanes) {
-      const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(a + i), vm));
+      const __m512 e = exp(_mm512_sub_ps(_mm512_loadu_ps(a + i), vm));
       _mm512_storeu_ps(a + i, e);
       vacc = _mm512_add_ps(vacc, e);
     }
@@ -194,12 +147,12 @@ float exp_shift_sum(float* a, int64_t n, float m) {
 #endif
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const float e = exp_nonpositive(a[i + l] - m);
+      const float e = exp(a[i + l] - m);
       a[i + l] = e;
       acc[l] += e;
     }
   for (int l = 0; i + l < n; ++l) {
-    const float e = exp_nonpositive(a[i + l] - m);
+    const float e = exp(a[i + l] - m);
     a[i + l] = e;
     acc[l] += e;
   }
@@ -220,16 +173,16 @@ float exp_sum(const T* a, int64_t n, float m) {
     __m512 vacc = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (; i + kLanes <= n; i += kLanes)
-      vacc = _mm512_add_ps(vacc, exp_nonpositive16(_mm512_sub_ps(load16(a + i), vm)));
+      vacc = _mm512_add_ps(vacc, exp(_mm512_sub_ps(load16(a + i), vm)));
     _mm512_storeu_ps(acc, vacc);
   }
 #endif
   for (; i + kLanes <= n; i += kLanes) {
     float f[kLanes];
     block_floats(a + i, f);
-    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(f[l] - m);
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp(f[l] - m);
   }
-  for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
+  for (int l = 0; i + l < n; ++l) acc[l] += exp(to_float(a[i + l]) - m);
   return reduce_lanes(acc);
 }
 
@@ -263,7 +216,7 @@ float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, flo
     for (; i + kLanes <= n; i += kLanes) {
       const __m512 v = _mm512_mul_ps(load16(x + i), vs);
       _mm512_storeu_ps(z + i, v);
-      vacc = _mm512_mask_max_ps(vacc, 0xFFFF, v, vacc);  // masked form: see exp_nonpositive16
+      vacc = _mm512_mask_max_ps(vacc, 0xFFFF, v, vacc);  // masked form: GCC 12's unmasked one trips -Wmaybe-uninitialized
     }
     float acc[kLanes];
     _mm512_storeu_ps(acc, vacc);

@@ -39,46 +39,9 @@ inline void store(const T* in, void* p, DType dt, int64_t n) {
   if constexpr (std::is_same_v<T, float>) la::store_floats(in, p, dt, n);
   else la::store_doubles(in, p, dt, n);
 }
-// x[i] = exp(x[i]) in fp32, eight lanes at a time with GCC vector extensions (the algorithm of
-// la::cpu::exp_inplace: Cody-Waite reduction, degree-6 polynomial, ~2 ulp; 0 below -87.3, +inf
-// above 88.7, NaN stays NaN), written explicitly because GCC leaves the scalar loop unvectorised.
-inline void exp_f32(float* x, int64_t n) {
-  using la::cpu::v8f;
-  using la::cpu::v8i;
-  using la::cpu::load8;
-  using la::cpu::splat;
-  using la::cpu::store8;
-  int64_t i = 0;
-  const v8f lo = splat(-87.0f), hi = splat(88.0f), zero = splat(0.0f), inf = splat(INFINITY);
-  for (; i + 8 <= n; i += 8) {
-    const v8f v0 = load8(x + i);
-    v8f v = v0 < lo ? lo : v0;
-    v = v > hi ? hi : v;
-    const v8f fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    v8f r = v - fn * 0.693359375f;
-    r = r - fn * -2.12194440e-4f;
-    v8f p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const v8i bits = (__builtin_convertvector(fn, v8i) + 127) << 23;
-    v8f scale;
-    std::memcpy(&scale, &bits, sizeof(scale));
-    v8f out = p * scale;
-    out = v0 < -87.33654f ? zero : out;
-    out = v0 > 88.72283f ? inf : out;
-    out = v0 != v0 ? v0 : out;
-    store8(x + i, out);
-  }
-  if (i < n) la::cpu::exp_inplace(x + i, n - i);
-}
-
 template <class T>
 inline void vexp(T* x, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) exp_f32(x, n);
+  if constexpr (std::is_same_v<T, float>) fusedops::cpu::exp_inplace(x, n);  // src/cpu/simd.h
   else
     for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }

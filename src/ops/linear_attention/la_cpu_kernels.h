@@ -257,35 +257,8 @@ inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols,
     for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
 
-// y[i] = exp(x[i]) in fp32 (Cody-Waite range reduction and a degree-6 polynomial, within ~2 ulp;
-// exp(x) = 0 for x < -87.3, +inf above 88.7, NaN stays NaN). Vectorises.
-inline void exp_inplace(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    const bool nan = v != v;
-    const bool under = v < -87.33654f, over = v > 88.72283f;
-    v = std::min(std::max(v, -87.0f), 88.0f);
-    // Round to nearest through the 1.5 * 2^23 trick (vectorises everywhere, unlike nearbyint).
-    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = v - fn * 0.693359375f;
-    r = r - fn * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t e = static_cast<int32_t>(fn) + 127;
-    uint32_t bits = static_cast<uint32_t>(e) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    float out = p * scale;
-    out = under ? 0.0f : out;
-    out = over ? INFINITY : out;
-    x[i] = nan ? v : out;
-  }
-}
+// y[i] = exp(x[i]) in fp32: the CPU kernels' one exp (src/cpu/simd.h).
+using fusedops::cpu::exp_inplace;
 
 // Address of element `col` of row (b, t, h).
 inline char* col_ptr(const Tok& t, int64_t b, int64_t tok, int64_t h, int64_t col) {

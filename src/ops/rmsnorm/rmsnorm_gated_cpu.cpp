@@ -18,36 +18,13 @@
 namespace fusedops {
 namespace {
 
-// exp(x) within 2 ulp on [-87, 88] (Cody-Waite reduction, degree-6 polynomial), clamped outside,
-// NaN kept; branch-free so the loops around it vectorize (the libm call would not).
-inline float exp_poly(float v) {
-  const bool nan = v != v;
-  float x = nan ? 0.0f : v;
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.3f ? 88.3f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float f = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  p = p * f * f + f + 1.0f;
-  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, 4);
-  return nan ? v : p * scale;
-}
-
-// a = act(z) and, when grad is given, act'(z); 1 - sigmoid as exp(-z)*sigmoid for z >= 0 (no
+// a = act(z) and, when grad is given, act'(z); 1 - sigmoid from cpu::sigmoid_pair (no
 // cancellation where sigmoid is close to 1).
 void gate(GateActivation act, const float* __restrict z, float* __restrict a, float* __restrict grad,
           int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float e = exp_poly(-z[i]);
-    const float s = 1.0f / (1.0f + e);
-    const float one_minus = z[i] >= 0.0f ? e * s : 1.0f - s;
+    float s, one_minus;
+    cpu::sigmoid_pair(z[i], s, one_minus);
     if (act == GateActivation::kSilu) {
       a[i] = z[i] * s;
       if (grad) grad[i] = s * (1.0f + z[i] * one_minus);
