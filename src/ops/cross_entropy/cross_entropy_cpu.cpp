@@ -25,9 +25,10 @@
 namespace fusedops::cpu::ce {
 namespace {
 
-// exp(x) of x = logit - max <= 0: src/cpu/simd.h's exp (the CPU kernels' one; 0 below -87.3 and
-// for masked -inf logits, NaN stays NaN), on a float or on an __m512 in the AVX-512 loops.
-using cpu::exp;
+// exp(x) of x = logit - max <= 0: src/cpu/simd.h's exp_nonpositive (the CPU kernels' one exp; 0
+// below -87.3 and for masked -inf logits, NaN stays NaN), on a float or on an __m512 in the
+// AVX-512 loops.
+using cpu::exp_nonpositive;
 
 // float -> T for a span, branch-free for bf16 (src/core/half.h's scalar conversion returns early
 // for NaN, which keeps the loop scalar); the same rounding (nearest even, NaN stays NaN).
@@ -138,7 +139,7 @@ float exp_shift_sum(float* a, int64_t n, float m) {
     __m512 vacc = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (; i + kLanes <= n; i += kLanes) {
-      const __m512 e = exp(_mm512_sub_ps(_mm512_loadu_ps(a + i), vm));
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(a + i), vm));
       _mm512_storeu_ps(a + i, e);
       vacc = _mm512_add_ps(vacc, e);
     }
@@ -147,12 +148,12 @@ float exp_shift_sum(float* a, int64_t n, float m) {
 #endif
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const float e = exp(a[i + l] - m);
+      const float e = exp_nonpositive(a[i + l] - m);
       a[i + l] = e;
       acc[l] += e;
     }
   for (int l = 0; i + l < n; ++l) {
-    const float e = exp(a[i + l] - m);
+    const float e = exp_nonpositive(a[i + l] - m);
     a[i + l] = e;
     acc[l] += e;
   }
@@ -173,16 +174,16 @@ float exp_sum(const T* a, int64_t n, float m) {
     __m512 vacc = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (; i + kLanes <= n; i += kLanes)
-      vacc = _mm512_add_ps(vacc, exp(_mm512_sub_ps(load16(a + i), vm)));
+      vacc = _mm512_add_ps(vacc, exp_nonpositive(_mm512_sub_ps(load16(a + i), vm)));
     _mm512_storeu_ps(acc, vacc);
   }
 #endif
   for (; i + kLanes <= n; i += kLanes) {
     float f[kLanes];
     block_floats(a + i, f);
-    for (int l = 0; l < kLanes; ++l) acc[l] += exp(f[l] - m);
+    for (int l = 0; l < kLanes; ++l) acc[l] += exp_nonpositive(f[l] - m);
   }
-  for (int l = 0; i + l < n; ++l) acc[l] += exp(to_float(a[i + l]) - m);
+  for (int l = 0; i + l < n; ++l) acc[l] += exp_nonpositive(to_float(a[i + l]) - m);
   return reduce_lanes(acc);
 }
 
