@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fusedops/core/error.h"
+#include "src/core/env.h"
 
 #ifdef FUSEDOPS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -85,8 +86,7 @@ std::string describe_device_error(const DeviceErrorRecord& r) {
 
 bool debug_checks(const Context& ctx) {
   if (ctx.validate) return true;
-  const char* env = std::getenv("FUSEDOPS_CHECK_INDICES");
-  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+  return env::flag("FUSEDOPS_CHECK_INDICES");
 }
 
 #ifdef FUSEDOPS_WITH_CUDA

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "fusedops/core/error.h"
+#include "src/core/env.h"
 #include "src/core/register_all.h"
 
 namespace fusedops {
@@ -64,8 +65,7 @@ struct EnvOverride {
 std::string env_backend_override(const std::string& op) {
   static std::mutex mu;
   static EnvOverride cache;
-  const char* env = std::getenv("FUSEDOPS_BACKEND");
-  std::string raw = env ? env : "";
+  std::string raw = env::text("FUSEDOPS_BACKEND");
   std::lock_guard<std::mutex> lock(mu);
   if (raw != cache.raw) {
     cache = EnvOverride{raw, {}, ""};
