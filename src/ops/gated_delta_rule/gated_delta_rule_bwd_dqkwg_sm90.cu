@@ -341,13 +341,11 @@ __global__ void __launch_bounds__(kDqThreads, 2)
 
 }  // namespace
 
-// compose_bwd's hook for B4 (chunk_bwd_dqkwg): dqkwg_wg_kernel where it applies
-// (FUSEDOPS_GDN_WG_DQKWG=0 or FUSEDOPS_GDN_WGMMA=0 turn it off), else false.
+// compose_bwd's hook for B4 (chunk_bwd_dqkwg): dqkwg_wg_kernel where it applies, else false.
 bool dqkwg_wg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   using namespace sm80::mma16;
   const char* op = "chunk_bwd_dqkwg";
   const DType dt = a.q.dtype();
-  if (env_switch("FUSEDOPS_GDN_WG_DQKWG") == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   if (a.chunk_size != kBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
   if (sm80::smem_optin(op, ctx.device.index) < kDqSmem) return false;

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) dv_local_kernel(Tok q, Tok k, Tok dO
 }
 
 // chunk_bwd_dv_local on 16-bit tensor cores (K = V = 128, chunk 64, q, k, dout all bf16 or all
-// fp16, 16-byte aligned rows; FUSEDOPS_GDN_DVL_MMA=0 turns it off): P = scale M>= . Gamma . Q K^T
+// fp16, 16-byte aligned rows): P = scale M>= . Gamma . Q K^T
 // in registers, stored transposed and rounded to the input type, then dv = P^T dO on m16n8k16
 // (row block j0 of P^T takes i >= j0). 60 KiB: three CTAs per SM.
 constexpr size_t kDvlMmaSmem = 2 * (3 * static_cast<size_t>(mma16::kTok) + kMaxBT * mma16::kLdS) + 4 * kMaxBT;
@@ -108,7 +108,7 @@ bool dv_local_mma_ok(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
   using namespace mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.dout.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, kDvlMmaSmem, "FUSEDOPS_GDN_DVL_MMA", "chunk_bwd_dv_local")) return false;
+  if (!tc16_device_ok(ctx, dt, kDvlMmaSmem, "chunk_bwd_dv_local")) return false;
   return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok16_ok(a.dout, dt) && out2_ok(a.dv);
 }
 
@@ -313,12 +313,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) dhu_pf_kernel(Tok q, Tok k
   if (dh0.p) store_state(X, kLdV, dh0, sidx, K, V, x0, vt);
 }
 
-// chunk_gated_delta_rule_bwd_dhu on 16-bit tensor cores (K = V = 128, chunk 64, q, k, w, dout,
-// dv and the dh snapshots all bf16 or all fp16, 16-byte aligned rows;
-// FUSEDOPS_GDN_DHU_MMA=0 turns it off). CTA of NG groups of 4 warps per (sequence, value head,
-// 32 NG-column V tile), the fp32 state-gradient tile X [128][32 NG] in registers (warp w: rows
-// 32 (w % 4).., columns 32 (w / 4)..; fwd_h_mma_kernel's tiling and its choice of NG), the chunks
-// in reverse. Per chunk:
+// chunk_gated_delta_rule_bwd_dhu on 16-bit tensor cores (K = V = 128, chunk 64, q, k, w, dout, dv
+// and the dh snapshots all bf16 or all fp16, 16-byte aligned rows). CTA of NG groups of 4 warps per
+// (sequence, value head, 32 NG-column V tile), the fp32 state-gradient tile X [128][32 NG] in
+// registers (warp w: rows 32 (w % 4).., columns 32 (w / 4)..; fwd_h_mma_kernel's tiling and its
+// choice of NG), the chunks in reverse. Per chunk:
 //   X -> the dh snapshot and a 16-bit copy Xs;
 //   dv2 = dv + diag(e^{g_last - g}) K Xs (warp w: token rows 16 (w % 4)..), kept negated as 16-bit D2n;
 //   X = e^{g_last} X + Q^T (diag(scale e^g) dO) + W^T D2n (Q^T, W^T read by ldmatrix.trans); with
@@ -378,7 +377,7 @@ template <bool BF, int NG>
 __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl,
                                                                                Tok g, Tok gk, Mat dht, Mat dh,
                                                                                Mat dh0, Tok dv2, Layout L, int HV,
-                                                                               int G, float scale, bool staged,
+                                                                               int G, float scale,
                                                                                bool dv2_staged) {
   using namespace mma16;
   using Geo = dhu16::Geo<NG>;
@@ -438,7 +437,7 @@ __global__ void __launch_bounds__(dhu16::Geo<NG>::kThreads, 2) dhu_mma_kernel(To
     const int len = chunk_len(ci);
     const int64_t idx = (s.coff + ci) * HV + hv;
     // X -> Xs and the dh snapshot (the previous chunk's readers of Xs passed two barriers since).
-    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0, staged);
+    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0);
     if (tid < kMaxBT) {
       const float gv = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
       gl[tid] = gv;
@@ -497,7 +496,7 @@ struct StagedGeo {
 template <bool BF, int S, int NJ = 4>
 __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, Tok w, Tok dO, Tok dvl, Tok g, Tok gk,
                                                                Mat dht, Mat dh, Mat dh0, Tok dv2, Layout L, int HV,
-                                                               int G, float scale, bool staged, bool dv2_staged) {
+                                                               int G, float scale, bool dv2_staged) {
   using namespace mma16;
   using Geo = dhu16::StagedGeo<S, NJ>;
   constexpr int kLdX = Geo::kLdX, kCols = Geo::kCols;
@@ -564,7 +563,7 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
     uint16_t* Os = Ds + kMaxBT * kLdX;  // dO tile, scaled in place to diag(scale e^g) dO
     // X -> Xs and the dh snapshot; gl, eq, gkl. The previous chunk's readers of all four are
     // behind its second barrier.
-    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0, staged);
+    store_state16<BF>(x, Xs, kLdX, dh.p, idx, x0);
     if (tid < kMaxBT) {
       gl[tid] = gnext;
       eq[tid] = g.p ? scale * exp_fast(gnext) : scale;
@@ -601,24 +600,20 @@ __global__ void __launch_bounds__(128, 1) dhu_mma_staged_kernel(Tok q, Tok k, To
 }
 
 // The buffer sets of dhu's narrow form with `cols` columns per CTA: 2 when its CTAs fit one per
-// SM, else 1 (dhu_mma_kernel; 32 columns only); FUSEDOPS_GDN_DHU_STAGES=1|2|3 forces one (1 taken
-// as 2 by the 16-column form). 1 where the device's shared memory does not hold the staged form.
-// On the H200 at B = 1, T = 32768, H = 16 (32 columns): 2311 us with 1, 1993 us with 2, 2010 us
-// with 3 (bench/notes/ARCHIVE.md, stop 33).
+// SM, else 1 (dhu_mma_kernel; 32 columns only; the 16-column form always 2). 1 where the
+// device's shared memory does not hold the staged form. On the H200 at B = 1, T = 32768, H = 16
+// (32 columns): 2311 us with 1, 1993 us with 2, 2010 us with 3 (bench/notes/ARCHIVE.md, stop 33),
+// so the 3-set form and its measurement knob FUSEDOPS_GDN_DHU_STAGES went.
 int dhu_stages(const Context& ctx, int64_t states, int cols) {
-  static const int forced = mma16::env_count("FUSEDOPS_GDN_DHU_STAGES", 1, 3);
-  int want = forced != 0 ? forced : mma16::narrow_one_per_sm(ctx, states, cols) ? 2 : 1;
-  if (cols == 16 && want == 1) want = 2;
-  if (want == 1) return 1;
-  const size_t need = want == 3 ? dhu16::StagedGeo<3>::kSmem : dhu16::StagedGeo<2>::kSmem;
-  return smem_optin("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) >= need ? want : 1;
+  if (cols != 16 && !mma16::narrow_one_per_sm(ctx, states, cols)) return 1;
+  return smem_optin("chunk_gated_delta_rule_bwd_dhu", ctx.device.index) >= dhu16::StagedGeo<2>::kSmem ? 2 : 1;
 }
 
 bool dhu_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.chunk_size != kMaxBT || a.k.size(3) != kD || a.dout.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, dhu16::Geo<2>::kSmem, "FUSEDOPS_GDN_DHU_MMA", "chunk_gated_delta_rule_bwd_dhu"))
+  if (!tc16_device_ok(ctx, dt, dhu16::Geo<2>::kSmem, "chunk_gated_delta_rule_bwd_dhu"))
     return false;
   for (const TensorView* t : {&a.q, &a.k, &a.w, &a.dout, &a.dv})
     if (!tok16_ok(*t, dt)) return false;
@@ -644,28 +639,21 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(
           tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), tok_of(a.gk),
           mat_of(a.dht), mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(HV),
-          static_cast<int>(HV / Hk), static_cast<float>(a.scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0,
+          static_cast<int>(HV / Hk), static_cast<float>(a.scale),
           mma16::staged_out_ok(a.dv2, a.dv2, a.k.dtype()));
     };
     using G1 = dhu16::Geo<1>;
     using G2 = dhu16::Geo<2>;
     using S2 = dhu16::StagedGeo<2>;
-    using S3 = dhu16::StagedGeo<3>;
     using N2 = dhu16::StagedGeo<2, 2>;
-    using N3 = dhu16::StagedGeo<3, 2>;
     const bool wide = mma16::wide_state_tiles(ctx, N * HV);
     const bool n16 = !wide && mma16::narrow16_state_tiles(ctx, N * HV);
     const int stages = wide ? 1 : dhu_stages(ctx, N * HV, n16 ? 16 : 32);
     if (wide)
       launch(bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
-    else if (n16 && stages == 3)
-      launch(bf ? dhu_mma_staged_kernel<true, 3, 2> : dhu_mma_staged_kernel<false, 3, 2>, N3::kThreads, N3::kSmem,
-             N3::kCols);
     else if (n16 && stages == 2)
       launch(bf ? dhu_mma_staged_kernel<true, 2, 2> : dhu_mma_staged_kernel<false, 2, 2>, N2::kThreads, N2::kSmem,
              N2::kCols);
-    else if (stages == 3)
-      launch(bf ? dhu_mma_staged_kernel<true, 3> : dhu_mma_staged_kernel<false, 3>, S3::kThreads, S3::kSmem, S3::kCols);
     else if (stages == 2)
       launch(bf ? dhu_mma_staged_kernel<true, 2> : dhu_mma_staged_kernel<false, 2>, S2::kThreads, S2::kSmem, S2::kCols);
     else
@@ -673,17 +661,13 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
-  const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
+  const bool pf = L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
                   quad_tok(a.q) && quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.dout) && quad_tok(a.dv);
   const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
   // Two CTAs per SM cap the staged kernel at 128 registers (ptxas: 144 B of spills), one leaves it
   // room (215 registers); on the H200 two are faster (B=8 T=4096 H=16 K=V=128 bf16: 2.38 vs
-  // 3.24 ms). FUSEDOPS_GDN_DHU_CTAS=1|2 picks (default 2).
-  static const int ctas = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_DHU_CTAS");
-    return e != nullptr && e[0] == '1' ? 1 : 2;
-  }();
-  auto kernel = !pf ? dhu_kernel : ctas == 2 ? dhu_pf_kernel<2> : dhu_pf_kernel<1>;
+  // 3.24 ms), so two it is (the knob FUSEDOPS_GDN_DHU_CTAS went).
+  auto kernel = !pf ? dhu_kernel : dhu_pf_kernel<2>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
@@ -1110,13 +1094,12 @@ __global__ void __launch_bounds__(kThreads, 2) dqkwg_mma_kernel(Tok q, Tok k, To
   }
 }
 
-// True when chunk_bwd_dqkwg can take dqkwg_mma_kernel (see there); FUSEDOPS_GDN_DQKWG_MMA=0 keeps
-// dqkwg_kernel for every input (for measurement).
+// True when chunk_bwd_dqkwg can take dqkwg_mma_kernel (see there).
 bool dqkwg_mma_ok(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   using namespace mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, kDqkwgSmem, "FUSEDOPS_GDN_DQKWG_MMA", "chunk_bwd_dqkwg")) return false;
+  if (!tc16_device_ok(ctx, dt, kDqkwgSmem, "chunk_bwd_dqkwg")) return false;
   for (const TensorView* t : {&a.q, &a.k, &a.v, &a.dout})
     if (!tok16_ok(*t, dt)) return false;
   if (!state16_ok(a.h, dt) || !state16_ok(a.dh, dt) || !out2_ok(a.dq) || !out2_ok(a.dk)) return false;
@@ -1582,13 +1565,12 @@ __global__ void __launch_bounds__(kThreads, 2) wy_bwd_mma_kernel(Tok k, Tok v, T
   }
 }
 
-// True when prepare_wy_repr_bwd can take wy_bwd_mma_kernel (see there); FUSEDOPS_GDN_WY_MMA=0
-// keeps wy_bwd_kernel for every input (for measurement).
+// True when prepare_wy_repr_bwd can take wy_bwd_mma_kernel (see there).
 bool wy_mma_ok(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, kWySmem, "FUSEDOPS_GDN_WY_MMA", "prepare_wy_repr_bwd")) return false;
+  if (!tc16_device_ok(ctx, dt, kWySmem, "prepare_wy_repr_bwd")) return false;
   for (const TensorView* t : {&a.k, &a.v, &a.A, &a.dw, &a.du})
     if (!tok16_ok(*t, dt)) return false;
   return out2_ok(a.dk) && out2_ok(a.dv);

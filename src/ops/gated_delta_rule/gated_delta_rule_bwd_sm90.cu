@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
   if (x_out.p) store_state(x, x_out, sidx, th);
 }
 
-// B1 with recompute_w_u_fwd inside (FUSEDOPS_GDN_WG_WU=0 keeps them apart): per chunk, W =
+// B1 with recompute_w_u_fwd inside: per chunk, W =
 // (A diag(beta e^g)) K and U = (A diag(beta)) V from the saved A (as wu_mma_kernel builds its Au /
 // Aw), W into a tile for W Xs and out to memory (the later steps read it), U kept in registers;
 // then the recurrence as in state_wg_kernel<BF, false>. Each thread builds its own 16-byte unit of
@@ -508,7 +508,7 @@ bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGate
   if (!ends_ok(a.h0, a.ht)) return false;
   const int64_t B = a.k.size(0), T = a.k.size(1);
   const Layout L = sm80::with_snapshots(sm80::layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, dt), a.h);
-  const bool fused = env_switch("FUSEDOPS_GDN_WG_WU") != 0 && wu.A.defined() && wu.A.size(3) == kBT &&
+  const bool fused = wu.A.defined() && wu.A.size(3) == kBT &&
                      tok16_ok(wu.A, dt) && tok16_ok(wu.v, dt) && wu.beta.defined() &&
                      wu.k.data() == a.k.data() && wu.w.data() == a.w.data() &&
                      sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) >= kWuSmem;

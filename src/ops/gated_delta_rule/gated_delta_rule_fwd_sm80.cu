@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok k, Tok v, Tok beta, To
 }
 
 // recompute_w_u_fwd on 16-bit tensor cores (K = V = 128, k, v, A all bf16 or all fp16, 16-byte
-// aligned rows; FUSEDOPS_GDN_WU_MMA=0 turns it off): K, V, A arrive by cp.async; the diagonal
+// aligned rows): K, V, A arrive by cp.async; the diagonal
 // scales go into two 16-bit copies of A's lower triangle, A diag(beta) and A diag(beta e^g)
 // (flash-linear-attention rounds the scaled K and V instead), and U, W are m16n8k16 products with
 // fp32 register accumulators (warp tiling of gdn_tc_sm80.cuh; A's row block m0 takes k < m0 + 16).
@@ -286,7 +286,7 @@ bool wu_mma_ok(const Context& ctx, const RecomputeWUFwdArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, kWuSmem, "FUSEDOPS_GDN_WU_MMA", "recompute_w_u")) return false;
+  if (!tc16_device_ok(ctx, dt, kWuSmem, "recompute_w_u")) return false;
   return tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && tok16_ok(a.A, dt) && out2_ok(a.w) && out2_ok(a.u);
 }
 
@@ -315,7 +315,7 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // The top level's steps F2-F4 in one kernel (K = V = 128, chunk 64, 16-bit k and v; wu_mma_kernel's
-// conditions, FUSEDOPS_GDN_PREP_FUSED=0 turns it off): CTA per (chunk, value head). K and V arrive
+// conditions): CTA per (chunk, value head). K and V arrive
 // by cp.async; the Gram matrix K K^T on m16n8k16 gives L = diag(beta) (Gamma . K K^T) below the
 // diagonal in fp32 shared memory; solve_blocked inverts I + L; A = (I + L)^{-1} goes out in k's
 // dtype (saved for the backward) and, rounded to it as the unfused path reads it, feeds the W, U
@@ -382,7 +382,7 @@ bool prep_fused_ok(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chun
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (chunk_size != kMaxBT || a.A.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, prep::kSmem, "FUSEDOPS_GDN_PREP_FUSED", "chunk_gated_delta_rule")) return false;
+  if (!tc16_device_ok(ctx, dt, prep::kSmem, "chunk_gated_delta_rule")) return false;
   return tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && a.A.dtype() == dt && out2_ok(a.A) && out2_ok(a.w) &&
          out2_ok(a.u);
 }
@@ -569,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 }
 
 // chunk_gated_delta_rule_fwd_h on 16-bit tensor cores (K = V = 128, chunk 64, k, w, u and the h
-// snapshots all bf16 or all fp16, 16-byte aligned rows; FUSEDOPS_GDN_FWDH_MMA=0 turns it off).
+// snapshots all bf16 or all fp16, 16-byte aligned rows).
 // CTA of NG groups of 4 warps per (sequence, value head, 32 NG-column V tile); the fp32 state tile
 // X [128][32 NG] lives in registers (warp w: rows 32 (w % 4).. as two m16 tiles, columns
 // 32 (w / 4)..). Per chunk:
@@ -586,9 +586,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok
 //
 // S > 2 stages: chunk ci + S - 1's tiles are issued while chunk ci runs, and each chunk's gate is
 // loaded into a register one chunk ahead. One CTA per SM, so the narrow form takes S = 3 when its
-// CTAs (4 per state) fit one per SM, and S = 2 otherwise (FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces
-// one). With few (sequence, head) pairs (B = 1, T = 32768: 64 CTAs on 132 SMs) a chunk step took
-// 2.94 us with S = 2 and 2.55 us with S = 3 on the H200 (S = 4: 2.62 us; bench/notes/ARCHIVE.md, stop 33).
+// CTAs (4 per state) fit one per SM, and S = 2 otherwise. With few (sequence, head) pairs (B = 1, T
+// = 32768: 64 CTAs on 132 SMs) a chunk step took 2.94 us with S = 2 and 2.55 us with S = 3 on the
+// H200 (S = 4: 2.62 us; bench/notes/ARCHIVE.md, stop 33).
 namespace fwdh {
 template <int NG, int S = 2, int NJ = 4>
 struct Geo {
@@ -602,8 +602,7 @@ struct Geo {
 
 template <bool BF, int NG, int S = 2, int NJ = 4>
 __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
-    fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h, Tok vn, Mat ht, Layout L, int HV, int G,
-                     bool staged) {
+    fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h, Tok vn, Mat ht, Layout L, int HV, int G) {
   using namespace mma16;
   using Geo = fwdh::Geo<NG, S, NJ>;
   constexpr int kLdX = Geo::kLdX;
@@ -669,7 +668,7 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
       if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     }
     if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
-    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0, staged);  // X -> Xs and the h snapshot
+    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0);  // X -> Xs and the h snapshot
     if constexpr (S > 2) {
       cp_async_wait<S - 2>();  // chunk ci's group; the S - 2 after it may still be in flight
       __syncthreads();         // this chunk's tiles, Xs, gl; every thread is past the previous chunk
@@ -715,22 +714,19 @@ __global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
 }
 
 // The stage count of fwd_h_mma_kernel's narrow (one warp group) form with `cols` columns per CTA:
-// 3 when its CTAs fit one per SM, else 2; FUSEDOPS_GDN_FWDH_STAGES=2|3|4 forces one (4 taken as 3
-// by the 16-column form). 2 where the device's shared memory does not hold the staged form.
+// 3 when its CTAs fit one per SM, else 2 (the measurement knob FUSEDOPS_GDN_FWDH_STAGES and its
+// 4-stage form went: bench/notes/ARCHIVE.md, stop 33). 2 where the device's shared memory does
+// not hold the staged form.
 int fwdh_stages(const Context& ctx, int64_t states, int cols) {
-  static const int forced = mma16::env_count("FUSEDOPS_GDN_FWDH_STAGES", 2, 4);
-  int want = forced != 0 ? forced : mma16::narrow_one_per_sm(ctx, states, cols) ? 3 : 2;
-  if (cols == 16) want = want > 3 ? 3 : want;
-  if (want == 2) return 2;
-  const size_t need = want == 4 ? fwdh::Geo<1, 4>::kSmem : fwdh::Geo<1, 3>::kSmem;
-  return smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= need ? want : 2;
+  if (!mma16::narrow_one_per_sm(ctx, states, cols)) return 2;
+  return smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= fwdh::Geo<1, 3>::kSmem ? 3 : 2;
 }
 
 bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   using namespace mma16;
   const DType dt = a.k.dtype();
   if (a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, fwdh::Geo<2>::kSmem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule_fwd_h"))
+  if (!tc16_device_ok(ctx, dt, fwdh::Geo<2>::kSmem, "chunk_gated_delta_rule_fwd_h"))
     return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !a.h.defined() || !state16_ok(a.h, dt))
     return false;
@@ -755,8 +751,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
                                                       tok_of(a.gk), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
-                                                      static_cast<int>(HV), static_cast<int>(HV / Hk),
-                                                      mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0);
+                                                      static_cast<int>(HV), static_cast<int>(HV / Hk));
     };
     using G1 = fwdh::Geo<1>;
     using G2 = fwdh::Geo<2>;
@@ -770,9 +765,6 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
       launch(bf ? fwd_h_mma_kernel<true, 1, 3, 2> : fwd_h_mma_kernel<false, 1, 3, 2>, N3::kThreads, N3::kSmem, N3::kCols);
     else if (n16)
       launch(bf ? fwd_h_mma_kernel<true, 1, 2, 2> : fwd_h_mma_kernel<false, 1, 2, 2>, N2::kThreads, N2::kSmem, N2::kCols);
-    else if (stages == 4)
-      launch(bf ? fwd_h_mma_kernel<true, 1, 4> : fwd_h_mma_kernel<false, 1, 4>, fwdh::Geo<1, 4>::kThreads,
-             fwdh::Geo<1, 4>::kSmem, fwdh::Geo<1, 4>::kCols);
     else if (stages == 3)
       launch(bf ? fwd_h_mma_kernel<true, 1, 3> : fwd_h_mma_kernel<false, 1, 3>, fwdh::Geo<1, 3>::kThreads,
              fwdh::Geo<1, 3>::kSmem, fwdh::Geo<1, 3>::kCols);
@@ -781,7 +773,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
-  const bool pf = pf_enabled() && L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
+  const bool pf = L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
                   quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.u);
   const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
   auto kernel = pf ? fwd_h_pf_kernel : fwd_h_kernel;
@@ -856,7 +848,7 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_o_kernel(Tok q, Tok k, Tok v,
 }
 
 // chunk_fwd_o on 16-bit tensor cores (K = V = 128, chunk 64, q, k, v, h all bf16 or all fp16,
-// 16-byte aligned rows; FUSEDOPS_GDN_FWDO_MMA=0 turns it off): Q K Vnew h by cp.async, P = M>= .
+// 16-byte aligned rows): Q K Vnew h by cp.async, P = M>= .
 // Gamma . Q K^T rounded to the input type, O = diag(e^g) Q h + P Vnew on m16n8k16 with fp32
 // register accumulators, times scale (warp tiling of gdn_tc_sm80.cuh). 94 KiB: two CTAs per SM.
 constexpr size_t kFwdOMmaSmem =
@@ -907,7 +899,7 @@ bool fwd_o_mma_ok(const Context& ctx, const ChunkFwdOArgs& a) {
   using namespace mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, kFwdOMmaSmem, "FUSEDOPS_GDN_FWDO_MMA", "chunk_fwd_o")) return false;
+  if (!tc16_device_ok(ctx, dt, kFwdOMmaSmem, "chunk_fwd_o")) return false;
   return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok16_ok(a.v, dt) && state16_ok(a.h, dt) && out2_ok(a.o);
 }
 
@@ -953,7 +945,7 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
 // 16 bits, 2.5x the bytes of o per token and head). The next chunk's K, W, Q, U tiles load by
 // cp.async into the other of two buffers; two barriers per chunk. 196.5 KiB: one CTA per SM,
 // so the top level takes it when the (sequence, value head) pairs nearly fill the GPU
-// (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies).
+// (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies: test-only).
 namespace fwdho {
 constexpr int kThreads = 512;
 // KDA: Aqk's [64][64] tile rides in each buffer, Vn serves as Vg (its K arrives gated) and the gk
@@ -971,7 +963,7 @@ struct Geo {
 template <bool BF, bool KDA>
 __global__ void __launch_bounds__(fwdho::kThreads, 1)
     fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Tok gk, Tok aqk, Mat h0, Mat h, Tok vn, Mat ht, Tok o,
-                      Layout L, int HV, int G, float scale, bool staged, bool o_staged, bool vn_staged) {
+                      Layout L, int HV, int G, float scale, bool o_staged, bool vn_staged) {
   using namespace mma16;
   using Geo = fwdho::Geo<KDA>;
   extern __shared__ float smem[];
@@ -1016,7 +1008,7 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
     } else {
       if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
     }
-    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0, staged);  // X -> Xs (and the h snapshot)
+    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
     cp_async_wait<0>();
     __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
     // The next chunk's tiles into the other buffer, whose last readers (the previous chunk's
@@ -1107,14 +1099,14 @@ __global__ void __launch_bounds__(fwdho::kThreads, 1)
 bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
                         const TensorView& aqk, const TensorView& o, int64_t o_chunk) {
   using namespace mma16;
-  const int force = env_switch("FUSEDOPS_GDN_FUSED_HO");
+  const int force = env::force("FUSEDOPS_GDN_FUSED_HO");  // test-only forcing (docs/tuning.md)
   if (force == 0) return false;
   const bool kda = aqk.defined();
   const DType dt = a.k.dtype();
   if (a.chunk_size != kMaxBT || o_chunk != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
   if (kda ? (a.g.defined() || !a.gk.defined() || aqk.size(3) != kMaxBT) : a.gk.defined()) return false;
   const size_t smem = kda ? fwdho::Geo<true>::kSmem : fwdho::Geo<false>::kSmem;
-  if (!tc16_device_ok(ctx, dt, smem, "FUSEDOPS_GDN_FWDH_MMA", "chunk_gated_delta_rule")) return false;
+  if (!tc16_device_ok(ctx, dt, smem, "chunk_gated_delta_rule")) return false;
   if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(q, dt) || !out2_ok(o))
     return false;
   if (kda && !tok16_ok(aqk, dt)) return false;
@@ -1144,7 +1136,7 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
     kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
         tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
         mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
-        static_cast<float>(scale), mma16::env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0, o_staged,
+        static_cast<float>(scale), o_staged,
         a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
   };
   const bool bf = a.k.dtype() == DType::kBFloat16;

@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kHoThreads, 1)
 // Whether the kernel takes these arguments: GDN's scalar gate (or none), K = V = 128, chunk 64,
 // 16-bit inputs; one CTA per (sequence, value head) and per SM, so taken, as cuda_sm80's fused
 // kernel, when those pairs fill at least 7/8 of the SMs (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the
-// choice). FUSEDOPS_GDN_WGMMA=0 leaves the step to cuda_sm80.
+// choice, test-only).
 bool state_out_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
@@ -340,8 +340,8 @@ bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const C
 }  // namespace
 
 // KDA's state recurrence (its gk form: a.k = kg, a.gk = g_cumsum) and chunk_kda_fwd_o in the same
-// kernel (fwd_ho_wg_kernel<BF, true>): taken under the conditions of GDN's (FUSEDOPS_GDN_FUSED_HO,
-// FUSEDOPS_GDN_WGMMA; K = V = 128, chunk 64, 16-bit, enough (sequence, head) pairs) with the gate
+// kernel (fwd_ho_wg_kernel<BF, true>): taken under the conditions of GDN's (FUSEDOPS_GDN_FUSED_HO;
+// K = V = 128, chunk 64, 16-bit, enough (sequence, head) pairs) with the gate
 // in fp32 rows of 16 bytes and Aqk 16-bit; false, with nothing written, otherwise.
 bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
                    const TensorView& aqk, const TensorView& o, double scale) {

@@ -114,16 +114,15 @@ __device__ __forceinline__ void state_to_xs(uint8_t* Xs, const float (&x)[32], c
           sm80::mma16::pack2<BF>(x[4 * j + 2 * hr], x[4 * j + 2 * hr + 1]);
 }
 
-// Host side: what every kernel of one CTA per (sequence, value head) needs. `env` (=1 forces the
-// kernel, =0 turns it off) and FUSEDOPS_GDN_WGMMA (=0 turns every one off); 16-bit inputs; chunk
+// Host side: what every kernel of one CTA per (sequence, value head) needs. `env` (test-only: =1
+// forces the kernel, =0 turns it off; src/core/env.h, docs/tuning.md); 16-bit inputs; chunk
 // 64, K = V = 128; `smem` bytes of shared memory; by default, `states` (sequences x value heads)
 // filling at least 7/8 of the SMs (one CTA per SM). The gate is each caller's own check
 // (scalar_gate_ok for GDN's; KDA's per-channel gate in the KDA form of the forward kernel).
 inline bool wg_state_ok(const Context& ctx, const char* env, DType dt, int64_t BT, int64_t K, int64_t V,
                         int64_t states, size_t smem) {
-  using sm80::mma16::env_switch;
-  const int force = env_switch(env);
-  if (force == 0 || env_switch("FUSEDOPS_GDN_WGMMA") == 0) return false;
+  const int force = env::force(env);
+  if (force == 0) return false;
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   if (BT != kBT || K != kD || V != kD) return false;
   if (sm80::smem_optin("chunk_gated_delta_rule", ctx.device.index) < smem) return false;

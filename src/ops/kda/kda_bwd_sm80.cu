@@ -193,16 +193,16 @@ __global__ void __launch_bounds__(kThreads, 1) wy_kernel(Tok q, Tok k, Tok v, To
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// K3 on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64; q, k, v, v_new, dout,
-// dvn, Akk, h and dh all bf16 or all fp16, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_WY_MMA=0
-// keeps wy_kernel above for every input). Same grid and math as wy_kernel, one CTA of 8 warps per
-// (chunk, q/k head), value heads in order, 208 KiB of shared memory. Per value head the operands
-// arrive as 16-bit tiles by cp.async (Vnew later into dO's buffer, dH into S's, each once its
-// buffer's last reader is done; rowsum(S . dH) taken while dH replaces S) and gk as an fp32 tile;
-// every product is an m16n8k16 mma with fp32 register accumulators, warp tiles as in GDN's
-// dqkwg_mma_kernel (rows 16 (w % 4).., columns 64 (w / 4).. of 64x128 outputs, 32 (w / 4).. of
-// 64x64 ones; Akk^T and the state products' transposes read by ldmatrix.trans):
+// --------------------------------------------------------------------------------------------- K3
+// on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64; q, k, v, v_new, dout, dvn,
+// Akk, h and dh all bf16 or all fp16, gk fp32, 16-byte aligned rows. Same grid and math as
+// wy_kernel, one CTA of 8 warps per (chunk, q/k head), value heads in order, 208 KiB of shared
+// memory. Per value head the operands arrive as 16-bit tiles by cp.async (Vnew later into dO's
+// buffer, dH into S's, each once its buffer's last reader is done; rowsum(S . dH) taken while dH
+// replaces S) and gk as an fp32 tile; every product is an m16n8k16 mma with fp32 register
+// accumulators, warp tiles as in GDN's dqkwg_mma_kernel (rows 16 (w % 4).., columns 64 (w / 4).. of
+// 64x128 outputs, 32 (w / 4).. of 64x64 ones; Akk^T and the state products' transposes read by
+// ldmatrix.trans):
 //   dA = dVn V^T + dW Ke^T (registers);  P = Akk^T dVn: dv = beta P, dbeta = rowsum(P . V) + rowsum(R . Ke)
 //   dW = -dVn S^T (rounded to 16-bit as an operand);  dQ = scale e^gk (dO S^T);  R = Akk^T dW
 //   dKi = e^{gk_last - gk} (Vnew dH^T);  dk += dKi + beta e^gk R;  dq += dQ
@@ -506,7 +506,7 @@ bool wy_mma_ok(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, wy16::kSmem, "FUSEDOPS_KDA_WY_MMA", "chunk_kda_bwd_wy_dqkg_fused")) return false;
+  if (!tc16_device_ok(ctx, dt, wy16::kSmem, "chunk_kda_bwd_wy_dqkg_fused")) return false;
   for (const TensorView* t : {&a.q, &a.k, &a.v, &a.v_new, &a.dout, &a.dvn, &a.Akk})
     if (!tok16_ok(*t, dt)) return false;
   if (!state16_ok(a.h, dt) || !state16_ok(a.dh, dt) || !tok32_ok(a.gk)) return false;
@@ -649,9 +649,9 @@ __global__ void __launch_bounds__(kThreads, 2) bintra_kernel(Tok q, Tok k, Tok g
 }
 
 // chunk_kda_bwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q and k bf16 or
-// fp16 alike, gk, dAqk, dAkk and the partial sums dq, dk, dg fp32 (FUSEDOPS_KDA_BINTRA_MMA=0 keeps
-// bintra_kernel). fwd_intra's reference-row split, both ways. Lower sums (j < i) over the
-// off-diagonal blocks J < I of i's 16-row block I, with r = 16 I:
+// fp16 alike, gk, dAqk, dAkk and the partial sums dq, dk, dg fp32. fwd_intra's reference-row split,
+// both ways. Lower sums (j < i) over the off-diagonal blocks J < I of i's 16-row block I, with r =
+// 16 I:
 //   dqi_ic = e^{g_ic - g_rc} sum_{j<r} dAqk_ij Kn_jc,  rr_ic the same with dAkk,  Kn_jc = k_jc e^{g_rc - g_jc};
 // upper sums (j > i) over the blocks J > I, with s = 16 (I + 1):
 //   cc_ic = e^{g_sc - g_ic} sum_{j>=s} (dAqk_ji Uq_jc + dAkk_ji Ub_jc),
@@ -915,7 +915,7 @@ bool bintra_mma_ok(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, bintra16::kSmem, "FUSEDOPS_KDA_BINTRA_MMA", "chunk_kda_bwd_intra")) return false;
+  if (!tc16_device_ok(ctx, dt, bintra16::kSmem, "chunk_kda_bwd_intra")) return false;
   if (!tok16_ok(a.q, dt) || !tok16_ok(a.k, dt) || !tok32_ok(a.gk) || !tok32_ok(a.dAqk) || !tok32_ok(a.dAkk))
     return false;
   // The partial sums dq, dk, dg are read as fp32 pairs (the top level's workspaces).
@@ -950,9 +950,8 @@ void launch_bintra_mma(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const 
 
 // kda::FusedIntraCumsumBwd: the reverse chunk-local cumsum of bwd_intra's dg run inside
 // bintra_mma_kernel (dg's rows go once to the cumsum's fp32 output and are summed there in place;
-// the workspace dg_out is not written). FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
+// the workspace dg_out is not written).
 bool intra_cumsum_fused(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const ChunkLocalCumsumArgs& s) {
-  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
   if (!s.reverse || s.chunk_size != a.chunk_size || s.g.data() != a.dg_out.data() || !s.out.defined() ||
       s.out.dtype() != DType::kFloat32 || s.out.ndim() != 4 || !la::sm80::mma16::out2_ok(s.out))
     return false;

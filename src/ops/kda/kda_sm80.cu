@@ -249,7 +249,7 @@ __device__ __forceinline__ void wu_chunk(float* smem, const Tok& q, const Tok& k
 }
 
 // chunk_kda_fwd_intra on tensor cores, for the common shape: K = 128, chunk 64; q, k, Aqk and Akk
-// bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_INTRA_MMA=0 keeps intra_kernel).
+// bf16 or fp16 alike, gk fp32, 16-byte aligned rows.
 // CTA of 8 warps per (chunk, value head). The reference-row split of the per-channel decay, with
 // r = 16 I the first row of i's 16-row block I: for j < r <= i, E_ijc = e^{g_ic - g_rc} e^{g_rc - g_jc},
 // both factors <= 1 for non-increasing cumulated gates. So the 12 off-diagonal 16x16 tiles of Aqk
@@ -490,7 +490,7 @@ bool intra_mma_ok(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.q.dtype();
   if (a.chunk_size != kMaxBT || a.q.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, intra16::kSmem, "FUSEDOPS_KDA_INTRA_MMA", "chunk_kda_fwd_intra")) return false;
+  if (!tc16_device_ok(ctx, dt, intra16::kSmem, "chunk_kda_fwd_intra")) return false;
   return tok16_ok(a.q, dt) && tok16_ok(a.k, dt) && tok32_ok(a.gk) && out2_ok(a.Aqk) && out2_ok(a.Akk);
 }
 
@@ -534,9 +534,8 @@ bool same_view(const TensorView& x, const TensorView& y) {
 
 // kda::FusedCumsumIntraFwd: the forward chunk-local cumsum of an fp32 gate run inside
 // intra_mma_kernel (it reads raw g, writes g_cumsum, and uses it in place of reading it back).
-// FUSEDOPS_KDA_FUSED_CUMSUM=0 keeps the two launches.
+//
 bool cumsum_intra_ok(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a) {
-  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_CUMSUM") == 0) return false;
   if (s.reverse || s.chunk_size != a.chunk_size || !same_view(s.out, a.gk) || !s.g.defined() ||
       s.g.ndim() != 4 || !la::sm80::mma16::tok32_ok(s.g))
     return false;
@@ -550,10 +549,10 @@ bool cumsum_intra_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const
   return true;
 }
 // kda::FusedCumsumIntraWUFwd: the same with kda_recompute_w_u on intra's Akk behind, in the same
-// kernel (FUSEDOPS_KDA_FUSED_WU=0 keeps it a launch of its own).
+// kernel.
 bool cumsum_intra_wu_fused(const Context& ctx, const ChunkLocalCumsumArgs& s, const ChunkKdaFwdIntraArgs& a,
                            const KdaRecomputeWUFwdArgs& wa) {
-  if (la::sm80::mma16::env_switch("FUSEDOPS_KDA_FUSED_WU") == 0 || !cumsum_intra_ok(ctx, s, a)) return false;
+  if (!cumsum_intra_ok(ctx, s, a)) return false;
   if (!same_view(wa.Akk, a.Akk) || !same_view(wa.gk, a.gk) || !same_view(wa.k, a.k) || !same_view(wa.q, a.q) ||
       !same_view(wa.beta, a.beta) || !wa.q.defined() || wa.v.size(2) != a.gk.size(2) || !wu_mma_ok(ctx, wa))
     return false;
@@ -627,19 +626,18 @@ __global__ void __launch_bounds__(kThreads) wu_kernel(Tok q, Tok k, Tok v, Tok b
 }
 
 // kda_recompute_w_u on 16-bit tensor cores, for the common shape: K = V = 128, chunk 64; q, k, v,
-// Akk and the outputs bf16 or fp16 alike, gk fp32, 16-byte aligned rows (FUSEDOPS_KDA_WU_MMA=0
-// keeps wu_kernel). CTA of 8 warps per (chunk, value head), 52 KiB of shared memory: Akk, K and V
-// arrive as 16-bit tiles by cp.async; an element-wise pass over four channels at a time writes
-// kg = K e^{gk_last - gk} and qg = Q e^gk (global to global for Q) and turns K's tile into
-// Tk = beta e^gk K in place (16-bit: the per-channel gate cannot fold into Akk); Akk's copy
-// A2 = Akk diag(beta) takes U's scale instead, so V is used as stored. W = Akk Tk and U = A2 V on
-// m16n8k16 mma (warp w: rows 16 (w % 4).., columns 64 (w / 4)..; Akk lower triangular). The
-// element-wise pass's gk and q pieces (eight rows per thread) are loaded together under the tile
-// copies, not one row per step (0.44 -> 0.365 ms at issue 7's shape, stop 19). With `staged`,
-// W and U leave through each warp's own [16][64] block of a staging tile by 16-byte rows
-// (store_warp_rows16) and kg, qg as one 8-byte store of four channels per lane, so every store
-// instruction fills whole 32-byte sectors (the fragment pairs and 4-byte pairs fill half of each);
-// 69 KiB, still three CTAs per SM (registers bound them).
+// Akk and the outputs bf16 or fp16 alike, gk fp32, 16-byte aligned rows. CTA of 8 warps per (chunk,
+// value head), 52 KiB of shared memory: Akk, K and V arrive as 16-bit tiles by cp.async; an
+// element-wise pass over four channels at a time writes kg = K e^{gk_last - gk} and qg = Q e^gk
+// (global to global for Q) and turns K's tile into Tk = beta e^gk K in place (16-bit: the
+// per-channel gate cannot fold into Akk); Akk's copy A2 = Akk diag(beta) takes U's scale instead,
+// so V is used as stored. W = Akk Tk and U = A2 V on m16n8k16 mma (warp w: rows 16 (w % 4)..,
+// columns 64 (w / 4)..; Akk lower triangular). The element-wise pass's gk and q pieces (eight rows
+// per thread) are loaded together under the tile copies, not one row per step (0.44 -> 0.365 ms at
+// issue 7's shape, stop 19). With `staged`, W and U leave through each warp's own [16][64] block of
+// a staging tile by 16-byte rows (store_warp_rows16) and kg, qg as one 8-byte store of four
+// channels per lane, so every store instruction fills whole 32-byte sectors (the fragment pairs and
+// 4-byte pairs fill half of each); 69 KiB, still three CTAs per SM (registers bound them).
 template <bool BF>
 __global__ void __launch_bounds__(kThreads, 3) wu_mma_kernel(Tok q, Tok k, Tok v, Tok beta, Tok Akk, Tok gk, Tok w,
                                                              Tok u, Tok kg, Tok qg, Layout L, int G, int staged) {
@@ -655,7 +653,7 @@ bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.k.dtype();
   if (a.Akk.size(3) != kMaxBT || a.k.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, wu16::kSmem, "FUSEDOPS_KDA_WU_MMA", "kda_recompute_w_u")) return false;
+  if (!tc16_device_ok(ctx, dt, wu16::kSmem, "kda_recompute_w_u")) return false;
   for (const TensorView* t : {&a.k, &a.v, &a.Akk})
     if (!tok16_ok(*t, dt)) return false;
   if (a.q.defined() && !tok16_ok(a.q, dt)) return false;
@@ -666,7 +664,7 @@ bool wu_mma_ok(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
 }
 
 // wu_mma_kernel's `staged` stores: W, U, kg (and qg) all 16-bit of the inputs' type with 16-byte
-// aligned rows; FUSEDOPS_GDN_STAGED_STORES=0 keeps the pair stores.
+// aligned rows.
 bool wu_staged_ok(const KdaRecomputeWUFwdArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.k.dtype();
@@ -741,7 +739,7 @@ __global__ void __launch_bounds__(kThreads) fwd_o_kernel(Tok qg, Tok Aqk, Tok v,
 }
 
 // chunk_kda_fwd_o on 16-bit tensor cores (K = V = 128, chunk 64; qg, Aqk, v, h and o bf16 or
-// fp16 alike, 16-byte aligned rows; FUSEDOPS_KDA_FWDO_MMA=0 keeps fwd_o_kernel): CTA of 8 warps
+// fp16 alike, 16-byte aligned rows): CTA of 8 warps
 // per (chunk, value head), Qg, the snapshot S, Aqk and Vnew staged once by cp.async (77 KiB, two
 // CTAs per SM); O = scale (Qg S) + (M>= . Aqk) Vnew on m16n8k16 mma, warp w owning rows
 // 16 (w % 4).. and columns 64 (w / 4).. of O.
@@ -794,7 +792,7 @@ bool fwd_o_mma_ok(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.v.dtype();
   if (a.Aqk.size(3) != kMaxBT || a.qg.size(3) != kD || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, o16::kSmem, "FUSEDOPS_KDA_FWDO_MMA", "chunk_kda_fwd_o")) return false;
+  if (!tc16_device_ok(ctx, dt, o16::kSmem, "chunk_kda_fwd_o")) return false;
   for (const TensorView* t : {&a.qg, &a.Aqk, &a.v})
     if (!tok16_ok(*t, dt)) return false;
   return state16_ok(a.h, dt) && out2_ok(a.o);
@@ -859,11 +857,10 @@ __global__ void __launch_bounds__(kThreads, 2) dav_kernel(Tok Aqk, Tok v, Tok do
   }
 }
 
-// chunk_kda_bwd_dAv on 16-bit tensor cores (V = 128, chunk 64; Aqk,
-// v, dout and dv bf16 or fp16 alike, 16-byte aligned rows; FUSEDOPS_KDA_DAV_MMA=0 keeps
-// dav_kernel): CTA of 8 warps per (chunk, value head), Aqk, Vnew and dO staged once by cp.async
-// (43 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= . D, and
-// dv = (M>= . Aqk)^T dO with the transposed operand read by ldmatrix.trans.
+// chunk_kda_bwd_dAv on 16-bit tensor cores (V = 128, chunk 64; Aqk, v, dout and dv bf16 or fp16
+// alike, 16-byte aligned rows): CTA of 8 warps per (chunk, value head), Aqk, Vnew and dO staged
+// once by cp.async (43 KiB); D = dO Vnew^T (tiles above the diagonal skipped) -> dAqk = scale M>= .
+// D, and dv = (M>= . Aqk)^T dO with the transposed operand read by ldmatrix.trans.
 namespace dav16 {
 using namespace la::sm80::mma16;
 constexpr size_t kSmem = 2 * (2 * static_cast<size_t>(kTok) + kMaxBT * kLdA);
@@ -919,7 +916,7 @@ bool dav_mma_ok(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   using namespace la::sm80::mma16;
   const DType dt = a.v.dtype();
   if (a.Aqk.size(3) != kMaxBT || a.v.size(3) != kD) return false;
-  if (!tc16_device_ok(ctx, dt, dav16::kSmem, "FUSEDOPS_KDA_DAV_MMA", "chunk_kda_bwd_dAv")) return false;
+  if (!tc16_device_ok(ctx, dt, dav16::kSmem, "chunk_kda_bwd_dAv")) return false;
   for (const TensorView* t : {&a.Aqk, &a.v, &a.dout})
     if (!tok16_ok(*t, dt)) return false;
   return out2_ok(a.dAqk) && out2_ok(a.dv);

@@ -113,15 +113,8 @@ struct Layout {
 };
 
 // Tensor-core products for 16-bit inputs (their tf32 rounding, 2^-11 relative, stays far below
-// the inputs' own 2^-8 / 2^-11); fp32 inputs keep exact-fp32 FFMA products. FUSEDOPS_GDN_TC=0
-// turns the tensor cores off (for measurement).
-inline int tc_for(DType in) {
-  static const bool off = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_TC");
-    return e != nullptr && e[0] == '0';
-  }();
-  return (in == DType::kBFloat16 || in == DType::kFloat16) && !off ? 1 : 0;
-}
+// the inputs' own 2^-8 / 2^-11); fp32 inputs keep exact-fp32 FFMA products.
+inline int tc_for(DType in) { return in == DType::kBFloat16 || in == DType::kFloat16 ? 1 : 0; }
 
 inline Layout layout_of(int64_t B, int64_t T, int64_t BT, const TensorView& cu, const TensorView& ci,
                         const TensorView& co, DType in) {
@@ -385,16 +378,6 @@ struct RegTile {
     }
   }
 };
-
-// The state kernels' register-staged prefetch (fwd_h_pf, dhu_pf); FUSEDOPS_GDN_PF=0 keeps the
-// unstaged kernels for every input (for measurement).
-inline bool pf_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("FUSEDOPS_GDN_PF");
-    return e != nullptr && e[0] == '0';
-  }();
-  return !off;
-}
 
 // True when a 16-bit token-major tensor can be staged by RegTile (8-byte aligned quads).
 inline bool quad_tok(const TensorView& v) {

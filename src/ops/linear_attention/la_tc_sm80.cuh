@@ -10,12 +10,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <mutex>
-#include <string>
 
 #include "fusedops/ops/gated_delta_rule.h"
+#include "src/core/env.h"
 #include "src/ops/linear_attention/la_mma_sm80.cuh"
 #include "src/ops/linear_attention/la_sm80.cuh"
 
@@ -371,11 +368,11 @@ __device__ __forceinline__ void store_warp_rows16(const float (&acc)[NJ][4], flo
 
 // The state kernels' register tile (for_state_frag's layout) rounded to 16 bits into Xs (row stride
 // ldx, columns of the CTA's tile) and, when snap is given, into state sidx of that [.., K, V] 16-bit
-// tensor at columns x0 + the tile's: by 16-byte rows from Xs when `staged`, else by the fragments'
-// 4-byte pairs.
+// tensor at columns x0 + the tile's, by 16-byte rows from Xs (stop 22: the fragments' 4-byte pair
+// stores, and the switch FUSEDOPS_GDN_STAGED_STORES that kept them, went).
 template <bool BF, int NJ>
 __device__ __forceinline__ void store_state16(const float (&x)[2][NJ][4], uint16_t* Xs, int ldx, void* snap,
-                                              int64_t sidx, int x0, bool staged) {
+                                              int64_t sidx, int x0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int y0 = 32 * (warp & 3), c0 = 8 * NJ * (warp >> 2);
   uint16_t* base = snap ? static_cast<uint16_t*>(snap) + sidx * (kD * kD) + x0 : nullptr;
@@ -388,10 +385,9 @@ __device__ __forceinline__ void store_state16(const float (&x)[2][NJ][4], uint16
         const int y = y0 + 16 * mt + gq + 8 * hr, xc = c0 + 8 * j + 2 * tq;
         const uint32_t pk = pack2<BF>(x[mt][j][2 * hr], x[mt][j][2 * hr + 1]);
         *reinterpret_cast<uint32_t*>(Xs + y * ldx + xc) = pk;
-        if (base && !staged) *reinterpret_cast<uint32_t*>(base + y * kD + xc) = pk;
       }
-  // Staged: the snapshot leaves from the warp's own [32][8 NJ] block of Xs by 16-byte rows.
-  if (base && staged) warp_copy_rows16<32, NJ>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
+  // The snapshot leaves from the warp's own [32][8 NJ] block of Xs by 16-byte rows.
+  if (base) warp_copy_rows16<32, NJ>(Xs, ldx, y0, c0, [&](int y) { return base + y * kD; }, kD, lane);
 }
 
 // chunk_bwd_dqkwg's gate gradient (dqkwg_mma_kernel and cuda_sm90's dqkwg_wg_kernel), thread i < len
@@ -433,24 +429,8 @@ inline bool out2_ok(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(t.data()) % 8 == 0 && t.stride(3) == 1 && t.stride(0) % 2 == 0 &&
          t.stride(1) % 2 == 0 && t.stride(2) % 2 == 0;
 }
-// The environment switch `env`, read once per name: 1 when it starts with '1', 0 with '0', -1
-// when unset or anything else (the kernels' force-on / force-off knobs).
-inline int env_switch(const char* env) {
-  static std::mutex mu;
-  static std::map<std::string, int> seen;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = seen.find(env);
-  if (it == seen.end()) {
-    const char* e = std::getenv(env);
-    it = seen.emplace(env, e == nullptr ? -1 : e[0] == '1' ? 1 : e[0] == '0' ? 0 : -1).first;
-  }
-  return it->second;
-}
-
-// bf16 or fp16, the device's per-block shared memory reaches `smem`, and the switch `env` is not
-// "0".
-inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* env, const char* op) {
-  if (env_switch(env) == 0) return false;
+// bf16 or fp16, and the device's per-block shared memory reaches `smem`.
+inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char* op) {
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   return smem_optin(op, ctx.device.index) >= smem;
 }
@@ -458,16 +438,15 @@ inline bool tc16_device_ok(const Context& ctx, DType dt, size_t smem, const char
 // Whether a kernel's two token-major outputs a, b (W and U; dq and dk; or one output passed
 // twice) go out through shared memory by 16-byte row stores (wu_products' `staged`,
 // store_warp_rows16): both 16-bit of the inputs' type dt with 16-byte aligned rows.
-// FUSEDOPS_GDN_STAGED_STORES=0 keeps the 4-byte fragment stores.
 inline bool staged_out_ok(const TensorView& a, const TensorView& b, DType dt) {
-  return env_switch("FUSEDOPS_GDN_STAGED_STORES") != 0 && tok16_ok(a, dt) && tok16_ok(b, dt);
+  return tok16_ok(a, dt) && tok16_ok(b, dt);
 }
 
 // Whether the state kernels take 64-column V tiles (two warp groups per CTA, each K/W tile shared
 // by both): when `states` (sequences x value heads) x 2 CTAs still reach every SM.
-// FUSEDOPS_GDN_WIDE_STATE=1 or 0 forces the choice (the tests run both forms this way).
+// FUSEDOPS_GDN_WIDE_STATE=1 or 0 forces the choice (test-only: the GPU tests run both forms).
 inline bool wide_state_tiles(const Context& ctx, int64_t states) {
-  const int force = env_switch("FUSEDOPS_GDN_WIDE_STATE");
+  const int force = env::force("FUSEDOPS_GDN_WIDE_STATE");
   if (force >= 0) return force == 1;
   return states * (kD / 64) >= sm_count("chunk_gated_delta_rule", ctx.device.index);
 }
@@ -481,18 +460,11 @@ inline bool narrow_one_per_sm(const Context& ctx, int64_t states, int cols) {
 // Whether the narrow state kernels (one warp group per CTA: fwd_h, dhu) take 16-column V tiles
 // instead of 32: when `states` x 8 CTAs fit one per SM (B = 1, T = 32768, H = 16: 128 CTAs
 // instead of 64, each step's products per warp halved on the chain). FUSEDOPS_GDN_NARROW16=1 or
-// 0 forces the choice.
+// 0 forces the choice (test-only).
 inline bool narrow16_state_tiles(const Context& ctx, int64_t states) {
-  const int force = env_switch("FUSEDOPS_GDN_NARROW16");
+  const int force = env::force("FUSEDOPS_GDN_NARROW16");
   if (force >= 0) return force == 1;
   return narrow_one_per_sm(ctx, states, 16);
-}
-
-// A count forced by the environment variable env: its value when it is one digit in lo..hi, else
-// 0 (the narrow state kernels' buffer sets: FUSEDOPS_GDN_FWDH_STAGES, FUSEDOPS_GDN_DHU_STAGES).
-inline int env_count(const char* env, int lo, int hi) {
-  const char* e = std::getenv(env);
-  return e != nullptr && e[0] >= '0' + lo && e[0] <= '0' + hi && e[1] == '\0' ? e[0] - '0' : 0;
 }
 
 }  // namespace fusedops::la::sm80::mma16
