@@ -65,7 +65,6 @@ struct RowParams {
   float lambda;   // lse_square_scale
   int tpr;        // set by the launcher
   int smem_iters; // set by the launcher
-  int csize;      // set by the launcher: CTAs per row (a thread-block cluster) or 1
   // 1: launch the vectorised row kernel with programmatic dependent launch (sm_90), its first pass
   // overlapping the grid before it, which must be row_scales (it writes row_scale and lets this grid
   // start early; this grid reads nothing that grid writes before it waits). 0 for any other

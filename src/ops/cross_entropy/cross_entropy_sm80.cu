@@ -1,21 +1,21 @@
 // fused_cross_entropy_loss, generic CUDA backend (sm_80 and later), and the CUDA engine of
 // ce_cuda.h that chunk_loss shares.
 //
-// The row pass. A group of `tpr` threads (a power of two) owns one row of V logits and reads it
-// in 16-byte units. Unit k of a lane (unit index k*tpr + lane) is kept on chip when it can be:
-// the first kIters in registers, the next smem_iters in dynamic shared memory (filled with
-// cp.async, so the whole row is in flight at once), the rest are "streamed" (read in the first
-// pass and read again in the second, which mostly hits L2). Pass 1 keeps an online softmax per
-// thread (running max m and sum d of exp(z - m), plus sum z and the target logit), the group
-// merges them in a fixed order, and pass 2 writes the gradient from the on-chip copy. At the
-// plan's sizes a [*, 128256] bf16 row (250 KB) fits on chip on an H100/H200 (4 register + 12
-// shared-memory units per thread, 1024 threads per row, or with FUSEDOPS_CE_CLUSTER=2 512 threads
-// in each of a 2-CTA cluster: one read and one write of the logits); fp32 rows of that size stream about 45% of the
-// row through L2. Loss-only calls keep nothing for a second pass and stream with 256 threads per
-// row. Without softcapping or label smoothing (the common call) both passes run in base 2 (the
-// plain pass, see merge): per logit and pass one conversion, one FMA and one ex2 plus a max and an
-// add (pass 1) or a multiply (pass 2). At [8192, 128256] bf16 on an H200 that took forward+backward
-// from 1.6 to 1.21 ms: the general pass was bound by issuing instructions, not by memory.
+// The row pass. A group of `tpr` threads (a power of two) owns one row of V logits and reads it in
+// 16-byte units. Unit k of a lane (unit index k*tpr + lane) is kept on chip when it can be: the
+// first kIters in registers, the next smem_iters in dynamic shared memory (filled with cp.async, so
+// the whole row is in flight at once), the rest are "streamed" (read in the first pass and read
+// again in the second, which mostly hits L2). Pass 1 keeps an online softmax per thread (running
+// max m and sum d of exp(z - m), plus sum z and the target logit), the group merges them in a fixed
+// order, and pass 2 writes the gradient from the on-chip copy. At the plan's sizes a [*, 128256]
+// bf16 row (250 KB) fits on chip on an H100/H200 (4 register + 12 shared-memory units per thread,
+// 1024 threads per row: one read and one write of the logits); fp32 rows of that size stream about
+// 45% of the row through L2. Loss-only calls keep nothing for a second pass and stream with 256
+// threads per row. Without softcapping or label smoothing (the common call) both passes run in base
+// 2 (the plain pass, see merge): per logit and pass one conversion, one FMA and one ex2 plus a max
+// and an add (pass 1) or a multiply (pass 2). At [8192, 128256] bf16 on an H200 that took
+// forward+backward from 1.6 to 1.21 ms: the general pass was bound by issuing instructions, not by
+// memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -204,58 +204,6 @@ __device__ __forceinline__ Stats group_merge(Stats s, int tpr, float4* scratch) 
     v = scratch[first + w];
     r = merge<kPlain>(r, Stats{v.x, v.y, v.z, v.w});
   }
-  return r;
-}
-
-// Rows split over a thread-block cluster (sm_90 and later; p.csize CTAs per row, one row per
-// cluster). Each CTA has merged its own threads' states; rank r's state goes to its shared memory,
-// the cluster synchronises, and every CTA merges the csize states in rank order (so all end with
-// the same bits). A CTA's shared memory must outlive the others' reads: each CTA arrives on the
-// cluster barrier once it has read, and waits on it before it exits (cluster_done).
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_done(int csize) {
-  if (csize > 1) cluster_wait();
-}
-
-// Reads the float4 at this CTA's shared address `mine` in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ float4 load_cluster_f4(const float4* mine, int rank) {
-  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(mine));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-#else
-  (void)mine;
-  (void)rank;
-#endif
-  return v;
-}
-
-template <bool kPlain>
-__device__ __forceinline__ Stats cluster_merge(const Stats& s, int csize, float4* slot) {
-  if (threadIdx.x == 0) *slot = make_float4(s.m, s.d, s.sz, s.zy);
-  cluster_arrive();
-  cluster_wait();
-  float4 v = load_cluster_f4(slot, 0);
-  Stats r{v.x, v.y, v.z, v.w};
-  for (int k = 1; k < csize; ++k) {
-    v = load_cluster_f4(slot, k);
-    r = merge<kPlain>(r, Stats{v.x, v.y, v.z, v.w});
-  }
-  cluster_arrive();
   return r;
 }
 
@@ -455,9 +403,8 @@ __device__ __forceinline__ void cp_async_wait_first(int groups, int done) {
 constexpr int kGroupUnits = 4;
 
 // The vectorised row pass (see the file comment). Rows start 16-byte aligned; V % N trailing
-// elements are read one at a time. With p.csize > 1 (launched as clusters of csize CTAs of tpr
-// threads, one row per cluster) the row's G = csize * tpr threads of the cluster share it as
-// one group would: thread glane = rank * tpr + lane owns units glane, glane + G, ...
+// elements are read one at a time. Thread `lane` of the row's group of tpr threads owns units
+// lane, lane + tpr, ...
 // Unit indices are 32-bit (the launcher sends rows of 2^31 or more elements to the scalar kernel).
 //
 // kLossOnly: the instance for calls without a gradient (blocks of at most 256 threads), without
@@ -469,15 +416,9 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   constexpr bool kFold = kPlain && sizeof(TOut) == 2;
   extern __shared__ uint4 cached[];  // [smem_iters][blockDim.x]
   __shared__ float4 scratch[kMaxThreads / 32];
-  __shared__ float4 cluster_slot;
   const int tpr = p.tpr;
-  const int csize = p.csize;
   const int lane = threadIdx.x & (tpr - 1);
-  const int rank = csize > 1 ? static_cast<int>(blockIdx.x % csize) : 0;
-  const int64_t row = csize > 1 ? static_cast<int64_t>(blockIdx.x / csize)
-                                : static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
-  const int G = tpr * csize;
-  const int glane = rank * tpr + lane;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
   const bool active = row < p.rows;
   const int64_t y = active ? label_at(p.labels, p.labels_int64, row) : p.ignore_index;
   const bool work = active && y != p.ignore_index;
@@ -486,7 +427,7 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   const int tail = static_cast<int>(p.vocab - static_cast<int64_t>(U) * N);
   const int S = p.smem_iters;
   const int groups = (S + kGroupUnits - 1) / kGroupUnits;
-  const int first_streamed = (kIters + S) * G;
+  const int first_streamed = (kIters + S) * tpr;
   const int bdim = static_cast<int>(blockDim.x);
   uint4* my_cached = cached + threadIdx.x;  // unit j of this thread: my_cached[j * bdim]
 
@@ -500,7 +441,7 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   // outside [0, V) (only without validation) has no owner; the loss is then NaN.
   const int64_t body = static_cast<int64_t>(U) * N;
   const bool owns_label = work && y >= 0 && y < p.vocab &&
-                          glane == (y < body ? static_cast<int>((y / N) % G) : static_cast<int>((y - body) % G));
+                          lane == (y < body ? static_cast<int>((y / N) % tpr) : static_cast<int>((y - body) % tpr));
   if (owns_label) s.zy = label_share<kPlain>(p, to_f(xr[y]));
   Raw16 reg[kIters];
   if (work) {
@@ -508,76 +449,71 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
     // of kGroupUnits, so that pass 1 folds each group in as soon as it has arrived.
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
-      const int u = j * G + glane;
+      const int u = j * tpr + lane;
       reg[j] = u < U ? load_raw16(xr + u * N) : make_uint4(0, 0, 0, 0);
     }
     for (int j = 0; j < S; ++j) {
-      const int u = (kIters + j) * G + glane;
+      const int u = (kIters + j) * tpr + lane;
       if (u < U) cp_async16(&my_cached[j * bdim], xr + u * N);
       if (j % kGroupUnits == kGroupUnits - 1 || j == S - 1) cp_async_commit();
     }
 #pragma unroll
     for (int j = 0; j < kIters; j += 2) {
-      const int u = j * G + glane;
-      if (u < U) fold_units<TIn, kPlain>(p, c2, reg[j], reg[j + 1 < kIters ? j + 1 : j], j + 1 < kIters && u + G < U, s);
+      const int u = j * tpr + lane;
+      if (u < U) fold_units<TIn, kPlain>(p, c2, reg[j], reg[j + 1 < kIters ? j + 1 : j], j + 1 < kIters && u + tpr < U, s);
     }
     for (int gi = 0; gi < groups; ++gi) {
       cp_async_wait_first(groups, gi + 1);
       const int j1 = min(S, (gi + 1) * kGroupUnits);
       for (int j = gi * kGroupUnits; j < j1; j += 2) {
-        const int u = (kIters + j) * G + glane;
+        const int u = (kIters + j) * tpr + lane;
         if (u >= U) break;
         const Raw16 a = my_cached[j * bdim];
-        if (j + 1 < j1 && u + G < U) {
+        if (j + 1 < j1 && u + tpr < U) {
           fold_units<TIn, kPlain>(p, c2, a, my_cached[(j + 1) * bdim], true, s);
         } else {
           fold_units<TIn, kPlain>(p, c2, a, a, false, s);
         }
       }
     }
-    int u = first_streamed + glane;
-    for (; u + (kStream - 1) * G < U; u += kStream * G) {
+    int u = first_streamed + lane;
+    for (; u + (kStream - 1) * tpr < U; u += kStream * tpr) {
       Raw16 r[kStream];
 #pragma unroll
-      for (int q = 0; q < kStream; ++q) r[q] = load_raw16(xr + (u + q * G) * N);
+      for (int q = 0; q < kStream; ++q) r[q] = load_raw16(xr + (u + q * tpr) * N);
       // One unit at a time here: folded in pairs, the 64 registers allowed only 2 of 4 such
       // loads in flight (the loss-only pass, which streams nearly all of a row, took 546 -> 576
       // us at [8192, 128256] bf16 on the H200).
 #pragma unroll
       for (int q = 0; q < kStream; ++q) fold_units<TIn, kPlain>(p, c2, r[q], r[q], false, s);
     }
-    for (; u < U; u += G) {
+    for (; u < U; u += tpr) {
       const Raw16 a = load_raw16(xr + u * N);
       fold_units<TIn, kPlain>(p, c2, a, a, false, s);
     }
-    for (int e = glane; e < tail; e += G) {
+    for (int e = lane; e < tail; e += tpr) {
       const float f[1] = {to_f(xr[U * N + e])};
       accumulate_any<kPlain, 1>(p, c2, f, s);
     }
   }
   s = group_merge<kPlain>(s, tpr, scratch);
-  if (csize > 1) s = cluster_merge<kPlain>(s, csize, &cluster_slot);
   // Launched with p.pdl, pass 1 (which reads only the logits and labels) overlapped the grid before
   // this one (the per-row scales); from here on its results (p.row_scale) are read. Every thread
   // waits, so that this grid never completes before that one.
   wait_prior_grid();
-  if (!active) {
-    cluster_done(csize);
-    return;
-  }
+  if (!active) return;
 
   TOut* gr = p.g ? static_cast<TOut*>(p.g) + row * p.g_stride : nullptr;
   if (!work) {
-    if (glane == 0) {
+    if (lane == 0) {
       p.row_loss[row] = 0.0f;
       if (p.row_z) p.row_z[row] = 0.0f;
     }
     if (gr) {
       const float zero[N] = {};
-      for (int u = glane; u < U; u += G) store_unit<TOut, N>(gr + u * N, zero, 0u);
-      for (int e = glane; e < tail; e += G) gr[U * N + e] = from_f<TOut>(0.0f);
+      for (int u = lane; u < U; u += tpr) store_unit<TOut, N>(gr + u * N, zero, 0u);
+      for (int e = lane; e < tail; e += tpr) gr[U * N + e] = from_f<TOut>(0.0f);
     }
-    cluster_done(csize);
     return;
   }
   // Natural-unit max and label logit (the plain pass keeps raw x's max and x[y]).
@@ -585,7 +521,7 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   const float zy_nat = kPlain ? s.zy * p.scale : s.zy;
   const float log_d = logf(s.d);
   const float lse = m_nat + log_d;
-  if (glane == 0) {
+  if (lane == 0) {
     const float zy = (y >= 0 && y < p.vocab) ? zy_nat : __int_as_float(0x7fffffff);
     const float row_z = p.lambda * lse * lse;
     if constexpr (kPlain) {
@@ -596,7 +532,6 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
     if (p.row_z) p.row_z[row] = row_z;
   }
   if (kLossOnly || !gr) {
-    cluster_done(csize);
     return;
   }
   const float c = p.row_scale[row];
@@ -611,7 +546,7 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
   }
 #pragma unroll
   for (int j = 0; j < kIters; ++j) {
-    const int u = j * G + glane;
+    const int u = j * tpr + lane;
     if (u < U) {
       float f[N], o[N];
       raw_to_floats<TIn>(reg[j], f);
@@ -620,40 +555,39 @@ __global__ void __launch_bounds__(kLossOnly ? 256 : kMaxThreads, kLossOnly ? 4 :
     }
   }
   for (int j = 0; j < S; ++j) {
-    const int u = (kIters + j) * G + glane;
+    const int u = (kIters + j) * tpr + lane;
     if (u >= U) break;
     float f[N], o[N];
     raw_to_floats<TIn>(my_cached[j * bdim], f);
     gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
     store_unit<TOut, N>(gr + u * N, o, k.sign);
   }
-  int u = first_streamed + glane;
-  for (; u + 3 * G < U; u += 4 * G) {
+  int u = first_streamed + lane;
+  for (; u + 3 * tpr < U; u += 4 * tpr) {
     Raw16 r[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * G) * N));
+    for (int q = 0; q < 4; ++q) r[q] = __ldcs(reinterpret_cast<const uint4*>(xr + (u + q * tpr) * N));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float f[N], o[N];
       raw_to_floats<TIn>(r[q], f);
       gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
-      store_unit<TOut, N>(gr + (u + q * G) * N, o, k.sign);
+      store_unit<TOut, N>(gr + (u + q * tpr) * N, o, k.sign);
     }
   }
-  for (; u < U; u += G) {
+  for (; u < U; u += tpr) {
     float f[N], o[N];
     raw_to_floats<TIn>(__ldcs(reinterpret_cast<const uint4*>(xr + u * N)), f);
     gradient_any<kPlain, kFold, N>(p, k, c2, f, o);
     store_unit<TOut, N>(gr + u * N, o, k.sign);
   }
-  for (int e = glane; e < tail; e += G) {
+  for (int e = lane; e < tail; e += tpr) {
     const float f[1] = {to_f(xr[U * N + e])};
     float o[1];
     gradient_any<kPlain, false, 1>(p, k, c2, f, o);
     gr[U * N + e] = from_f<TOut>(o[0]);
   }
   if (owns_label) gr[y] = from_f<TOut>(label_gradient<kPlain>(p, k, c2, s.zy));
-  cluster_done(csize);
 }
 
 // The same pass one element at a time, for layouts that forbid 16-byte accesses. Both passes
@@ -865,33 +799,9 @@ int pow2_at_least(int64_t v, int cap) {
   return p;
 }
 
-// FUSEDOPS_CE_ROW_THREADS=256|512|1024 forces the group size of long rows (a tuning aid: fewer
-// threads per row means more rows in flight per SM and less of each row on chip).
-int forced_row_threads() {
-  static const int forced = [] {
-    const char* v = std::getenv("FUSEDOPS_CE_ROW_THREADS");
-    const int t = v ? std::atoi(v) : 0;
-    return (t == 256 || t == 512 || t == 1024) ? t : 0;
-  }();
-  return forced;
-}
-
-// FUSEDOPS_CE_CLUSTER=1|2|4|8 forces the number of CTAs (a thread-block cluster) that share a long
-// row when its gradient is kept on chip (sm_90 and later). Default 1, one CTA per row: on the H200
-// at [8192, 128256] bf16 clusters measured no faster (plain pass 1258 vs 1257 us at 2 CTAs) or
-// slower (general pass 1674 vs 1786-1833 us), so the simpler plan is the default.
-int row_cluster_size(int major) {
-  static const int chosen = [] {
-    const char* v = std::getenv("FUSEDOPS_CE_CLUSTER");
-    const int c = v ? std::atoi(v) : 0;
-    return (c == 1 || c == 2 || c == 4 || c == 8) ? c : 1;
-  }();
-  return major >= 9 ? chosen : 1;
-}
-
 struct Plan {
   bool vec;
-  int tpr, threads, iters, smem_iters, csize;
+  int tpr, threads, iters, smem_iters;
   int64_t blocks;
   size_t smem_bytes;
 };
@@ -900,18 +810,13 @@ struct Plan {
 // threads. Longer rows:
 // - without a gradient (nothing to keep for a second pass): groups of 256 threads with 4 register
 //   units that stream the rest, so that several rows per SM are in flight;
-// - with a gradient on sm_90 and later: clusters of csize CTAs of 1024 / csize threads per row
-//   (csize CTAs per SM), 4 register units and up to `cap` shared-memory units per thread (what
-//   fits when csize CTAs share an SM), streaming the rest. Each CTA then alternates reading its
-//   part of a row and writing its gradient, and the CTAs of one SM (parts of different rows)
-//   overlap those phases;
-// - otherwise groups of 256..1024 threads (one row per block) with 4 register units and up to
+// - with a gradient: groups of 256..1024 threads (one row per block) with 4 register units and up
+// to
 //   `cap` shared-memory units per thread (cap: what fits when 1024 threads share an SM).
 Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, const SmInfo& dev) {
   const int optin = dev.optin;
   Plan pl{};
   pl.vec = vec;
-  pl.csize = 1;
   if (!vec) {
     pl.tpr = pow2_at_least((V + 3) / 4, 256);
     pl.threads = 256;
@@ -923,28 +828,14 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, const SmInfo
       const int64_t need = (U + reg_tpr - 1) / reg_tpr;
       pl.iters = need <= 1 ? 1 : need <= 2 ? 2 : 4;
       pl.threads = 256;
-    } else if (!keep && !forced_row_threads()) {
+    } else if (!keep) {
       pl.tpr = 256;
       pl.iters = 4;
       pl.smem_iters = 0;
       pl.threads = 256;
-    } else if (row_cluster_size(dev.major) > 1) {
-      // csize CTAs of t threads per row, csize CTAs per SM; 4 KiB of each CTA's share of the
-      // SM's shared memory is left for its static arrays and the per-block reservation.
-      const int c = row_cluster_size(dev.major);
-      const int t = forced_row_threads() ? std::min(forced_row_threads(), kMaxThreads / c) : kMaxThreads / c;
-      const int per_cta = std::min(optin - 2048, dev.per_sm / c - 4096);
-      const int cap = std::max(0, per_cta / (t * 16));
-      const int64_t need = (U + static_cast<int64_t>(c) * t - 1) / (static_cast<int64_t>(c) * t);
-      pl.tpr = t;
-      pl.iters = 4;
-      pl.smem_iters = static_cast<int>(std::min<int64_t>(std::max<int64_t>(need - 4, 0), cap));
-      pl.threads = t;
-      pl.csize = c;
     } else {
       const int cap = std::max(0, (optin - 2048) / (kMaxThreads * 16));
       pl.tpr = std::max(256, pow2_at_least((U + 3 + cap) / (4 + cap), kMaxThreads));
-      if (forced_row_threads()) pl.tpr = forced_row_threads();
       const int64_t need = (U + pl.tpr - 1) / pl.tpr;
       pl.iters = 4;
       pl.smem_iters = static_cast<int>(std::min<int64_t>(std::max<int64_t>(need - 4, 0), cap));
@@ -952,7 +843,7 @@ Plan plan_rows(int64_t rows, int64_t V, int N, bool vec, bool keep, const SmInfo
     }
   }
   const int rows_per_block = pl.threads / pl.tpr;
-  pl.blocks = (rows + rows_per_block - 1) / rows_per_block * pl.csize;
+  pl.blocks = (rows + rows_per_block - 1) / rows_per_block;
   pl.smem_bytes = static_cast<size_t>(pl.smem_iters) * pl.threads * 16;
   return pl;
 }
@@ -979,28 +870,17 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
   allow_smem(op, reinterpret_cast<const void*>(kernel), device, pl.smem_bytes);
   cudaError_t err = cudaSuccess;
   const bool pdl = p.pdl && sm_info(device).major >= 9;
-  if (pl.csize > 1 || pdl) {
+  if (pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(pl.blocks));
     cfg.blockDim = dim3(static_cast<unsigned>(pl.threads));
     cfg.dynamicSmemBytes = pl.smem_bytes;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (pl.csize > 1) {
-      attr[n].id = cudaLaunchAttributeClusterDimension;
-      attr[n].val.clusterDim.x = static_cast<unsigned>(pl.csize);
-      attr[n].val.clusterDim.y = 1;
-      attr[n].val.clusterDim.z = 1;
-      ++n;
-    }
-    if (pdl) {
-      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[n].val.programmaticStreamSerializationAllowed = 1;
-      ++n;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = 1;
     err = cudaLaunchKernelEx(&cfg, kernel, p);
     if (err == cudaSuccess) err = cudaPeekAtLastError();
   } else {
@@ -1013,7 +893,7 @@ void launch_vec(const char* op, const RowParams& p, const Plan& pl, int device, 
     cudaFuncAttributes at{};
     cudaFuncGetAttributes(&at, kernel);
     FUSEDOPS_FAIL(kRuntime, op, "CUDA error ", cudaGetErrorName(err), " launching the row kernel (",
-                  kIters, " register units) with ", pl.blocks, " blocks (clusters of ", pl.csize, ") of ", pl.threads,
+                  kIters, " register units) with ", pl.blocks, " blocks of ", pl.threads,
                   " threads and ", pl.smem_bytes, " B of dynamic shared memory (rows ", p.rows,
                   ", vocab ", p.vocab, "); the kernel allows ", at.maxThreadsPerBlock,
                   " threads, uses ", at.numRegs, " registers and ", at.sharedSizeBytes,
@@ -1031,14 +911,13 @@ void launch_rows(const char* op, RowParams p, int device, cudaStream_t stream) {
   const Plan pl = plan_rows(p.rows, p.vocab, N, vec, p.g != nullptr, sm_info(device));
   p.tpr = pl.tpr;
   p.smem_iters = pl.smem_iters;
-  p.csize = pl.csize;
   if (pl.blocks == 0) return;
   if (!vec) {
     rows_scalar_kernel<TIn, TOut><<<static_cast<unsigned>(pl.blocks), pl.threads, 0, stream>>>(p);
   } else {
     // The plain pass (see merge) when no option needs the general one.
     const bool plain = p.cap <= 0.0f && p.eps == 0.0f && p.scale > 0.0f && p.scale <= FLT_MAX;
-    const bool loss_only = !p.g && pl.threads <= 256 && pl.csize == 1;
+    const bool loss_only = !p.g && pl.threads <= 256;
     auto launch = [&](auto plain_tag, auto loss_only_tag) {
       constexpr bool kPlain = decltype(plain_tag)::value;
       constexpr bool kLossOnly = decltype(loss_only_tag)::value;
