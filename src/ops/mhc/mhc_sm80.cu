@@ -575,16 +575,6 @@ bool pre_supports_bwd(const MhcPreBmmBwdArgs& a) { return f32(a.h_pre.dtype()) &
 bool post_supports_fwd(const MhcPostFwdArgs& a) { return f32(a.h_res.dtype()); }
 bool post_supports_bwd(const MhcPostBwdArgs& a) { return f32(a.h_res.dtype()); }
 
-// Units per lane per step of the n = 4 forward: 2 (8 loads of 16 bytes in flight per lane before
-// the first store; stop 25, T=32768 C=4096 bf16: 417 -> 398 us busy, report 421 -> 403 us), or 1
-// with FUSEDOPS_MHC_PRE_UNROLL=1.
-int pre_unroll() {
-  static const int u = [] {
-    const char* v = std::getenv("FUSEDOPS_MHC_PRE_UNROLL");
-    return v && v[0] == '1' ? 1 : 2;
-  }();
-  return u;
-}
 
 void pre_fwd(const Context& ctx, const MhcPreBmmFwdArgs& a) {
   cuda::DeviceGuard guard(kPre, ctx.device.index);
@@ -608,10 +598,11 @@ void pre_fwd(const Context& ctx, const MhcPreBmmFwdArgs& a) {
       with_unit<W>(vec, [&](auto vt) {
         constexpr int V = decltype(vt)::value;
         p.tpr = group_size(d.C / V);
-        if (p.n == 4 && pre_unroll() == 2) {
+        // n = 4: 2 units per lane per step (8 loads of 16 bytes in flight per lane before the first
+        // store; stop 25, T=32768 C=4096 bf16: 417 -> 398 us busy against 1 unit, report 421 -> 403
+        // us; the 1-unit form and its knob FUSEDOPS_MHC_PRE_UNROLL went).
+        if (p.n == 4) {
           pre_fwd_kernel<TX, TY, 4, V, 2><<<grid_for(p), kThreads, 0, stream>>>(p);
-        } else if (p.n == 4) {
-          pre_fwd_kernel<TX, TY, 4, V><<<grid_for(p), kThreads, 0, stream>>>(p);
         } else {
           pre_fwd_kernel<TX, TY, 0, V><<<grid_for(p), kThreads, 0, stream>>>(p);
         }

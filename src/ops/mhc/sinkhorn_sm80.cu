@@ -652,12 +652,11 @@ __device__ __forceinline__ void logits4(const Prm4& q, const float* v, float (&L
 }
 
 // Arithmetic of the n = 4 kernels' normalisation steps x / d:
-//   kDivRn     correctly rounded division (div_rn with RN(1/d));
-//   kMulRn     x * RN(1/d) (one more rounding);
 //   kMulApprox x * rcp.approx(d) (the hardware reciprocal, <= 1 ulp, no Newton step and no
 //              fallback branch; for d in the normal range only: the host picks it when eps keeps
-//              every denominator there, 1e-30 <= eps <= 1e30).
-constexpr int kDivRn = 0, kMulRn = 1, kMulApprox = 2;
+//              every denominator there, 1e-30 <= eps <= 1e30);
+//   kMulRn     x * RN(1/d), for any other eps.
+constexpr int kMulRn = 1, kMulApprox = 2;
 
 template <int kArith, int N = kN4>
 __device__ __forceinline__ void recip(const float (&d)[N], float (&inv)[N]) {
@@ -671,7 +670,7 @@ __device__ __forceinline__ void recip(const float (&d)[N], float (&inv)[N]) {
 
 template <int kArith>
 __device__ __forceinline__ float over(float x, float d, float inv) {
-  return kArith == kDivRn ? div_rn(x, d, inv) : x * inv;
+  return x * inv;
 }
 
 template <int kArith>
@@ -1030,54 +1029,24 @@ unsigned blocks_for(int64_t rows, int G) {
   return static_cast<unsigned>((rows + per - 1) / per);
 }
 
-// The one-thread-per-matrix kernels serve n = 4 with the multiplicative variants.
-// FUSEDOPS_SINKHORN_FAST4=0 sends n = 4 to the group kernels instead (a tuning aid: four threads
-// per matrix give four times the warps when there are few matrices per SM).
-bool fast4_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("FUSEDOPS_SINKHORN_FAST4");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
-bool fast4(int n, int variant) { return n == kN4 && variant != kLog && fast4_enabled(); }
+// The one-thread-per-matrix kernels serve n = 4 with the multiplicative variants (the group
+// kernels, four threads per matrix, were slower at 32768 rows on the H200: hc_split_sinkhorn fwd
+// 14.1 vs 13.5 us, fwd+bwd 68.5 vs 51.7 us; their knob FUSEDOPS_SINKHORN_FAST4 went).
+bool fast4(int n, int variant) { return n == kN4 && variant != kLog; }
 
 unsigned blocks4(int64_t rows) { return static_cast<unsigned>((rows + kThreads4 - 1) / kThreads4); }
 
-// The n = 4 kernels' arithmetic (kDivRn / kMulRn / kMulApprox above) per direction, from
-// FUSEDOPS_SINKHORN4_FWD / FUSEDOPS_SINKHORN4_BWD = "div" | "rn" | "approx". Default "approx"
-// both ways (bench/notes/ARCHIVE.md "GPU, stop 25" and "Stop 36"): in the backward it only concerns the
-// recomputed forward, since the reverse steps on H = G * K take no reciprocal; at 32768 rows it
-// gives 11.5 us against 13.6 with "rn", with errors of dlogits / dmixes within 1.1x those of the
-// fp32 composite (tolerance 2x). "approx" needs every denominator d = sum + eps in the normal
-// range: it falls back to "rn" unless 1e-30 <= eps <= 1e30 (the sums are <= n after the first
-// step).
-int arith4_from_env(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  const std::string s = v ? v : "";
-  if (s == "div") return kDivRn;
-  if (s == "rn") return kMulRn;
-  if (s == "approx") return kMulApprox;
-  return fallback;
-}
+// The n = 4 kernels' arithmetic (kMulRn / kMulApprox above), both directions: "approx" when eps
+// keeps every denominator d = sum + eps in the normal range, 1e-30 <= eps <= 1e30 (the sums are
+// <= n after the first step), else "rn" (bench/notes/ARCHIVE.md "GPU, stop 25" and "Stop 36": in
+// the backward it only concerns the recomputed forward, since the reverse steps on H = G * K take
+// no reciprocal; at 32768 rows it gives 11.5 us against 13.6 with "rn", with errors of dlogits /
+// dmixes within 1.1x those of the fp32 composite, tolerance 2x). The correctly rounded division
+// and the knobs FUSEDOPS_SINKHORN4_FWD / _BWD that chose it went.
 template <class Fn>
-void with_arith4(int choice, float eps, Fn&& fn) {
-  if (choice == kMulApprox && !(eps >= 1e-30f && eps <= 1e30f)) choice = kMulRn;
-  switch (choice) {
-    case kDivRn: fn(std::integral_constant<int, kDivRn>{}); break;
-    case kMulRn: fn(std::integral_constant<int, kMulRn>{}); break;
-    default: fn(std::integral_constant<int, kMulApprox>{}); break;
-  }
-}
-template <class Fn>
-void with_fwd_arith4(float eps, Fn&& fn) {
-  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_FWD", kMulApprox);
-  with_arith4(choice, eps, fn);
-}
-template <class Fn>
-void with_bwd_arith4(float eps, Fn&& fn) {
-  static const int choice = arith4_from_env("FUSEDOPS_SINKHORN4_BWD", kMulApprox);
-  with_arith4(choice, eps, fn);
+void with_arith4(float eps, Fn&& fn) {
+  if (eps >= 1e-30f && eps <= 1e30f) fn(std::integral_constant<int, kMulApprox>{});
+  else fn(std::integral_constant<int, kMulRn>{});
 }
 
 template <bool kFused>
@@ -1104,7 +1073,7 @@ void run_fwd(const Context& ctx, const SinkhornFwdArgs& a) {
   cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      with_fwd_arith4(p.eps, [&](auto at) {
+      with_arith4(p.eps, [&](auto at) {
         cuda::launch_pdl(kSinkhorn, ctx.device.index, sinkhorn4_fwd_kernel<T, false, decltype(at)::value>,
                          blocks4(p.rows), kThreads4, 0, stream, p);
       });
@@ -1138,7 +1107,7 @@ void run_bwd(const Context& ctx, const SinkhornBwdArgs& a) {
     plan_backward4<false>(p, 0, &smem);
     cuda::visit_dtype(a.logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      with_bwd_arith4(p.eps, [&](auto at) {
+      with_arith4(p.eps, [&](auto at) {
         cuda::launch_pdl(kSinkhorn, ctx.device.index, sinkhorn4_bwd_kernel<T, false, decltype(at)::value>,
                          blocks4(p.rows), kThreads4, smem, stream, p);
       });
@@ -1179,7 +1148,7 @@ void split_fwd(const Context& ctx, const HcSplitSinkhornFwdArgs& a) {
   cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (fast4(n, p.variant)) {
-      with_fwd_arith4(p.eps, [&](auto at) {
+      with_arith4(p.eps, [&](auto at) {
         cuda::launch_pdl(kSplit, ctx.device.index, sinkhorn4_fwd_kernel<T, true, decltype(at)::value>,
                          blocks4(p.rows), kThreads4, 0, stream, p);
       });
@@ -1226,7 +1195,7 @@ void split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
     plan_backward4<true>(p, kThreads4 * np, &smem);
     cuda::visit_dtype(a.mixes.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      with_bwd_arith4(p.eps, [&](auto at) {
+      with_arith4(p.eps, [&](auto at) {
         cuda::launch_pdl(kSplit, ctx.device.index, sinkhorn4_bwd_kernel<T, true, decltype(at)::value>,
                          blocks4(p.rows), kThreads4, smem, stream, p);
       });
