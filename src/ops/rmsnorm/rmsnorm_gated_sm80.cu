@@ -351,7 +351,8 @@ __global__ void __launch_bounds__(kRowThreads, kIters >= 4 ? 2 : kIters == 2 ? 3
 // every element; at [1M, 128] bf16 the general kernel was bound by instruction issue (73% of
 // issue slots, ~45 instructions per element; ncu at e9431ad).
 template <class T, int kRows, bool kPlain>
-__global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_rows_kernel(GatedFwdParams p) {
+__global__ void __launch_bounds__(kRowThreads, 4) gated_fwd_rows_kernel(GatedFwdParams p) {
+  static_assert(kRows == 2, "two rows per step (kRowsPerStep)");
   constexpr int N = kVec16<T>;
   const int tpr = p.tpr;
   const int lane = threadIdx.x & (tpr - 1);
@@ -392,15 +393,10 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     if (gate_first) {
       float z[N];
       raw_to_floats<T>(zr[r], z);
-      if constexpr (kRows <= 2) {
-        float a[N];
-        gate_value_n<N>(kGateSilu, z, a, kFastGate<T>);
+      float a[N];
+      gate_value_n<N>(kGateSilu, z, a, kFastGate<T>);
 #pragma unroll
-        for (int e = 0; e < N; ++e) v[e] *= a[e];
-      } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) v[e] *= gate_value(kGateSilu, z[e], kFastGate<T>);
-      }
+      for (int e = 0; e < N; ++e) v[e] *= a[e];
     }
   };
   float ss[kRows];
@@ -428,15 +424,13 @@ __global__ void __launch_bounds__(kRowThreads, kRows >= 4 ? 3 : 4) gated_fwd_row
     if (has_w) load_any<T, N>(p.weight, p.w_f32, col0 + lane * N, w);
     if (has_b) load_any<T, N>(p.bias, p.b_f32, col0 + lane * N, b);
     if (gate_after) raw_to_floats<T>(zr[r], z);
-    if constexpr (kRows <= 2) {
-      if (gate_after) gate_value_n<N>(gate, z, z, kFastGate<T>);  // z becomes act(z)
-    }
+    if (gate_after) gate_value_n<N>(gate, z, z, kFastGate<T>);  // z becomes act(z)
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       float h = v[e] * rs;
       if (has_w) h *= w[e];
       if (has_b) h += b[e];
-      if (gate_after) h *= kRows <= 2 ? z[e] : gate_value(gate, z[e], kFastGate<T>);
+      if (gate_after) h *= z[e];
       o[e] = h;
     }
     store_any<T, N>(p.y, false, row * p.D + col0 + lane * N, o);
@@ -778,18 +772,11 @@ int gate_code(const TensorView& z, GateActivation act) {
   return act == GateActivation::kSigmoid ? kGateSigmoid : kGateSilu;
 }
 
-// FUSEDOPS_RMSNORM_GATED_ROWS=1|2|4 (default 2): rows per group and step of the short-segment
-// kernels (1: one row at a time, the general kernels). A tuning aid. On the H200 at
-// [1048576, 128] bf16 (16bf7f2): 1 -> fwd 353 us, fwd+bwd 1.28 ms; 2 -> 323 us, 1.11 ms;
-// 4 -> 360 us, 1.21 ms (the 4-row forward spills).
-int rows_per_step() {
-  static const int rows = [] {
-    const char* v = std::getenv("FUSEDOPS_RMSNORM_GATED_ROWS");
-    const int r = v ? std::atoi(v) : 2;
-    return (r == 1 || r == 2 || r == 4) ? r : 2;
-  }();
-  return rows;
-}
+// Rows per group and step of the short-segment kernels: 2. On the H200 at [1048576, 128] bf16
+// (16bf7f2): 1 (the general kernels) -> fwd 353 us, fwd+bwd 1.28 ms; 2 -> 323 us, 1.11 ms;
+// 4 -> 360 us, 1.21 ms (the 4-row forward spills). The 4-row forms and the knob
+// FUSEDOPS_RMSNORM_GATED_ROWS went.
+constexpr int kRowsPerStep = 2;
 
 bool is_f32(const TensorView& t) { return t.defined() && t.dtype() == DType::kFloat32; }
 bool aligned16(const TensorView& t) { return !t.defined() || cuda::aligned_to(t.data(), 16); }
@@ -833,16 +820,14 @@ void launch_fwd(const Context& ctx, const RmsNormGatedFwdArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
   FUSEDOPS_REQUIRE(plan.blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
-  const int rows = rows_per_step();
-  if (vec && plan.iters == 1 && plan.tpr <= 32 && p.residual == nullptr && rows > 1) {
-    const int64_t per_block = (kRowThreads / plan.tpr) * rows;
+  if (vec && plan.iters == 1 && plan.tpr <= 32 && p.residual == nullptr) {
+    const int64_t per_block = (kRowThreads / plan.tpr) * kRowsPerStep;
     const int64_t blocks = (p.segments + per_block - 1) / per_block;
     FUSEDOPS_REQUIRE(blocks <= 0x7fffffff, kValue, kOp, "too many rows for one launch: ", p.segments);
     const dim3 g2(static_cast<unsigned>(blocks));
     const bool plain = p.G == 1 && p.z != nullptr && p.nbg && p.gate == kGateSilu && p.weight != nullptr &&
                        p.bias == nullptr;
-    auto kernel = rows == 4 ? (plain ? gated_fwd_rows_kernel<T, 4, true> : gated_fwd_rows_kernel<T, 4, false>)
-                            : (plain ? gated_fwd_rows_kernel<T, 2, true> : gated_fwd_rows_kernel<T, 2, false>);
+    auto kernel = plain ? gated_fwd_rows_kernel<T, kRowsPerStep, true> : gated_fwd_rows_kernel<T, kRowsPerStep, false>;
     kernel<<<g2, block, 0, stream>>>(p);
   } else if (!vec) {
     gated_fwd_kernel<T, 0, false><<<grid, block, 0, stream>>>(p);
@@ -910,12 +895,10 @@ void launch_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
     if (vec) {
       // Short segments of 16-bit or fp32 x take kRows rows per step (see gated_bwd_kernel).
       const bool batched =
-          iters == 1 && plan.tpr <= 32 && (!p.x_f32 || std::is_same_v<T, float>) && rows_per_step() > 1;
+          iters == 1 && plan.tpr <= 32 && (!p.x_f32 || std::is_same_v<T, float>);
       const bool plain = p.z != nullptr && p.nbg && p.gate == kGateSilu && p.weight != nullptr && p.bias == nullptr;
-      kernel = batched     ? (rows_per_step() == 4 ? (plain ? gated_bwd_kernel<T, 1, true, 4, true>
-                                                             : gated_bwd_kernel<T, 1, true, 4>)
-                              : plain              ? gated_bwd_kernel<T, 1, true, 2, true>
-                                                   : gated_bwd_kernel<T, 1, true, 2>)
+      kernel = batched     ? (plain ? gated_bwd_kernel<T, 1, true, kRowsPerStep, true>
+                                    : gated_bwd_kernel<T, 1, true, kRowsPerStep>)
                : iters == 1 ? gated_bwd_kernel<T, 1, true>
                : iters == 2 ? gated_bwd_kernel<T, 2, true>
                             : gated_bwd_kernel<T, 0, true>;
