@@ -873,16 +873,6 @@ int64_t launch_kernel(Params p, int device, cudaStream_t stream) {
   const int64_t capacity = static_cast<int64_t>(cuda::sm_count(kOp, device)) * per_sm;
   p.rows = pick_rows(p.T, batches * cblocks, capacity,
                      kMode == kBackward ? kBwdMinRows : kFwdMinRows);
-  if constexpr (kMode != kBackward) {
-    // FUSEDOPS_CONV1D_FWD_ROWS=R (a multiple of 8, >= 16) forces the forward's run length: a
-    // tuning aid for the cost model above.
-    static const int forced = [] {
-      const char* v = std::getenv("FUSEDOPS_CONV1D_FWD_ROWS");
-      const int r = v ? std::atoi(v) : 0;
-      return (r >= kFwdMinRows && r <= 4096 && r % 8 == 0) ? r : 0;
-    }();
-    if (forced) p.rows = forced;
-  }
   p.tiles_per_batch = ceil_div(p.T, static_cast<int64_t>(p.rows) * kThreadsY);
   const int64_t tiles = batches * p.tiles_per_batch;
   FUSEDOPS_REQUIRE(tiles <= INT32_MAX, kRuntime, kOp, "cuda_sm80: too many time tiles (", tiles,
