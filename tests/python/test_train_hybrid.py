@@ -8,9 +8,12 @@ orders inside every fused operator, matmul_add and chunk_loss):
   to the fp32 plain model; measured: 1e-8), and every parameter gradient through
   tests/common/tolerance.check_close with the plain model in float64 as the oracle and the plain
   model in fp32 as the base (err(fused) <= 2 err(plain fp32) + 2 ulp * max(1, max|ref|);
-  measured: err/tol <= 0.23), and an RMS-relative difference to the fp32 plain model below 1e-4
-  (measured: <= 4e-5, on the 3-element mHC scales and other small coefficient vectors whose
-  gradients are sums with cancellation; ~1e-6 for the weight matrices);
+  measured: err/tol <= 0.23), and an RMS-relative difference to the float64 model below 1e-4
+  (measured: <= 2e-5, on the 3-element mHC scales and other small coefficient vectors whose
+  gradients are sums with cancellation; ~1e-6 for the weight matrices). Against the float64
+  model, not the fp32 plain one: the plain model's own RMS-relative error reaches 8e-5 on
+  hc_head_scale (gdn), so the distance between the two fp32 models (9e-5 to 1e-4 there) says
+  more about the plain model's rounding than about the fused one;
 * the second step, after one AdamW update of each model: the loss again to 1e-5, the gradients
   to 1e-3 RMS-relative (measured: <= 7e-5). No float64 yardstick here: AdamW's update
   m / sqrt(v) does not scale with the gradient, so rounding-level gradient differences become
@@ -94,8 +97,9 @@ def test_one_step_gradients_match(mixer):
             rel = tolerance.rms_relative_error(g_f, g_t)
             if step == 0:
                 v = tolerance.check_close(g_f, g_t, g_ref, torch.float32, name=f"grad {name}")
-                if not v.passed or rel > 1e-4:
-                    failures.append(f"{v.describe()}; rms-rel vs fp32 plain {rel:.2e}")
+                rel64 = tolerance.rms_relative_error(g_f, g_ref)
+                if not v.passed or rel64 > 1e-4:
+                    failures.append(f"{v.describe()}; rms-rel vs float64 {rel64:.2e} (vs fp32 plain {rel:.2e})")
             elif rel > 1e-3:
                 failures.append(f"step {step} grad {name}: rms-rel vs fp32 plain {rel:.2e}")
         for opt in opts.values():
