@@ -36,7 +36,8 @@ TEST(Env, ForceIsReadOncePerName) {
   EXPECT_EQ(env::force("FUSEDOPS_TEST_ENV_UNSET"), -1);
   ::setenv("FUSEDOPS_TEST_ENV_ON", "0", 1);  // the first reading stays for the process
   EXPECT_EQ(env::force("FUSEDOPS_TEST_ENV_ON"), 1);
-  for (const char* n : {"FUSEDOPS_TEST_ENV_ON", "FUSEDOPS_TEST_ENV_OFF", "FUSEDOPS_TEST_ENV_OTHER"}) ::unsetenv(n);
+  for (const char* n : {"FUSEDOPS_TEST_ENV_ON", "FUSEDOPS_TEST_ENV_OFF", "FUSEDOPS_TEST_ENV_OTHER"})
+    ::unsetenv(n);
 }
 
 }  // namespace

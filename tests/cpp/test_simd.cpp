@@ -64,7 +64,7 @@ TEST(Simd, ExpIsWithinTwoUlpOverTheFloatRange) {
       worst_normal = u, at_normal = x;
     }
   };
-  for_floats(-kInf, kInf, 1021, check);  // the whole range, a stride through it
+  for_floats(-kInf, kInf, 1021, check);   // the whole range, a stride through it
   for_floats(-106.0f, -86.0f, 3, check);  // where results leave the normals (flushed to 0)
   for_floats(88.0f, 89.5f, 1, check);     // every float where they overflow
   for_floats(-2.0f, -0.25f, 5, check);    // the first few n, densely
@@ -78,12 +78,14 @@ TEST(Simd, ExpIsWithinTwoUlpOverTheFloatRange) {
 TEST(Simd, ExpNonpositiveEqualsExpBelowZero) {
   int checked = 0;
   for_floats(-kInf, 0.0f, 1021, [&](float x) {
-    EXPECT_TRUE(std::bit_cast<uint32_t>(cpu::exp_nonpositive(x)) == std::bit_cast<uint32_t>(cpu::exp(x)))
+    EXPECT_TRUE(std::bit_cast<uint32_t>(cpu::exp_nonpositive(x)) ==
+                std::bit_cast<uint32_t>(cpu::exp(x)))
         << "x = " << x;
     ++checked;
   });
   for_floats(-88.0f, -87.0f, 1, [&](float x) {
-    EXPECT_TRUE(std::bit_cast<uint32_t>(cpu::exp_nonpositive(x)) == std::bit_cast<uint32_t>(cpu::exp(x)))
+    EXPECT_TRUE(std::bit_cast<uint32_t>(cpu::exp_nonpositive(x)) ==
+                std::bit_cast<uint32_t>(cpu::exp(x)))
         << "x = " << x;
   });
   EXPECT_GT(checked, 1000000);
@@ -98,10 +100,10 @@ TEST(Simd, ExpSpecialValues) {
   EXPECT_EQ(cpu::exp(kInf), kInf);
   EXPECT_TRUE(std::isnan(cpu::exp(std::numeric_limits<float>::quiet_NaN())));
   EXPECT_TRUE(std::isnan(cpu::exp(-std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_EQ(cpu::exp(88.8f), kInf);            // above ln(FLT_MAX) = 88.7228
+  EXPECT_EQ(cpu::exp(88.8f), kInf);  // above ln(FLT_MAX) = 88.7228
   EXPECT_EQ(cpu::exp(1e30f), kInf);
   EXPECT_LT(cpu::exp(88.72f), kInf);
-  EXPECT_EQ(cpu::exp(-87.34f), 0.0f);         // below ln(FLT_MIN) = -87.3365: flushed, no denormal
+  EXPECT_EQ(cpu::exp(-87.34f), 0.0f);  // below ln(FLT_MIN) = -87.3365: flushed, no denormal
   EXPECT_EQ(cpu::exp(-103.0f), 0.0f);
   EXPECT_EQ(cpu::exp(-1e30f), 0.0f);
   EXPECT_GE(cpu::exp(-87.336f), 1.1754943508222875e-38f);  // the smallest normal results stay
@@ -109,15 +111,18 @@ TEST(Simd, ExpSpecialValues) {
 
 // Bitwise equal, or both NaN (a NaN's sign and payload may differ between forms).
 bool same(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
 TEST(Simd, VectorFormsEqualTheElementForm) {
   std::vector<float> xs;
   for_floats(-kInf, kInf, 1000003, [&](float x) { xs.push_back(x); });
-  for (float x : {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), -103.5f, 88.7f})
+  for (float x :
+       {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), -103.5f, 88.7f})
     xs.push_back(x);
-  while (xs.size() % 16 != 5) xs.push_back(static_cast<float>(xs.size()) * 0.37f - 40.0f);  // a tail
+  while (xs.size() % 16 != 5)
+    xs.push_back(static_cast<float>(xs.size()) * 0.37f - 40.0f);  // a tail
   std::vector<float> span = xs;
   cpu::exp_inplace(span.data(), static_cast<int64_t>(span.size()));
   for (size_t i = 0; i + 16 <= xs.size(); i += 16) {
@@ -178,7 +183,8 @@ TEST(Simd, SigmoidAndSiluAreWithinFourUlpOverTheFloatRange) {
   for_floats(-std::numeric_limits<float>::max(), std::numeric_limits<float>::max(), 4093, check);
   for_floats(-110.0f, -80.0f, 29, check);
   for_floats(-20.0f, 20.0f, 389, check);
-  std::printf("sigmoid %.3f, 1 - sigmoid %.3f, silu %.3f ulp at worst\n", worst_s, worst_c, worst_silu);
+  std::printf("sigmoid %.3f, 1 - sigmoid %.3f, silu %.3f ulp at worst\n", worst_s, worst_c,
+              worst_silu);
   EXPECT_LE(worst_s, 4.0) << "sigmoid at x = " << at_s;
   EXPECT_LE(worst_c, 4.0) << "1 - sigmoid at x = " << at_c;
   EXPECT_LE(worst_silu, 4.0) << "silu at x = " << at_silu;
