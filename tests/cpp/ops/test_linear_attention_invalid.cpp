@@ -894,7 +894,7 @@ TEST(LinearAttentionInvalid, OutputsPast2Pow31ElementsOnCuda) {
   Call one(Form::kRecurrentGdn, 1, T, {}, DType::kBFloat16, d);
   const int64_t B = (int64_t(1) << 31) / (T * one.HV * one.V) + 2;
   void* out = nullptr;
-  const size_t bytes = static_cast<size_t>(B * T * HV * V) * 2;
+  const size_t bytes = static_cast<size_t>(B * T * one.HV * one.V) * 2;
   ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
   auto bcast = [&](const TestTensor& t) {
     std::vector<int64_t> shape = t.shape(), strides(shape.size());
