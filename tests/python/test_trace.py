@@ -4,6 +4,7 @@ composed ops included, in the forward and in autograd's backward."""
 import threading
 
 import fusedops
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,3 +64,38 @@ def test_a_composed_op_shows_the_steps_it_dispatched():
             assert e["parent"] == "", e
         else:
             assert e["parent"] in ("chunk_gated_delta_rule fwd", "chunk_gated_delta_rule bwd"), e
+
+
+def cuda_ok():
+    return torch.cuda.is_available() and fusedops.built_with_cuda()
+
+
+@pytest.mark.skipif(not cuda_ok(), reason="needs a CUDA device and a CUDA build")
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_cuda_linear_attention_names_the_kernels_it_launched(family):
+    """On CUDA the GDN / KDA backends name each kernel they launch (trace_kernel at every launch
+    site), so a trace says which variant ran under which backend label (e.g. sm80 kernels inside a
+    cuda_sm90 dispatch)."""
+    torch.manual_seed(0)
+    B, T, H, K = 2, 256, 4, 128
+    dev = "cuda"
+    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).bfloat16().requires_grad_()
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).bfloat16().requires_grad_()
+    v = torch.randn(B, T, H, K, device=dev).bfloat16().requires_grad_()
+    gshape = (B, T, H, K) if family == "kda" else (B, T, H)
+    g = F.logsigmoid(torch.randn(*gshape, device=dev) + 2).requires_grad_()
+    beta = torch.rand(B, T, H, device=dev).requires_grad_()
+    fn = fusedops.chunk_kda if family == "kda" else fusedops.chunk_gated_delta_rule
+    top = "chunk_kda" if family == "kda" else "chunk_gated_delta_rule"
+    with fusedops.dispatch_trace() as t:
+        o, _ = fn(q, k, v, g, beta)
+        o.float().sum().backward()
+        torch.cuda.synchronize()
+    kernels = t.kernels()
+    assert kernels, t.summary()
+    assert all(e["kernel"] for e in kernels)
+    directions = {e["direction"] for e in kernels}
+    assert directions == {"fwd", "bwd"}, t.summary()
+    # every kernel is attributed to a dispatch of the top level or of one of its steps
+    assert all(e["op"] for e in kernels), t.summary()
+    assert any(e["op"] == top or e["parent"].startswith(top) for e in kernels), t.summary()

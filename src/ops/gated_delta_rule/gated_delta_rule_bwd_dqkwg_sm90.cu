@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -364,6 +365,7 @@ bool dqkwg_wg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   if (NT == 0 || H == 0) return true;
   auto kernel = dt == DType::kBFloat16 ? dqkwg_wg_kernel<true> : dqkwg_wg_kernel<false>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDqSmem);
+  trace_kernel("dqkwg_wg_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kDqThreads, kDqSmem, sm80::stream_of(ctx)>>>(
       sm80::tok_of(a.q), sm80::tok_of(a.k), sm80::tok_of(a.v), sm80::tok_of(a.dout), sm80::mat_of(a.h),
       sm80::mat_of(a.dh), sm80::tok_of(a.dv), sm80::tok_of(a.g), sm80::tok_of(a.dq), sm80::tok_of(a.dk),

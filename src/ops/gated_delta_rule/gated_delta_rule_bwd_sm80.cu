@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -123,12 +124,14 @@ void dv_local(const Context& ctx, const ChunkBwdDvLocalArgs& a) {
   if (dv_local_mma_ok(ctx, a)) {
     auto kernel = a.q.dtype() == DType::kBFloat16 ? dv_local_mma_kernel<true> : dv_local_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDvlMmaSmem);
+    trace_kernel("dv_local_mma_kernel");
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kDvlMmaSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(HV / H),
         static_cast<float>(a.scale), mma16::staged_out_ok(a.dv, a.dv, a.q.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
+  trace_kernel("dv_local_kernel");
   dv_local_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.dout), tok_of(a.g), tok_of(a.dv), L, static_cast<int>(K),
       static_cast<int>(V), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -633,7 +636,8 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   if (N * HV == 0) return;
   if (dhu_mma_ok(ctx, a)) {
     const bool bf = a.k.dtype() == DType::kBFloat16;
-    auto launch = [&](auto kernel, unsigned threads, size_t smem, int cols) {
+    auto launch = [&](const char* name, auto kernel, unsigned threads, size_t smem, int cols) {
+      trace_kernel(name);
       allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(
@@ -650,14 +654,14 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
     const bool n16 = !wide && mma16::narrow16_state_tiles(ctx, N * HV);
     const int stages = wide ? 1 : dhu_stages(ctx, N * HV, n16 ? 16 : 32);
     if (wide)
-      launch(bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+      launch("dhu_mma_kernel wide", bf ? dhu_mma_kernel<true, 2> : dhu_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
     else if (n16 && stages == 2)
-      launch(bf ? dhu_mma_staged_kernel<true, 2, 2> : dhu_mma_staged_kernel<false, 2, 2>, N2::kThreads, N2::kSmem,
+      launch("dhu_mma_staged_kernel narrow16", bf ? dhu_mma_staged_kernel<true, 2, 2> : dhu_mma_staged_kernel<false, 2, 2>, N2::kThreads, N2::kSmem,
              N2::kCols);
     else if (stages == 2)
-      launch(bf ? dhu_mma_staged_kernel<true, 2> : dhu_mma_staged_kernel<false, 2>, S2::kThreads, S2::kSmem, S2::kCols);
+      launch("dhu_mma_staged_kernel", bf ? dhu_mma_staged_kernel<true, 2> : dhu_mma_staged_kernel<false, 2>, S2::kThreads, S2::kSmem, S2::kCols);
     else
-      launch(bf ? dhu_mma_kernel<true, 1> : dhu_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
+      launch("dhu_mma_kernel", bf ? dhu_mma_kernel<true, 1> : dhu_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
@@ -671,6 +675,7 @@ void bwd_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  trace_kernel("dhu_kernel/dhu_pf_kernel");
   kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.w), tok_of(a.dout), tok_of(a.dv), tok_of(a.g), tok_of(a.gk),
       mat_of(a.dht), mat_of(a.dh), mat_of(a.dh0), tok_of(a.dv2), L, static_cast<int>(K),
@@ -1118,6 +1123,7 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   if (dqkwg_mma_ok(ctx, a)) {
     auto kernel = a.q.dtype() == DType::kBFloat16 ? dqkwg_mma_kernel<true> : dqkwg_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kDqkwgSmem);
+    trace_kernel("dqkwg_mma_kernel");
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kDqkwgSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
         tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
@@ -1129,6 +1135,7 @@ void dqkwg(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   const size_t smem = dqkwg_smem(G);
   auto kernel = dqkwg_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  trace_kernel("dqkwg_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.dout), mat_of(a.h), mat_of(a.dh), tok_of(a.dv),
       tok_of(a.g), tok_of(a.dq), tok_of(a.dk), a.w.defined() ? tok_of(a.dw) : Tok(),
@@ -1587,6 +1594,7 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   if (wy_mma_ok(ctx, a)) {
     auto kernel = a.k.dtype() == DType::kBFloat16 ? wy_bwd_mma_kernel<true> : wy_bwd_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
+    trace_kernel("wy_bwd_mma_kernel");
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
         tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
@@ -1598,6 +1606,7 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
   const size_t smem = wy_smem(static_cast<int>(K));
   auto kernel = wy_bwd_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  trace_kernel("wy_bwd_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.dw), tok_of(a.du),
       tok_of(a.dk), tok_of(a.dv), tok_of(a.dbeta), a.g.defined() ? tok_of(a.dg) : Tok(), L,
@@ -1671,6 +1680,7 @@ void gate_bwd(const Context& ctx, const GdnGateBwdArgs& a) {
   const int bc = has_bias ? code_of(a.dt_bias.dtype()) : kF32;
   const cudaStream_t st = stream_of(ctx);
   if (n > 0) {
+    trace_kernel("gate_bwd_kernel");
     gate_bwd_kernel<<<elem_blocks(n), kThreads, 0, st>>>(a.g.data(), code_of(a.g.dtype()), rs, a.dy.data(),
                                                         code_of(a.dy.dtype()), drs, a.A_log.data(),
                                                         code_of(a.A_log.dtype()), bias, bc, a.dg.data(),
@@ -1678,6 +1688,7 @@ void gate_bwd(const Context& ctx, const GdnGateBwdArgs& a) {
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   }
   const bool has_db = a.ddt_bias.defined() && a.ddt_bias.numel();
+  trace_kernel("gate_param_kernel");
   gate_param_kernel<<<static_cast<unsigned>(D), kThreads, 0, st>>>(
       rows ? a.g.data() : nullptr, code_of(a.g.dtype()), rs, rows ? a.dy.data() : nullptr,
       code_of(a.dy.dtype()), drs, a.A_log.data(), code_of(a.A_log.dtype()), bias, bc, a.dA_log.data(),
@@ -1702,6 +1713,7 @@ void sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t D = a.x.size(-1), rows = a.x.rows(), n = rows * D;
   if (n == 0) return;
+  trace_kernel("sigmoid_bwd_kernel");
   sigmoid_bwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
       a.x.data(), code_of(a.x.dtype()), a.x.row_stride(), a.dy.data(), code_of(a.dy.dtype()),
       a.dy.row_stride(), a.dx.data(), code_of(a.dx.dtype()), rows, D, a.allow_neg_eigval ? 2.0f : 1.0f);
@@ -1975,6 +1987,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs
   const size_t smem = rec_bwd_smem(p.K, p.V, p.ckpt != 0);
   auto kernel = recurrent_bwd_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  trace_kernel("recurrent_bwd_kernel");
   kernel<<<static_cast<unsigned>(N * H), kThreads, smem, stream_of(ctx)>>>(p);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }

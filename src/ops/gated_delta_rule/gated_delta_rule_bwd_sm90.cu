@@ -35,6 +35,7 @@
 #include <cmath>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -488,6 +489,7 @@ void launch(const Context& ctx, const char* op, DType dt, int64_t N, int64_t HV,
   if (N * HV == 0) return;
   auto kernel = dt == DType::kBFloat16 ? state_wg_kernel<true, DHU> : state_wg_kernel<false, DHU>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kStSmem<DHU>);
+  trace_kernel("state_wg_kernel");
   kernel<<<static_cast<unsigned>(N * HV), kStThreads, kStSmem<DHU>, sm80::stream_of(ctx)>>>(
       a, b, c, d, g, xin, snap, vout, xout, L, static_cast<int>(HV), static_cast<int>(HV / Hk), scale);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
@@ -525,6 +527,7 @@ bool state_fwd(const Context& ctx, const RecomputeWUFwdArgs& wu, const ChunkGate
   if (N * HV == 0) return true;
   auto kernel = dt == DType::kBFloat16 ? state_wu_wg_kernel<true> : state_wu_wg_kernel<false>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWuSmem);
+  trace_kernel("state_wu_wg_kernel");
   kernel<<<static_cast<unsigned>(N * HV), kStThreads, kWuSmem, sm80::stream_of(ctx)>>>(
       sm80::tok_of(a.k), sm80::tok_of(wu.v), sm80::tok_of(wu.A), sm80::tok_of(wu.beta), sm80::tok_of(a.g),
       sm80::mat_of(a.h0), sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::tok_of(a.w), sm80::mat_of(a.ht), L,

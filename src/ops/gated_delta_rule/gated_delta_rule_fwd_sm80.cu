@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -64,9 +65,11 @@ void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
   const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
   if (C <= kMaxBT) {
     const int threads = static_cast<int>((C + 31) / 32 * 32);
+    trace_kernel("cumsum_kernel");
     cumsum_kernel<kMaxBT><<<grid, threads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
                                                                 a.reverse ? 1 : 0, a.scale);
   } else {
+    trace_kernel("cumsum_kernel");
     cumsum_kernel<8><<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
                                                             a.reverse ? 1 : 0, a.scale);
   }
@@ -119,6 +122,7 @@ void kkt(const Context& ctx, const ChunkScaledDotKktArgs& a) {
   const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.k.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
+  trace_kernel("kkt_kernel");
   kkt_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.beta), tok_of(a.g), tok_of(a.A), L, static_cast<int>(K),
       static_cast<int>(HV / H));
@@ -151,6 +155,7 @@ void solve(const Context& ctx, const SolveTrilArgs& a) {
   const Layout L = layout_of(B, T, BT, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.A.dtype());
   const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
   if (NT == 0 || H == 0) return;
+  trace_kernel("solve_kernel");
   solve_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.A), tok_of(a.Ai), L);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
@@ -301,12 +306,14 @@ void wu_fwd(const Context& ctx, const RecomputeWUFwdArgs& a) {
   if (wu_mma_ok(ctx, a)) {
     auto kernel = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWuSmem);
+    trace_kernel("wu_mma_kernel");
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kWuSmem, stream_of(ctx)>>>(
         tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
         static_cast<int>(HV / H), mma16::staged_out_ok(a.w, a.u, a.k.dtype()));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
+  trace_kernel("wu_kernel");
   wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.A), tok_of(a.g), tok_of(a.w), tok_of(a.u), L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV / H));
@@ -397,6 +404,7 @@ bool prep_fused(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_s
   if (NT == 0 || HV == 0) return true;
   auto kernel = a.k.dtype() == DType::kBFloat16 ? prep_fwd_mma_kernel<true> : prep_fwd_mma_kernel<false>;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, prep::kSmem);
+  trace_kernel("prep_fwd_mma_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, prep::kSmem, stream_of(ctx)>>>(
       tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.g), tok_of(a.A), tok_of(a.w), tok_of(a.u), L,
       static_cast<int>(HV / H), mma16::staged_out_ok(a.w, a.u, a.k.dtype()));
@@ -746,7 +754,8 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   if (N * HV == 0) return;
   if (fwd_h_mma_ok(ctx, a)) {
     const bool bf = a.k.dtype() == DType::kBFloat16;
-    auto launch = [&](auto kernel, unsigned threads, size_t smem, int cols) {
+    auto launch = [&](const char* name, auto kernel, unsigned threads, size_t smem, int cols) {
+      trace_kernel(name);
       allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
       const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
       kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
@@ -760,16 +769,16 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
     using N3 = fwdh::Geo<1, 3, 2>;
     using N2 = fwdh::Geo<1, 2, 2>;
     if (mma16::wide_state_tiles(ctx, N * HV))
-      launch(bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+      launch("fwd_h_mma_kernel wide", bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
     else if (n16 && stages == 3)
-      launch(bf ? fwd_h_mma_kernel<true, 1, 3, 2> : fwd_h_mma_kernel<false, 1, 3, 2>, N3::kThreads, N3::kSmem, N3::kCols);
+      launch("fwd_h_mma_kernel narrow16 3-stage", bf ? fwd_h_mma_kernel<true, 1, 3, 2> : fwd_h_mma_kernel<false, 1, 3, 2>, N3::kThreads, N3::kSmem, N3::kCols);
     else if (n16)
-      launch(bf ? fwd_h_mma_kernel<true, 1, 2, 2> : fwd_h_mma_kernel<false, 1, 2, 2>, N2::kThreads, N2::kSmem, N2::kCols);
+      launch("fwd_h_mma_kernel narrow16", bf ? fwd_h_mma_kernel<true, 1, 2, 2> : fwd_h_mma_kernel<false, 1, 2, 2>, N2::kThreads, N2::kSmem, N2::kCols);
     else if (stages == 3)
-      launch(bf ? fwd_h_mma_kernel<true, 1, 3> : fwd_h_mma_kernel<false, 1, 3>, fwdh::Geo<1, 3>::kThreads,
+      launch("fwd_h_mma_kernel 3-stage", bf ? fwd_h_mma_kernel<true, 1, 3> : fwd_h_mma_kernel<false, 1, 3>, fwdh::Geo<1, 3>::kThreads,
              fwdh::Geo<1, 3>::kSmem, fwdh::Geo<1, 3>::kCols);
     else
-      launch(bf ? fwd_h_mma_kernel<true, 1> : fwd_h_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
+      launch("fwd_h_mma_kernel", bf ? fwd_h_mma_kernel<true, 1> : fwd_h_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
@@ -780,6 +789,7 @@ void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  trace_kernel("fwd_h_pf_kernel/fwd_h_kernel");
   kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
                                                    tok_of(a.gk), mat_of(a.h0), mat_of(a.h),
                                                    tok_of(a.v_new), mat_of(a.ht), L, static_cast<int>(K),
@@ -914,6 +924,7 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
   if (fwd_o_mma_ok(ctx, a)) {
     auto kernel = a.q.dtype() == DType::kBFloat16 ? fwd_o_mma_kernel<true> : fwd_o_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFwdOMmaSmem);
+    trace_kernel("fwd_o_mma_kernel");
     kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFwdOMmaSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), mat_of(a.h), tok_of(a.g), tok_of(a.o), L, static_cast<int>(HV),
         static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -922,6 +933,7 @@ void fwd_o(const Context& ctx, const ChunkFwdOArgs& a) {
   }
   auto kernel = fwd_o_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFwdOSmem);
+  trace_kernel("fwd_o_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFwdOSmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), mat_of(a.h), tok_of(a.g), tok_of(a.o), L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
@@ -1131,7 +1143,8 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
   const Layout L = with_snapshots(layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
   // o leaves through shared memory by 16-byte row stores when it is 16-bit in q's dtype.
   const bool o_staged = mma16::staged_out_ok(o, o, a.k.dtype());
-  auto run = [&](auto kernel, size_t smem) {
+  auto run = [&](const char* name, auto kernel, size_t smem) {
+    trace_kernel(name);
     allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
     kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
         tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
@@ -1140,8 +1153,8 @@ bool launch_state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, 
         a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
   };
   const bool bf = a.k.dtype() == DType::kBFloat16;
-  if (aqk.defined()) run(bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
-  else run(bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
+  if (aqk.defined()) run("fwd_ho_mma_kernel kda", bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
+  else run("fwd_ho_mma_kernel", bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }
@@ -1186,6 +1199,7 @@ void gate_fwd(const Context& ctx, const GdnGateFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t D = a.g.size(-1), rows = a.g.rows(), n = rows * D;
   if (n == 0) return;
+  trace_kernel("gate_fwd_kernel");
   gate_fwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
       a.g.data(), code_of(a.g.dtype()), a.g.row_stride(), a.A_log.data(), code_of(a.A_log.dtype()),
       a.dt_bias.defined() && a.dt_bias.numel() ? a.dt_bias.data() : nullptr,
@@ -1199,6 +1213,7 @@ void sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t D = a.x.size(-1), rows = a.x.rows(), n = rows * D;
   if (n == 0) return;
+  trace_kernel("sigmoid_fwd_kernel");
   sigmoid_fwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
       a.x.data(), code_of(a.x.dtype()), a.x.row_stride(), a.y.data(), code_of(a.y.dtype()), rows, D,
       a.allow_neg_eigval ? 2.0f : 1.0f);
@@ -1297,6 +1312,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
   auto kernel = K <= 128 ? recurrent_fwd_kernel<16> : recurrent_fwd_kernel<kRecRows>;
+  trace_kernel("recurrent_fwd_kernel");
   kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
       tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),

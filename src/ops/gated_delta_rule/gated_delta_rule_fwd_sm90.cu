@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/gated_delta_rule.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
@@ -329,6 +330,7 @@ bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const C
   const bool o_staged = sm80::mma16::staged_out_ok(b.o, b.o, a.k.dtype());
   auto kernel = a.k.dtype() == DType::kBFloat16 ? fwd_ho_wg_kernel<true, false> : fwd_ho_wg_kernel<false, false>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
+  trace_kernel("fwd_ho_wg_kernel");
   kernel<<<static_cast<unsigned>(N * HV), kHoThreads, kHoSmem, sm80::stream_of(ctx)>>>(
       sm80::tok_of(b.q), sm80::tok_of(a.k), sm80::tok_of(a.w), sm80::tok_of(a.u), sm80::tok_of(a.g),
       sm80::mat_of(a.h0), sm80::mat_of(a.h), sm80::tok_of(a.v_new), sm80::mat_of(a.ht), sm80::tok_of(b.o), L,
@@ -363,6 +365,7 @@ bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, con
   const bool o_staged = staged_out_ok(o, o, dt);
   auto kernel = dt == DType::kBFloat16 ? fwd_ho_wg_kernel<true, true> : fwd_ho_wg_kernel<false, true>;
   sm80::allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kHoSmem);
+  trace_kernel("fwd_ho_wg_kernel");
   kernel<<<static_cast<unsigned>(N * HV), kHoThreads, kHoSmem, sm80::stream_of(ctx)>>>(
       sm80::tok_of(qg), sm80::tok_of(a.k), sm80::tok_of(a.w), sm80::tok_of(a.u), sm80::tok_of(a.gk),
       sm80::mat_of(a.h0), Mat(), Tok(), sm80::mat_of(a.ht), sm80::tok_of(o), L,

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/linear_attention/la_sm80.cuh"
@@ -531,6 +532,7 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   if (wy_mma_ok(ctx, a)) {
     auto k16 = a.q.dtype() == DType::kBFloat16 ? wy_mma_kernel<true> : wy_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wy16::kSmem);
+    trace_kernel("wy_mma_kernel");
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, wy16::kSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.v_new), tok_of(a.gk), tok_of(a.beta), tok_of(a.Akk),
         mat_of(a.h), mat_of(a.dh), tok_of(a.dout), tok_of(a.dvn), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv),
@@ -541,6 +543,7 @@ void wy_dqkg(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   }
   auto kernel = wy_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kWySmem);
+  trace_kernel("wy_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kWySmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.v_new), tok_of(a.gk), tok_of(a.beta), tok_of(a.Akk),
       mat_of(a.h), mat_of(a.dh), tok_of(a.dout), tok_of(a.dvn), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv),
@@ -941,6 +944,7 @@ void launch_bintra_mma(const Context& ctx, const ChunkKdaBwdIntraArgs& a, const 
   auto k16 = scan ? (bf ? bintra_mma_kernel<true, true> : bintra_mma_kernel<false, true>)
                   : (bf ? bintra_mma_kernel<true, false> : bintra_mma_kernel<false, false>);
   allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, bintra16::kSmem);
+  trace_kernel("bintra_mma_kernel");
   k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, bintra16::kSmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.dAqk), tok_of(a.dAkk), tok_of(a.dq),
       tok_of(a.dk), tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dq_out), tok_of(a.dk_out), tok_of(a.dbeta_out),
@@ -976,6 +980,7 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
   FUSEDOPS_REQUIRE(H <= 65535, kValue, op, "too many heads: ", H);
   auto kernel = bintra_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kIntraSmem);
+  trace_kernel("bintra_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(H)), kThreads, kIntraSmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.dAqk), tok_of(a.dAkk), tok_of(a.dq),
       tok_of(a.dk), tok_of(a.dbeta), tok_of(a.dg), tok_of(a.dq_out), tok_of(a.dk_out), tok_of(a.dbeta_out),
@@ -1171,6 +1176,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
   const size_t smem = rec_bwd_smem(static_cast<int>(K), static_cast<int>(V));
   auto kernel = rec_bwd_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  trace_kernel("rec_bwd_kernel");
   kernel<<<dim3(static_cast<unsigned>(N), static_cast<unsigned>(H)), kThreads, smem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
       tok_of(a.dout), mat_of(a.dht), tok_of(a.dq), tok_of(a.dk), tok_of(a.dv), tok_of(a.dg), tok_of(a.dbeta),

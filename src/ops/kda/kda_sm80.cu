@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/linear_attention/la_sm80.cuh"
@@ -517,6 +518,7 @@ void launch_intra_mma(const Context& ctx, const ChunkKdaFwdIntraArgs& a, const T
   allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, intra16::kSmem);
   const KdaRecomputeWUFwdArgs none{};
   const KdaRecomputeWUFwdArgs& x = wu ? *wu : none;
+  trace_kernel(scan ? (wu ? "intra_mma_kernel +cumsum +w/u" : "intra_mma_kernel +cumsum") : "intra_mma_kernel");
   k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, intra16::kSmem, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
       static_cast<int>(HV / H), static_cast<float>(a.scale), tok_of(graw), gscale, tok_of(x.v), tok_of(x.w),
@@ -572,6 +574,7 @@ void fwd_intra(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {
   const int64_t NT = num_chunks(L, a.cu_seqlens, a.chunk_indices);
   if (NT == 0 || HV == 0) return;
   FUSEDOPS_REQUIRE(HV <= 65535 && NT <= 2147483647, kValue, op, "grid too large");
+  trace_kernel("intra_kernel");
   intra_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.gk), tok_of(a.beta), tok_of(a.Aqk), tok_of(a.Akk), L,
       static_cast<int>(K), static_cast<int>(HV / H), static_cast<float>(a.scale));
@@ -683,6 +686,7 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
   if (wu_mma_ok(ctx, a)) {
     auto k16 = a.k.dtype() == DType::kBFloat16 ? wu_mma_kernel<true> : wu_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, wu16::kSmem);
+    trace_kernel("wu_mma_kernel");
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, wu16::kSmem, stream_of(ctx)>>>(
         tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
         tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(HV / H),
@@ -690,6 +694,7 @@ void wu_fwd(const Context& ctx, const KdaRecomputeWUFwdArgs& a) {
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
     return;
   }
+  trace_kernel("wu_kernel");
   wu_kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.beta), tok_of(a.Akk), tok_of(a.gk), tok_of(a.w),
       tok_of(a.u), tok_of(a.kg), tok_of(a.qg), L, static_cast<int>(K), static_cast<int>(V),
@@ -810,6 +815,7 @@ void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   if (fwd_o_mma_ok(ctx, a)) {
     auto k16 = a.v.dtype() == DType::kBFloat16 ? fwd_o_mma_kernel<true> : fwd_o_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, o16::kSmem);
+    trace_kernel("fwd_o_mma_kernel");
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, o16::kSmem, stream_of(ctx)>>>(
         tok_of(a.qg), tok_of(a.Aqk), tok_of(a.v), mat_of(a.h), tok_of(a.o), L, static_cast<int>(HV),
         static_cast<float>(a.scale));
@@ -818,6 +824,7 @@ void fwd_o(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   }
   auto kernel = fwd_o_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
+  trace_kernel("fwd_o_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
       tok_of(a.qg), tok_of(a.Aqk), tok_of(a.v), mat_of(a.h), tok_of(a.o), L, static_cast<int>(K),
       static_cast<int>(V), static_cast<int>(HV), static_cast<float>(a.scale));
@@ -933,6 +940,7 @@ void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   if (dav_mma_ok(ctx, a)) {
     auto k16 = a.v.dtype() == DType::kBFloat16 ? dav_mma_kernel<true> : dav_mma_kernel<false>;
     allow_smem(op, reinterpret_cast<const void*>(k16), ctx.device.index, dav16::kSmem);
+    trace_kernel("dav_mma_kernel");
     k16<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, dav16::kSmem, stream_of(ctx)>>>(
         tok_of(a.Aqk), tok_of(a.v), tok_of(a.dout), tok_of(a.dAqk), tok_of(a.dv), L, static_cast<float>(a.scale));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
@@ -940,6 +948,7 @@ void bwd_dav(const Context& ctx, const ChunkKdaBwdDAvArgs& a) {
   }
   auto kernel = dav_kernel;
   allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, kFourTiles);
+  trace_kernel("dav_kernel");
   kernel<<<dim3(static_cast<unsigned>(NT), static_cast<unsigned>(HV)), kThreads, kFourTiles, stream_of(ctx)>>>(
       tok_of(a.Aqk), tok_of(a.v), tok_of(a.dout), tok_of(a.dAqk), tok_of(a.dv), L, static_cast<int>(V),
       static_cast<float>(a.scale));
@@ -1066,6 +1075,7 @@ void gate_fwd(const Context& ctx, const KdaGateFwdArgs& a) {
   const int64_t B = a.g.size(0), T = a.g.size(1), HV = a.g.size(2), K = a.g.size(3);
   if (B * T * HV * K == 0) return;
   FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
+  trace_kernel("gate_fwd_kernel");
   gate_fwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.g), tok_of(a.y), gate_params(a.A_log, a.dt_bias, a.has_lower_bound, a.lower_bound), T,
       static_cast<int>(HV), static_cast<int>(K));
@@ -1081,11 +1091,13 @@ void gate_bwd(const Context& ctx, const KdaGateBwdArgs& a) {
   void* db = a.ddt_bias.defined() && a.ddt_bias.numel() ? a.ddt_bias.data() : nullptr;
   if (B * T * HV * K > 0) {
     FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
+    trace_kernel("gate_bwd_kernel");
     gate_bwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
         tok_of(a.g), tok_of(a.dy), tok_of(a.dg), P, T, static_cast<int>(HV), static_cast<int>(K));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   }
   if (HV > 0 && (dA || db)) {
+    trace_kernel("gate_param_kernel");
     gate_param_kernel<<<static_cast<unsigned>(HV), kThreads, 0, stream_of(ctx)>>>(
         tok_of(a.g), tok_of(a.dy), P, B, T, static_cast<int>(K), dA, dA ? code_of(a.dA_log.dtype()) : 0, db,
         db ? code_of(a.ddt_bias.dtype()) : 0);
@@ -1179,6 +1191,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
   if (N * HV == 0 || V == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  trace_kernel("recurrent_fwd_kernel");
   recurrent_fwd_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
       tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV),

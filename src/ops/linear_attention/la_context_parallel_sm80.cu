@@ -4,6 +4,7 @@
 // order, each thread holding up to 32 rows of one column in registers; the sums over the key
 // channels run in a fixed order (deterministic). fp32 summaries only.
 #include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
 #include "fusedops/ops/context_parallel.h"
 #include "src/cuda/check.cuh"
 #include "src/cuda/vec.cuh"
@@ -106,6 +107,7 @@ void fold_fwd(const Context& ctx, const LaCpFoldFwdArgs& a) {
   const size_t smem = fold_smem(K);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
+    trace_kernel("fold_fwd_kernel");
     fold_fwd_kernel<T><<<fold_grid(HV, V), kThreads, smem, stream>>>(
         a.summaries.data_as<const float>(), a.h0.defined() ? a.h0.data_as<const T>() : nullptr,
         a.state.data_as<float>(), static_cast<int>(a.lo), static_cast<int>(a.hi), HV, K, V);
@@ -119,6 +121,7 @@ void fold_bwd(const Context& ctx, const LaCpFoldBwdArgs& a) {
   cuda::DeviceGuard guard(kOpFold, ctx.device.index);
   const int HV = static_cast<int>(a.dstate.size(0)), K = static_cast<int>(a.dstate.size(1)),
             V = static_cast<int>(a.dstate.size(2));
+  trace_kernel("fold_bwd_kernel");
   fold_bwd_kernel<<<fold_grid(HV, V), kThreads, fold_smem(K), static_cast<cudaStream_t>(ctx.stream)>>>(
       a.summaries.data_as<const float>(), a.dh0s.data_as<const float>(), a.dstate.data_as<float>(),
       static_cast<int>(a.lo), static_cast<int>(a.hi), HV, K, V);
@@ -131,6 +134,7 @@ void fill(const Context& ctx, const la_cp::FillArgs& a) {
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
   cuda::visit_dtype(a.out.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    trace_kernel("fill_kernel");
     fill_kernel<T><<<blocks, 256, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
         a.out.data_as<T>(), n, a.out.size(-2), a.out.size(-1), static_cast<float>(a.diag));
   });
