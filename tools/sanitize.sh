@@ -55,5 +55,5 @@ preload="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so)
 LD_PRELOAD="$preload" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:alloc_dealloc_mismatch=0:detect_odr_violation=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS="$JOBS" \
-  "$PYTHON" tools/sanitize_pytest.py "$module" -q -x -p no:cacheprovider $py_files
+  "$PYTHON" tools/sanitize_pytest.py "$module" -q -x --capture=sys -p no:cacheprovider $py_files
 echo "(Python under the sanitizers: $((SECONDS - py_start)) s)"

@@ -132,7 +132,9 @@ struct Mat {
 // n values of dtype dt at p, as float / double, and back (round to nearest even).
 inline void load_floats(const void* p, DType dt, float* out, int64_t n) {
   switch (dt) {
-    case DType::kFloat32: std::memcpy(out, p, sizeof(float) * n); return;
+    case DType::kFloat32:
+      if (n > 0) std::memcpy(out, p, sizeof(float) * n);  // empty tensors may have null data
+      return;
     case DType::kBFloat16: {
       const bf16_t* s = static_cast<const bf16_t*>(p);
       for (int64_t i = 0; i < n; ++i) out[i] = to_float(s[i]);
@@ -155,7 +157,9 @@ inline void load_floats(const void* p, DType dt, float* out, int64_t n) {
 
 inline void store_floats(const float* in, void* p, DType dt, int64_t n) {
   switch (dt) {
-    case DType::kFloat32: std::memcpy(p, in, sizeof(float) * n); return;
+    case DType::kFloat32:
+      if (n > 0) std::memcpy(p, in, sizeof(float) * n);
+      return;
     case DType::kBFloat16: {
       bf16_t* d = static_cast<bf16_t*>(p);
       for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
@@ -178,7 +182,9 @@ inline void store_floats(const float* in, void* p, DType dt, int64_t n) {
 
 inline void load_doubles(const void* p, DType dt, double* out, int64_t n) {
   switch (dt) {
-    case DType::kFloat64: std::memcpy(out, p, sizeof(double) * n); return;
+    case DType::kFloat64:
+      if (n > 0) std::memcpy(out, p, sizeof(double) * n);
+      return;
     case DType::kFloat32: {
       const float* s = static_cast<const float*>(p);
       for (int64_t i = 0; i < n; ++i) out[i] = s[i];
@@ -201,7 +207,9 @@ inline void load_doubles(const void* p, DType dt, double* out, int64_t n) {
 
 inline void store_doubles(const double* in, void* p, DType dt, int64_t n) {
   switch (dt) {
-    case DType::kFloat64: std::memcpy(p, in, sizeof(double) * n); return;
+    case DType::kFloat64:
+      if (n > 0) std::memcpy(p, in, sizeof(double) * n);
+      return;
     case DType::kFloat32: {
       float* d = static_cast<float*>(p);
       for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(in[i]);
