@@ -110,6 +110,34 @@ inline std::vector<double> relative_errors(std::initializer_list<std::pair<const
   return e;
 }
 
+// The extreme-gate tests' bound for one output: within 10x of the backend's error at ordinary
+// gates (or of the dtype's floor). The CUDA backends keep the chunk-local gate cumsum in fp32 (a
+// known issue, in the family READMEs): each in-chunk difference g_i - g_j then carries up to one
+// ulp of the largest cumsum magnitude M in its chunk, so exp(g_i - g_j) is off by up to about
+// M * 2^-23 relative; their bound is the larger of the two. `max_chunk_cumsum` is M, the largest
+// |chunk-local cumsum| of the gates the test passes (0 for the CPU backends, which sum in float64).
+inline double extreme_gate_bound(double ordinary, double floor, bool fp32_cumsum, double max_chunk_cumsum) {
+  const double b = 10 * std::max(ordinary, floor);
+  return fp32_cumsum ? std::max(b, max_chunk_cumsum * 0x1p-23) : b;
+}
+
+// The largest |chunk-local cumsum| of log-gates g laid out [tokens, C] (C channels: value heads
+// or heads x key channels), chunks of BT tokens starting at each sequence's start (`starts`: the
+// token offsets of the sequences, their last entry the token count).
+inline double max_chunk_cumsum(const Vec& g, int64_t C, int64_t BT, const std::vector<int64_t>& starts) {
+  double m = 0;
+  for (size_t n = 0; n + 1 < starts.size(); ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      double run = 0;
+      for (int64_t t = starts[n]; t < starts[n + 1]; ++t) {
+        if ((t - starts[n]) % BT == 0) run = 0;
+        run += g[t * C + c];
+        m = std::max(m, std::abs(run));
+      }
+    }
+  return m;
+}
+
 // fp32 "by convention" tensors (gates, states) are float64 in the float64 cases.
 inline DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
 
