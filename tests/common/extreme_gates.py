@@ -83,7 +83,9 @@ def max_chunk_cumsum(g: torch.Tensor) -> float:
     """The largest |chunk-local cumsum| (chunks of BT along T) of log-gates g [B, T, ...]."""
     B, T = g.shape[:2]
     pad = (-T) % BT
-    x = torch.nn.functional.pad(g.double().movedim(1, -1), (0, pad)).reshape(*g.shape[:1], *g.shape[2:], -1, BT)
+    x = torch.nn.functional.pad(g.double().movedim(1, -1), (0, pad)).reshape(
+        *g.shape[:1], *g.shape[2:], -1, BT
+    )
     return float(x.cumsum(-1).abs().max()) if x.numel() else 0.0
 
 
@@ -104,6 +106,8 @@ def check(tag, bc, errors_fn, value, fraction):
             bound = max(bound, M * ULP_FP32)
         tolerance.report(f"{tag} {n} (ordinary gates {base[n]:.2e})", e, base[n], e, bound)
         if not e <= bound:  # also catches NaN
-            bad.append(f"{n}: {e:.2e} > {bound:.2e} = {FACTOR:g} x max(ordinary {base[n]:.2e}, floor {floor:.1e})"
-                       + (f" or M x 2^-23, M = {M:.3g}" if fp32_cumsum else ""))
+            bad.append(
+                f"{n}: {e:.2e} > {bound:.2e} = {FACTOR:g} x max(ordinary {base[n]:.2e}, floor {floor:.1e})"
+                + (f" or M x 2^-23, M = {M:.3g}" if fp32_cumsum else "")
+            )
     assert not bad, f"{tag}: " + "; ".join(bad)
