@@ -482,8 +482,9 @@ def index_text(cited: dict[str, list[str]]) -> str:
         "`OUT/report.json`) goes into the layout with `python bench/record.py save OUT/report.json` "
         "(`study NAME OUT/report.json` for a partial run).",
         "",
-        "`h200/gpu_tests.txt` holds the GPU test evidence: the last full C++ + memcheck + CUDA "
-        "pytest run and the test lines of every later GPU session.",
+        "`<gpu>/gpu_tests.txt` holds the GPU test evidence of that GPU: on the H200 the last full C++ "
+        "+ memcheck + CUDA pytest run and the test lines of every later GPU session; on the H100 "
+        "the test runs of the session that had one.",
         "",
     ]
     for device in sorted(p.name for p in RESULTS.iterdir() if p.is_dir()):

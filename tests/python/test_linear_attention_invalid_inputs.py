@@ -643,6 +643,64 @@ def test_chunk_sub_operator_nonfinite_like_the_ref_backend(device, case):
             assert torch.equal(a[2], c.cpu()[2]), f"{what}: batch row 2 differs from a clean call"
 
 
+STATE_CASES = [("gdn", "chunk_fwd_o", ("h",)), ("gdn", "chunk_bwd_dqkwg", ("h", "dh")),
+               ("kda", "chunk_kda_fwd_o", ("h",)), ("kda", "chunk_kda_bwd_wy_dqkg_fused", ("h", "dh"))]
+
+
+@pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_strided_state_inputs_give_the_contiguous_result(device, case):
+    """h / dh snapshots passed as views (batch rows sharing row 0's states through expand, stride 0;
+    a slice of a wider tensor) give exactly the results of the same states made contiguous: the
+    state kernels read states densely, so the functions pass them contiguous (on CUDA an expanded h
+    read past its memory: an illegal address at 2^21 expanded rows, H100 run of a440a2f)."""
+    family, op, names = case
+    _, inputs, run, _ = CHUNK_SUBOPS[family]
+    x = inputs(B=2, T=64, device=device)
+    views = {}
+    for n in names:
+        views[n] = x[n][:1].expand(x[n].shape)  # stride 0 along B
+    want = run(op, dict(x, **{n: v.contiguous() for n, v in views.items()}))
+    got = run(op, dict(x, **views))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), f"{op}: an expanded state gave another result than its contiguous copy"
+    wide = {n: torch.cat([x[n], x[n]], dim=-1)[..., : x[n].shape[-1]] for n in names}  # a sliced view
+    assert not any(w.is_contiguous() for w in wide.values())
+    want = run(op, dict(x, **{n: w.contiguous() for n, w in wide.items()}))
+    got = run(op, dict(x, **wide))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), f"{op}: a sliced state gave another result than its contiguous copy"
+
+
+@pytest.mark.parametrize("fn", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
+                                "fused_recurrent_kda"])
+def test_strided_initial_state_and_dht_give_the_contiguous_result(device, fn):
+    """The top levels' initial_state and the incoming final-state gradient as expanded views (batch
+    rows sharing one state, stride 0): the same output, final state and gradients as their
+    contiguous copies (the state kernels read states densely; the functions pass them so)."""
+    torch.manual_seed(0)
+    B, T, H, K, V = 2, 40, 2, 8, 8
+    from fusedops import kda
+    f = getattr(kda if "kda" in fn else gdn, fn)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=device), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=device), dim=-1)
+    v = torch.randn(B, T, H, V, device=device)
+    g = -torch.rand(*((B, T, H, K) if "kda" in fn else (B, T, H)), device=device) * 0.2
+    beta = torch.rand(B, T, H, device=device)
+    h0 = torch.randn(1, H, K, V, device=device).expand(B, H, K, V)
+    dht = torch.randn(1, H, K, V, device=device).expand(B, H, K, V)
+
+    def run(h0, dht):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+        h = h0.detach().requires_grad_()
+        q_, k_, v_, g_, b_ = leaves
+        o, ht = f(q_, k_, v_, g=g_, beta=b_, initial_state=h, output_final_state=True)
+        torch.autograd.backward([o, ht], [torch.ones_like(o), dht])
+        return [o, ht] + [t.grad for t in leaves] + [h.grad]
+
+    for a, b in zip(run(h0, dht), run(h0.contiguous(), dht.contiguous())):
+        assert torch.equal(a, b), fn
+
+
 @pytest.mark.skipif(bool(CUDA_REASON), reason="2^31 output elements need >= 8 GiB: CUDA only (a CPU run "
                     "would need the same host memory and minutes of CI time)")
 @pytest.mark.parametrize("case", CHUNK_CASES, ids=_case_id)

@@ -395,7 +395,7 @@ def chunk_op(family: ChunkFamily) -> DifferentiableOp:
             g = rows_view(g)
         o, ht, qn, kn, rq, rk, gc, bs = outs
         tensors = [last_unit(q), last_unit(k), last_unit(c.v), last_unit(g), last_unit(beta),
-                   last_unit(c.initial_state), c.A_log if c.use_gate else None, c.dt_bias if c.use_gate else None,
+                   dense_state(c.initial_state), c.A_log if c.use_gate else None, c.dt_bias if c.use_gate else None,
                    c.cu_seqlens, ci, co, o, ht if c.output_final_state else None, opt(qn), opt(kn), opt(rq),
                    opt(rk), gc, bs if c.use_sigmoid else None, ws, *[opt(t) for t in saved]]
         c_fwd(context(op, c.q), tensors, c.flags, *family.forward_flags(extra))
@@ -424,10 +424,10 @@ def chunk_op(family: ChunkFamily) -> DifferentiableOp:
         if use_gate and family.gate_rows:
             g = rows_view(g)
         dq, dk, dv, dg, dbeta, dh0, dA, ddb = grads
-        tensors = [last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta), last_unit(initial_state),
+        tensors = [last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta), dense_state(initial_state),
                    A_log if use_gate else None, dt_bias if use_gate else None, opt(q_normed), opt(k_normed),
                    opt(q_rstd), opt(k_rstd), g_cumsum, beta_sigmoid if use_sigmoid else None, cu_seqlens, ci, co,
-                   dout, last_unit(dht), dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None,
+                   dout, dense_state(dht), dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None,
                    dA if use_gate and A_log is not None else None, ddb if use_gate and dt_bias is not None else None,
                    ws, *saved]
         c_bwd(context(op, q), tensors, (scale, chunk_size, use_qk_l2norm, use_gate, use_sigmoid, allow_neg), *flags)
@@ -493,7 +493,7 @@ def recurrent_op(op: str) -> DifferentiableOp:
         o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
         ht = torch.empty(N, HV, K, V, dtype=acc_dtype(q), device=q.device) if output_final_state else empty(q)
         c_fwd(context(op, q), last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta),
-              last_unit(initial_state), cu_seqlens, scale, o, ht if output_final_state else None)
+              dense_state(initial_state), cu_seqlens, scale, o, ht if output_final_state else None)
         return o, ht
 
     def fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
@@ -514,7 +514,7 @@ def recurrent_op(op: str) -> DifferentiableOp:
                  dht: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         dq, dk, dv, dg, db, dh0 = out = grads(q, k, v, g, beta, initial_state)
         c_bwd(context(op, q), last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta),
-              last_unit(initial_state), cu_seqlens, scale, last_unit(dout), last_unit(dht), dq, dk, dv,
+              dense_state(initial_state), cu_seqlens, scale, last_unit(dout), dense_state(dht), dq, dk, dv,
               dg if g is not None else None, db if beta is not None else None,
               dh0 if initial_state is not None else None)
         return out
@@ -564,6 +564,14 @@ def chunk_tables(op: str, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional
                  f"{chunk_size} (prepare_chunk_indices(cu_seqlens, {chunk_size})), got shape "
                  f"{list(chunk_indices.shape)}")
     return ci, co
+
+
+def dense_state(h: Optional[Tensor], state_v_first: bool = False) -> Optional[Tensor]:
+    """A state input (h / dh snapshots, initial_state / h0, dht) as the kernels take it: in the
+    core's [..., K, V] layout (see state_kv) and contiguous, since the state kernels read states as
+    dense blocks (an expanded or sliced state is copied here; the C++ checks reject one)."""
+    h = state_kv(h, state_v_first)
+    return None if h is None else h.contiguous()
 
 
 def state_kv(h: Optional[Tensor], state_v_first: bool) -> Optional[Tensor]:
@@ -624,7 +632,7 @@ def chunk_gated_delta_rule_fwd_h(k: Tensor, w: Tensor, u: Tensor, g: Optional[Te
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     _C.chunk_gated_delta_rule_fwd_h(context(op, k), last_unit(k), last_unit(w),
                                     last_unit(u), last_unit(g), last_unit(gk),
-                                    last_unit(state_kv(initial_state, state_v_first)), h, vn, ht, cu_seqlens, co,
+                                    dense_state(initial_state, state_v_first), h, vn, ht, cu_seqlens, co,
                                     chunk_size)
     return state_kv(h, state_v_first), vn, state_kv(ht, state_v_first)
 
@@ -653,7 +661,7 @@ def chunk_gated_delta_rule_bwd_dhu(q: Tensor, k: Tensor, w: Tensor, do: Tensor, 
     dv2 = torch.empty(dv.shape, dtype=dv.dtype, device=dv.device)
     _C.chunk_gated_delta_rule_bwd_dhu(context(op, q), last_unit(q), last_unit(k),
                                       last_unit(w), last_unit(do), last_unit(dv), last_unit(g),
-                                      last_unit(gk), last_unit(state_kv(dht, state_v_first)), dh, dh0, dv2,
+                                      last_unit(gk), dense_state(dht, state_v_first), dh, dh0, dv2,
                                       cu_seqlens, co, K ** -0.5 if scale is None else float(scale),
                                       chunk_size)
     return state_kv(dh, state_v_first), state_kv(dh0, state_v_first), dv2

@@ -462,7 +462,7 @@ def chunk_fwd_o(q: Tensor, k: Tensor, v: Tensor, h: Tensor, g: Optional[Tensor] 
     g = _gate(op, g, g_gamma, v, chunk_size, cu_seqlens)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _C.chunk_fwd_o(context(op, q), la.last_unit(q), la.last_unit(k), la.last_unit(v),
-                   la.last_unit(la.state_kv(h, state_v_first)), la.last_unit(g), o, cu_seqlens, ci,
+                   la.dense_state(h, state_v_first), la.last_unit(g), o, cu_seqlens, ci,
                    _scale(q, scale), chunk_size)
     return o
 
@@ -509,7 +509,7 @@ def chunk_bwd_dqkwg(q: Tensor, k: Tensor, v: Tensor, do: Tensor, h: Tensor, dh: 
     dw = torch.empty(*v.shape[:3], k.shape[-1], dtype=w.dtype, device=w.device) if w is not None else None
     dg = torch.empty(v.shape[:3], dtype=torch.float32, device=q.device) if gate is not None else None
     _C.chunk_bwd_dqkwg(context(op, q), la.last_unit(q), la.last_unit(k), la.last_unit(v),
-                       la.last_unit(do), la.last_unit(la.state_kv(h, state_v_first)),
-                       la.last_unit(la.state_kv(dh, state_v_first)), la.last_unit(w), la.last_unit(dv),
+                       la.last_unit(do), la.dense_state(h, state_v_first),
+                       la.dense_state(dh, state_v_first), la.last_unit(w), la.last_unit(dv),
                        la.last_unit(gate), dq, dk, dw, dg, cu_seqlens, ci, _scale(q, scale), chunk_size)
     return dq, dk, dw, (dg if g is not None else None)

@@ -437,7 +437,7 @@ def chunk_kda_fwd_o(qg: Tensor, Aqk: Tensor, v: Tensor, h: Tensor, scale: Option
     ci = _ci("chunk_kda_fwd_o", cu_seqlens, chunk_indices, Aqk.shape[-1], v.shape[1])
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _C.chunk_kda_fwd_o(context("chunk_kda_fwd_o", v), la.last_unit(qg), la.last_unit(Aqk), la.last_unit(v),
-                       la.last_unit(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
+                       la.dense_state(h), o, cu_seqlens, ci, qg.shape[-1] ** -0.5 if scale is None else float(scale))
     return o
 
 
@@ -484,7 +484,7 @@ def chunk_kda_bwd_wy_dqkg_fused(q: Tensor, k: Tensor, v: Tensor, v_new: Tensor, 
     db = torch.empty(B, T, HV, dtype=acc, device=q.device)
     dg = torch.empty(g.shape, dtype=acc, device=q.device)
     dA = torch.empty(B, T, HV, chunk_size, dtype=acc, device=q.device)
-    h, dh = la.state_kv(h, state_v_first), la.state_kv(dh, state_v_first)
+    h, dh = la.dense_state(h, state_v_first), la.dense_state(dh, state_v_first)
     tensors = [la.last_unit(x) for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv)]
     tensors += [dq, dk, dvo, db, dg, dA, cu_seqlens, ci]
     _C.chunk_kda_bwd_wy_dqkg_fused(context(op, q), tensors,

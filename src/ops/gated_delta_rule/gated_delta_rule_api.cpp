@@ -116,7 +116,7 @@ QKDims check_qk(const Check& c, const TensorView& q, const TensorView& k, const 
 void check(const Context& ctx, const ChunkFwdOArgs& a) {
   Check c("chunk_fwd_o", ctx);
   const QKDims d = check_qk(c, a.q, a.k, a.v, "v", a.g, a.cu_seqlens, a.chunk_indices, a.chunk_size);
-  c.input(a.h, "h", {a.cu_seqlens.defined() ? 1 : d.B, d.NT, d.HV, d.K, d.V});
+  c.state(a.h, "h", {a.cu_seqlens.defined() ? 1 : d.B, d.NT, d.HV, d.K, d.V});
   c.output(a.o, "o", {d.B, d.T, d.HV, d.V});
   c.value(std::isfinite(a.scale), "scale must be finite");
 }
@@ -136,8 +136,8 @@ void check(const Context& ctx, const ChunkBwdDqkwgArgs& a) {
   const std::vector<int64_t> snap{a.cu_seqlens.defined() ? 1 : d.B, d.NT, d.HV, d.K, d.V};
   c.input(a.dout, "dout", {d.B, d.T, d.HV, d.V});
   c.input(a.dv, "dv", {d.B, d.T, d.HV, d.V});
-  c.input(a.h, "h", snap);
-  c.input(a.dh, "dh", snap);
+  c.state(a.h, "h", snap);
+  c.state(a.dh, "dh", snap);
   c.opt_input(a.w, "w", {d.B, d.T, d.HV, d.K});
   c.output(a.dq, "dq", {d.B, d.T, d.H, d.K});
   c.output(a.dk, "dk", {d.B, d.T, d.H, d.K});

@@ -91,7 +91,7 @@ void check(const Context& ctx, const ChunkKdaFwdOArgs& a) {
   c.input(a.Aqk, "Aqk", {B, T, HV, BT});
   const int64_t NT = c.snapshots(a.h, "h", T, BT, a.cu_seqlens,
                                  c.chunk_indices(a.cu_seqlens, a.chunk_indices, B, T, BT));
-  c.input(a.h, "h", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
+  c.state(a.h, "h", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
   c.output(a.o, "o", {B, T, HV, V});
   c.value(std::isfinite(a.scale), "scale must be finite");
 }
@@ -131,8 +131,8 @@ void check(const Context& ctx, const ChunkKdaBwdWyDqkgArgs& a) {
   const int64_t NT = c.snapshots(a.h, "h", d.T, a.chunk_size, a.cu_seqlens,
                                  c.chunk_indices(a.cu_seqlens, a.chunk_indices, d.B, d.T, a.chunk_size));
   const std::vector<int64_t> snap{a.cu_seqlens.defined() ? 1 : d.B, NT, d.HV, d.K, d.V};
-  c.input(a.h, "h", snap);
-  c.input(a.dh, "dh", snap);
+  c.state(a.h, "h", snap);
+  c.state(a.dh, "dh", snap);
   c.output(a.dq, "dq", {d.B, d.T, d.H, d.K});
   c.output(a.dk, "dk", {d.B, d.T, d.H, d.K});
   c.output(a.dv, "dv", vsh);

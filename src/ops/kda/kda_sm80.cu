@@ -980,19 +980,20 @@ unsigned elem_blocks(int64_t n) {
   return static_cast<unsigned>(b < 65536 ? b : 65536);
 }
 
-// gridDim.y = B; x covers the T*HV*K elements of one batch row.
-__global__ void gate_fwd_kernel(Tok g, Tok y, GateP P, int64_t T, int HV, int K) {
+// Batch rows over y (strided past the grid's limit); x covers the T*HV*K elements of one row.
+__global__ void gate_fwd_kernel(Tok g, Tok y, GateP P, int64_t B, int64_t T, int HV, int K) {
   const int64_t per = T * HV * K;
-  const int64_t b = blockIdx.y;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / K;
-    const int c = static_cast<int>(e - r * K);
-    const int64_t t = r / HV;
-    const int hv = static_cast<int>(r - t * HV);
-    const float x = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
-    const float a = gate_a(P, hv);
-    y.st_(b, t, hv, c, P.has_lb ? P.lb * sigmoid_f(a * x) : -a * softplus_f(x));
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
+    for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
+         e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t r = e / K;
+      const int c = static_cast<int>(e - r * K);
+      const int64_t t = r / HV;
+      const int hv = static_cast<int>(r - t * HV);
+      const float x = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
+      const float a = gate_a(P, hv);
+      y.st_(b, t, hv, c, P.has_lb ? P.lb * sigmoid_f(a * x) : -a * softplus_f(x));
+    }
   }
 }
 
@@ -1013,17 +1014,18 @@ __device__ __forceinline__ GateD gate_dx(const GateP& P, float a, float z, float
   return r;
 }
 
-__global__ void gate_bwd_kernel(Tok g, Tok dy, Tok dg, GateP P, int64_t T, int HV, int K) {
+__global__ void gate_bwd_kernel(Tok g, Tok dy, Tok dg, GateP P, int64_t B, int64_t T, int HV, int K) {
   const int64_t per = T * HV * K;
-  const int64_t b = blockIdx.y;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / K;
-    const int c = static_cast<int>(e - r * K);
-    const int64_t t = r / HV;
-    const int hv = static_cast<int>(r - t * HV);
-    const float z = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
-    dg.st_(b, t, hv, c, gate_dx(P, gate_a(P, hv), z, dy.ld(b, t, hv, c)).dx);
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
+    for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
+         e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t r = e / K;
+      const int c = static_cast<int>(e - r * K);
+      const int64_t t = r / HV;
+      const int hv = static_cast<int>(r - t * HV);
+      const float z = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
+      dg.st_(b, t, hv, c, gate_dx(P, gate_a(P, hv), z, dy.ld(b, t, hv, c)).dx);
+    }
   }
 }
 
@@ -1074,11 +1076,12 @@ void gate_fwd(const Context& ctx, const KdaGateFwdArgs& a) {
   cuda::DeviceGuard guard(op, ctx.device.index);
   const int64_t B = a.g.size(0), T = a.g.size(1), HV = a.g.size(2), K = a.g.size(3);
   if (B * T * HV * K == 0) return;
-  FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
   trace_kernel("gate_fwd_kernel");
-  gate_fwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
-      tok_of(a.g), tok_of(a.y), gate_params(a.A_log, a.dt_bias, a.has_lower_bound, a.lower_bound), T,
-      static_cast<int>(HV), static_cast<int>(K));
+  // Batch rows past the grid's y limit are strided over it in the kernel.
+  gate_fwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(std::min<int64_t>(B, 65535))), kThreads, 0,
+                    stream_of(ctx)>>>(tok_of(a.g), tok_of(a.y),
+                                      gate_params(a.A_log, a.dt_bias, a.has_lower_bound, a.lower_bound), B, T,
+                                      static_cast<int>(HV), static_cast<int>(K));
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
@@ -1090,10 +1093,10 @@ void gate_bwd(const Context& ctx, const KdaGateBwdArgs& a) {
   void* dA = a.dA_log.defined() && a.dA_log.numel() ? a.dA_log.data() : nullptr;
   void* db = a.ddt_bias.defined() && a.ddt_bias.numel() ? a.ddt_bias.data() : nullptr;
   if (B * T * HV * K > 0) {
-    FUSEDOPS_REQUIRE(B <= 65535, kValue, op, "batch too large: ", B);
     trace_kernel("gate_bwd_kernel");
-    gate_bwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(B)), kThreads, 0, stream_of(ctx)>>>(
-        tok_of(a.g), tok_of(a.dy), tok_of(a.dg), P, T, static_cast<int>(HV), static_cast<int>(K));
+    gate_bwd_kernel<<<dim3(elem_blocks(T * HV * K), static_cast<unsigned>(std::min<int64_t>(B, 65535))), kThreads, 0,
+                      stream_of(ctx)>>>(tok_of(a.g), tok_of(a.dy), tok_of(a.dg), P, B, T, static_cast<int>(HV),
+                                        static_cast<int>(K));
     FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   }
   if (HV > 0 && (dA || db)) {

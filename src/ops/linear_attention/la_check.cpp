@@ -64,6 +64,13 @@ void Check::input(const TensorView& t, const char* name, const std::vector<int64
                    shape_string(t.strides(), t.ndim()), " for shape ", t.shape_string());
 }
 
+void Check::state(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+  c_.defined(t, name).floating(t, name).on_device(t, name, ctx_).shape(t, name, shape);
+  FUSEDOPS_REQUIRE(contiguous_or_empty(t), kValue, op_, name,
+                   " must be contiguous (states are read as dense [K, V] blocks), got shape ", t.shape_string(),
+                   " with strides ", shape_string(t.strides(), t.ndim()));
+}
+
 void Check::output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
   c_.defined(t, name).floating(t, name).on_device(t, name, ctx_).shape(t, name, shape);
   FUSEDOPS_REQUIRE(contiguous_or_empty(t), kValue, op_, name, " must be contiguous, got shape ",

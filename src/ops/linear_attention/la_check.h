@@ -26,6 +26,13 @@ class Check {
   void opt_input(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
     if (t.defined()) input(t, name, shape);
   }
+  // A state input (h, dh snapshots; initial_state / h0, dht): floating, of the given shape on
+  // ctx.device and contiguous, since the state kernels read states as dense [.., K, V] blocks.
+  // (The Python functions pass states contiguous; an expanded or sliced state is an error here.)
+  void state(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const;
+  void opt_state(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+    if (t.defined()) state(t, name, shape);
+  }
   // A floating, contiguous output of the given shape on ctx.device.
   void output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const;
   void opt_output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {

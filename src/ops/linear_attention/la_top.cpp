@@ -61,7 +61,7 @@ Dims check_shared(const Check& c, const Args& a, GateForm form, const std::vecto
   const int64_t N = c.seqlens(a.cu_seqlens, B, T);
   c.chunk_indices(a.cu_seqlens, a.chunk_indices, B, T, a.chunk_size);
   c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size);
-  c.opt_input(a.initial_state, "initial_state", {N, HV, K, V});
+  c.opt_state(a.initial_state, "initial_state", {N, HV, K, V});
   auto saved = [&](const TensorView& t, const char* name, const std::vector<int64_t>& shape) {
     if (backward) c.input(t, name, shape);
     else c.output(t, name, shape);
@@ -110,7 +110,7 @@ Dims check_top(const Check& c, const LinearAttentionBwdArgs& a, GateForm form,
                const std::vector<int64_t>& chunk_sizes) {
   Dims d = check_shared(c, a, form, chunk_sizes, true);
   c.input(a.dout, "dout", {d.B, d.T, d.HV, d.V});
-  c.opt_input(a.dht, "dht", {d.N, d.HV, d.K, d.V});
+  c.opt_state(a.dht, "dht", {d.N, d.HV, d.K, d.V});
   c.output(a.dq, "dq", {d.B, d.T, d.H, d.K});
   c.output(a.dk, "dk", {d.B, d.T, d.H, d.K});
   c.output(a.dv, "dv", {d.B, d.T, d.HV, d.V});

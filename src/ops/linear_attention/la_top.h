@@ -200,7 +200,7 @@ int64_t check_recurrent_inputs(const Check& c, const Args& a, GateForm form) {
   c.opt_input(a.beta, "beta", {B, T, HV});
   c.value(std::isfinite(a.scale), "scale must be finite");
   const int64_t N = c.seqlens(a.cu_seqlens, B, T);
-  c.opt_input(a.initial_state, "initial_state", {N, HV, K, V});
+  c.opt_state(a.initial_state, "initial_state", {N, HV, K, V});
   return N;
 }
 
@@ -219,7 +219,7 @@ bool check_recurrent_bwd(const Check& c, const Args& a, GateForm form) {
   const int64_t N = check_recurrent_inputs(c, a, form);
   const int64_t B = a.q.size(0), T = a.q.size(1), HV = a.v.size(2), K = a.q.size(3), V = a.v.size(3);
   c.input(a.dout, "dout", shape_vector(a.v));
-  c.opt_input(a.dht, "dht", {N, HV, K, V});
+  c.opt_state(a.dht, "dht", {N, HV, K, V});
   c.output(a.dq, "dq", shape_vector(a.q));
   c.output(a.dk, "dk", shape_vector(a.q));
   c.output(a.dv, "dv", shape_vector(a.v));

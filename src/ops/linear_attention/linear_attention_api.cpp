@@ -53,7 +53,7 @@ void check(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const int64_t NT = c.snapshots(a.h, "h", T, a.chunk_size, a.cu_seqlens,
                                  c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size));
   c.output(a.h, "h", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
-  c.opt_input(a.h0, "h0", {N, HV, K, V});
+  c.opt_state(a.h0, "h0", {N, HV, K, V});
   c.opt_output(a.v_new, "v_new", {B, T, HV, V});
   c.opt_output(a.ht, "ht", {N, HV, K, V});
 }
@@ -77,7 +77,7 @@ void check(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const int64_t NT = c.snapshots(a.dh, "dh", T, a.chunk_size, a.cu_seqlens,
                                  c.chunk_offsets(a.cu_seqlens, a.chunk_offsets, B, T, a.chunk_size));
   c.output(a.dh, "dh", {a.cu_seqlens.defined() ? 1 : B, NT, HV, K, V});
-  c.opt_input(a.dht, "dht", {N, HV, K, V});
+  c.opt_state(a.dht, "dht", {N, HV, K, V});
   c.opt_output(a.dh0, "dh0", {N, HV, K, V});
   c.output(a.dv2, "dv2", {B, T, HV, V});
   c.value(std::isfinite(a.scale), "scale must be finite");

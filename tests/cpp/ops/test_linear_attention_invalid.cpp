@@ -770,6 +770,42 @@ TEST(LinearAttentionInvalid, GdnSubOperators) {
   }
 }
 
+// State inputs (h / dh snapshots, h0, dht, initial_state) are read as dense [K, V] blocks: a view
+// with a unit last stride that is not contiguous (here batch rows sharing one state, stride 0, as
+// torch's expand gives) is an error naming the tensor, not a read past the state's memory (the
+// CUDA kernels' illegal address at 2^21 expanded batch rows, H100 run of a440a2f).
+TEST(LinearAttentionInvalid, StateInputsMustBeContiguous) {
+  auto broadcast_rows = [](const TestTensor& t, int64_t B) {  // t's batch row 0, B times
+    const TensorView v = t.view();
+    std::vector<int64_t> shape(v.ndim()), strides(v.ndim());
+    for (int d = 0; d < v.ndim(); ++d) {
+      shape[d] = v.size(d);
+      strides[d] = v.stride(d);
+    }
+    shape[0] = B;
+    strides[0] = 0;
+    return TensorView(t.data(), t.dtype(), v.device(), v.ndim(), shape.data(), strides.data());
+  };
+  const Context ctx = Context::cpu();
+  GdnSub s(2, 40);
+  const TensorView h2 = broadcast_rows(s.h, 2), dh2 = broadcast_rows(s.dh, 2);
+  expect_error([&] { chunk_fwd_o(ctx, {s.q.view(), s.k.view(), s.v.view(), h2, s.g.view(), s.o2.view(), {}, {}, 0.3,
+                                       32}); },
+               ErrorKind::kValue, "h must be contiguous (states are read as dense [K, V] blocks)");
+  ChunkBwdDqkwgArgs a;
+  a.q = s.q.view(); a.k = s.k.view(); a.v = s.v.view(); a.dout = s.dout.view(); a.h = s.h.view(); a.dh = dh2;
+  a.dv = s.dv.view(); a.dq = s.o2.view(); a.dk = s.o3.view(); a.scale = 0.3; a.chunk_size = 32;
+  expect_error([&] { chunk_bwd_dqkwg(ctx, a); }, ErrorKind::kValue, "dh must be contiguous");
+  // The state recurrence's h0 and the top level's initial_state: [N, HV, K, V] broadcast over N.
+  TestTensor h0(DType::kFloat32, {1, 2, 8, 8});
+  h0.fill_normal(3);
+  const TensorView h0b = broadcast_rows(h0, 2);
+  ChunkGatedDeltaRuleFwdHArgs f;
+  f.k = s.k.view(); f.w = s.w.view(); f.u = s.v.view(); f.g = s.g.view(); f.h0 = h0b; f.h = s.h.view();
+  f.chunk_size = 32;
+  expect_error([&] { chunk_gated_delta_rule_fwd_h(ctx, f); }, ErrorKind::kValue, "h0 must be contiguous");
+}
+
 // KDA's chunk sub-operators (chunk_kda_fwd_intra, kda_recompute_w_u_fwd, chunk_kda_fwd_o,
 // chunk_kda_bwd_dAv, chunk_kda_bwd_wy_dqkg_fused, chunk_kda_bwd_intra): as GdnSubOperators.
 struct KdaSub {
