@@ -15,7 +15,8 @@ if [ -z "${FUSEDOPS_CUDA:-}" ] && ! nvidia-smi -L >/dev/null 2>&1; then
   export FUSEDOPS_CUDA=OFF
   echo "(no GPU visible: the Python extension is built without CUDA)"
 fi
-python -m pip install -q --no-build-isolation -e .
+# build/dev: the folder tools/test.sh builds in too (it adds the C++ tests to the same build).
+python -m pip install -q --no-build-isolation -e . -C build-dir=build/dev
 python bench/report.py "$@"
 if [ "${FUSEDOPS_DEMO:-1}" != "0" ]; then
   demo_args=()
