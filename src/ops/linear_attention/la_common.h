@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "fusedops/core/dtype.h"
@@ -129,105 +130,58 @@ struct Mat {
   }
 };
 
-// n values of dtype dt at p, as float / double, and back (round to nearest even).
-inline void load_floats(const void* p, DType dt, float* out, int64_t n) {
+// n values of dtype dt at p, as float / double (T), and back (round to nearest even; a 16-bit
+// type from double goes through float). The same type is a plain copy (nothing for n = 0: an empty
+// tensor's data may be null).
+template <class T>
+inline void load_values(const void* p, DType dt, T* out, int64_t n) {
+  auto from = [&](const auto* s) {
+    using S = std::remove_cv_t<std::remove_pointer_t<decltype(s)>>;
+    if constexpr (std::is_same_v<S, T>) {
+      if (n > 0) std::memcpy(out, s, sizeof(T) * n);
+    } else if constexpr (std::is_floating_point_v<S>) {
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(to_float(s[i]));
+    }
+  };
   switch (dt) {
-    case DType::kFloat32:
-      if (n > 0) std::memcpy(out, p, sizeof(float) * n);  // empty tensors may have null data
-      return;
-    case DType::kBFloat16: {
-      const bf16_t* s = static_cast<const bf16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = to_float(s[i]);
-      return;
-    }
-    case DType::kFloat16: {
-      const fp16_t* s = static_cast<const fp16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = to_float(s[i]);
-      return;
-    }
-    case DType::kFloat64: {
-      const double* s = static_cast<const double*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(s[i]);
-      return;
-    }
+    case DType::kFloat32: return from(static_cast<const float*>(p));
+    case DType::kFloat64: return from(static_cast<const double*>(p));
+    case DType::kBFloat16: return from(static_cast<const bf16_t*>(p));
+    case DType::kFloat16: return from(static_cast<const fp16_t*>(p));
     default: break;
   }
   FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
 
-inline void store_floats(const float* in, void* p, DType dt, int64_t n) {
-  switch (dt) {
-    case DType::kFloat32:
-      if (n > 0) std::memcpy(p, in, sizeof(float) * n);
-      return;
-    case DType::kBFloat16: {
-      bf16_t* d = static_cast<bf16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
-      return;
-    }
-    case DType::kFloat16: {
-      fp16_t* d = static_cast<fp16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_fp16(in[i]);
-      return;
-    }
-    case DType::kFloat64: {
-      double* d = static_cast<double*>(p);
-      for (int64_t i = 0; i < n; ++i) d[i] = in[i];
-      return;
-    }
-    default: break;
-  }
-  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
-}
-
-inline void load_doubles(const void* p, DType dt, double* out, int64_t n) {
-  switch (dt) {
-    case DType::kFloat64:
-      if (n > 0) std::memcpy(out, p, sizeof(double) * n);
-      return;
-    case DType::kFloat32: {
-      const float* s = static_cast<const float*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = s[i];
-      return;
-    }
-    case DType::kBFloat16: {
-      const bf16_t* s = static_cast<const bf16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = to_float(s[i]);
-      return;
-    }
-    case DType::kFloat16: {
-      const fp16_t* s = static_cast<const fp16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = to_float(s[i]);
-      return;
-    }
-    default: break;
-  }
-  FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
-}
-
-inline void store_doubles(const double* in, void* p, DType dt, int64_t n) {
-  switch (dt) {
-    case DType::kFloat64:
-      if (n > 0) std::memcpy(p, in, sizeof(double) * n);
-      return;
-    case DType::kFloat32: {
-      float* d = static_cast<float*>(p);
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(in[i]);
-      return;
-    }
-    case DType::kBFloat16: {
-      bf16_t* d = static_cast<bf16_t*>(p);
+template <class T>
+inline void store_values(const T* in, void* p, DType dt, int64_t n) {
+  auto to = [&](auto* d) {
+    using D = std::remove_pointer_t<decltype(d)>;
+    if constexpr (std::is_same_v<D, T>) {
+      if (n > 0) std::memcpy(d, in, sizeof(T) * n);
+    } else if constexpr (std::is_floating_point_v<D>) {
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(in[i]);
+    } else if constexpr (std::is_same_v<D, bf16_t>) {
       for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(static_cast<float>(in[i]));
-      return;
-    }
-    case DType::kFloat16: {
-      fp16_t* d = static_cast<fp16_t*>(p);
+    } else {
       for (int64_t i = 0; i < n; ++i) d[i] = float_to_fp16(static_cast<float>(in[i]));
-      return;
     }
+  };
+  switch (dt) {
+    case DType::kFloat32: return to(static_cast<float*>(p));
+    case DType::kFloat64: return to(static_cast<double*>(p));
+    case DType::kBFloat16: return to(static_cast<bf16_t*>(p));
+    case DType::kFloat16: return to(static_cast<fp16_t*>(p));
     default: break;
   }
   FUSEDOPS_FAIL(kType, "linear_attention", "unsupported dtype ", dtype_name(dt));
 }
+
+inline void load_floats(const void* p, DType dt, float* out, int64_t n) { load_values(p, dt, out, n); }
+inline void store_floats(const float* in, void* p, DType dt, int64_t n) { store_values(in, p, dt, n); }
+inline void load_doubles(const void* p, DType dt, double* out, int64_t n) { load_values(p, dt, out, n); }
+inline void store_doubles(const double* in, void* p, DType dt, int64_t n) { store_values(in, p, dt, n); }
 
 }  // namespace fusedops::la
