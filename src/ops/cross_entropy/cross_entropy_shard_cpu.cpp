@@ -42,7 +42,7 @@ void stats(const Context&, const CrossEntropyShardStatsArgs& a) {
   visit_float(a.logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::parallel_for(0, N, 8, [&](int64_t r0, int64_t r1) {
-      std::vector<float> z(Vs);
+      std::vector<float> z(Vs), e(Vs);
       for (int64_t r = r0; r < r1; ++r) {
         float* o = out + r * 4;
         const int64_t y = ce::shard_label(a.labels, r);
@@ -58,7 +58,9 @@ void stats(const Context&, const CrossEntropyShardStatsArgs& a) {
           ls[v % cpu::kLanes] += z[v];
         }
         const float m = *std::max_element(lm, lm + cpu::kLanes), sz = cpu::reduce_lanes(ls);
-        for (int64_t v = 0; v < Vs; ++v) le[v % cpu::kLanes] += std::exp(z[v] - m);
+        for (int64_t v = 0; v < Vs; ++v) e[v] = z[v] - m;
+        cpu::exp_inplace(e.data(), Vs);  // the library's one vectorised exp (src/cpu/simd.h)
+        for (int64_t v = 0; v < Vs; ++v) le[v % cpu::kLanes] += e[v];
         const float se = cpu::reduce_lanes(le);
         const int64_t local = y - a.vocab_start;
         o[0] = m;
@@ -86,7 +88,9 @@ void bwd(const Context&, const CrossEntropyShardBwdArgs& a) {
         } else {
           load_z<T>(a.logits, r, c, z.data(), d.data());
           const float lse = rg[r * 4], dl = rg[r * 4 + 1], dy = rg[r * 4 + 2], ds = rg[r * 4 + 3];
-          for (int64_t v = 0; v < Vs; ++v) z[v] = d[v] * (dl * std::exp(z[v] - lse) + ds);
+          for (int64_t v = 0; v < Vs; ++v) z[v] -= lse;
+          cpu::exp_inplace(z.data(), Vs);
+          for (int64_t v = 0; v < Vs; ++v) z[v] = d[v] * (dl * z[v] + ds);
           const int64_t local = y - a.vocab_start;
           if (local >= 0 && local < Vs) z[local] += d[local] * dy;
         }
