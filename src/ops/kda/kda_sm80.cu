@@ -980,21 +980,30 @@ unsigned elem_blocks(int64_t n) {
   return static_cast<unsigned>(b < 65536 ? b : 65536);
 }
 
-// Batch rows over y (strided past the grid's limit); x covers the T*HV*K elements of one row.
-__global__ void gate_fwd_kernel(Tok g, Tok y, GateP P, int64_t B, int64_t T, int HV, int K) {
+// f(b, t, hv, c) over every element of a [B,T,HV,K] gate: batch rows over y (strided past the
+// grid's limit), the T*HV*K elements of a row over x.
+template <class F>
+__device__ __forceinline__ void for_each_gate_element(int64_t B, int64_t T, int HV, int K, F f) {
   const int64_t per = T * HV * K;
-  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y)
     for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
          e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       const int64_t r = e / K;
-      const int c = static_cast<int>(e - r * K);
       const int64_t t = r / HV;
-      const int hv = static_cast<int>(r - t * HV);
-      const float x = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
-      const float a = gate_a(P, hv);
-      y.st_(b, t, hv, c, P.has_lb ? P.lb * sigmoid_f(a * x) : -a * softplus_f(x));
+      f(b, t, static_cast<int>(r - t * HV), static_cast<int>(e - r * K));
     }
-  }
+}
+
+__device__ __forceinline__ float gate_bias(const GateP& P, int hv, int K, int c) {
+  return P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f;
+}
+
+__global__ void gate_fwd_kernel(Tok g, Tok y, GateP P, int64_t B, int64_t T, int HV, int K) {
+  for_each_gate_element(B, T, HV, K, [&](int64_t b, int64_t t, int hv, int c) {
+    const float x = g.ld(b, t, hv, c) + gate_bias(P, hv, K, c);
+    const float a = gate_a(P, hv);
+    y.st_(b, t, hv, c, P.has_lb ? P.lb * sigmoid_f(a * x) : -a * softplus_f(x));
+  });
 }
 
 // dx for one element and its dA_log term.
@@ -1015,18 +1024,10 @@ __device__ __forceinline__ GateD gate_dx(const GateP& P, float a, float z, float
 }
 
 __global__ void gate_bwd_kernel(Tok g, Tok dy, Tok dg, GateP P, int64_t B, int64_t T, int HV, int K) {
-  const int64_t per = T * HV * K;
-  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
-    for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per;
-         e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t r = e / K;
-      const int c = static_cast<int>(e - r * K);
-      const int64_t t = r / HV;
-      const int hv = static_cast<int>(r - t * HV);
-      const float z = g.ld(b, t, hv, c) + (P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f);
-      dg.st_(b, t, hv, c, gate_dx(P, gate_a(P, hv), z, dy.ld(b, t, hv, c)).dx);
-    }
-  }
+  for_each_gate_element(B, T, HV, K, [&](int64_t b, int64_t t, int hv, int c) {
+    const float z = g.ld(b, t, hv, c) + gate_bias(P, hv, K, c);
+    dg.st_(b, t, hv, c, gate_dx(P, gate_a(P, hv), z, dy.ld(b, t, hv, c)).dx);
+  });
 }
 
 __global__ void __launch_bounds__(kThreads) gate_param_kernel(Tok g, Tok dy, GateP P, int64_t B, int64_t T, int K,
@@ -1036,7 +1037,7 @@ __global__ void __launch_bounds__(kThreads) gate_param_kernel(Tok g, Tok dy, Gat
   const float a = gate_a(P, hv);
   double sa = 0.0;
   for (int c = threadIdx.x; c < K; c += blockDim.x) {
-    const float bias = P.bias ? ldf(P.bias, P.bc, static_cast<int64_t>(hv) * K + c) : 0.0f;
+    const float bias = gate_bias(P, hv, K, c);
     double sb = 0.0;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {

@@ -64,17 +64,18 @@ void Check::input(const TensorView& t, const char* name, const std::vector<int64
                    shape_string(t.strides(), t.ndim()), " for shape ", t.shape_string());
 }
 
-void Check::state(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+void Check::dense(const TensorView& t, const char* name, const std::vector<int64_t>& shape, const char* why) const {
   c_.defined(t, name).floating(t, name).on_device(t, name, ctx_).shape(t, name, shape);
-  FUSEDOPS_REQUIRE(contiguous_or_empty(t), kValue, op_, name,
-                   " must be contiguous (states are read as dense [K, V] blocks), got shape ", t.shape_string(),
-                   " with strides ", shape_string(t.strides(), t.ndim()));
+  FUSEDOPS_REQUIRE(contiguous_or_empty(t), kValue, op_, name, " must be contiguous", why, ", got shape ",
+                   t.shape_string(), " with strides ", shape_string(t.strides(), t.ndim()));
+}
+
+void Check::state(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
+  dense(t, name, shape, " (states are read as dense [K, V] blocks)");
 }
 
 void Check::output(const TensorView& t, const char* name, const std::vector<int64_t>& shape) const {
-  c_.defined(t, name).floating(t, name).on_device(t, name, ctx_).shape(t, name, shape);
-  FUSEDOPS_REQUIRE(contiguous_or_empty(t), kValue, op_, name, " must be contiguous, got shape ",
-                   t.shape_string(), " with strides ", shape_string(t.strides(), t.ndim()));
+  dense(t, name, shape, "");
 }
 
 std::vector<int64_t> Check::rank4(const TensorView& t, const char* name) const {

@@ -67,6 +67,9 @@ class Check {
                     const TensorView& cu, int64_t nt_read) const;
 
  private:
+  // A floating, contiguous tensor of the given shape on ctx.device; `why` follows "must be
+  // contiguous" in the message.
+  void dense(const TensorView& t, const char* name, const std::vector<int64_t>& shape, const char* why) const;
   void report_seqlens_on_device(const TensorView& cu, int64_t T) const;
 
   ArgCheck c_;
