@@ -15,6 +15,7 @@ Both paths run the same code, so they give bitwise-identical results.
 from __future__ import annotations
 
 import contextvars
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -79,7 +80,10 @@ class DifferentiableOp:
 
 class PlainOp:
     """``fusedops::<name>`` without autograd (backward kernels, in-place updates): the
-    implementation eagerly, the custom op under torch.compile."""
+    implementation eagerly, the custom op under torch.compile. Eagerly, the tensors named in
+    ``mutates_args`` get their autograd version counter bumped after the call, as the custom op's
+    dispatch does: a graph that saved one of them then refuses a second backward instead of
+    reading the changed values."""
 
     def __init__(self, name: str, impl: Callable, fake: Optional[Callable],
                  mutates_args: tuple = ()):
@@ -88,8 +92,14 @@ class PlainOp:
         self.custom_op = torch.library.custom_op(f"fusedops::{name}", mutates_args=mutates_args)(impl)
         if fake is not None:
             self.custom_op.register_fake(fake)
+        names = list(inspect.signature(impl).parameters)
+        self.mutated = tuple(names.index(n) for n in mutates_args)
 
     def __call__(self, *args):
         if _traced(args):
             return self.custom_op(*args)
-        return self.impl(*args)
+        out = self.impl(*args)
+        if self.mutated:
+            torch.autograd.graph.increment_version(
+                [args[i] for i in self.mutated if i < len(args) and isinstance(args[i], torch.Tensor)])
+        return out

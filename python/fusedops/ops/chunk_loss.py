@@ -1,5 +1,5 @@
 """chunk_loss (docs/specs/ops.md section 10): the LM head and cross-entropy without materialized logits, as
-torch.library custom ops with autograd.
+the ops of fusedops._op (an autograd.Function eagerly, torch.library custom ops under torch.compile).
 
 The forward runs the whole computation chunk by chunk over the tokens (logits GEMM, fused
 cross-entropy, two gradient GEMMs) and keeps d_hidden and d_weight; the backward only rescales
@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, debug_checks_enabled, rows_view
+from .._op import DifferentiableOp, PlainOp
 from .cross_entropy import _acc, _grad_loss, _is_eager, softcap_alias
 
 _OP = "chunk_loss"
@@ -59,8 +60,7 @@ def _run_fwd(hidden, weight, bias, labels, loss_weight, alpha_s, alpha_t, grad_w
     return loss, z_loss, dh, glw
 
 
-@torch.library.custom_op("fusedops::chunk_loss_fwd", mutates_args=())
-def _fwd(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
+def _fwd_impl(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
          loss_weight: Optional[Tensor], alpha: float, alpha_per_sample: Optional[Tensor],
          ignore_index: int, reduction: str, label_smoothing: float, logit_scale: float,
          softcap: Optional[float], lse_square_scale: float, chunk_size: int, memory_budget: int,
@@ -79,8 +79,7 @@ def _fwd(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
             dw if dw is not None else weight.new_empty(_EMPTY), glw if glw is not None else f32())
 
 
-@_fwd.register_fake
-def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, ignore_index, reduction,
+def _fwd_fake(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, ignore_index, reduction,
       label_smoothing, logit_scale, softcap, lse_square_scale, chunk_size, memory_budget,
       want_z_loss, want_grad_hidden, want_grad_weight, want_weight_grad):
     f32 = _acc(hidden)
@@ -90,8 +89,7 @@ def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, ignore
             hidden.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
 
 
-@torch.library.custom_op("fusedops::chunk_loss_fwd_accumulate", mutates_args=("grad_weight_buffer",))
-def _fwd_accumulate(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
+def _fwd_accumulate_impl(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
                     loss_weight: Optional[Tensor], alpha: float, alpha_per_sample: Optional[Tensor],
                     grad_weight_buffer: Tensor, ignore_index: int, reduction: str,
                     label_smoothing: float, logit_scale: float, softcap: Optional[float],
@@ -109,8 +107,7 @@ def _fwd_accumulate(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], labe
             dh if dh is not None else hidden.new_empty(_EMPTY), glw if glw is not None else f32())
 
 
-@_fwd_accumulate.register_fake
-def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, grad_weight_buffer,
+def _fwd_accumulate_fake(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, grad_weight_buffer,
       ignore_index, reduction, label_smoothing, logit_scale, softcap, lse_square_scale, chunk_size,
       memory_budget, want_z_loss, want_grad_hidden, want_weight_grad):
     f32 = _acc(hidden)
@@ -119,8 +116,7 @@ def _(hidden, weight, bias, labels, loss_weight, alpha, alpha_per_sample, grad_w
             hidden.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
 
 
-@torch.library.custom_op("fusedops::chunk_loss_bwd", mutates_args=())
-def _bwd(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
+def _bwd_impl(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
          grad_loss_weight: Optional[Tensor], weight_dtype: Optional[torch.dtype]
          ) -> tuple[Tensor, Tensor, Tensor]:
     """Functional backward: new tensors g * saved."""
@@ -132,8 +128,7 @@ def _bwd(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional
     return tuple(t if t is not None else grad_loss.new_empty(_EMPTY) for t in (dh, dw, dlw))
 
 
-@_bwd.register_fake
-def _(grad_loss, grad_hidden, grad_weight, grad_loss_weight, weight_dtype):
+def _bwd_fake(grad_loss, grad_hidden, grad_weight, grad_loss_weight, weight_dtype):
     def empty():
         return grad_loss.new_empty(_EMPTY)
     return (grad_hidden.new_empty(grad_hidden.shape) if grad_hidden is not None else empty(),
@@ -142,18 +137,22 @@ def _(grad_loss, grad_hidden, grad_weight, grad_loss_weight, weight_dtype):
             if grad_loss_weight is not None else empty())
 
 
-@torch.library.custom_op("fusedops::chunk_loss_bwd_inplace",
-                         mutates_args=("grad_hidden", "grad_weight", "grad_loss_weight"))
-def _bwd_inplace(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
+def _bwd_inplace_impl(grad_loss: Tensor, grad_hidden: Optional[Tensor], grad_weight: Optional[Tensor],
                  grad_loss_weight: Optional[Tensor]) -> None:
     """Eager backward: saved *= g in place (nothing is touched when g == 1)."""
     _C.chunk_loss_bwd(context(_OP, grad_loss), _grad_loss(grad_loss), grad_hidden, grad_hidden,
                       grad_weight, grad_weight, grad_loss_weight, grad_loss_weight)
 
 
-@_bwd_inplace.register_fake
-def _(grad_loss, grad_hidden, grad_weight, grad_loss_weight):
+def _bwd_inplace_fake(grad_loss, grad_hidden, grad_weight, grad_loss_weight):
     return None
+
+
+_fwd_accumulate = PlainOp("chunk_loss_fwd_accumulate", _fwd_accumulate_impl, _fwd_accumulate_fake,
+                          mutates_args=("grad_weight_buffer",))
+_bwd = PlainOp("chunk_loss_bwd", _bwd_impl, _bwd_fake)
+_bwd_inplace = PlainOp("chunk_loss_bwd_inplace", _bwd_inplace_impl, _bwd_inplace_fake,
+                       mutates_args=("grad_hidden", "grad_weight", "grad_loss_weight"))
 
 
 def _rescale(ctx, grad_loss, dh, dw, glw):
@@ -183,7 +182,7 @@ def _backward(ctx, grad_loss, _g_z, _g_dh, _g_dw, _g_glw):
     return (dh, dw, None, None, dlw) + (None,) * 14
 
 
-torch.library.register_autograd("fusedops::chunk_loss_fwd", _backward, setup_context=_setup)
+_fwd = DifferentiableOp("chunk_loss_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 class _Accumulate(torch.autograd.Function):
