@@ -2,8 +2,13 @@
 // chunk products (64 x 128 x 128 and the like, single-threaded, called from inside the per-task
 // threads), a vectorised exp, and row loads/stores of token-major tensors.
 //
-// The GEMM is written with GCC/Clang vector extensions (8 floats), so the compiler emits AVX/FMA
-// with -march=native and plain SSE (or scalar code) elsewhere; results do not depend on threads.
+// The GEMM is written with GCC/Clang vector extensions: 16-float (zmm) accumulators where the
+// build targets AVX-512, 8-float ones (AVX/FMA with -march=native, SSE or scalar code elsewhere)
+// otherwise. Each element of C is one dot product over k in order either way, so the results are
+// the same bits on every path and do not depend on threads. On the 2-core Xeon (AVX-512, two
+// 512-bit FMA ports) the zmm kernels take about two thirds of the time of the ymm ones over six
+// typical GDN products (bench/gemm/la_gemm_study.sh; the run:
+// bench/results/cpu/studies/la_gemm-2026-12-05.txt).
 #pragma once
 
 #include <algorithm>
@@ -27,13 +32,20 @@ using fusedops::cpu::splat;
 using fusedops::cpu::store8;
 using fusedops::cpu::v8f;
 using fusedops::cpu::v8i;
+using fusedops::cpu::v16f;
 
 // Which part of A may be non-zero: the GEMM skips the zero part (it must hold zeros: the skipped
 // ranges are decided per block of rows, so a block may still read some zeros).
 enum class Tri { kNone, kLower, kUpper };  // kLower: A(i,k) = 0 for k > i; kUpper: for k < i
 
-constexpr int kNR = 16;  // columns per panel (two vectors)
-constexpr int kMR = 6;   // rows per register block
+constexpr int kNR = 16;  // columns per panel (one AVX-512 vector, two AVX ones)
+#ifdef __AVX512F__
+// Eight rows: eight zmm accumulators, one per row, cover the FMA latency of two 512-bit FMA
+// ports (4 cycles x 2); the A block is then one 8x8 transpose wide.
+constexpr int kMR = 8;
+#else
+constexpr int kMR = 6;  // twelve ymm accumulators (two per row) of the sixteen AVX registers
+#endif
 
 // C[r, 0:16] (=|+=) alpha * sum_k Ap[k*ak + r] B[k, 0:16] for MR rows: A's rows are consecutive
 // floats (a packed [kn][MR] block, or a transposed operand read in place), so one pointer walks
@@ -43,6 +55,28 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const f
                      int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C, int64_t ldc) {
   // The row loops are unrolled whatever the optimisation level (at -O2 GCC leaves them rolled
   // and keeps the accumulators in memory, ~2.5x slower).
+#ifdef __AVX512F__
+  v16f c[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) c[r] = v16f{} ;
+  for (int64_t k = 0; k < kn; ++k) {
+    v16f b;
+    std::memcpy(&b, B + k * ldb, sizeof(b));
+    const float* a = Ap + k * ak;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) c[r] += a[r] * b;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    v16f out = alpha * c[r];
+    if (Cb) {
+      v16f cb;
+      std::memcpy(&cb, Cb + r * ldcb, sizeof(cb));
+      out = cb + out;
+    }
+    std::memcpy(C + r * ldc, &out, sizeof(out));
+  }
+#else
   v8f c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = splat(0.0f);
@@ -69,13 +103,51 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const f
       store8(c + 8, al * c1[r]);
     }
   }
+#endif
 }
+
+#ifdef __AVX512F__
+// Two adjacent 16-column panels at once (B0 and B1, each [kn][16]): sixteen zmm accumulators for
+// eight rows, so each broadcast of A feeds two FMAs. The same per-element sums as micro_16.
+template <int MR>
+inline void micro_32(int64_t kn, const float* __restrict Ap, int64_t ak, const float* __restrict B0,
+                     const float* __restrict B1, int64_t ldb, float alpha, const float* Cb,
+                     int64_t ldcb, float* C, int64_t ldc) {
+  v16f c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = v16f{};
+  for (int64_t k = 0; k < kn; ++k) {
+    v16f b0, b1;
+    std::memcpy(&b0, B0 + k * ldb, sizeof(b0));
+    std::memcpy(&b1, B1 + k * ldb, sizeof(b1));
+    const float* a = Ap + k * ak;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      c0[r] += a[r] * b0;
+      c1[r] += a[r] * b1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    v16f o0 = alpha * c0[r], o1 = alpha * c1[r];
+    if (Cb) {
+      v16f x0, x1;
+      std::memcpy(&x0, Cb + r * ldcb, sizeof(x0));
+      std::memcpy(&x1, Cb + r * ldcb + 16, sizeof(x1));
+      o0 = x0 + o0;
+      o1 = x1 + o1;
+    }
+    std::memcpy(C + r * ldc, &o0, sizeof(o0));
+    std::memcpy(C + r * ldc + 16, &o1, sizeof(o1));
+  }
+}
+#endif
 
 // The same for a panel narrower than 16 columns (nw < 16), scalar over the columns.
 inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int64_t pstride, const float* B,
                        int64_t ldb, float alpha, const float* Cb, int64_t ldcb, float* C,
                        int64_t ldc) {
-  float acc[6][16] = {};
+  float acc[kMR][kNR] = {};
   for (int64_t k = 0; k < kn; ++k) {
     const float* b = B + k * ldb;
     for (int r = 0; r < mr; ++r) {
@@ -221,12 +293,26 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
     const int64_t jend = c_lower ? std::min<int64_t>(N, i0 + mr) : N;
     for (int64_t j0 = 0; j0 < jend; j0 += kNR) {
       const int nw = static_cast<int>(std::min<int64_t>(kNR, N - j0));
+#ifdef __AVX512F__
+      if (mr == kMR && j0 + 2 * kNR <= N && j0 + kNR < jend) {
+        const float* b = bpack + (j0 / kNR) * ps + k0 * kNR;
+        float* c = C + i0 * ldc + j0;
+        const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
+        micro_32<kMR>(kn, ap, ak, b, b + ps, kNR, alpha, cb, cin ? ldcin : ldc, c, ldc);
+        j0 += kNR;
+        continue;
+      }
+#endif
       float* c = C + i0 * ldc + j0;
       const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
       const int64_t ldcb = cin ? ldcin : ldc;
       if (nw == kNR) {
         const float* b = bpack + (j0 / kNR) * ps + k0 * kNR;
         switch (mr) {
+#ifdef __AVX512F__
+          case 8: micro_16<8>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+          case 7: micro_16<7>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
+#endif
           case 6: micro_16<6>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
           case 5: micro_16<5>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
           case 4: micro_16<4>(kn, ap, ak, b, kNR, alpha, cb, ldcb, c, ldc); break;
