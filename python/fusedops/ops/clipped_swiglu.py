@@ -1,4 +1,6 @@
-"""clipped_swiglu (docs/specs/ops.md section 7) as torch.library custom ops with autograd."""
+"""clipped_swiglu (docs/specs/ops.md section 7),
+as the ops of fusedops._op: an autograd.Function eagerly, torch.library custom ops under
+torch.compile."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context
+from .._op import DifferentiableOp, PlainOp
 
 _OP = "clipped_swiglu"
 
@@ -37,9 +40,8 @@ def _check(x: Tensor, dim: int, limit: float, clamp_mode: int) -> None:
         raise ValueError(f"fusedops: clipped_swiglu: clamp_mode must be 0 or 1, got {clamp_mode}")
 
 
-@torch.library.custom_op("fusedops::clipped_swiglu_fwd", mutates_args=())
-def _fwd(x: Tensor, group_index: Optional[Tensor], dim: int, alpha: float, limit: float, bias: float,
-         interleaved: bool, clamp_mode: int) -> Tensor:
+def _fwd_impl(x: Tensor, group_index: Optional[Tensor], dim: int, alpha: float, limit: float, bias: float,
+              interleaved: bool, clamp_mode: int) -> Tensor:
     y = torch.empty(_out_shape(x, dim), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         _check(x, dim, limit, clamp_mode)
@@ -50,14 +52,12 @@ def _fwd(x: Tensor, group_index: Optional[Tensor], dim: int, alpha: float, limit
     return y
 
 
-@_fwd.register_fake
-def _(x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode):
+def _fwd_fake(x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode):
     return x.new_empty(_out_shape(x, dim))
 
 
-@torch.library.custom_op("fusedops::clipped_swiglu_bwd", mutates_args=())
-def _bwd(dy: Tensor, x: Tensor, group_index: Optional[Tensor], dim: int, alpha: float, limit: float,
-         bias: float, interleaved: bool, clamp_mode: int) -> Tensor:
+def _bwd_impl(dy: Tensor, x: Tensor, group_index: Optional[Tensor], dim: int, alpha: float, limit: float,
+              bias: float, interleaved: bool, clamp_mode: int) -> Tensor:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if dx.numel() == 0:
         _check(x, dim, limit, clamp_mode)
@@ -68,9 +68,11 @@ def _bwd(dy: Tensor, x: Tensor, group_index: Optional[Tensor], dim: int, alpha: 
     return dx
 
 
-@_bwd.register_fake
-def _(dy, x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode):
+def _bwd_fake(dy, x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode):
     return x.new_empty(x.shape)
+
+
+_bwd = PlainOp("clipped_swiglu_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
@@ -85,7 +87,7 @@ def _backward(ctx, dy):
     return dx, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("fusedops::clipped_swiglu_fwd", _backward, setup_context=_setup)
+_fwd = DifferentiableOp("clipped_swiglu_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 def clipped_swiglu(x: Tensor, *, group_index: Optional[Tensor] = None, dim: int = -1,

@@ -1,4 +1,6 @@
-"""fused_cross_entropy_loss (docs/specs/ops.md section 1) as torch.library custom ops with autograd.
+"""fused_cross_entropy_loss (docs/specs/ops.md section 1),
+as the ops of fusedops._op: an autograd.Function eagerly, torch.library custom ops under
+torch.compile.
 
 The forward computes the loss and, in the same pass over the logits, the gradient for an upstream
 gradient of 1 (as Liger-Kernel and TransformerEngine do); the backward only rescales it. In eager
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
 
 _OP = "fused_cross_entropy_loss"
 _EMPTY = (0,)
@@ -66,11 +69,10 @@ def _run_fwd(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], grad
     return loss, z_loss, glw
 
 
-@torch.library.custom_op("fusedops::fused_cross_entropy_loss_fwd", mutates_args=())
-def _fwd(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_index: int,
-         reduction: str, label_smoothing: float, logit_scale: float,
-         logit_softcapping: Optional[float], lse_square_scale: float, want_z_loss: bool,
-         want_grad: bool, want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _fwd_impl(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_index: int,
+              reduction: str, label_smoothing: float, logit_scale: float,
+              logit_softcapping: Optional[float], lse_square_scale: float, want_z_loss: bool,
+              want_grad: bool, want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if want_grad else None
     loss, z_loss, glw = _run_fwd(logits, labels, loss_weight, grad, ignore_index, reduction,
                                  label_smoothing, logit_scale, logit_softcapping, lse_square_scale,
@@ -82,9 +84,8 @@ def _fwd(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_i
             glw if glw is not None else empty())
 
 
-@_fwd.register_fake
-def _(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, logit_scale,
-      logit_softcapping, lse_square_scale, want_z_loss, want_grad, want_weight_grad):
+def _fwd_fake(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, logit_scale,
+              logit_softcapping, lse_square_scale, want_z_loss, want_grad, want_weight_grad):
     shape = _loss_shape(labels, reduction)
     f32 = _acc(logits)
     return (logits.new_empty(shape, dtype=f32),
@@ -93,12 +94,10 @@ def _(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, log
             logits.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
 
 
-@torch.library.custom_op("fusedops::fused_cross_entropy_loss_fwd_inplace",
-                         mutates_args=("logits",))
-def _fwd_inplace(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_index: int,
-                 reduction: str, label_smoothing: float, logit_scale: float,
-                 logit_softcapping: Optional[float], lse_square_scale: float, want_z_loss: bool,
-                 want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _fwd_inplace_impl(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], ignore_index: int,
+                      reduction: str, label_smoothing: float, logit_scale: float,
+                      logit_softcapping: Optional[float], lse_square_scale: float, want_z_loss: bool,
+                      want_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The forward of inplace_backward: the gradient replaces the (contiguous) logits."""
     loss, z_loss, glw = _run_fwd(logits, labels, loss_weight, logits, ignore_index, reduction,
                                  label_smoothing, logit_scale, logit_softcapping, lse_square_scale,
@@ -108,14 +107,17 @@ def _fwd_inplace(logits: Tensor, labels: Tensor, loss_weight: Optional[Tensor], 
     return loss, z_loss if z_loss is not None else empty(), glw if glw is not None else empty()
 
 
-@_fwd_inplace.register_fake
-def _(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, logit_scale,
-      logit_softcapping, lse_square_scale, want_z_loss, want_weight_grad):
+def _fwd_inplace_fake(logits, labels, loss_weight, ignore_index, reduction, label_smoothing, logit_scale,
+                      logit_softcapping, lse_square_scale, want_z_loss, want_weight_grad):
     shape = _loss_shape(labels, reduction)
     f32 = _acc(logits)
     return (logits.new_empty(shape, dtype=f32),
             logits.new_empty(shape if want_z_loss else _EMPTY, dtype=f32),
             logits.new_empty(labels.shape if want_weight_grad else _EMPTY, dtype=f32))
+
+
+_fwd_inplace = PlainOp("fused_cross_entropy_loss_fwd_inplace", _fwd_inplace_impl, _fwd_inplace_fake,
+                       mutates_args=("logits",))
 
 
 def _grad_loss(g: Tensor) -> Tensor:
@@ -124,9 +126,8 @@ def _grad_loss(g: Tensor) -> Tensor:
     return g.to(_acc(g)).contiguous()
 
 
-@torch.library.custom_op("fusedops::fused_cross_entropy_loss_bwd", mutates_args=())
-def _bwd(grad_loss: Tensor, grad: Optional[Tensor], grad_loss_weight: Optional[Tensor],
-         reduction: str, weight_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
+def _bwd_impl(grad_loss: Tensor, grad: Optional[Tensor], grad_loss_weight: Optional[Tensor],
+              reduction: str, weight_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
     """Functional backward: new tensors g * saved."""
     out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device) if grad is not None else None
     out_w = (torch.empty(grad_loss_weight.shape, dtype=weight_dtype, device=grad_loss_weight.device)
@@ -137,25 +138,28 @@ def _bwd(grad_loss: Tensor, grad: Optional[Tensor], grad_loss_weight: Optional[T
             out_w if out_w is not None else grad_loss.new_empty(_EMPTY))
 
 
-@_bwd.register_fake
-def _(grad_loss, grad, grad_loss_weight, reduction, weight_dtype):
+def _bwd_fake(grad_loss, grad, grad_loss_weight, reduction, weight_dtype):
     return (grad.new_empty(grad.shape) if grad is not None else grad_loss.new_empty(_EMPTY),
             grad_loss_weight.new_empty(grad_loss_weight.shape, dtype=weight_dtype)
             if grad_loss_weight is not None else grad_loss.new_empty(_EMPTY))
 
 
-@torch.library.custom_op("fusedops::fused_cross_entropy_loss_bwd_inplace",
-                         mutates_args=("grad", "grad_loss_weight"))
-def _bwd_inplace(grad_loss: Tensor, grad: Optional[Tensor], grad_loss_weight: Optional[Tensor],
-                 reduction: str) -> None:
+_bwd = PlainOp("fused_cross_entropy_loss_bwd", _bwd_impl, _bwd_fake)
+
+
+def _bwd_inplace_impl(grad_loss: Tensor, grad: Optional[Tensor], grad_loss_weight: Optional[Tensor],
+                      reduction: str) -> None:
     """Eager backward: saved *= g in place (rows whose factor is 1 are skipped)."""
     _C.fused_cross_entropy_loss_bwd(context(_OP, grad_loss), _grad_loss(grad_loss), grad, grad,
                                     grad_loss_weight, grad_loss_weight, reduction)
 
 
-@_bwd_inplace.register_fake
-def _(grad_loss, grad, grad_loss_weight, reduction):
+def _bwd_inplace_fake(grad_loss, grad, grad_loss_weight, reduction):
     return None
+
+
+_bwd_inplace = PlainOp("fused_cross_entropy_loss_bwd_inplace", _bwd_inplace_impl, _bwd_inplace_fake,
+                       mutates_args=("grad", "grad_loss_weight"))
 
 
 def _rescale(ctx, grad_loss: Tensor, grad: Optional[Tensor], glw: Optional[Tensor]):
@@ -188,8 +192,7 @@ def _backward(ctx, grad_loss, _g_z, _g_grad, _g_glw):
     return dlogits, None, dlw, None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("fusedops::fused_cross_entropy_loss_fwd", _backward,
-                                setup_context=_setup)
+_fwd = DifferentiableOp("fused_cross_entropy_loss_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 class _InplaceBackward(torch.autograd.Function):

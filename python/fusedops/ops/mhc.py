@@ -1,4 +1,6 @@
-"""mHC family (docs/specs/ops.md sections 3 and 9) as torch.library custom ops with autograd.
+"""mHC family (docs/specs/ops.md sections 3 and 9),
+as the ops of fusedops._op: an autograd.Function eagerly, torch.library custom ops under
+torch.compile.
 
 * ``sinkhorn(logits, num_iters=20, eps=1e-6, variant="mindspeed")``: Sinkhorn-Knopp
   normalisation of every [n, n] matrix of ``logits`` [..., n, n] (n <= 16);
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
 
 _VARIANTS = ("mindspeed", "deepseek", "log")
 
@@ -53,21 +56,18 @@ def _token_rows(t: Optional[Tensor], dtype: torch.dtype, square: bool = False) -
 # sinkhorn
 
 
-@torch.library.custom_op("fusedops::sinkhorn_fwd", mutates_args=())
-def _sinkhorn_fwd(logits: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
+def _sinkhorn_fwd_impl(logits: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
     lg = logits.contiguous()
     out = torch.empty(lg.shape, dtype=lg.dtype, device=lg.device)
     _C.sinkhorn_fwd(context("sinkhorn", lg), lg, out, num_iters, eps, variant)
     return out
 
 
-@_sinkhorn_fwd.register_fake
-def _(logits: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
+def _sinkhorn_fwd_fake(logits: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
     return logits.new_empty(logits.shape)
 
 
-@torch.library.custom_op("fusedops::sinkhorn_bwd", mutates_args=())
-def _sinkhorn_bwd(logits: Tensor, dout: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
+def _sinkhorn_bwd_impl(logits: Tensor, dout: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
     lg = logits.contiguous()
     g = dout.to(lg.dtype).contiguous()
     dl = torch.empty(lg.shape, dtype=lg.dtype, device=lg.device)
@@ -75,9 +75,11 @@ def _sinkhorn_bwd(logits: Tensor, dout: Tensor, num_iters: int, eps: float, vari
     return dl
 
 
-@_sinkhorn_bwd.register_fake
-def _(logits: Tensor, dout: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
+def _sinkhorn_bwd_fake(logits: Tensor, dout: Tensor, num_iters: int, eps: float, variant: str) -> Tensor:
     return logits.new_empty(logits.shape)
+
+
+_sinkhorn_bwd = PlainOp("sinkhorn_bwd", _sinkhorn_bwd_impl, _sinkhorn_bwd_fake)
 
 
 def _sinkhorn_setup(ctx, inputs, output):
@@ -91,7 +93,8 @@ def _sinkhorn_backward(ctx, dout):
     return _sinkhorn_bwd(logits, dout, *ctx.args), None, None, None
 
 
-torch.library.register_autograd("fusedops::sinkhorn_fwd", _sinkhorn_backward, setup_context=_sinkhorn_setup)
+_sinkhorn_fwd = DifferentiableOp("sinkhorn_fwd", _sinkhorn_fwd_impl, _sinkhorn_fwd_fake,
+                                 _sinkhorn_setup, _sinkhorn_backward)
 
 
 def sinkhorn(logits: Tensor, num_iters: int = 20, eps: float = 1e-6, variant: str = "mindspeed") -> Tensor:
@@ -116,9 +119,8 @@ def sinkhorn(logits: Tensor, num_iters: int = 20, eps: float = 1e-6, variant: st
 # hc_split_sinkhorn
 
 
-@torch.library.custom_op("fusedops::hc_split_sinkhorn_fwd", mutates_args=())
-def _split_fwd(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int, sinkhorn_iters: int,
-               eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
+def _split_fwd_impl(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int, sinkhorn_iters: int,
+                    eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
     m = rows_view(mixes)
     pdt = _param_dtype(hc_scale, mixes)
     lead = tuple(mixes.shape[:-1])
@@ -131,17 +133,15 @@ def _split_fwd(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int, s
     return pre, post, comb
 
 
-@_split_fwd.register_fake
-def _(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps, variant):
+def _split_fwd_fake(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps, variant):
     lead = tuple(mixes.shape[:-1])
     return (mixes.new_empty(lead + (hc_mult,)), mixes.new_empty(lead + (hc_mult,)),
             mixes.new_empty(lead + (hc_mult, hc_mult)))
 
 
-@torch.library.custom_op("fusedops::hc_split_sinkhorn_bwd", mutates_args=())
-def _split_bwd(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, dpre: Optional[Tensor],
-               dpost: Optional[Tensor], dcomb: Optional[Tensor], hc_mult: int, sinkhorn_iters: int,
-               eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
+def _split_bwd_impl(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, dpre: Optional[Tensor],
+                    dpost: Optional[Tensor], dcomb: Optional[Tensor], hc_mult: int, sinkhorn_iters: int,
+                    eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
     m = rows_view(mixes)
     pdt = _param_dtype(hc_scale, mixes)
     dmixes = torch.empty(mixes.shape, dtype=mixes.dtype, device=mixes.device)
@@ -156,9 +156,11 @@ def _split_bwd(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, dpre: Optional[
     return dmixes, dscale.to(hc_scale.dtype), dbase.to(hc_base.dtype)
 
 
-@_split_bwd.register_fake
-def _(mixes, hc_scale, hc_base, dpre, dpost, dcomb, hc_mult, sinkhorn_iters, eps, variant):
+def _split_bwd_fake(mixes, hc_scale, hc_base, dpre, dpost, dcomb, hc_mult, sinkhorn_iters, eps, variant):
     return mixes.new_empty(mixes.shape), hc_scale.new_empty(hc_scale.shape), hc_base.new_empty(hc_base.shape)
+
+
+_split_bwd = PlainOp("hc_split_sinkhorn_bwd", _split_bwd_impl, _split_bwd_fake)
 
 
 def _split_setup(ctx, inputs, output):
@@ -173,7 +175,8 @@ def _split_backward(ctx, dpre, dpost, dcomb):
     return dm, ds, db, None, None, None, None
 
 
-torch.library.register_autograd("fusedops::hc_split_sinkhorn_fwd", _split_backward, setup_context=_split_setup)
+_split_fwd = DifferentiableOp("hc_split_sinkhorn_fwd", _split_fwd_impl, _split_fwd_fake,
+                              _split_setup, _split_backward)
 
 
 def hc_split_sinkhorn(mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int = 4,
@@ -221,21 +224,18 @@ def _streams_view(x: Tensor) -> Tensor:
     return rows_view(x)
 
 
-@torch.library.custom_op("fusedops::mhc_pre_bmm_fwd", mutates_args=())
-def _pre_fwd(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype) -> Tensor:
+def _pre_fwd_impl(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype) -> Tensor:
     xs = _streams_view(x)
     y = torch.empty(x.shape[:-2] + x.shape[-1:], dtype=out_dtype, device=x.device)
     _C.mhc_pre_bmm_fwd(context("mhc_pre_bmm", x), h_pre.to(_param_dtype(h_pre, x)).contiguous(), xs, y)
     return y
 
 
-@_pre_fwd.register_fake
-def _(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype) -> Tensor:
+def _pre_fwd_fake(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype) -> Tensor:
     return x.new_empty(x.shape[:-2] + x.shape[-1:], dtype=out_dtype)
 
 
-@torch.library.custom_op("fusedops::mhc_pre_bmm_bwd", mutates_args=())
-def _pre_bwd(h_pre: Tensor, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+def _pre_bwd_impl(h_pre: Tensor, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     pdt = _param_dtype(h_pre, x)
     dh = torch.empty(h_pre.shape, dtype=pdt, device=x.device)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -244,9 +244,11 @@ def _pre_bwd(h_pre: Tensor, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     return dh.to(h_pre.dtype), dx
 
 
-@_pre_bwd.register_fake
-def _(h_pre: Tensor, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+def _pre_bwd_fake(h_pre: Tensor, x: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     return h_pre.new_empty(h_pre.shape), x.new_empty(x.shape)
+
+
+_pre_bwd = PlainOp("mhc_pre_bmm_bwd", _pre_bwd_impl, _pre_bwd_fake)
 
 
 def _pre_setup(ctx, inputs, output):
@@ -260,7 +262,8 @@ def _pre_backward(ctx, dy):
     return dh, dx, None
 
 
-torch.library.register_autograd("fusedops::mhc_pre_bmm_fwd", _pre_backward, setup_context=_pre_setup)
+_pre_fwd = DifferentiableOp("mhc_pre_bmm_fwd", _pre_fwd_impl, _pre_fwd_fake, _pre_setup,
+                            _pre_backward)
 
 
 def mhc_pre_bmm(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
@@ -278,8 +281,7 @@ def mhc_pre_bmm(h_pre: Tensor, x: Tensor, out_dtype: torch.dtype = torch.float32
 # mhc_post
 
 
-@torch.library.custom_op("fusedops::mhc_post_fwd", mutates_args=())
-def _post_fwd(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
+def _post_fwd_impl(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
     pdt = _param_dtype(h_res, x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _C.mhc_post_fwd(context("mhc_post", x), _streams_view(x), h_res.to(pdt).contiguous(),
@@ -287,14 +289,12 @@ def _post_fwd(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor
     return out
 
 
-@_post_fwd.register_fake
-def _(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
+def _post_fwd_fake(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("fusedops::mhc_post_bwd", mutates_args=())
-def _post_bwd(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor,
-              dy: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _post_bwd_impl(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor,
+                   dy: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     pdt = _param_dtype(h_res, x)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dh_res = torch.empty(h_res.shape, dtype=pdt, device=x.device)
@@ -306,10 +306,12 @@ def _post_bwd(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor,
     return dx, dh_res.to(h_res.dtype), dh_out, dh_post.to(h_post.dtype)
 
 
-@_post_bwd.register_fake
-def _(x, h_res, h_out, h_post, dy):
+def _post_bwd_fake(x, h_res, h_out, h_post, dy):
     return x.new_empty(x.shape), h_res.new_empty(h_res.shape), h_out.new_empty(h_out.shape), \
         h_post.new_empty(h_post.shape)
+
+
+_post_bwd = PlainOp("mhc_post_bwd", _post_bwd_impl, _post_bwd_fake)
 
 
 def _post_setup(ctx, inputs, output):
@@ -320,7 +322,8 @@ def _post_backward(ctx, dy):
     return _post_bwd(*ctx.saved_tensors, dy)
 
 
-torch.library.register_autograd("fusedops::mhc_post_fwd", _post_backward, setup_context=_post_setup)
+_post_fwd = DifferentiableOp("mhc_post_fwd", _post_fwd_impl, _post_fwd_fake, _post_setup,
+                             _post_backward)
 
 
 def mhc_post(x: Tensor, h_res: Tensor, h_out: Tensor, h_post: Tensor) -> Tensor:

@@ -1,4 +1,6 @@
-"""rmsnorm_gated (docs/specs/ops.md section 5) as torch.library custom ops with autograd.
+"""rmsnorm_gated (docs/specs/ops.md section 5),
+as the ops of fusedops._op: an autograd.Function eagerly, torch.library custom ops under
+torch.compile.
 
 Two entry points, as in flash-linear-attention:
 
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from .. import _C
 from .._backend import context, rows_view
+from .._op import DifferentiableOp, PlainOp
 
 _OP = "rmsnorm_gated"
 _ACTIVATIONS = {"silu": 0, "swish": 0, "sigmoid": 1}
@@ -44,10 +47,9 @@ def _opt_contig(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-@torch.library.custom_op("fusedops::rmsnorm_gated_fwd", mutates_args=())
-def _fwd(x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
-         residual: Optional[Tensor], eps: float, group_size: int, norm_before_gate: bool,
-         activation: int) -> tuple[Tensor, Tensor, Tensor]:
+def _fwd_impl(x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+              residual: Optional[Tensor], eps: float, group_size: int, norm_before_gate: bool,
+              activation: int) -> tuple[Tensor, Tensor, Tensor]:
     D = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(tuple(x.shape[:-1]) + (_groups(D, group_size),), dtype=_rstd_dtype(x), device=x.device)
@@ -62,19 +64,17 @@ def _fwd(x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optiona
     return y, res_out, rstd
 
 
-@_fwd.register_fake
-def _(x, z, weight, bias, residual, eps, group_size, norm_before_gate, activation):
+def _fwd_fake(x, z, weight, bias, residual, eps, group_size, norm_before_gate, activation):
     D = x.shape[-1]
     res_out = x.new_empty(x.shape, dtype=residual.dtype) if residual is not None else x.new_empty(0)
     rstd = x.new_empty(tuple(x.shape[:-1]) + (_groups(D, group_size),), dtype=_rstd_dtype(x))
     return x.new_empty(x.shape), res_out, rstd
 
 
-@torch.library.custom_op("fusedops::rmsnorm_gated_bwd", mutates_args=())
-def _bwd(dy: Tensor, x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
-         rstd: Tensor, dresidual: Optional[Tensor], group_size: int, norm_before_gate: bool,
-         activation: int, want_dresidual_in: bool, want_dweight: bool,
-         want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _bwd_impl(dy: Tensor, x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+              rstd: Tensor, dresidual: Optional[Tensor], group_size: int, norm_before_gate: bool,
+              activation: int, want_dresidual_in: bool, want_dweight: bool,
+              want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dt = dy.dtype
     want_dw = want_dweight and weight is not None
     want_db = want_dbias and bias is not None
@@ -102,15 +102,17 @@ def _bwd(dy: Tensor, x: Tensor, z: Optional[Tensor], weight: Optional[Tensor], b
     return dx, dz, dw, db, dres_in
 
 
-@_bwd.register_fake
-def _(dy, x, z, weight, bias, rstd, dresidual, group_size, norm_before_gate, activation,
-      want_dresidual_in, want_dweight, want_dbias):
+def _bwd_fake(dy, x, z, weight, bias, rstd, dresidual, group_size, norm_before_gate, activation,
+              want_dresidual_in, want_dweight, want_dbias):
     dt = dy.dtype
     return (x.new_empty(x.shape, dtype=dt),
             x.new_empty(x.shape, dtype=dt) if z is not None else x.new_empty(0, dtype=dt),
             torch.empty_like(weight) if want_dweight and weight is not None else x.new_empty(0, dtype=dt),
             torch.empty_like(bias) if want_dbias and bias is not None else x.new_empty(0, dtype=dt),
             x.new_empty(x.shape) if want_dresidual_in else x.new_empty(0))
+
+
+_bwd = PlainOp("rmsnorm_gated_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
@@ -137,7 +139,7 @@ def _backward(ctx, dy, dres_out, _drstd):
             db if has_b and need[3] else None, d_residual, None, None, None, None)
 
 
-torch.library.register_autograd("fusedops::rmsnorm_gated_fwd", _backward, setup_context=_setup)
+_fwd = DifferentiableOp("rmsnorm_gated_fwd", _fwd_impl, _fwd_fake, _setup, _backward)
 
 
 def _activation_code(activation: str) -> int:
