@@ -6,7 +6,7 @@
 // build targets AVX-512, 8-float ones (AVX/FMA with -march=native, SSE or scalar code elsewhere)
 // otherwise. Each element of C is one dot product over k in order either way, so the results are
 // the same bits on every path and do not depend on threads. On the 2-core Xeon (AVX-512, two
-// 512-bit FMA ports) the zmm kernels take about two thirds of the time of the ymm ones over six
+// 512-bit FMA ports) the zmm kernels take about 60% of the time of the ymm ones over six
 // typical GDN products (bench/gemm/la_gemm_study.sh; the run:
 // bench/results/cpu/studies/la_gemm-2026-12-05.txt).
 #pragma once
