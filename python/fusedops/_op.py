@@ -75,6 +75,10 @@ class DifferentiableOp:
     def __call__(self, *args):
         if _traced(args):
             return self.custom_op(*args)
+        if not torch.is_grad_enabled():
+            # No graph is recorded (torch.no_grad / inference_mode): the implementation alone, as
+            # Function.apply would run it, without its context object and saved tensors.
+            return self.impl(*args)
         return self.function.apply(*args)
 
 

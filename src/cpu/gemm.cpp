@@ -130,7 +130,9 @@ void run(const Entry& e, const void* A, const void* B, void* C, const float* add
 
 Key key_of(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
            bool acc, int64_t ldc, bool out_bf16 = false, int64_t ld_addend = 0) {
-  return Key{bf16, ta, tb, acc, out_bf16, max_threads(), M, N, K, lda, ldb, ldc, ld_addend};
+  // A product called from inside a parallel region runs on the calling thread alone.
+  return Key{bf16, ta, tb, acc, out_bf16, in_parallel() ? 1 : max_threads(), M, N, K, lda, ldb, ldc,
+             ld_addend};
 }
 
 // K == 0: the product is zero.

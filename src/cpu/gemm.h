@@ -9,7 +9,8 @@
 // Without `accumulate` C is only written (NaNs in it do not survive). One primitive per shape,
 // layout and thread count is created on first use (the JIT, ~0.5 ms) and cached for the process;
 // calls from several threads at once are safe. Results are bitwise reproducible run to run for a
-// fixed thread count (OpenMP's, read at the call).
+// fixed thread count (OpenMP's, read at the call; 1 for a call made inside a parallel region,
+// which runs on the calling thread).
 #pragma once
 
 #include <cstdint>

@@ -19,6 +19,15 @@ inline int max_threads() {
 #endif
 }
 
+// Inside an OpenMP parallel region (a nested parallel region then runs on the calling thread).
+inline bool in_parallel() {
+#ifdef _OPENMP
+  return omp_in_parallel() != 0;
+#else
+  return false;
+#endif
+}
+
 // Calls fn(begin, end) on disjoint sub-ranges covering [begin, end), each of at least `grain`
 // indices (except possibly the last), spread over the OpenMP threads. The split depends only on
 // the range, grain and thread count, so results are reproducible for a fixed thread count; ops

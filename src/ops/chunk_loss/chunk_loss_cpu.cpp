@@ -91,6 +91,63 @@ void from_float_rows(const float* src, int64_t rows, int64_t cols, void* dst, DT
   });
 }
 
+// Without a gradient (torch.no_grad, evaluation) a chunk's logits never exist whole: tasks of
+// kLossRows rows by kLossCols vocabulary columns each compute their block with a single-threaded
+// GEMM into the thread's buffer (256 x 1024 fp32 = 1 MiB, in L2; blocks of 512 columns were a
+// little slower and of 2048 much slower on the 2-core Xeon) and reduce it at once to per-row
+// statistics (cpu::ce::block_stats); the blocks are merged per row in block order
+// (finish_block_stats), so the loss does not depend on the thread count. Before this (stop of
+// 2026-12-05) the chunk's [C, V] fp32 logits went through DRAM between a two-thread GEMM and the
+// loss pass.
+constexpr int64_t kLossRows = 256, kLossCols = 1024;
+struct LossBlockScratch {};
+
+struct LossOnlyChunk {
+  const bf16_t* Hb;  // bf16 operands, or
+  const float* Hf;   // fp32 ones
+  int64_t ldh;
+  const bf16_t* Wb;
+  const float* Wf;
+  int64_t rows, V, H;
+  cpu::ce::BlockStatsParams base;  // labels (of this chunk), ignore_index and the transforms
+  cpu::ce::FinishBlockStatsParams finish;
+};
+
+void loss_only_chunk(const LossOnlyChunk& c, std::vector<cpu::ce::BlockStat>& stats) {
+  const int64_t nb = (c.V + kLossCols - 1) / kLossCols;
+  const int64_t ng = (c.rows + kLossRows - 1) / kLossRows;
+  stats.resize(static_cast<size_t>(nb * c.rows));
+  const size_t label_size = c.base.labels_int64 ? 8 : 4;
+  cpu::parallel_for_dynamic(0, nb * ng, 1, [&](int64_t t0, int64_t t1) {
+    float* z = cpu::thread_scratch<LossBlockScratch, float>().get(0, kLossRows * kLossCols);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / ng, g = t % ng;
+      const int64_t v0 = b * kLossCols, nv = std::min(kLossCols, c.V - v0);
+      const int64_t i0 = g * kLossRows, ni = std::min(kLossRows, c.rows - i0);
+      if (c.Hb)
+        cpu::bgemm(false, true, ni, nv, c.H, c.Hb + i0 * c.ldh, c.ldh, c.Wb + v0 * c.H, c.H, false, z, nv);
+      else
+        cpu::sgemm(false, true, ni, nv, c.H, c.Hf + i0 * c.ldh, c.ldh, c.Wf + v0 * c.H, c.H, false, z, nv);
+      cpu::ce::BlockStatsParams p = c.base;
+      p.logits = z;
+      p.ld = nv;
+      p.rows = ni;
+      p.cols = nv;
+      p.v0 = v0;
+      p.labels = static_cast<const uint8_t*>(c.base.labels) + i0 * label_size;
+      p.out = stats.data() + b * c.rows + i0;
+      cpu::ce::block_stats(p);
+    }
+  });
+  cpu::ce::FinishBlockStatsParams f = c.finish;
+  f.stats = stats.data();
+  f.nblocks = nb;
+  f.block_cols = kLossCols;
+  f.rows = c.rows;
+  f.vocab = c.V;
+  cpu::ce::finish_block_stats(f);
+}
+
 void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   const CrossEntropyOptions& o = a.options;
   const int64_t N = a.hidden.rows(), H = a.hidden.size(-1), V = a.weight.size(0);
@@ -148,7 +205,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     }
   }
 
-  float* const z = scratch(kSlotZ, Cn * V, z_big);
+  float* const z = scratch(kSlotZ, want_grad ? Cn * V : 0, z_big);
+  std::vector<cpu::ce::BlockStat> block_stats;
   float* const h32 = scratch(kSlotH32, f32 || bf ? 0 : Cn * H, h32_big);
   // (bf16 dH is written by its GEMM.)
   float* const dh32 =
@@ -161,18 +219,46 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     const float* Hc = nullptr;
     int64_t ldhc = H;
     const bf16_t* Hb = bf ? a.hidden.data_as<const bf16_t>() + r0 * ldh : nullptr;
-    if (bf) {
-      cpu::bgemm(false, true, rows, V, H, Hb, ldh, Wb, H, false, z, V);
-    } else if (f32) {
+    if (f32) {
       Hc = a.hidden.data_as<const float>() + r0 * ldh;
       ldhc = ldh;
-    } else {
+    } else if (!bf) {
       to_float_rows(static_cast<const uint8_t*>(a.hidden.data()) + r0 * ldh * dtype_size(dt), dt, ldh,
                     rows, H, h32);
       Hc = h32;
       ldhc = H;
     }
-    if (!bf) cpu::sgemm(false, true, rows, V, H, Hc, ldhc, W, H, false, z, V);
+    const void* chunk_labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
+    if (!want_grad) {
+      LossOnlyChunk c{};
+      c.Hb = Hb;
+      c.Hf = Hc;
+      c.ldh = bf ? ldh : ldhc;
+      c.Wb = Wb;
+      c.Wf = W;
+      c.rows = rows;
+      c.V = V;
+      c.H = H;
+      c.base.labels = chunk_labels;
+      c.base.labels_int64 = int64;
+      c.base.ignore_index = o.ignore_index;
+      c.base.logit_scale = static_cast<float>(o.logit_scale);
+      c.base.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
+      c.base.label_smoothing = static_cast<float>(o.label_smoothing);
+      c.finish.labels = chunk_labels;
+      c.finish.labels_int64 = int64;
+      c.finish.ignore_index = o.ignore_index;
+      c.finish.label_smoothing = static_cast<float>(o.label_smoothing);
+      c.finish.lse_square_scale = static_cast<float>(o.lse_square_scale);
+      c.finish.row_loss = row_loss.data() + r0;
+      c.finish.row_z = row_z.data() + r0;
+      loss_only_chunk(c, block_stats);
+      continue;
+    }
+    if (bf)
+      cpu::bgemm(false, true, rows, V, H, Hb, ldh, Wb, H, false, z, V);
+    else
+      cpu::sgemm(false, true, rows, V, H, Hc, ldhc, W, H, false, z, V);
 
     cpu::ce::RowsParams rp{};
     rp.logits = z;
@@ -183,7 +269,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.grad = want_grad ? (bf ? static_cast<void*>(gb) : static_cast<void*>(z)) : nullptr;
     rp.grad_dtype = bf ? DType::kBFloat16 : DType::kFloat32;
     rp.grad_row_stride = V;
-    rp.labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
+    rp.labels = chunk_labels;
     rp.labels_int64 = int64;
     rp.row_scale = row_scale.data() + r0;
     rp.row_loss = row_loss.data() + r0;

@@ -53,6 +53,42 @@ struct RowsParams {
 };
 void rows(const RowsParams& p);
 
+// The loss of rows whose fp32 logits arrive a block of columns at a time (chunk_loss without a
+// gradient: the [rows, V] logits never exist). block_stats reads one block, columns [v0, v0 + cols)
+// of rows [0, rows) at row stride ld, applies logit_scale and softcap in place and writes per row
+// the maximum m_b of the block's z, sum exp(z - m_b), sum z (label smoothing only) and z at the
+// label when the label falls in the block. finish_block_stats merges each row's blocks in block
+// order (nblocks blocks of block_cols columns, the last one shorter) into row_loss and row_z as
+// rows() defines them; which thread computed which block does not change the result.
+struct BlockStat {
+  float m, d, sz, zy;
+};
+struct BlockStatsParams {
+  float* logits;
+  int64_t ld, rows, cols, v0;
+  const void* labels;
+  bool labels_int64;
+  int64_t ignore_index;
+  float logit_scale;
+  float softcap;  // 0: off
+  float label_smoothing;
+  BlockStat* out;  // [rows]
+};
+void block_stats(const BlockStatsParams& p);
+
+struct FinishBlockStatsParams {
+  const BlockStat* stats;  // [nblocks][rows]
+  int64_t nblocks, block_cols, rows, vocab;
+  const void* labels;
+  bool labels_int64;
+  int64_t ignore_index;
+  float label_smoothing;
+  float lse_square_scale;
+  float* row_loss;
+  float* row_z;  // nullptr: not wanted
+};
+void finish_block_stats(const FinishBlockStatsParams& p);
+
 // loss = sum_i row_scale[i] row_loss[i] (or per row for "none"), z_loss likewise with row_norm,
 // grad_loss_weight[i] = row_norm[i] row_loss[i]; outputs of any floating dtype, each optional
 // except loss.

@@ -371,6 +371,63 @@ void rows(const RowsParams& p) {
   });
 }
 
+void block_stats(const BlockStatsParams& p) {
+  const int64_t n = p.cols;
+  const bool capped = p.softcap > 0.0f;
+  const float inv_cap = capped ? 1.0f / p.softcap : 0.0f;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t y = label_of(p.labels, p.labels_int64, r);
+    BlockStat& st = p.out[r];
+    if (y == p.ignore_index) {
+      st = BlockStat{0.0f, 0.0f, 0.0f, 0.0f};
+      continue;
+    }
+    float* z = p.logits + r * p.ld;
+    // The same transforms and select-based maximum as rows(): a NaN never wins the maximum and
+    // comes out through the sum of exponentials.
+    if (capped) {
+      for (int64_t v = 0; v < n; ++v) z[v] = p.softcap * std::tanh(z[v] * p.logit_scale * inv_cap);
+    } else if (p.logit_scale != 1.0f) {
+      for (int64_t v = 0; v < n; ++v) z[v] *= p.logit_scale;
+    }
+    st.m = max_lanes(z, n);
+    st.d = exp_sum(z, n, st.m);
+    st.sz = p.label_smoothing > 0.0f ? sum_lanes(z, n) : 0.0f;
+    st.zy = y >= p.v0 && y < p.v0 + n ? z[y - p.v0] : 0.0f;
+  }
+}
+
+void finish_block_stats(const FinishBlockStatsParams& p) {
+  const float eps = p.label_smoothing, lambda = p.lse_square_scale;
+  const float inv_v = 1.0f / static_cast<float>(p.vocab);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t y = label_of(p.labels, p.labels_int64, r);
+    if (y == p.ignore_index) {
+      p.row_loss[r] = 0.0f;
+      if (p.row_z) p.row_z[r] = 0.0f;
+      continue;
+    }
+    float m = -std::numeric_limits<float>::max();
+    for (int64_t b = 0; b < p.nblocks; ++b) {
+      const float mb = p.stats[b * p.rows + r].m;
+      m = mb > m ? mb : m;
+    }
+    float d = 0.0f, sz = 0.0f;
+    for (int64_t b = 0; b < p.nblocks; ++b) {
+      const BlockStat& st = p.stats[b * p.rows + r];
+      d += st.d * exp_nonpositive(st.m - m);
+      sz += st.sz;
+    }
+    const float zy = y >= 0 && y < p.vocab ? p.stats[(y / p.block_cols) * p.rows + r].zy
+                                           : std::numeric_limits<float>::quiet_NaN();
+    const float log_d = std::log(d);
+    const float lse = m + log_d;
+    const float row_z = lambda * lse * lse;
+    p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
+    if (p.row_z) p.row_z[r] = row_z;
+  }
+}
+
 void finalize(const FinalizeParams& p) {
   // Ignored rows have row_loss = row_z = 0 and row_scale = row_norm = 0, so they add 0; a row
   // with a NaN loss (an out-of-range label) stays NaN even with a weight of 0, as in the

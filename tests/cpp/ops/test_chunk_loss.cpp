@@ -6,6 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "src/ops/cross_entropy/ce_common.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
@@ -148,8 +152,10 @@ TestTensor labels_tensor(const std::vector<int64_t>& y, std::vector<int64_t> sha
 }
 
 // One forward on backend b. accumulate: grad_weight is an fp32 buffer holding `acc0` first.
+// grads false: no gradient is asked for (the loss and z-loss only, torch.no_grad's call).
 Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, bool accumulate = false,
-        double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1, int64_t memory_budget = 0) {
+        double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1, int64_t memory_budget = 0,
+        bool grads = true) {
   const int64_t H = c.hidden_shape.back(), V = c.V;
   int64_t N = 1;
   for (size_t d = 0; d + 1 < c.hidden_shape.size(); ++d) N *= c.hidden_shape[d];
@@ -200,10 +206,12 @@ Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, boo
   a.alpha_per_sample = c.per_sample_alpha ? alpha.view() : TensorView();
   a.loss = loss.view();
   a.z_loss = z.view();
-  a.grad_hidden = dh.view();
-  a.grad_weight = dw.view();
-  a.accumulate_grad_weight = accumulate;
-  a.grad_loss_weight = dlw.view();
+  if (grads) {
+    a.grad_hidden = dh.view();
+    a.grad_weight = dw.view();
+    a.accumulate_grad_weight = accumulate;
+    a.grad_loss_weight = dlw.view();
+  }
   a.chunk_size = chunk_override >= 0 ? chunk_override : c.chunk;
   a.memory_budget = memory_budget;
   a.options = c.o;
@@ -234,11 +242,12 @@ Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, boo
   return r;
 }
 
-void expect_matches(const Outcome& r, DType dtype, const std::string& what) {
+void expect_matches(const Outcome& r, DType dtype, const std::string& what, bool grads = true) {
   const std::pair<const char*, std::vector<double> Grads::*> fields[] = {
       {"loss", &Grads::loss}, {"z_loss", &Grads::z_loss}, {"grad_hidden", &Grads::dh},
       {"grad_weight", &Grads::dw}, {"grad_loss_weight", &Grads::dlw}};
   for (const auto& [name, field] : fields) {
+    if (!grads && field != &Grads::loss && field != &Grads::z_loss) continue;
     const Verdict v = check_close(r.got.*field, r.base.*field, r.ref.*field, dtype);
     EXPECT_TRUE(v.pass) << what << " " << name << ": " << v.describe();
   }
@@ -259,6 +268,50 @@ TEST(ChunkLoss, MatchesLinearPlusCrossEntropyInFloat64OnEveryBackend) {
   }
   EXPECT_GT(checked, 0);
 }
+
+// Without gradients the CPU backend computes the loss from blocks of the logits (1024 columns,
+// 256 rows) merged per row; every case and dtype, and logits of magnitude ~1e4.
+TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
+  int checked = 0;
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    for (DType dtype : dtypes_of(b)) {
+      for (const auto& c : cases()) {
+        if (dtype == DType::kFloat64 && c.V > 10000) continue;
+        for (double spread : {1.0, 3000.0}) {
+          const std::string what = case_name(b.id, dtype, c.hidden_shape) + " V=" + std::to_string(c.V) +
+                                   " " + c.name + " no gradient, spread " + std::to_string(spread);
+          SCOPED_TRACE(what);
+          const Outcome r = run(b, dtype, c, 300 + checked, false, spread, checked % 2 == 0, -1, 0, false);
+          expect_matches(r, dtype, what, false);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+#ifdef _OPENMP
+// The loss-only blocks are merged in block order: the same bits on one thread as on several.
+TEST(ChunkLoss, LossWithoutGradientsDoesNotDependOnTheThreadCount) {
+  const int threads = omp_get_max_threads();
+  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+    if (b.device.kind != DeviceKind::kCPU) continue;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int k : {2, 3, 4}) {
+        const Case c = cases()[k];
+        SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + c.name);
+        omp_set_num_threads(1);
+        const Outcome one = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
+        omp_set_num_threads(std::max(threads, 2));
+        const Outcome many = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
+        omp_set_num_threads(threads);
+        EXPECT_EQ(one.loss_bytes, many.loss_bytes);
+      }
+    }
+  }
+}
+#endif
 
 TEST(ChunkLoss, AccumulatesIntoAnFp32WeightGradientBuffer) {
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
