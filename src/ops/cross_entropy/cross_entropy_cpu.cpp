@@ -235,6 +235,18 @@ float scale_and_max(const TIn* __restrict x, float* __restrict z, int64_t n, flo
   return max_finish(acc0, acc1, z + i, n - i);
 }
 
+// A row's loss and z-loss from its statistics: the maximum m of z, log_d = log sum exp(z - m), z at
+// the label and sum z (label smoothing); row_z may be null. Returns lse = m + log_d. The one form
+// of the formula for rows() and finish_block_stats().
+inline float store_row_loss(float m, float log_d, float zy, float sz, float eps, float inv_v,
+                            float lambda, float* row_loss, float* row_z) {
+  const float lse = m + log_d;
+  const float z_term = lambda * lse * lse;
+  *row_loss = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + z_term;
+  if (row_z) *row_z = z_term;
+  return lse;
+}
+
 // One row per iteration: pass A transforms the row into an fp32 copy z and takes its max (and
 // sum for label smoothing), pass B sums exp(z - m) (storing it when a gradient is wanted), pass
 // C writes the gradient in the output dtype. The copy makes in-place gradients safe.
@@ -265,11 +277,8 @@ void rows_typed(const RowsParams& p) {
           const float m = max_lanes(x, V);
           const float zy = y >= 0 && y < V ? to_float(x[y]) : std::numeric_limits<float>::quiet_NaN();
           const float sz = eps > 0.0f ? sum_lanes(x, V) : 0.0f;
-          const float log_d = std::log(exp_sum(x, V, m));
-          const float lse = m + log_d;
-          const float row_z = lambda * lse * lse;
-          p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
-          if (p.row_z) p.row_z[r] = row_z;
+          store_row_loss(m, std::log(exp_sum(x, V, m)), zy, sz, eps, inv_v, lambda, p.row_loss + r,
+                         p.row_z ? p.row_z + r : nullptr);
           continue;
         }
       }
@@ -288,11 +297,8 @@ void rows_typed(const RowsParams& p) {
       const float sz = eps > 0.0f ? sum_lanes(z.data(), V) : 0.0f;
       // With a gradient z now holds exp(z - m); without, it keeps z.
       const float d = g ? exp_shift_sum(z.data(), V, m) : exp_sum(z.data(), V, m);
-      const float log_d = std::log(d);
-      const float lse = m + log_d;
-      const float row_z = lambda * lse * lse;
-      p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
-      if (p.row_z) p.row_z[r] = row_z;
+      const float lse = store_row_loss(m, std::log(d), zy, sz, eps, inv_v, lambda, p.row_loss + r,
+                                       p.row_z ? p.row_z + r : nullptr);
       if (!g) continue;
       const float c = p.row_scale[r];
       const float a = c * (1.0f + 2.0f * lambda * lse) * p.logit_scale / d;
@@ -420,11 +426,8 @@ void finish_block_stats(const FinishBlockStatsParams& p) {
     }
     const float zy = y >= 0 && y < p.vocab ? p.stats[(y / p.block_cols) * p.rows + r].zy
                                            : std::numeric_limits<float>::quiet_NaN();
-    const float log_d = std::log(d);
-    const float lse = m + log_d;
-    const float row_z = lambda * lse * lse;
-    p.row_loss[r] = (1.0f - eps) * (m - zy) + eps * (m - sz * inv_v) + log_d + row_z;
-    if (p.row_z) p.row_z[r] = row_z;
+    store_row_loss(m, std::log(d), zy, sz, eps, inv_v, lambda, p.row_loss + r,
+                   p.row_z ? p.row_z + r : nullptr);
   }
 }
 

@@ -47,6 +47,47 @@ constexpr int kMR = 8;
 constexpr int kMR = 6;  // twelve ymm accumulators (two per row) of the sixteen AVX registers
 #endif
 
+#ifdef __AVX512F__
+// P (1 or 2) adjacent 16-column panels, panel p at B + p * pstride ([kn][ldb] each), for MR rows:
+// one zmm accumulator per row and panel; with two panels each broadcast of A feeds two FMAs.
+// Every element of C is the same dot product over k in order whatever P is.
+template <int MR, int P>
+inline void micro_zmm(int64_t kn, const float* __restrict Ap, int64_t ak, const float* __restrict B,
+                      int64_t pstride, int64_t ldb, float alpha, const float* Cb, int64_t ldcb,
+                      float* C, int64_t ldc) {
+  v16f c[P][MR];
+#pragma GCC unroll 2
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) c[p][r] = v16f{};
+  const float* __restrict Bp[P];
+#pragma GCC unroll 2
+  for (int p = 0; p < P; ++p) Bp[p] = B + p * pstride;
+  for (int64_t k = 0; k < kn; ++k) {
+    v16f b[P];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) std::memcpy(&b[p], Bp[p] + k * ldb, sizeof(v16f));
+    const float* a = Ap + k * ak;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) c[p][r] += a[r] * b[p];
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) {
+      v16f out = alpha * c[p][r];
+      if (Cb) {
+        v16f cb;
+        std::memcpy(&cb, Cb + r * ldcb + 16 * p, sizeof(cb));
+        out = cb + out;
+      }
+      std::memcpy(C + r * ldc + 16 * p, &out, sizeof(out));
+    }
+}
+#endif
+
 // C[r, 0:16] (=|+=) alpha * sum_k Ap[k*ak + r] B[k, 0:16] for MR rows: A's rows are consecutive
 // floats (a packed [kn][MR] block, or a transposed operand read in place), so one pointer walks
 // A and the row offsets stay out of the register file.
@@ -56,26 +97,7 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const f
   // The row loops are unrolled whatever the optimisation level (at -O2 GCC leaves them rolled
   // and keeps the accumulators in memory, ~2.5x slower).
 #ifdef __AVX512F__
-  v16f c[MR];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) c[r] = v16f{} ;
-  for (int64_t k = 0; k < kn; ++k) {
-    v16f b;
-    std::memcpy(&b, B + k * ldb, sizeof(b));
-    const float* a = Ap + k * ak;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) c[r] += a[r] * b;
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    v16f out = alpha * c[r];
-    if (Cb) {
-      v16f cb;
-      std::memcpy(&cb, Cb + r * ldcb, sizeof(cb));
-      out = cb + out;
-    }
-    std::memcpy(C + r * ldc, &out, sizeof(out));
-  }
+  micro_zmm<MR, 1>(kn, Ap, ak, B, 0, ldb, alpha, Cb, ldcb, C, ldc);
 #else
   v8f c0[MR], c1[MR];
 #pragma GCC unroll 8
@@ -105,43 +127,6 @@ inline void micro_16(int64_t kn, const float* __restrict Ap, int64_t ak, const f
   }
 #endif
 }
-
-#ifdef __AVX512F__
-// Two adjacent 16-column panels at once (B0 and B1, each [kn][16]): sixteen zmm accumulators for
-// eight rows, so each broadcast of A feeds two FMAs. The same per-element sums as micro_16.
-template <int MR>
-inline void micro_32(int64_t kn, const float* __restrict Ap, int64_t ak, const float* __restrict B0,
-                     const float* __restrict B1, int64_t ldb, float alpha, const float* Cb,
-                     int64_t ldcb, float* C, int64_t ldc) {
-  v16f c0[MR], c1[MR];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = v16f{};
-  for (int64_t k = 0; k < kn; ++k) {
-    v16f b0, b1;
-    std::memcpy(&b0, B0 + k * ldb, sizeof(b0));
-    std::memcpy(&b1, B1 + k * ldb, sizeof(b1));
-    const float* a = Ap + k * ak;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      c0[r] += a[r] * b0;
-      c1[r] += a[r] * b1;
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    v16f o0 = alpha * c0[r], o1 = alpha * c1[r];
-    if (Cb) {
-      v16f x0, x1;
-      std::memcpy(&x0, Cb + r * ldcb, sizeof(x0));
-      std::memcpy(&x1, Cb + r * ldcb + 16, sizeof(x1));
-      o0 = x0 + o0;
-      o1 = x1 + o1;
-    }
-    std::memcpy(C + r * ldc, &o0, sizeof(o0));
-    std::memcpy(C + r * ldc + 16, &o1, sizeof(o1));
-  }
-}
-#endif
 
 // The same for a panel narrower than 16 columns (nw < 16), scalar over the columns.
 inline void micro_tail(int mr, int nw, int64_t kn, const float* Ap, int64_t pstride, const float* B,
@@ -298,7 +283,7 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
         const float* b = bpack + (j0 / kNR) * ps + k0 * kNR;
         float* c = C + i0 * ldc + j0;
         const float* cb = cin ? cin + i0 * ldcin + j0 : (accumulate ? c : nullptr);
-        micro_32<kMR>(kn, ap, ak, b, b + ps, kNR, alpha, cb, cin ? ldcin : ldc, c, ldc);
+        micro_zmm<kMR, 2>(kn, ap, ak, b, ps, kNR, alpha, cb, cin ? ldcin : ldc, c, ldc);
         j0 += kNR;
         continue;
       }
