@@ -12,6 +12,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/chunk_loss.h"
 #include "src/core/visit.h"
+#include "src/cpu/amx.h"
 #include "src/cpu/gemm.h"
 #include "src/cpu/parallel.h"
 #include "src/cpu/scratch.h"
@@ -30,7 +31,7 @@ constexpr const char* kOp = "chunk_loss";
 // at [128, 128] x V = 8000: page faults and heap trims were ~20% of the call). Larger ones (an
 // LLM's fp32 weight gradient) are allocated per call in `big`, uninitialised.
 constexpr size_t kKeepBytes = size_t(64) << 20;
-enum Slot { kSlotW32, kSlotDw, kSlotZ, kSlotH32, kSlotDh32, kSlotGb };
+enum Slot { kSlotW32, kSlotDw, kSlotZ, kSlotH32, kSlotDh32, kSlotGb, kSlotHp };
 struct ChunkScratch {};
 
 template <class T>
@@ -98,11 +99,15 @@ void from_float_rows(const float* src, int64_t rows, int64_t cols, void* dst, DT
 // statistics (cpu::ce::block_stats); the blocks are merged per row in block order
 // (finish_block_stats), so the loss does not depend on the thread count. Before this (stop of
 // 2026-12-05) the chunk's [C, V] fp32 logits went through DRAM between a two-thread GEMM and the
-// loss pass.
+// loss pass. With bf16 operands on a CPU with AMX a block is computed vocabulary-major by
+// cpu::amx::gemm_bat (faster than oneDNN's one-thread product at these blocks up to K = 2048:
+// bench/gemm/amx_gemm_bench.cpp, bench/results/cpu/studies/amx_gemm-2026-12-05.txt) and reduced
+// by cpu::ce::block_stats_vocab_major.
 constexpr int64_t kLossRows = 256, kLossCols = 1024;
 struct LossBlockScratch {};
 
 struct LossOnlyChunk {
+  const bf16_t* Hp;  // bf16 operands with AMX: the chunk's rows packed (cpu::amx::pack_pairs), or
   const bf16_t* Hb;  // bf16 operands, or
   const float* Hf;   // fp32 ones
   int64_t ldh;
@@ -124,18 +129,24 @@ void loss_only_chunk(const LossOnlyChunk& c, std::vector<cpu::ce::BlockStat>& st
       const int64_t b = t / ng, g = t % ng;
       const int64_t v0 = b * kLossCols, nv = std::min(kLossCols, c.V - v0);
       const int64_t i0 = g * kLossRows, ni = std::min(kLossRows, c.rows - i0);
-      if (c.Hb)
-        cpu::bgemm(false, true, ni, nv, c.H, c.Hb + i0 * c.ldh, c.ldh, c.Wb + v0 * c.H, c.H, false, z, nv);
-      else
-        cpu::sgemm(false, true, ni, nv, c.H, c.Hf + i0 * c.ldh, c.ldh, c.Wf + v0 * c.H, c.H, false, z, nv);
       cpu::ce::BlockStatsParams p = c.base;
-      p.logits = z;
-      p.ld = nv;
       p.rows = ni;
       p.cols = nv;
       p.v0 = v0;
       p.labels = static_cast<const uint8_t*>(c.base.labels) + i0 * label_size;
       p.out = stats.data() + b * c.rows + i0;
+      p.logits = z;
+      if (c.Hp) {  // the block vocabulary-major: z[v][i]
+        p.ld = cpu::amx::padded_rows(ni);
+        cpu::amx::gemm_bat(c.Wb + v0 * c.H, c.H, nv, c.Hp + i0 * cpu::amx::padded_k(c.H), ni, c.H, z, p.ld);
+        cpu::ce::block_stats_vocab_major(p);
+        continue;
+      }
+      p.ld = nv;
+      if (c.Hb)
+        cpu::bgemm(false, true, ni, nv, c.H, c.Hb + i0 * c.ldh, c.ldh, c.Wb + v0 * c.H, c.H, false, z, nv);
+      else
+        cpu::sgemm(false, true, ni, nv, c.H, c.Hf + i0 * c.ldh, c.ldh, c.Wf + v0 * c.H, c.H, false, z, nv);
       cpu::ce::block_stats(p);
     }
   });
@@ -172,8 +183,13 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.row_norm = row_norm.data();
   cpu::ce::row_scales(sp);
 
-  // bf16 products straight on the operands.
+  // bf16 products straight on the operands. Without gradients, the logits blocks on AMX tiles
+  // where the CPU has them (cpu::amx, vocabulary-major; the chunk's rows packed once).
   const bool bf = dt == DType::kBFloat16;
+  // Up to a hidden size of 2048: a block's 256 packed rows then fit half of a 2 MiB L2; at 4096 the
+  // AMX product ran at 0.75x oneDNN's (bench/results/cpu/studies/amx_gemm-2026-12-05.txt).
+  constexpr int64_t kAmxMaxHidden = 2048;
+  const bool amx = bf && H <= kAmxMaxHidden && cpu::amx::available();
   // fp32 operands.
   std::unique_ptr<float[]> w32_big, dw_big, z_big, h32_big, dh32_big;
   std::unique_ptr<bf16_t[]> gb_big;
@@ -212,6 +228,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   float* const dh32 =
       scratch(kSlotDh32, (a.grad_hidden.defined() && !f32 && !bf) ? Cn * H : 0, dh32_big);
   bf16_t* const gb = scratch(kSlotGb, bf && want_grad ? Cn * V : 0, gb_big);
+  std::unique_ptr<bf16_t[]> hp_big;
+  bf16_t* const hp = scratch(kSlotHp, amx && !want_grad ? cpu::amx::padded_rows(Cn) * cpu::amx::padded_k(H) : 0, hp_big);
   const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
   const size_t label_size = int64 ? 8 : 4;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
@@ -229,8 +247,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       ldhc = H;
     }
     const void* chunk_labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
+    if (amx && !want_grad) cpu::amx::pack_pairs(Hb, ldh, rows, H, hp);
     if (!want_grad) {
       LossOnlyChunk c{};
+      c.Hp = amx ? hp : nullptr;
       c.Hb = Hb;
       c.Hf = Hc;
       c.ldh = bf ? ldh : ldhc;

@@ -75,6 +75,11 @@ struct BlockStatsParams {
   BlockStat* out;  // [rows]
 };
 void block_stats(const BlockStatsParams& p);
+// block_stats of a block stored vocabulary-major, logits[v * ld + r] (cols vocabulary rows by rows
+// rows), as the AMX logits product writes it (src/cpu/amx.h). The same statistics and transforms;
+// per row the vocabulary is taken in order, each sum in four partial sums (v mod 4) added as
+// (s0 + s1) + (s2 + s3): sixteen rows per AVX-512 register, the same bits without AVX-512.
+void block_stats_vocab_major(const BlockStatsParams& p);
 
 struct FinishBlockStatsParams {
   const BlockStat* stats;  // [nblocks][rows]

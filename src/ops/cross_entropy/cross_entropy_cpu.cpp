@@ -403,6 +403,74 @@ void block_stats(const BlockStatsParams& p) {
   }
 }
 
+void block_stats_vocab_major(const BlockStatsParams& p) {
+  const int64_t n = p.cols, ld = p.ld;
+  const bool capped = p.softcap > 0.0f, smooth = p.label_smoothing > 0.0f;
+  const float inv_cap = capped ? 1.0f / p.softcap : 0.0f;
+  if (capped || p.logit_scale != 1.0f) {
+    for (int64_t v = 0; v < n; ++v) {
+      float* z = p.logits + v * ld;
+      if (capped)
+        for (int64_t r = 0; r < p.rows; ++r) z[r] = p.softcap * std::tanh(z[r] * p.logit_scale * inv_cap);
+      else
+        for (int64_t r = 0; r < p.rows; ++r) z[r] *= p.logit_scale;
+    }
+  }
+  float m[kLanes], d[kLanes], sz[kLanes];
+  for (int64_t r0 = 0; r0 < p.rows; r0 += kLanes) {
+    const int64_t nr = std::min<int64_t>(kLanes, p.rows - r0);
+    const float* z = p.logits + r0;
+#ifdef FUSEDOPS_CE_AVX512
+    {
+      static_assert(kLanes == 16, "one zmm of rows");
+      const __mmask16 k = nr == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << nr) - 1u);
+      __m512 vm = _mm512_set1_ps(-std::numeric_limits<float>::max());
+      // vmaxps returns its second operand, the running maximum, for a NaN: as v > m ? v : m.
+      for (int64_t v = 0; v < n; ++v) vm = _mm512_mask_max_ps(vm, 0xFFFF, _mm512_maskz_loadu_ps(k, z + v * ld), vm);
+      __m512 vd[4], vs[4];
+      for (int j = 0; j < 4; ++j) vd[j] = vs[j] = _mm512_setzero_ps();
+      for (int64_t v = 0; v < n; ++v) {
+        const __m512 x = _mm512_maskz_loadu_ps(k, z + v * ld);
+        vd[v & 3] = _mm512_add_ps(vd[v & 3], exp_nonpositive(_mm512_sub_ps(x, vm)));
+        if (smooth) vs[v & 3] = _mm512_add_ps(vs[v & 3], x);
+      }
+      _mm512_storeu_ps(m, vm);
+      _mm512_storeu_ps(d, _mm512_add_ps(_mm512_add_ps(vd[0], vd[1]), _mm512_add_ps(vd[2], vd[3])));
+      _mm512_storeu_ps(sz, _mm512_add_ps(_mm512_add_ps(vs[0], vs[1]), _mm512_add_ps(vs[2], vs[3])));
+    }
+#else
+    for (int64_t l = 0; l < nr; ++l) {
+      float mx = -std::numeric_limits<float>::max();
+      for (int64_t v = 0; v < n; ++v) {
+        const float x = z[v * ld + l];
+        mx = x > mx ? x : mx;
+      }
+      float pd[4] = {}, ps[4] = {};
+      for (int64_t v = 0; v < n; ++v) {
+        const float x = z[v * ld + l];
+        pd[v & 3] += exp_nonpositive(x - mx);
+        if (smooth) ps[v & 3] += x;
+      }
+      m[l] = mx;
+      d[l] = (pd[0] + pd[1]) + (pd[2] + pd[3]);
+      sz[l] = (ps[0] + ps[1]) + (ps[2] + ps[3]);
+    }
+#endif
+    for (int64_t l = 0; l < nr; ++l) {
+      const int64_t r = r0 + l, y = label_of(p.labels, p.labels_int64, r);
+      BlockStat& st = p.out[r];
+      if (y == p.ignore_index) {
+        st = BlockStat{0.0f, 0.0f, 0.0f, 0.0f};
+        continue;
+      }
+      st.m = m[l];
+      st.d = d[l];
+      st.sz = smooth ? sz[l] : 0.0f;
+      st.zy = y >= p.v0 && y < p.v0 + n ? z[(y - p.v0) * ld + l] : 0.0f;
+    }
+  }
+}
+
 void finish_block_stats(const FinishBlockStatsParams& p) {
   const float eps = p.label_smoothing, lambda = p.lse_square_scale;
   const float inv_v = 1.0f / static_cast<float>(p.vocab);

@@ -10,6 +10,7 @@
 #include <omp.h>
 #endif
 
+#include "src/cpu/amx.h"
 #include "src/ops/cross_entropy/ce_common.h"
 #include "tests/common/tolerance.h"
 #include "tests/cpp/test_util.h"
@@ -274,25 +275,34 @@ TEST(ChunkLoss, MatchesLinearPlusCrossEntropyInFloat64OnEveryBackend) {
 // LargeLogitsAndSoftcapStayFinite uses (1 and 3). In the one-row case such a loss is a difference
 // of two ~1e4 logits whose fp32 base can be exact by chance while another product order differs
 // by a part of the logits' ulp: CUDA measured 2.2e-5 there on an H100 (stop 47).
+// On a CPU with AMX the bf16 blocks take the AMX product and the vocabulary-major statistics;
+// the oneDNN path beside it (the path of CPUs without AMX) runs here too, with the kernel turned off.
 TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
   int checked = 0;
   const auto& all = cases();
-  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (DType dtype : dtypes_of(b)) {
-      for (size_t k = 0; k < all.size(); ++k) {
-        const Case& c = all[k];
-        if (dtype == DType::kFloat64 && c.V > 10000) continue;
-        for (double spread : {1.0, 3000.0}) {
-          if (spread > 1.0 && k != 1 && k != 3) continue;
-          const std::string what = case_name(b.id, dtype, c.hidden_shape) + " V=" + std::to_string(c.V) +
-                                   " " + c.name + " no gradient, spread " + std::to_string(spread);
-          SCOPED_TRACE(what);
-          const Outcome r = run(b, dtype, c, 300 + checked, false, spread, checked % 2 == 0, -1, 0, false);
-          expect_matches(r, dtype, what, false);
-          ++checked;
+  for (bool amx : {true, false}) {
+    if (amx && !cpu::amx::available()) continue;
+    cpu::amx::set_enabled(amx);
+    for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+      if (!amx && b.device.kind != DeviceKind::kCPU) continue;
+      for (DType dtype : dtypes_of(b)) {
+        for (size_t k = 0; k < all.size(); ++k) {
+          const Case& c = all[k];
+          if (dtype == DType::kFloat64 && c.V > 10000) continue;
+          for (double spread : {1.0, 3000.0}) {
+            if (spread > 1.0 && k != 1 && k != 3) continue;
+            const std::string what = case_name(b.id, dtype, c.hidden_shape) + " V=" + std::to_string(c.V) +
+                                     " " + c.name + " no gradient, spread " + std::to_string(spread) +
+                                     (amx ? "" : ", AMX off");
+            SCOPED_TRACE(what);
+            const Outcome r = run(b, dtype, c, 300 + checked, false, spread, checked % 2 == 0, -1, 0, false);
+            expect_matches(r, dtype, what, false);
+            ++checked;
+          }
         }
       }
     }
+    cpu::amx::set_enabled(true);
   }
   EXPECT_GT(checked, 0);
 }
@@ -301,20 +311,25 @@ TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
 // The loss-only blocks are merged in block order: the same bits on one thread as on several.
 TEST(ChunkLoss, LossWithoutGradientsDoesNotDependOnTheThreadCount) {
   const int threads = omp_get_max_threads();
-  for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    if (b.device.kind != DeviceKind::kCPU) continue;
-    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      for (int k : {2, 3, 4}) {
-        const Case c = cases()[k];
-        SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + c.name);
-        omp_set_num_threads(1);
-        const Outcome one = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
-        omp_set_num_threads(std::max(threads, 2));
-        const Outcome many = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
-        omp_set_num_threads(threads);
-        EXPECT_EQ(one.loss_bytes, many.loss_bytes);
+  for (bool amx : {true, false}) {
+    if (amx && !cpu::amx::available()) continue;
+    cpu::amx::set_enabled(amx);
+    for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
+      if (b.device.kind != DeviceKind::kCPU) continue;
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (int k : {2, 3, 4}) {
+          const Case c = cases()[k];
+          SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + c.name + (amx ? "" : ", AMX off"));
+          omp_set_num_threads(1);
+          const Outcome one = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
+          omp_set_num_threads(std::max(threads, 2));
+          const Outcome many = run(b, dtype, c, 41, false, 1.0, true, -1, 0, false);
+          omp_set_num_threads(threads);
+          EXPECT_EQ(one.loss_bytes, many.loss_bytes);
+        }
       }
     }
+    cpu::amx::set_enabled(true);
   }
 }
 #endif
