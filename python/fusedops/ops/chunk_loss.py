@@ -51,7 +51,8 @@ def _run_fwd(hidden, weight, bias, labels, loss_weight, alpha_s, alpha_t, grad_w
     dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=dev) if want_grad_hidden else None
     glw = torch.empty(labels.shape, dtype=acc, device=dev) if want_weight_grad else None
     ctx = context(_OP, hidden)
-    n = _C.chunk_loss_workspace_size(ctx, h, w, dh, grad_weight, accumulate, chunk_size, memory_budget)
+    n = 0 if dev.type == "cpu" else _C.chunk_loss_workspace_size(ctx, h, w, dh, grad_weight, accumulate,
+                                                                 chunk_size, memory_budget)
     ws = torch.empty(n, dtype=torch.uint8, device=dev) if n else None
     _C.chunk_loss_fwd(ctx, h, w, bias, labels.contiguous(),
                       loss_weight.contiguous() if loss_weight is not None else None, alpha_s, alpha_t,
@@ -284,7 +285,12 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     opts = (int(ignore_index), reduction, float(label_smoothing), float(logit_scale),
             None if softcap is None else float(softcap), float(lse_square_scale),
             int(chunk_size or 0), int(memory_budget or 0), bool(return_z_loss))
-    if grad_weight_buffer is not None:
+    if not (want_dh or want_dw or want_lw) and _is_eager(h, weight, lab, lw, alpha_t):
+        # No gradient wanted (torch.no_grad, evaluation): the C++ forward alone, without the op's
+        # autograd wrapper and the placeholders of its absent outputs (the same computation).
+        loss, z_loss, _, _ = _run_fwd(h, weight, bias, lab, lw, alpha_s, alpha_t, None, False, *opts,
+                                      False, False)
+    elif grad_weight_buffer is not None:
         loss, z_loss = _Accumulate.apply(h, weight, bias, lab, lw, alpha_s, alpha_t, grad_weight_buffer,
                                          *opts, want_dh, want_lw)
     else:

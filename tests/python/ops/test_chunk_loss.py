@@ -168,6 +168,31 @@ def test_loss_without_gradients_matches_float64(backend_case, name, spread, seed
     assert_close(z, zb, z64, dt, f"{tag} z_loss")
 
 
+def test_no_input_requiring_grad_is_the_no_grad_forward(backend_case, seed_of):
+    """Gradient mode on but no input requiring a gradient (an evaluation loop without no_grad): the
+    forward alone, as under torch.no_grad (the same bits), a loss that requires no gradient; and the
+    same loss as the forward with gradients, within the gradient path's rounding."""
+    case = backend_case
+    dt, dev = case.dtype, case.device
+    name = "everything-per-sample-alpha"
+    hidden, weight, labels, weights, chunk, kw = make(name, dt, dev, seed_of(OP, "no-input-grad", str(dt)))
+    with forced(case):
+        loss, z = fusedops.chunk_loss(hidden, weight, labels, weights, chunk_size=chunk, return_z_loss=True, **kw)
+        with torch.no_grad():
+            loss_ng, z_ng = fusedops.chunk_loss(hidden, weight, labels, weights, chunk_size=chunk,
+                                                return_z_loss=True, **kw)
+        loss_g = fusedops.chunk_loss(hidden.clone().requires_grad_(), weight, labels, weights, chunk_size=chunk,
+                                     **kw)
+    assert not loss.requires_grad and not z.requires_grad and loss_g.requires_grad
+    assert torch.equal(loss, loss_ng) and torch.equal(z, z_ng)
+    kw64 = {k: (v.cpu().double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    l64, _ = composite(hidden.cpu().double(), weight.cpu().double(), labels.cpu(),
+                       weights.cpu().double() if weights is not None else None, **kw64)
+    lb, _ = composite(hidden, weight, labels, weights.to(dt) if weights is not None else None, **kw)
+    assert_close(loss, lb, l64, dt, f"{case.id} {name} no input requires grad")
+    assert_close(loss_g.detach(), lb, l64, dt, f"{case.id} {name} with gradients")
+
+
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
 def test_large_logits_and_softcap_stay_finite(backend_case, seed_of):
     case = backend_case
