@@ -254,17 +254,18 @@ void expect_matches(const Outcome& r, DType dtype, const std::string& what, bool
   }
 }
 
-// body(amx) with the CPU's AMX product on (where the CPU has it) and off: without gradients the
-// bf16 CPU backend takes cpu::amx's logits blocks when on and oneDNN's when off, the path of CPUs
-// without AMX. (CUDA backends are the same either way: callers skip them when off.)
+// body(amx_off_again) with the CPU's AMX product on (where the CPU has it) and then off: without
+// gradients the bf16 CPU backend takes cpu::amx's logits blocks when on and oneDNN's when off, the
+// path of CPUs without AMX. amx_off_again is true only for that second run on a CPU with AMX, where
+// callers skip the backends it does not change (CUDA's).
 template <class F>
 void with_and_without_amx(F&& body) {
-  for (bool amx : {true, false}) {
-    if (amx && !cpu::amx::available()) continue;
-    cpu::amx::set_enabled(amx);
-    body(amx);
-    cpu::amx::set_enabled(true);
-  }
+  const bool has_amx = cpu::amx::available();
+  body(false);
+  if (!has_amx) return;
+  cpu::amx::set_enabled(false);
+  body(true);
+  cpu::amx::set_enabled(true);
 }
 
 TEST(ChunkLoss, MatchesLinearPlusCrossEntropyInFloat64OnEveryBackend) {
@@ -293,9 +294,9 @@ TEST(ChunkLoss, MatchesLinearPlusCrossEntropyInFloat64OnEveryBackend) {
 TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
   int checked = 0;
   const auto& all = cases();
-  with_and_without_amx([&](bool amx) {
+  with_and_without_amx([&](bool amx_off_again) {
     for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-      if (!amx && b.device.kind != DeviceKind::kCPU) continue;
+      if (amx_off_again && b.device.kind != DeviceKind::kCPU) continue;
       for (DType dtype : dtypes_of(b)) {
         for (size_t k = 0; k < all.size(); ++k) {
           const Case& c = all[k];
@@ -304,7 +305,7 @@ TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
             if (spread > 1.0 && k != 1 && k != 3) continue;
             const std::string what = case_name(b.id, dtype, c.hidden_shape) + " V=" + std::to_string(c.V) +
                                      " " + c.name + " no gradient, spread " + std::to_string(spread) +
-                                     (amx ? "" : ", AMX off");
+                                     (amx_off_again ? ", AMX off" : "");
             SCOPED_TRACE(what);
             const Outcome r = run(b, dtype, c, 300 + checked, false, spread, checked % 2 == 0, -1, 0, false);
             expect_matches(r, dtype, what, false);
@@ -322,16 +323,16 @@ TEST(ChunkLoss, LossWithoutGradientsMatchesTheOracle) {
 // gradients split their outputs, not their sums: the same bits on one thread as on several.
 TEST(ChunkLoss, LossAndGradientsDoNotDependOnTheThreadCount) {
   const int threads = omp_get_max_threads();
-  with_and_without_amx([&](bool amx) {
+  with_and_without_amx([&](bool amx_off_again) {
     for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
       if (b.device.kind != DeviceKind::kCPU) continue;
       for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
         for (int k : {2, 3, 4}) {
           for (bool grads : {false, true}) {
-            if (grads && !amx && cpu::amx::available()) continue;  // AMX serves no gradient product
+            if (grads && amx_off_again) continue;  // AMX serves no gradient product
             const Case c = cases()[k];
             SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + c.name + (grads ? " with" : " without") +
-                         " gradients" + (amx ? "" : ", AMX off"));
+                         " gradients" + (amx_off_again ? ", AMX off" : ""));
             omp_set_num_threads(1);
             const Outcome one = run(b, dtype, c, 41, false, 1.0, true, -1, 0, grads);
             omp_set_num_threads(std::max(threads, 2));
