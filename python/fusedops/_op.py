@@ -75,9 +75,11 @@ class DifferentiableOp:
     def __call__(self, *args):
         if _traced(args):
             return self.custom_op(*args)
-        if not torch.is_grad_enabled():
-            # No graph is recorded (torch.no_grad / inference_mode): the implementation alone, as
-            # Function.apply would run it, without its context object and saved tensors.
+        if not torch.is_grad_enabled() or not any(isinstance(a, torch.Tensor) and a.requires_grad
+                                                  for a in args):
+            # No graph is recorded (torch.no_grad / inference_mode, or no input requiring a
+            # gradient): the implementation alone, as Function.apply would run it, without its
+            # context object and saved tensors.
             return self.impl(*args)
         return self.function.apply(*args)
 

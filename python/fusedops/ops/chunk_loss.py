@@ -285,12 +285,7 @@ def chunk_loss(hidden: Tensor, weight: Tensor, labels: Tensor, loss_weight: Opti
     opts = (int(ignore_index), reduction, float(label_smoothing), float(logit_scale),
             None if softcap is None else float(softcap), float(lse_square_scale),
             int(chunk_size or 0), int(memory_budget or 0), bool(return_z_loss))
-    if not (want_dh or want_dw or want_lw) and _is_eager(h, weight, lab, lw, alpha_t):
-        # No gradient wanted (torch.no_grad, evaluation): the C++ forward alone, without the op's
-        # autograd wrapper and the placeholders of its absent outputs (the same computation).
-        loss, z_loss, _, _ = _run_fwd(h, weight, bias, lab, lw, alpha_s, alpha_t, None, False, *opts,
-                                      False, False)
-    elif grad_weight_buffer is not None:
+    if grad_weight_buffer is not None:
         loss, z_loss = _Accumulate.apply(h, weight, bias, lab, lw, alpha_s, alpha_t, grad_weight_buffer,
                                          *opts, want_dh, want_lw)
     else:
