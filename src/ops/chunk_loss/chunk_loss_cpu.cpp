@@ -187,9 +187,10 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   // where the CPU has them (cpu::amx, vocabulary-major; the chunk's rows packed once).
   const bool bf = dt == DType::kBFloat16;
   // Up to a hidden size of 2048: a block's 256 packed rows then fit half of a 2 MiB L2; at 4096 the
-  // AMX product ran at 0.75x oneDNN's (bench/results/cpu/studies/amx_gemm-2026-12-05.txt).
+  // AMX product ran at 0.73-0.76x oneDNN's in two of three runs
+  // (bench/results/cpu/studies/amx_gemm-2026-12-05.txt).
   constexpr int64_t kAmxMaxHidden = 2048;
-  const bool amx = bf && H <= kAmxMaxHidden && cpu::amx::available();
+  const bool amx = !want_grad && bf && H <= kAmxMaxHidden && cpu::amx::available();
   // fp32 operands.
   std::unique_ptr<float[]> w32_big, dw_big, z_big, h32_big, dh32_big;
   std::unique_ptr<bf16_t[]> gb_big;
@@ -229,7 +230,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       scratch(kSlotDh32, (a.grad_hidden.defined() && !f32 && !bf) ? Cn * H : 0, dh32_big);
   bf16_t* const gb = scratch(kSlotGb, bf && want_grad ? Cn * V : 0, gb_big);
   std::unique_ptr<bf16_t[]> hp_big;
-  bf16_t* const hp = scratch(kSlotHp, amx && !want_grad ? cpu::amx::padded_rows(Cn) * cpu::amx::padded_k(H) : 0, hp_big);
+  bf16_t* const hp = scratch(kSlotHp, amx ? cpu::amx::padded_rows(Cn) * cpu::amx::padded_k(H) : 0, hp_big);
   const bf16_t* Wb = bf ? a.weight.data_as<const bf16_t>() : nullptr;
   const size_t label_size = int64 ? 8 : 4;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
@@ -247,8 +248,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       ldhc = H;
     }
     const void* chunk_labels = static_cast<const uint8_t*>(a.labels.data()) + r0 * label_size;
-    if (amx && !want_grad) cpu::amx::pack_pairs(Hb, ldh, rows, H, hp);
     if (!want_grad) {
+      if (amx) cpu::amx::pack_pairs(Hb, ldh, rows, H, hp);
       LossOnlyChunk c{};
       c.Hp = amx ? hp : nullptr;
       c.Hb = Hb;
@@ -286,7 +287,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.logits_row_stride = V;
     // With bf16 GEMMs the cross-entropy writes the gradient G straight in bf16 (rounded once,
     // as the CUDA backend rounds it; the same bits as an fp32 G converted after it).
-    rp.grad = want_grad ? (bf ? static_cast<void*>(gb) : static_cast<void*>(z)) : nullptr;
+    rp.grad = bf ? static_cast<void*>(gb) : static_cast<void*>(z);
     rp.grad_dtype = bf ? DType::kBFloat16 : DType::kFloat32;
     rp.grad_row_stride = V;
     rp.labels = chunk_labels;
@@ -303,7 +304,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
     cpu::ce::rows(rp);
 
-    if (bf && want_grad) {
+    if (bf) {
       // dH_c = G W and dW += G^T H_c.
       if (a.grad_hidden.defined())
         cpu::bgemm_to_bf16(false, false, rows, H, V, gb, V, Wb, H, nullptr, 0,

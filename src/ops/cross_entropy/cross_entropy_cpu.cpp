@@ -377,10 +377,21 @@ void rows(const RowsParams& p) {
   });
 }
 
+namespace {
+// rows()' logit transforms on a span of a block, in place: z = softcap tanh(z scale / softcap) or
+// z scale (nothing for scale 1 without a cap).
+void transform_span(float* z, int64_t n, float logit_scale, float softcap) {
+  if (softcap > 0.0f) {
+    const float inv_cap = 1.0f / softcap;
+    for (int64_t i = 0; i < n; ++i) z[i] = softcap * std::tanh(z[i] * logit_scale * inv_cap);
+  } else if (logit_scale != 1.0f) {
+    for (int64_t i = 0; i < n; ++i) z[i] *= logit_scale;
+  }
+}
+}  // namespace
+
 void block_stats(const BlockStatsParams& p) {
   const int64_t n = p.cols;
-  const bool capped = p.softcap > 0.0f;
-  const float inv_cap = capped ? 1.0f / p.softcap : 0.0f;
   for (int64_t r = 0; r < p.rows; ++r) {
     const int64_t y = label_of(p.labels, p.labels_int64, r);
     BlockStat& st = p.out[r];
@@ -391,11 +402,7 @@ void block_stats(const BlockStatsParams& p) {
     float* z = p.logits + r * p.ld;
     // The same transforms and select-based maximum as rows(): a NaN never wins the maximum and
     // comes out through the sum of exponentials.
-    if (capped) {
-      for (int64_t v = 0; v < n; ++v) z[v] = p.softcap * std::tanh(z[v] * p.logit_scale * inv_cap);
-    } else if (p.logit_scale != 1.0f) {
-      for (int64_t v = 0; v < n; ++v) z[v] *= p.logit_scale;
-    }
+    transform_span(z, n, p.logit_scale, p.softcap);
     st.m = max_lanes(z, n);
     st.d = exp_sum(z, n, st.m);
     st.sz = p.label_smoothing > 0.0f ? sum_lanes(z, n) : 0.0f;
@@ -405,17 +412,8 @@ void block_stats(const BlockStatsParams& p) {
 
 void block_stats_vocab_major(const BlockStatsParams& p) {
   const int64_t n = p.cols, ld = p.ld;
-  const bool capped = p.softcap > 0.0f, smooth = p.label_smoothing > 0.0f;
-  const float inv_cap = capped ? 1.0f / p.softcap : 0.0f;
-  if (capped || p.logit_scale != 1.0f) {
-    for (int64_t v = 0; v < n; ++v) {
-      float* z = p.logits + v * ld;
-      if (capped)
-        for (int64_t r = 0; r < p.rows; ++r) z[r] = p.softcap * std::tanh(z[r] * p.logit_scale * inv_cap);
-      else
-        for (int64_t r = 0; r < p.rows; ++r) z[r] *= p.logit_scale;
-    }
-  }
+  const bool smooth = p.label_smoothing > 0.0f;
+  for (int64_t v = 0; v < n; ++v) transform_span(p.logits + v * ld, p.rows, p.logit_scale, p.softcap);
   float m[kLanes], d[kLanes], sz[kLanes];
   for (int64_t r0 = 0; r0 < p.rows; r0 += kLanes) {
     const int64_t nr = std::min<int64_t>(kLanes, p.rows - r0);
