@@ -185,13 +185,14 @@ TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
 }
 
 // stream_copy (non-temporal stores for large outputs) equals memcpy byte for byte whatever the
-// alignment of either side and the size (below the streaming size, around it, odd tails), and
-// writes nothing outside the destination range.
+// alignment of either side and the size (below the streaming size, around it, around the end of
+// the prefetched part, odd tails), and writes nothing outside the destination range.
 TEST(StreamCopy, EqualsMemcpyAtEveryAlignmentAndSize) {
   std::vector<uint8_t> src(70000 + 128), dst(70000 + 256);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
-  for (const size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{65599},
-                         size_t{70000}}) {
+  constexpr size_t P = fusedops::cpu::kStreamPrefetchBytes;  // the prefetched part's end
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{4095}, size_t{4096}, size_t{4097}, P - 1, P, P + 1,
+                         P + 64, P + 127, 2 * P + 65, size_t{65599}, size_t{70000}}) {
     for (const size_t so : {size_t{0}, size_t{1}, size_t{17}, size_t{63}}) {
       for (const size_t d_off : {size_t{0}, size_t{3}, size_t{32}, size_t{64}, size_t{127}}) {
         std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
