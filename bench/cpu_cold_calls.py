@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""What a cold call costs on the CPU: the report's CPU timing writes a buffer twice the
+last-level cache between calls (bench/common.py Timer), so every call starts with its code,
+data and page tables out of the caches. This study times the two cases whose eager ratio is
+furthest below issue 40's targets both ways: cold (the report's flush before each call; fusedops
+and eager interleaved call by call) and warm (back to back). Two floors that no operator goes
+below are timed the same ways: the backward of an autograd.Function that only returns two
+prebuilt tensors, and one small PyTorch op (zeros(1)).
+
+    python bench/cpu_cold_calls.py [--calls 60] [--out bench/results/cpu/studies/NAME.txt]
+
+Medians (and the 20th percentile) of the calls, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import fusedops  # noqa: E402
+
+from bench.common import last_level_cache_bytes  # noqa: E402
+
+
+def cases():
+    torch.manual_seed(0)
+    n, h, v = 128, 128, 8000  # the report's CPU chunk_loss bf16 case
+    hidden = torch.randn(n, h).bfloat16()
+    weight = (torch.randn(v, h) / h ** 0.5).bfloat16()
+    labels = torch.randint(0, v, (n,))
+    hr, wr = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+
+    def cl_fused():
+        return torch.autograd.grad(fusedops.chunk_loss(hr, wr, labels, reduction="mean"), [hr, wr])
+
+    def cl_eager():
+        loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hr, wr), labels)
+        return torch.autograd.grad(loss, [hr, wr])
+
+    t = o = i = 512  # the report's CPU matmul_add case
+    dy, x, base = torch.randn(t, o), torch.randn(t, i), torch.randn(o, i)
+    mg = base.clone()
+
+    def restore():
+        mg.copy_(base)
+
+    def mm_fused():
+        fusedops.matmul_add(dy, x, mg)
+
+    def mm_eager():
+        mg.add_(dy.t() @ x)
+
+    dh, dw = torch.zeros(n, h).bfloat16(), torch.zeros(v, h).bfloat16()
+
+    class Returns(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return torch.zeros(())
+
+        @staticmethod
+        def backward(ctx, g):
+            return dh, dw
+
+    state = {}
+
+    def noop_prepare():
+        state["loss"] = Returns.apply(hr, wr)
+
+    def noop_backward():
+        return torch.autograd.grad(state.pop("loss"), [hr, wr])
+
+    return [
+        ("chunk_loss bf16 N=128 H=128 V=8000, fwd+bwd", None,
+         [("fusedops", cl_fused), ("eager", cl_eager)]),
+        ("matmul_add fp32 512^3", restore, [("fusedops", mm_fused), ("eager", mm_eager)]),
+        ("floor: backward of an autograd.Function returning two prebuilt tensors", noop_prepare,
+         [("autograd.grad", noop_backward)]),
+        ("floor: torch.zeros(1)", None, [("torch op", lambda: torch.zeros(1))]),
+    ]
+
+
+def timed(fn, prepare, flush) -> float:
+    """One call in ms; `flush` (a buffer) is written first when given."""
+    if prepare:
+        prepare()
+    if flush is not None:
+        flush.fill_(0x5A)
+    t0 = time.perf_counter()
+    out = fn()
+    t1 = time.perf_counter()
+    del out
+    return (t1 - t0) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=60)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    flush = torch.empty(max(64 << 20, 2 * last_level_cache_bytes()), dtype=torch.uint8)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    lines = [f"cpu_cold_calls at {commit}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+             f"flush {flush.numel() >> 20} MiB written before each cold call; median / p20 of "
+             f"{args.calls} calls, ms"]
+    for label, prepare, impls in cases():
+        samples = {(name, cold): [] for name, _ in impls for cold in (True, False)}
+        for _, fn in impls:  # first calls (primitive creation, lazy init) untimed
+            if prepare:
+                prepare()
+            fn()
+        for _ in range(args.calls):  # cold: the implementations interleaved call by call
+            for name, fn in impls:
+                samples[(name, True)].append(timed(fn, prepare, flush))
+        for name, fn in impls:  # warm: back to back
+            for _ in range(args.calls):
+                samples[(name, False)].append(timed(fn, prepare, None))
+        lines.append(label)
+        for name, _ in impls:
+            parts = []
+            for cold in (True, False):
+                s = sorted(samples[(name, cold)])
+                parts.append(f"{'cold' if cold else 'warm'} {s[len(s) // 2]:.3f} / {s[len(s) // 5]:.3f}")
+            lines.append(f"  {name:14s} " + "   ".join(parts))
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
