@@ -8,7 +8,18 @@
 // L2's miss queue holds more lines in flight than the L1's fill buffers, which bound a plain
 // streaming loop. On the 2-core Xeon of bench/results/cpu this took a 256 MiB copy on both cores
 // from ~36 to ~44 GB/s (distances of 4-32 KiB all within 1 GB/s of each other; 1 KiB gained
-// little); bench/stream_copy_bench.cpp measures it.
+// little); bench/stream_copy_bench.cpp measures it (its runs:
+// bench/results/cpu/studies/stream_copy-2026-12-05-prefetch.txt).
+//
+// Streaming stores into pages that are not mapped yet (a large output the allocator has just
+// taken from the kernel) are slower than plain stores: every first store to a page faults, and
+// the kernel's zeroing leaves the page's lines in the cache that the streaming store must then
+// evict. On the same machine a 64 MiB copy into fresh pages on both cores took 20.7-21.5 ms with
+// streaming stores and 15.7-17.6 ms with memcpy; mapping the pages first, one call per thread
+// (prefault_for_write), and then streaming took 10.6-12.2 ms
+// (bench/results/cpu/studies/stream_copy-2026-12-05-prefault.txt). So a caller with a large
+// output checks whether it is mapped (page_mapped on its last page: the allocator's own header
+// keeps the first one mapped) and, if not, prefaults it before the copy.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +29,14 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define FUSEDOPS_STREAM_STORES 1
+#endif
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (older headers lack the name)
+#endif
 #endif
 
 namespace fusedops::cpu {
@@ -67,6 +86,36 @@ inline void stream_copy(void* dst, const void* src, size_t bytes) {
   std::memcpy(d + body, s + body, bytes - body);
 #else
   std::memcpy(dst, src, bytes);
+#endif
+}
+
+// Whether the page holding `p` is mapped in memory (Linux: mincore). Elsewhere, or when the
+// kernel cannot tell, true: the caller then takes its usual path.
+inline bool page_mapped(const void* p) {
+#if defined(__linux__)
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  unsigned char vec = 0;
+  if (mincore(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~(page - 1)), 1, &vec) != 0) return true;
+  return (vec & 1) != 0;
+#else
+  (void)p;
+  return true;
+#endif
+}
+
+// Maps the whole pages of [p, p + bytes) for writing in one system call (Linux 5.14's
+// MADV_POPULATE_WRITE) instead of a fault per page on first store. Only a hint: on older
+// kernels, other systems or any failure nothing happens and the stores fault as usual. The
+// contents of the range are not changed.
+inline void prefault_for_write(void* p, size_t bytes) {
+#if defined(__linux__)
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)bytes;
 #endif
 }
 

@@ -10,6 +10,15 @@
 #include "src/cpu/stream_copy.h"
 #include "tests/cpp/test_util.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#endif
+
 namespace fusedops::testing {
 namespace {
 
@@ -183,6 +192,47 @@ TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
     }
   }
 }
+
+#if defined(__linux__)
+// page_mapped tells a fresh anonymous mapping's untouched pages from written ones, and
+// prefault_for_write maps exactly the whole pages inside its range without changing any byte;
+// a streaming copy into the prefaulted pages is then the source byte for byte.
+TEST(StreamCopy, PrefaultMapsWholePagesAndKeepsTheContents) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), pages = 64, bytes = pages * page;
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* d = static_cast<uint8_t*>(map);
+  for (size_t i = 0; i < pages; ++i) ASSERT_FALSE(fusedops::cpu::page_mapped(d + i * page)) << "page " << i;
+  d[5 * page + 7] = 42;  // pages 5 and 6 written: mapped, the rest still not
+  d[6 * page] = 43;
+  EXPECT_TRUE(fusedops::cpu::page_mapped(d + 5 * page + 100));
+  EXPECT_FALSE(fusedops::cpu::page_mapped(d + 4 * page));
+  // From the middle of page 3 to the middle of page 10: whole pages 4-9 only.
+  fusedops::cpu::prefault_for_write(d + 3 * page + page / 2, 7 * page);
+  // MADV_POPULATE_WRITE needs Linux 5.14; before it the call is a no-op and maps nothing.
+  utsname u{};
+  int major = 0, minor = 0;
+  ASSERT_EQ(uname(&u), 0);
+  ASSERT_EQ(std::sscanf(u.release, "%d.%d", &major, &minor), 2) << u.release;
+  const bool populated = major > 5 || (major == 5 && minor >= 14);
+  for (size_t i = 0; i < pages; ++i) {
+    const bool want = i == 5 || i == 6 || (populated && i >= 4 && i <= 9);
+    EXPECT_EQ(fusedops::cpu::page_mapped(d + i * page), want) << "page " << i;
+  }
+  for (size_t i = 0; i < bytes; ++i) {
+    const uint8_t want = i == 5 * page + 7 ? 42 : i == 6 * page ? 43 : 0;
+    ASSERT_EQ(d[i], want) << "byte " << i;
+  }
+  std::vector<uint8_t> src(bytes - 3);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 29 + 1);
+  fusedops::cpu::prefault_for_write(d, bytes);
+  for (size_t i = 0; i < pages; ++i) EXPECT_EQ(fusedops::cpu::page_mapped(d + i * page), populated || i == 5 || i == 6);
+  fusedops::cpu::stream_copy(d + 3, src.data(), src.size());
+  fusedops::cpu::stream_fence();
+  EXPECT_EQ(std::memcmp(d + 3, src.data(), src.size()), 0);
+  munmap(map, bytes);
+}
+#endif
 
 // stream_copy (non-temporal stores for large outputs) equals memcpy byte for byte whatever the
 // alignment of either side and the size (below the streaming size, around it, around the end of

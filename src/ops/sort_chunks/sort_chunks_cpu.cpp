@@ -103,6 +103,16 @@ void zero_elem(const Elems& E, int64_t d) {
 // About 256 KiB of rows per task, so that small rows do not cost a task each.
 int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(row_bytes, 1)); }
 
+// A streamed output whose pages are not mapped yet (fresh from the kernel) is mapped first, each
+// thread its part, in one call each (src/cpu/stream_copy.h says why).
+void prefault_output(const Rows& R) {
+  if (!R.stream || R.N == 0 || R.row_bytes == 0) return;
+  if (cpu::page_mapped(R.dst + R.N * R.row_bytes - 1)) return;
+  cpu::parallel_for(0, R.N, grain_rows(R.row_bytes), [&](int64_t r0, int64_t r1) {
+    cpu::prefault_for_write(R.dst + r0 * R.row_bytes, static_cast<size_t>((r1 - r0) * R.row_bytes));
+  });
+}
+
 // The forward over rows [r0, r1): segments of one chunk each. `R` may be null (map only).
 void chunk_walk(const ChunkTables& t, int64_t N, int64_t r0, int64_t r1, int32_t* map,
                 const Rows* R, const Elems* E) {
@@ -142,6 +152,7 @@ void fwd(const Context&, const SortChunksFwdArgs& a) {
   const Rows R = rows_of(a.inp, a.out);
   const Elems E = elems_of(a.probs, a.probs_out);
   int32_t* map = a.row_id_map.data_as<int32_t>();
+  prefault_output(R);
   cpu::parallel_for(0, R.N, grain_rows(R.row_bytes), [&](int64_t r0, int64_t r1) {
     chunk_walk(t, R.N, r0, r1, map, &R, E.src ? &E : nullptr);
     cpu::stream_fence();
@@ -162,6 +173,7 @@ void make_map(const Context&, const ChunkSortMapArgs& a) {
 // (scatter) or give zero rows (gather).
 void move_by_map(const Rows& R, const Elems& E, const int32_t* map, bool scatter) {
   const int64_t N = R.N;
+  prefault_output(R);
   cpu::parallel_for(0, N, grain_rows(R.row_bytes), [&](int64_t r0, int64_t r1) {
     int64_t r = r0;
     while (r < r1) {
