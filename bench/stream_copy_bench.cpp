@@ -30,6 +30,16 @@ void plain_stream(char* d, const char* s, size_t n) {
     _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(s + i));
   std::memcpy(d + body, s + body, n - body);
 }
+// This thread's part of n bytes: parts start on a 64-byte line (the plain loop's streaming
+// stores need it) and the last thread takes the remainder.
+struct Part {
+  size_t off, bytes;
+};
+Part part_of(size_t n) {
+  const size_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+  const size_t per = n / threads & ~size_t{63}, off = per * t;
+  return {off, t + 1 == threads ? n - off : per};
+}
 }  // namespace
 
 int main() {
@@ -48,7 +58,8 @@ int main() {
       const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel
       {
-        const size_t per = n / omp_get_num_threads(), off = per * omp_get_thread_num();
+        const Part part = part_of(n);
+        const size_t per = part.bytes, off = part.off;
         char* d = dst.get() + off;
         const char* s = src.get() + off;
         if (mode == kMemcpy) {
@@ -82,7 +93,8 @@ int main() {
       char* out = static_cast<char*>(map);
 #pragma omp parallel
       {
-        const size_t per = m / omp_get_num_threads(), off = per * omp_get_thread_num();
+        const Part part = part_of(m);
+        const size_t per = part.bytes, off = part.off;
         if (how == 0) {
           std::memcpy(out + off, src.get() + off, per);
         } else {
