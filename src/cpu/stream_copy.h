@@ -9,7 +9,9 @@
 // streaming loop. On the 2-core Xeon of bench/results/cpu this took a 256 MiB copy on both cores
 // from ~36 to ~44 GB/s (distances of 4-32 KiB all within 1 GB/s of each other; 1 KiB gained
 // little); bench/stream_copy_bench.cpp measures it (its runs:
-// bench/results/cpu/studies/stream_copy-2026-12-05-prefetch.txt).
+// bench/results/cpu/studies/stream_copy-2026-12-05-prefetch.txt). On a 16-core Xeon (an H100
+// machine's host) it was at or above the plain loop in 17 of 18 runs from 1 to 16 threads
+// (bench/results/cpu/studies/stream_copy-2026-12-05-h100-host-threads.txt).
 //
 // Streaming stores into pages that are not mapped yet (a large output the allocator has just
 // taken from the kernel) are slower than plain stores: every first store to a page faults, and
