@@ -566,7 +566,8 @@ def citations() -> dict[str, list[str]]:
                     cited.setdefault(rel, []).append(f"{f} ({m.group(1)})")
         for rel in all_files:
             stem = rel.rsplit(".", 1)[0]
-            if f"results/{stem}" in body:
+            # The stem as a whole name: "x-2026" is not cited by a mention of "x-2026-b.txt".
+            if re.search(re.escape(f"results/{stem}") + r"(?![\w-])", body):
                 cited.setdefault(rel, []).append(f)
                 if rel.endswith(".json"):
                     cited.setdefault(stem + ".txt", []).append(f)
