@@ -10,6 +10,10 @@
 
 #include "tests/cpp/test_util.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace fusedops::testing {
 namespace {
 
@@ -281,6 +285,51 @@ TEST(SortChunksByIdx, ManyRowsAndChunksMatchTheReferenceBackend) {
     EXPECT_TRUE(map.bytes() == want_map.bytes());
   }
 }
+
+#if defined(__linux__)
+// Outputs of 16 MiB and more are written with streaming stores; an output whose pages are not
+// mapped yet (fresh from the kernel, as a large allocation is) is mapped first
+// (src/cpu/stream_copy.h). Both kinds of output, forward and backward, on the cpu backend: the
+// same bytes as the reference backend's.
+TEST(SortChunksByIdx, StreamedOutputsFreshOrMappedMatchTheReference) {
+  const auto backends = runnable_backends(kOp, Direction::kForward);
+  const auto cpu = std::find_if(backends.begin(), backends.end(), [](const auto& b) { return b.id == "cpu"; });
+  ASSERT_NE(cpu, backends.end()) << "the cpu backend is always built";
+  const ChunkCase c = random_case("streamed", 4200, 1024, 64, 4190, 11);  // 16.4 MiB of fp32
+  const size_t bytes = static_cast<size_t>(c.N * c.Hd) * sizeof(float);
+  TestTensor inp = random_tensor(DType::kFloat32, {c.N, c.Hd}, Device::cpu(), 3);
+  TestTensor sizes = index_tensor(DType::kInt64, c.sizes, Device::cpu());
+  TestTensor order = index_tensor(DType::kInt64, c.order, Device::cpu());
+  TestTensor want(DType::kFloat32, {c.N, c.Hd}), want_map(DType::kInt32, {c.N});
+  sort_chunks_by_idx_fwd_ref(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
+                                              want.view(), TensorView(), want_map.view(), TensorView()});
+  for (const bool fresh : {true, false}) {
+    SCOPED_TRACE(fresh ? "fresh pages" : "mapped pages");
+    auto map_out = [&] {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      EXPECT_NE(p, MAP_FAILED);
+      if (!fresh) std::memset(p, 0xff, bytes);
+      return static_cast<float*>(p);
+    };
+    float* out = map_out();
+    float* d_inp = map_out();
+    ASSERT_TRUE(out != MAP_FAILED && d_inp != MAP_FAILED);
+    TestTensor map = poisoned(DType::kInt32, {c.N}, Device::cpu());
+    TestTensor ws = workspace_for(64, Device::cpu());
+    const TensorView out_v(out, DType::kFloat32, Device::cpu(), {c.N, c.Hd});
+    const TensorView d_inp_v(d_inp, DType::kFloat32, Device::cpu(), {c.N, c.Hd});
+    Context ctx = cpu->ctx();
+    sort_chunks_by_idx_fwd(ctx, {inp.view(), sizes.view(), order.view(), TensorView(), out_v, TensorView(),
+                                 map.view(), ws.view()});
+    EXPECT_EQ(std::memcmp(out, want.data(), bytes), 0) << "forward output";
+    EXPECT_TRUE(map.bytes() == want_map.bytes());
+    sort_chunks_by_idx_bwd(ctx, {out_v, TensorView(), map.view(), d_inp_v, TensorView()});
+    EXPECT_EQ(std::memcmp(d_inp, inp.data(), bytes), 0) << "backward output";
+    munmap(out, bytes);
+    munmap(d_inp, bytes);
+  }
+}
+#endif
 
 TEST(SortChunksByIdx, RepeatedRunsAreBitwiseEqual) {
   const ChunkCase c = random_case("det", 513, 96, 40, 500, 5);
