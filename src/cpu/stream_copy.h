@@ -20,13 +20,15 @@
 // streaming stores and 15.7-17.6 ms with memcpy; mapping the pages first, one call per thread
 // (prefault_for_write), and then streaming took 10.6-12.2 ms
 // (bench/results/cpu/studies/stream_copy-2026-12-05-prefault.txt). So a caller with a large
-// output checks whether it is mapped (page_mapped on its last page: the allocator's own header
-// keeps the first one mapped) and, if not, prefaults it before the copy.
+// output calls prefault_stream_output on it before its streaming copies.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "src/cpu/parallel.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -119,6 +121,25 @@ inline void prefault_for_write(void* p, size_t bytes) {
   (void)p;
   (void)bytes;
 #endif
+}
+
+// Before streaming into the output [dst, dst + bytes): when part of it is not mapped yet (a
+// fresh allocation), the whole output is mapped for writing, each thread its part. Three pages
+// are asked (a quarter, half and three quarters in): the first and last pages can be mapped by
+// the allocator's headers of this block and the next one while the pages between are not. A
+// mapped output costs three mincore calls.
+inline void prefault_stream_output(void* dst, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(dst);
+  if (bytes == 0 || (page_mapped(p + bytes / 4) && page_mapped(p + bytes / 2) && page_mapped(p + bytes / 4 * 3)))
+    return;
+  // Split on 4 KiB boundaries of the address (whole pages, no page left between two parts).
+  const uintptr_t b0 = reinterpret_cast<uintptr_t>(dst), e0 = b0 + bytes;
+  const int64_t units = static_cast<int64_t>(((e0 + 4095) >> 12) - (b0 >> 12));
+  parallel_for(0, units, 256, [&](int64_t u0, int64_t u1) {  // 1 MiB per part at least
+    const uintptr_t b = std::max(b0, ((b0 >> 12) + static_cast<uintptr_t>(u0)) << 12);
+    const uintptr_t e = std::min(e0, ((b0 >> 12) + static_cast<uintptr_t>(u1)) << 12);
+    prefault_for_write(reinterpret_cast<void*>(b), e - b);
+  });
 }
 
 // Orders this thread's streaming stores before its later stores (and the end of its task).

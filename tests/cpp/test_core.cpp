@@ -193,9 +193,10 @@ TEST(Parallel, DynamicScheduleCoversTheRangeOnce) {
 }
 
 #if defined(__linux__)
-// page_mapped tells a fresh anonymous mapping's untouched pages from written ones, and
-// prefault_for_write maps exactly the whole pages inside its range without changing any byte;
-// a streaming copy into the prefaulted pages is then the source byte for byte.
+// page_mapped tells a fresh anonymous mapping's untouched pages from written ones,
+// prefault_for_write maps exactly the whole pages inside its range without changing any byte,
+// a streaming copy into the prefaulted pages is then the source byte for byte, and
+// prefault_stream_output maps a fresh output on every thread, also when its end pages are mapped.
 TEST(StreamCopy, PrefaultMapsWholePagesAndKeepsTheContents) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), pages = 64, bytes = pages * page;
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -231,6 +232,26 @@ TEST(StreamCopy, PrefaultMapsWholePagesAndKeepsTheContents) {
   fusedops::cpu::stream_fence();
   EXPECT_EQ(std::memcmp(d + 3, src.data(), src.size()), 0);
   munmap(map, bytes);
+
+  // prefault_stream_output: a fresh output of 4 MiB (several threads' parts) starting 100 bytes
+  // into its first page gets every page after the first mapped, also when its first and last
+  // pages are already mapped (as an allocator's headers can map them) and no byte changes.
+  const size_t big = (size_t{4} << 20) + page;
+  for (const bool ends_mapped : {false, true}) {
+    SCOPED_TRACE(ends_mapped ? "first and last pages mapped" : "fresh");
+    void* m2 = mmap(nullptr, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(m2, MAP_FAILED);
+    auto* o = static_cast<uint8_t*>(m2);
+    if (ends_mapped) o[0] = o[big - 1] = 7;
+    fusedops::cpu::prefault_stream_output(o + 100, big - 100);
+    const size_t npages = big / page;
+    for (size_t i = 1; i < npages; ++i)
+      ASSERT_EQ(fusedops::cpu::page_mapped(o + i * page), populated || (ends_mapped && i + 1 == npages))
+          << "page " << i;
+    for (size_t i = 1; i + 1 < big; ++i) ASSERT_EQ(o[i], 0) << "byte " << i;
+    EXPECT_EQ(o[big - 1], ends_mapped ? 7 : 0);
+    munmap(m2, big);
+  }
 }
 #endif
 

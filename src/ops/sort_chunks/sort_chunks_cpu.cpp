@@ -103,14 +103,9 @@ void zero_elem(const Elems& E, int64_t d) {
 // About 256 KiB of rows per task, so that small rows do not cost a task each.
 int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(row_bytes, 1)); }
 
-// A streamed output whose pages are not mapped yet (fresh from the kernel) is mapped first, each
-// thread its part, in one call each (src/cpu/stream_copy.h says why).
+// A streamed output is mapped first when it is fresh (cpu::prefault_stream_output).
 void prefault_output(const Rows& R) {
-  if (!R.stream || R.N == 0 || R.row_bytes == 0) return;
-  if (cpu::page_mapped(R.dst + R.N * R.row_bytes - 1)) return;
-  cpu::parallel_for(0, R.N, grain_rows(R.row_bytes), [&](int64_t r0, int64_t r1) {
-    cpu::prefault_for_write(R.dst + r0 * R.row_bytes, static_cast<size_t>((r1 - r0) * R.row_bytes));
-  });
+  if (R.stream) cpu::prefault_stream_output(R.dst, static_cast<size_t>(R.N * R.row_bytes));
 }
 
 // The forward over rows [r0, r1): segments of one chunk each. `R` may be null (map only).

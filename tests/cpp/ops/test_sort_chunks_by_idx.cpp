@@ -263,18 +263,28 @@ TEST(SortChunksByIdx, HelpersMatchTheOracle) {
   }
 }
 
+// A case's random input (CPU, int64 indices) and the reference backend's forward of it.
+struct RefForward {
+  TestTensor inp, sizes, order, want, want_map;
+  RefForward(const ChunkCase& c, DType dt, uint64_t seed)
+      : inp(random_tensor(dt, {c.N, c.Hd}, Device::cpu(), seed)),
+        sizes(index_tensor(DType::kInt64, c.sizes, Device::cpu())),
+        order(index_tensor(DType::kInt64, c.order, Device::cpu())),
+        want(dt, {c.N, c.Hd}),
+        want_map(DType::kInt32, {c.N}) {
+    sort_chunks_by_idx_fwd_ref(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
+                                                want.view(), TensorView(), want_map.view(), TensorView()});
+  }
+};
+
 TEST(SortChunksByIdx, ManyRowsAndChunksMatchTheReferenceBackend) {
   // A shape that spreads over many blocks; the reference backend is the oracle here.
   const ChunkCase c = random_case("large", 6000, 200, 256, 5990, 99);
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
     if (b.id == "ref") continue;
     SCOPED_TRACE(b.id);
-    TestTensor inp = random_tensor(DType::kBFloat16, {c.N, c.Hd}, Device::cpu(), 1);
-    TestTensor sizes = index_tensor(DType::kInt64, c.sizes, Device::cpu());
-    TestTensor order = index_tensor(DType::kInt64, c.order, Device::cpu());
-    TestTensor want(DType::kBFloat16, {c.N, c.Hd}), want_map(DType::kInt32, {c.N});
-    sort_chunks_by_idx_fwd_ref(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
-                                                want.view(), TensorView(), want_map.view(), TensorView()});
+    const RefForward r(c, DType::kBFloat16, 1);
+    const TestTensor &inp = r.inp, &sizes = r.sizes, &order = r.order, &want = r.want, &want_map = r.want_map;
     TestTensor di = inp.to(b.device), ds = sizes.to(b.device), dord = order.to(b.device);
     TestTensor out = poisoned(DType::kBFloat16, {c.N, c.Hd}, b.device);
     TestTensor map = poisoned(DType::kInt32, {c.N}, b.device);
@@ -297,12 +307,8 @@ TEST(SortChunksByIdx, StreamedOutputsFreshOrMappedMatchTheReference) {
   ASSERT_NE(cpu, backends.end()) << "the cpu backend is always built";
   const ChunkCase c = random_case("streamed", 4200, 1024, 64, 4190, 11);  // 16.4 MiB of fp32
   const size_t bytes = static_cast<size_t>(c.N * c.Hd) * sizeof(float);
-  TestTensor inp = random_tensor(DType::kFloat32, {c.N, c.Hd}, Device::cpu(), 3);
-  TestTensor sizes = index_tensor(DType::kInt64, c.sizes, Device::cpu());
-  TestTensor order = index_tensor(DType::kInt64, c.order, Device::cpu());
-  TestTensor want(DType::kFloat32, {c.N, c.Hd}), want_map(DType::kInt32, {c.N});
-  sort_chunks_by_idx_fwd_ref(Context::cpu(), {inp.view(), sizes.view(), order.view(), TensorView(),
-                                              want.view(), TensorView(), want_map.view(), TensorView()});
+  const RefForward r(c, DType::kFloat32, 3);
+  const TestTensor &inp = r.inp, &sizes = r.sizes, &order = r.order, &want = r.want, &want_map = r.want_map;
   for (const bool fresh : {true, false}) {
     SCOPED_TRACE(fresh ? "fresh pages" : "mapped pages");
     auto map_out = [&] {
