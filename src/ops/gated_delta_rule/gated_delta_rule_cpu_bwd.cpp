@@ -49,128 +49,123 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
   const Tok dk(a.dk), dv(a.dv), dbeta(a.dbeta), dg(a.dg);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> dGd, dBd, gd;
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H, n = c.len;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) {
-            prefetch_rows(v, nx, hv);
-            prefetch_rows(A, nx, hv);
-            prefetch_rows(dw, nx, hv);
-            prefetch_rows(du, nx, hv);
-          });
-      dGd.assign(n, 0.0);
-      dBd.assign(n, 0.0);
-      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* Dm = s.get(2, n * n);
-      float* dKs = s.get(3, n * K);
-      std::fill(dKs, dKs + n * K, 0.0f);
-      float* Am = s.get(4, n * n);
-      float* bt = s.get(6, n);
-      gd.resize(n);
-      float* eg = s.get(8, n);
-      float* dA = s.get(10, n * n);
-      float* tmp = s.get(11, n * n);
-      float* R = s.get(12, n * K);
-      float* P = s.get(13, n * V);
-      float* T1 = s.get(14, n * n);
-      float* dL = s.get(15, n * n);
-      float* gam = s.get(16, n * n);
-      float* dB = s.get(17, n);
-      float* dG = s.get(18, n);
-      float* rowbuf = s.get(19, std::max(K, V));
-      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
-        load_tril_block(A, c, hv, false, Am, n);
-        load_scalars(beta, c, hv, bt);
-        load_gates(g, c, hv, gd.data());
-        exp_from(gd.data(), n, 0.0, eg);
-        if (g.defined()) decay_matrix(gd.data(), n, true, gam, n);
-        const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
-        const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
-        const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
-        // dA = dW Kbg^T + dU Vb^T = (dW K^T) diag(beta e^g) + (dU V^T) diag(beta), strictly lower.
-        gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kr.p, kr.ld, false, dA, n, Tri::kNone, true, nullptr, 0,
-           true);
-        gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vr.p, vr.ld, false, tmp, n, Tri::kNone, true, nullptr,
-             0, true);
-        for (int64_t i = 0; i < n; ++i) {
-          float* d = dA + i * n;
-          const float* t = tmp + i * n;
-          for (int64_t j = 0; j < i; ++j) d[j] = bt[j] * (eg[j] * d[j] + t[j]);
-          std::fill(d + i, d + n, 0.0f);
-        }
-        // R = A^T dW, P = A^T dU.
-        gemm(n, K, n, 1.0f, Am, 1, n, dwr.p, dwr.ld, false, R, K, Tri::kUpper);
-        const OutRows Po = out_rows(dv, c, hv, P);
-        gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, Po.p, Po.ld, Tri::kUpper);
-        for (int64_t j = 0; j < n; ++j) {
-          const double rk = dotd(R + j * K, kr.p + j * kr.ld, K);
-          for (int64_t x = 0; x < K; ++x) dKs[j * K + x] += bt[j] * eg[j] * R[j * K + x];
-          float* pj = Po.p + j * Po.ld;
-          dBd[j] = eg[j] * rk + dotd(pj, vr.p + j * vr.ld, V);
-          dGd[j] = static_cast<double>(bt[j]) * eg[j] * rk;
-          for (int64_t x = 0; x < V; ++x) pj[x] *= bt[j];  // dV
-        }
-        commit_rows(Po, dv, c, hv);
-        // dL = -M> . (A^T (M>.dA) A^T).
-        gemm(n, n, n, 1.0f, Am, 1, n, dA, n, false, T1, n, Tri::kUpper);
-        gemm(n, n, n, -1.0f, T1, n, 1, Am, n, false, dL, n, Tri::kNone, true, nullptr, 0, true);
-        for (int64_t i = 0; i < n; ++i) {
-          float* d = dL + i * n;
-          float* m = Dm + i * n;
-          for (int64_t j = 0; j < i; ++j) {
-            const float gij = g.defined() ? gam[i * n + j] : 1.0f;
-            const float dm = d[j] * gij;
-            m[j] = dm;          // dMm
-            d[j] = bt[i] * dm;  // diag(beta) dMm
+  for_each_chunk_head(
+      chunks, H, G, [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+      [&](const Chunk& nx, int64_t hv) {
+        prefetch_rows(v, nx, hv);
+        prefetch_rows(A, nx, hv);
+        prefetch_rows(dw, nx, hv);
+        prefetch_rows(du, nx, hv);
+      },
+      [&](Scratch& s, const Chunk& c, int64_t h) {
+        const int64_t n = c.len;
+        std::vector<double> dGd, dBd, gd;
+        dGd.assign(n, 0.0);
+        dBd.assign(n, 0.0);
+        const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+        float* Dm = s.get(2, n * n);
+        float* dKs = s.get(3, n * K);
+        std::fill(dKs, dKs + n * K, 0.0f);
+        float* Am = s.get(4, n * n);
+        float* bt = s.get(6, n);
+        gd.resize(n);
+        float* eg = s.get(8, n);
+        float* dA = s.get(10, n * n);
+        float* tmp = s.get(11, n * n);
+        float* R = s.get(12, n * K);
+        float* P = s.get(13, n * V);
+        float* T1 = s.get(14, n * n);
+        float* dL = s.get(15, n * n);
+        float* gam = s.get(16, n * n);
+        float* dB = s.get(17, n);
+        float* dG = s.get(18, n);
+        float* rowbuf = s.get(19, std::max(K, V));
+        for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+          load_tril_block(A, c, hv, false, Am, n);
+          load_scalars(beta, c, hv, bt);
+          load_gates(g, c, hv, gd.data());
+          exp_from(gd.data(), n, 0.0, eg);
+          if (g.defined()) decay_matrix(gd.data(), n, true, gam, n);
+          const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
+          const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
+          const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
+          // dA = dW Kbg^T + dU Vb^T = (dW K^T) diag(beta e^g) + (dU V^T) diag(beta), strictly
+          // lower.
+          gemm(n, n, K, 1.0f, dwr.p, dwr.ld, 1, kr.p, kr.ld, false, dA, n, Tri::kNone, true,
+               nullptr, 0, true);
+          gemm(n, n, V, 1.0f, dur.p, dur.ld, 1, vr.p, vr.ld, false, tmp, n, Tri::kNone, true,
+               nullptr, 0, true);
+          for (int64_t i = 0; i < n; ++i) {
+            float* d = dA + i * n;
+            const float* t = tmp + i * n;
+            for (int64_t j = 0; j < i; ++j) d[j] = bt[j] * (eg[j] * d[j] + t[j]);
+            std::fill(d + i, d + n, 0.0f);
           }
-          std::fill(d + i, d + n, 0.0f);
-          std::fill(m + i, m + n, 0.0f);
-        }
-        // dK += diag(beta) (dMm K) + (diag(beta) dMm)^T K. The beta and gate terms need the row
-        // and column sums of dMm . (K K^T): row i of dMm K dotted with k_i, row j of
-        // (diag(beta) dMm)^T K dotted with k_j (no K K^T product).
-        gemm(n, K, n, 1.0f, Dm, n, 1, kr.p, kr.ld, false, R, K, Tri::kLower);
-        for (int64_t i = 0; i < n; ++i) {
-          const float* r = R + i * K;
-          const double rk = dotd(r, kr.p + i * kr.ld, K);
-          dBd[i] += rk;
-          dGd[i] += static_cast<double>(bt[i]) * rk;
-          float* __restrict dki = dKs + i * K;
-          for (int64_t x = 0; x < K; ++x) dki[x] += bt[i] * r[x];
-        }
-        gemm(n, K, n, 1.0f, dL, 1, n, kr.p, kr.ld, false, R, K, Tri::kUpper);
-        for (int64_t j = 0; j < n; ++j) {
-          const float* r = R + j * K;
-          dGd[j] -= dotd(r, kr.p + j * kr.ld, K);
-          float* __restrict dkj = dKs + j * K;
-          for (int64_t x = 0; x < K; ++x) dkj[x] += r[x];
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          dB[i] = static_cast<float>(dBd[i]);
-          dG[i] = static_cast<float>(dGd[i]);
-        }
-        store_scalars(dB, dbeta, c, hv);
-        if (dg.defined()) {
-          if (a.accumulate_dk_dg) {
-            for (int64_t i = 0; i < n; ++i) {
-              float old;
-              load_floats(dg.ptr(c.b, c.t0 + i, hv), dg.dtype, &old, 1);
-              dG[i] = static_cast<float>(dGd[i] + old);
+          // R = A^T dW, P = A^T dU.
+          gemm(n, K, n, 1.0f, Am, 1, n, dwr.p, dwr.ld, false, R, K, Tri::kUpper);
+          const OutRows Po = out_rows(dv, c, hv, P);
+          gemm(n, V, n, 1.0f, Am, 1, n, dur.p, dur.ld, false, Po.p, Po.ld, Tri::kUpper);
+          for (int64_t j = 0; j < n; ++j) {
+            const double rk = dotd(R + j * K, kr.p + j * kr.ld, K);
+            for (int64_t x = 0; x < K; ++x) dKs[j * K + x] += bt[j] * eg[j] * R[j * K + x];
+            float* pj = Po.p + j * Po.ld;
+            dBd[j] = eg[j] * rk + dotd(pj, vr.p + j * vr.ld, V);
+            dGd[j] = static_cast<double>(bt[j]) * eg[j] * rk;
+            for (int64_t x = 0; x < V; ++x) pj[x] *= bt[j];  // dV
+          }
+          commit_rows(Po, dv, c, hv);
+          // dL = -M> . (A^T (M>.dA) A^T).
+          gemm(n, n, n, 1.0f, Am, 1, n, dA, n, false, T1, n, Tri::kUpper);
+          gemm(n, n, n, -1.0f, T1, n, 1, Am, n, false, dL, n, Tri::kNone, true, nullptr, 0, true);
+          for (int64_t i = 0; i < n; ++i) {
+            float* d = dL + i * n;
+            float* m = Dm + i * n;
+            for (int64_t j = 0; j < i; ++j) {
+              const float gij = g.defined() ? gam[i * n + j] : 1.0f;
+              const float dm = d[j] * gij;
+              m[j] = dm;          // dMm
+              d[j] = bt[i] * dm;  // diag(beta) dMm
             }
+            std::fill(d + i, d + n, 0.0f);
+            std::fill(m + i, m + n, 0.0f);
           }
-          store_scalars(dG, dg, c, hv);
+          // dK += diag(beta) (dMm K) + (diag(beta) dMm)^T K. The beta and gate terms need the row
+          // and column sums of dMm . (K K^T): row i of dMm K dotted with k_i, row j of
+          // (diag(beta) dMm)^T K dotted with k_j (no K K^T product).
+          gemm(n, K, n, 1.0f, Dm, n, 1, kr.p, kr.ld, false, R, K, Tri::kLower);
+          for (int64_t i = 0; i < n; ++i) {
+            const float* r = R + i * K;
+            const double rk = dotd(r, kr.p + i * kr.ld, K);
+            dBd[i] += rk;
+            dGd[i] += static_cast<double>(bt[i]) * rk;
+            float* __restrict dki = dKs + i * K;
+            for (int64_t x = 0; x < K; ++x) dki[x] += bt[i] * r[x];
+          }
+          gemm(n, K, n, 1.0f, dL, 1, n, kr.p, kr.ld, false, R, K, Tri::kUpper);
+          for (int64_t j = 0; j < n; ++j) {
+            const float* r = R + j * K;
+            dGd[j] -= dotd(r, kr.p + j * kr.ld, K);
+            float* __restrict dkj = dKs + j * K;
+            for (int64_t x = 0; x < K; ++x) dkj[x] += r[x];
+          }
+          for (int64_t i = 0; i < n; ++i) {
+            dB[i] = static_cast<float>(dBd[i]);
+            dG[i] = static_cast<float>(dGd[i]);
+          }
+          store_scalars(dB, dbeta, c, hv);
+          if (dg.defined()) {
+            if (a.accumulate_dk_dg) {
+              for (int64_t i = 0; i < n; ++i) {
+                float old;
+                load_floats(dg.ptr(c.b, c.t0 + i, hv), dg.dtype, &old, 1);
+                dG[i] = static_cast<float>(dGd[i] + old);
+              }
+            }
+            store_scalars(dG, dg, c, hv);
+          }
         }
-      }
-      store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, rowbuf);
-    }
-  });
+        store_rows_acc(dKs, K, dk, c, h, a.accumulate_dk_dg, rowbuf);
+      });
 }
 
 // B2: dv_local = scale (M>= . Gamma . Q K^T)^T dO.
@@ -179,40 +174,38 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const int64_t H = q.H, HV = dO.H, G = HV / H, K = q.D, V = dO.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd;
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t hh = task % H, n = c.len;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) {
-            prefetch_rows(dO, nx, hv);
-            prefetch_rows(dv, nx, hv, true);
-          });
-      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
-      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
-           true);
-      float* P = s.get(4, n * n);
-      float* D = s.get(6, n * V);
-      gd.resize(n);
-      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_gates(g, c, hv, gd.data());
-        decay_matrix(gd.data(), n, false, P, n);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
-        const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
-        const OutRows Do = out_rows(dv, c, hv, D);
-        gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, Do.p, Do.ld, Tri::kUpper);
-        commit_rows(Do, dv, c, hv);
-      }
-    }
-  });
+  for_each_chunk_head(
+      chunks, H, G,
+      [&](const Chunk& nx, int64_t nh) {
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+      },
+      [&](const Chunk& nx, int64_t hv) {
+        prefetch_rows(dO, nx, hv);
+        prefetch_rows(dv, nx, hv, true);
+      },
+      [&](Scratch& s, const Chunk& c, int64_t hh) {
+        const int64_t n = c.len;
+        std::vector<double> gd;
+        const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+        const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+        float* qk = s.get(3, n * n);
+        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
+             true);
+        float* P = s.get(4, n * n);
+        float* D = s.get(6, n * V);
+        gd.resize(n);
+        for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+          load_gates(g, c, hv, gd.data());
+          decay_matrix(gd.data(), n, false, P, n);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
+          const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
+          const OutRows Do = out_rows(dv, c, hv, D);
+          gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, Do.p, Do.ld, Tri::kUpper);
+          commit_rows(Do, dv, c, hv);
+        }
+      });
 }
 
 // B4: dq, dk (group-summed), dw and the partial dg.
@@ -223,155 +216,158 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
   const int64_t H = q.H, HV = vn.H, G = HV / H, K = q.D, V = vn.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t hh = task % H, n = c.len, last = n - 1;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) {
-            prefetch_state(h, nx.index * HV + hv);
-            prefetch_state(dh, nx.index * HV + hv);
-            prefetch_rows(vn, nx, hv);
-            prefetch_rows(dO, nx, hv);
-            prefetch_rows(d2, nx, hv);
-          });
-      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
-      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      // One value head per group with fp32 dq / dk: the products write dq and dk in place (no
-      // group sums to accumulate); else per-head blocks summed over the group in order.
-      const bool direct = G == 1 && dq.dtype == DType::kFloat32 && dk.dtype == DType::kFloat32;
-      float* dQs = nullptr;
-      float* dKs = nullptr;
-      if (!direct) {
-        dQs = s.get(2, n * K);
-        dKs = s.get(3, n * K);
-        std::fill(dQs, dQs + n * K, 0.0f);
-        std::fill(dKs, dKs + n * K, 0.0f);
-      }
-      const OutRows dQo = direct ? out_rows(dq, c, hh, nullptr) : OutRows{s.get(8, n * K), K, false};
-      const OutRows dKo = direct ? out_rows(dk, c, hh, nullptr) : OutRows{s.get(9, n * K), K, false};
-      float* const dQ = dQo.p;
-      float* const dK = dKo.p;
-      const int64_t lq = dQo.ld, lk = dKo.ld;
-      float* Ds = s.get(7, n * n);
-      float* dKi = s.get(10, n * K);
-      float* dW = s.get(11, n * K);
-      float* Tm = s.get(21, n * K);
-      std::vector<double> gd(n);
-      float* eg = s.get(13, n);
-      float* dG = s.get(14, n);
-      // The gate gradient is assembled from its separate terms (each summed in double) rather
-      // than from dQ.Q - dK.K, whose two large parts cancel: the intra-chunk part is
-      // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
-      // from the two products dQ and dK need anyway (no Q K^T product).
-      std::vector<double> t1, rs, rq, ck;
-      std::vector<float> dsd;
-      // Tm_i += dsd_i y_i (the diagonal term, y = K for dQ, Q for dK) after dots[i] = Tm_i . x_i
-      // (without it); then dst += Tm.
-      auto add_diagonal_then_rows = [&](float* dst, int64_t ld, const Rows& x, const Rows& y,
-                                        std::vector<double>& dots) {
-        for (int64_t i = 0; i < n; ++i) {
-          float* __restrict t = Tm + i * K;
-          dots[i] = dotd(t, x.p + i * x.ld, K);
-          const float* __restrict yi = y.p + i * y.ld;
-          float* __restrict d = dst + i * ld;
-          for (int64_t c2 = 0; c2 < K; ++c2) d[c2] += t[c2] + dsd[i] * yi[c2];
+  for_each_chunk_head(
+      chunks, H, G,
+      [&](const Chunk& nx, int64_t nh) {
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+      },
+      [&](const Chunk& nx, int64_t hv) {
+        prefetch_state(h, nx.index * HV + hv);
+        prefetch_state(dh, nx.index * HV + hv);
+        prefetch_rows(vn, nx, hv);
+        prefetch_rows(dO, nx, hv);
+        prefetch_rows(d2, nx, hv);
+      },
+      [&](Scratch& s, const Chunk& c, int64_t hh) {
+        const int64_t n = c.len, last = n - 1;
+        const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+        const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+        // One value head per group with fp32 dq / dk: the products write dq and dk in place (no
+        // group sums to accumulate); else per-head blocks summed over the group in order.
+        const bool direct = G == 1 && dq.dtype == DType::kFloat32 && dk.dtype == DType::kFloat32;
+        float* dQs = nullptr;
+        float* dKs = nullptr;
+        if (!direct) {
+          dQs = s.get(2, n * K);
+          dKs = s.get(3, n * K);
+          std::fill(dQs, dQs + n * K, 0.0f);
+          std::fill(dKs, dKs + n * K, 0.0f);
         }
-      };
-      if (dg.defined()) {
-        dsd.assign(n, 0.0f);
-        t1.resize(n);
-        rs.resize(n);
-        rq.resize(n);
-        ck.resize(n);
-      }
-      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
-        const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
-        // S^T, dH^T and Vnew^T are packed by the products straight from S, dH and Vnew.
-        const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
-        const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
-        load_gates(g, c, hv, gd.data());
-        exp_from(gd.data(), n, 0.0, eg);
-        // Ds = scale M>= . Gamma . (dO Vnew^T).
-        decay_matrix(gd.data(), n, false, Ds, n);
-        float* dov = s.get(20, n * n);
-        gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vr.p, vr.ld, false, dov, n, Tri::kNone, true, nullptr,
-             0, true);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
-        // dQ = scale diag(e^g) dO S^T + Ds K.
-        gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, S, V, false, dQ, lq, Tri::kNone, false, nullptr, 0, true);
-        if (dg.defined())
-          for (int64_t i = 0; i < n; ++i) t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * lq, qr.p + i * qr.ld, K);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t y = 0; y < K; ++y) dQ[i * lq + y] *= scale * eg[i];
-        if (dg.defined()) {
-          // The diagonal of M = Ds . (Q K^T) adds to row i's sum and to column i's alike, so it
-          // is left out of both: were it inside the two products, their different fp32 rounding
-          // would leave ~1e-7 |M_ii| in each token's dg, the same sign along the chunk, and the
-          // gate parameters' gradients (sums of g_cum-weighted dg) would lose those digits.
-          // Ds K with a zero diagonal: row i dotted with q_i is row i's off-diagonal sum of M;
-          // then dQ_i gets its diagonal term Ds_ii k_i.
+        const OutRows dQo =
+            direct ? out_rows(dq, c, hh, nullptr) : OutRows{s.get(8, n * K), K, false};
+        const OutRows dKo =
+            direct ? out_rows(dk, c, hh, nullptr) : OutRows{s.get(9, n * K), K, false};
+        float* const dQ = dQo.p;
+        float* const dK = dKo.p;
+        const int64_t lq = dQo.ld, lk = dKo.ld;
+        float* Ds = s.get(7, n * n);
+        float* dKi = s.get(10, n * K);
+        float* dW = s.get(11, n * K);
+        float* Tm = s.get(21, n * K);
+        std::vector<double> gd(n);
+        float* eg = s.get(13, n);
+        float* dG = s.get(14, n);
+        // The gate gradient is assembled from its separate terms (each summed in double) rather
+        // than from dQ.Q - dK.K, whose two large parts cancel: the intra-chunk part is
+        // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
+        // from the two products dQ and dK need anyway (no Q K^T product).
+        std::vector<double> t1, rs, rq, ck;
+        std::vector<float> dsd;
+        // Tm_i += dsd_i y_i (the diagonal term, y = K for dQ, Q for dK) after dots[i] = Tm_i . x_i
+        // (without it); then dst += Tm.
+        auto add_diagonal_then_rows = [&](float* dst, int64_t ld, const Rows& x, const Rows& y,
+                                          std::vector<double>& dots) {
           for (int64_t i = 0; i < n; ++i) {
-            dsd[i] = Ds[i * n + i];
-            Ds[i * n + i] = 0.0f;
+            float* __restrict t = Tm + i * K;
+            dots[i] = dotd(t, x.p + i * x.ld, K);
+            const float* __restrict yi = y.p + i * y.ld;
+            float* __restrict d = dst + i * ld;
+            for (int64_t c2 = 0; c2 < K; ++c2) d[c2] += t[c2] + dsd[i] * yi[c2];
           }
-          gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, false, Tm, K, Tri::kLower);
-          add_diagonal_then_rows(dQ, lq, qr, kr, rq);
-        } else {
-          gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, lq, Tri::kLower);
-        }
-        // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
-        gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dH, V, false, dKi, K, Tri::kNone, false, nullptr, 0, true);
-        for (int64_t i = 0; i < n; ++i) {
-          const float f = std::exp(static_cast<float>(gd[last] - gd[i]));
-          for (int64_t y = 0; y < K; ++y) dK[i * lk + y] = dKi[i * K + y] *= f;
-        }
+        };
         if (dg.defined()) {
-          // Ds^T Q with the zero diagonal: row j dotted with k_j is column j's off-diagonal sum
-          // of M; then dK_j gets Ds_jj q_j.
-          gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, false, Tm, K, Tri::kUpper);
-          add_diagonal_then_rows(dK, lk, kr, qr, ck);
-        } else {
-          gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, lk, Tri::kUpper);
+          dsd.assign(n, 0.0f);
+          t1.resize(n);
+          rs.resize(n);
+          rq.resize(n);
+          ck.resize(n);
         }
-        if (dw.defined()) {
-          const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
-          const OutRows Wo = out_rows(dw, c, hv, dW);
-          gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, S, V, false, Wo.p, Wo.ld, Tri::kNone, false, nullptr,
-               0, true);
-          commit_rows(Wo, dw, c, hv);
-        }
-        if (dg.defined()) {
-          const double sdh = dotd(S, dH, K * V);
-          double dkik = 0.0;
-          for (int64_t i = 0; i < n; ++i) rs[i] = rq[i] - ck[i];
+        for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+          const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
+          const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
+          // S^T, dH^T and Vnew^T are packed by the products straight from S, dH and Vnew.
+          const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
+          const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
+          load_gates(g, c, hv, gd.data());
+          exp_from(gd.data(), n, 0.0, eg);
+          // Ds = scale M>= . Gamma . (dO Vnew^T).
+          decay_matrix(gd.data(), n, false, Ds, n);
+          float* dov = s.get(20, n * n);
+          gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vr.p, vr.ld, false, dov, n, Tri::kNone, true,
+               nullptr, 0, true);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j <= i; ++j) Ds[i * n + j] *= scale * dov[i * n + j];
+          // dQ = scale diag(e^g) dO S^T + Ds K.
+          gemm(n, K, V, 1.0f, dor.p, dor.ld, 1, S, V, false, dQ, lq, Tri::kNone, false, nullptr, 0,
+               true);
+          if (dg.defined())
+            for (int64_t i = 0; i < n; ++i)
+              t1[i] = static_cast<double>(scale) * eg[i] * dotd(dQ + i * lq, qr.p + i * qr.ld, K);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t y = 0; y < K; ++y) dQ[i * lq + y] *= scale * eg[i];
+          if (dg.defined()) {
+            // The diagonal of M = Ds . (Q K^T) adds to row i's sum and to column i's alike, so it
+            // is left out of both: were it inside the two products, their different fp32 rounding
+            // would leave ~1e-7 |M_ii| in each token's dg, the same sign along the chunk, and the
+            // gate parameters' gradients (sums of g_cum-weighted dg) would lose those digits.
+            // Ds K with a zero diagonal: row i dotted with q_i is row i's off-diagonal sum of M;
+            // then dQ_i gets its diagonal term Ds_ii k_i.
+            for (int64_t i = 0; i < n; ++i) {
+              dsd[i] = Ds[i * n + i];
+              Ds[i * n + i] = 0.0f;
+            }
+            gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, false, Tm, K, Tri::kLower);
+            add_diagonal_then_rows(dQ, lq, qr, kr, rq);
+          } else {
+            gemm(n, K, n, 1.0f, Ds, n, 1, kr.p, kr.ld, true, dQ, lq, Tri::kLower);
+          }
+          // dKi = diag(e^(g_last - g)) Vnew dH^T; dK = dKi + Ds^T Q.
+          gemm(n, K, V, 1.0f, vr.p, vr.ld, 1, dH, V, false, dKi, K, Tri::kNone, false, nullptr, 0,
+               true);
           for (int64_t i = 0; i < n; ++i) {
-            const double kik = dotd(dKi + i * K, kr.p + i * kr.ld, K);
-            dkik += kik;
-            rs[i] += t1[i] - kik;
+            const float f = std::exp(static_cast<float>(gd[last] - gd[i]));
+            for (int64_t y = 0; y < K; ++y) dK[i * lk + y] = dKi[i * K + y] *= f;
           }
-          rs[last] += eg[last] * sdh + dkik;
-          for (int64_t i = 0; i < n; ++i) dG[i] = static_cast<float>(rs[i]);
-          store_scalars(dG, dg, c, hv);
+          if (dg.defined()) {
+            // Ds^T Q with the zero diagonal: row j dotted with k_j is column j's off-diagonal sum
+            // of M; then dK_j gets Ds_jj q_j.
+            gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, false, Tm, K, Tri::kUpper);
+            add_diagonal_then_rows(dK, lk, kr, qr, ck);
+          } else {
+            gemm(n, K, n, 1.0f, Ds, 1, n, qr.p, qr.ld, true, dK, lk, Tri::kUpper);
+          }
+          if (dw.defined()) {
+            const Rows d2r = view_rows(d2, c, hv, s.get(19, n * V));
+            const OutRows Wo = out_rows(dw, c, hv, dW);
+            gemm(n, K, V, -1.0f, d2r.p, d2r.ld, 1, S, V, false, Wo.p, Wo.ld, Tri::kNone, false,
+                 nullptr, 0, true);
+            commit_rows(Wo, dw, c, hv);
+          }
+          if (dg.defined()) {
+            const double sdh = dotd(S, dH, K * V);
+            double dkik = 0.0;
+            for (int64_t i = 0; i < n; ++i) rs[i] = rq[i] - ck[i];
+            for (int64_t i = 0; i < n; ++i) {
+              const double kik = dotd(dKi + i * K, kr.p + i * kr.ld, K);
+              dkik += kik;
+              rs[i] += t1[i] - kik;
+            }
+            rs[last] += eg[last] * sdh + dkik;
+            for (int64_t i = 0; i < n; ++i) dG[i] = static_cast<float>(rs[i]);
+            store_scalars(dG, dg, c, hv);
+          }
+          if (!direct)
+            for (int64_t e2 = 0; e2 < n * K; ++e2) {
+              dQs[e2] += dQ[e2];
+              dKs[e2] += dK[e2];
+            }
         }
-        if (!direct)
-          for (int64_t e2 = 0; e2 < n * K; ++e2) {
-            dQs[e2] += dQ[e2];
-            dKs[e2] += dK[e2];
-          }
-      }
-      if (!direct) {
-        store_rows(dQs, K, dq, c, hh);
-        store_rows(dKs, K, dk, c, hh);
-      }
-    }
-  });
+        if (!direct) {
+          store_rows(dQs, K, dq, c, hh);
+          store_rows(dKs, K, dk, c, hh);
+        }
+      });
 }
 
 // Gate backward: fixed blocks of rows, partial sums per block, then the blocks in order, so the

@@ -41,46 +41,40 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
   const Tok k(a.k), beta(a.beta), g(a.g), A(a.A);
   const int64_t H = k.H, HV = beta.H, G = HV / H, K = k.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd;
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H, n = c.len;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) { prefetch_rows(A, nx, hv, true); });
-      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* kk = s.get(2, n * n);
-      gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
-           true);
-      float* gam = s.get(3, n * n);
-      float* bt = s.get(5, n);
-      gd.resize(n);
-      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
-        load_scalars(beta, c, hv, bt);
-        if (g.defined()) {
-          load_gates(g, c, hv, gd.data());
-          decay_matrix(gd.data(), n, true, gam, n);
-        }
-        const OutRows L = out_rows(A, c, hv, s.get(4, n * A.D));
-        for (int64_t i = 0; i < n; ++i) {
-          float* l = L.p + i * L.ld;
-          const float* kki = kk + i * n;
+  for_each_chunk_head(
+      chunks, H, G, [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+      [&](const Chunk& nx, int64_t hv) { prefetch_rows(A, nx, hv, true); },
+      [&](Scratch& s, const Chunk& c, int64_t h) {
+        const int64_t n = c.len;
+        std::vector<double> gd;
+        const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+        float* kk = s.get(2, n * n);
+        gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
+             true);
+        float* gam = s.get(3, n * n);
+        float* bt = s.get(5, n);
+        gd.resize(n);
+        for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+          load_scalars(beta, c, hv, bt);
           if (g.defined()) {
-            const float* gi = gam + i * n;
-            for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j] * gi[j];
-          } else {
-            for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j];
+            load_gates(g, c, hv, gd.data());
+            decay_matrix(gd.data(), n, true, gam, n);
           }
-          std::fill(l + i, l + A.D, 0.0f);
+          const OutRows L = out_rows(A, c, hv, s.get(4, n * A.D));
+          for (int64_t i = 0; i < n; ++i) {
+            float* l = L.p + i * L.ld;
+            const float* kki = kk + i * n;
+            if (g.defined()) {
+              const float* gi = gam + i * n;
+              for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j] * gi[j];
+            } else {
+              for (int64_t j = 0; j < i; ++j) l[j] = bt[i] * kki[j];
+            }
+            std::fill(l + i, l + A.D, 0.0f);
+          }
+          commit_rows(L, A, c, hv);
         }
-        commit_rows(L, A, c, hv);
-      }
-    }
-  });
+      });
 }
 
 void solve(const Context&, const SolveTrilArgs& a) {
@@ -107,51 +101,45 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
   const Tok k(a.k), v(a.v), beta(a.beta), A(a.A), g(a.g), w(a.w), u(a.u);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = A.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd;
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H, n = c.len;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) {
-            prefetch_rows(A, nx, hv);
-            prefetch_rows(v, nx, hv);
-            prefetch_rows(w, nx, hv, true);
-            prefetch_rows(u, nx, hv, true);
-          });
-      const Rows kr = view_rows(k, c, h, s.get(0, n * K));
-      float* Am = s.get(1, n * n);
-      float* Aw = s.get(2, n * n);
-      float* W = s.get(4, n * K);
-      float* U = s.get(5, n * V);
-      float* bt = s.get(6, n);
-      float* eg = s.get(7, n);
-      gd.resize(n);
-      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
-        load_tril_block(A, c, hv, false, Am, n);
-        load_scalars(beta, c, hv, bt);
-        load_gates(g, c, hv, gd.data());
-        exp_from(gd.data(), n, 0.0, eg);
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j <= i; ++j) {
-            Aw[i * n + j] = Am[i * n + j] * bt[j] * eg[j];
-            Am[i * n + j] *= bt[j];
+  for_each_chunk_head(
+      chunks, H, G, [&](const Chunk& nx, int64_t nh) { prefetch_rows(k, nx, nh); },
+      [&](const Chunk& nx, int64_t hv) {
+        prefetch_rows(A, nx, hv);
+        prefetch_rows(v, nx, hv);
+        prefetch_rows(w, nx, hv, true);
+        prefetch_rows(u, nx, hv, true);
+      },
+      [&](Scratch& s, const Chunk& c, int64_t h) {
+        const int64_t n = c.len;
+        std::vector<double> gd;
+        const Rows kr = view_rows(k, c, h, s.get(0, n * K));
+        float* Am = s.get(1, n * n);
+        float* Aw = s.get(2, n * n);
+        float* W = s.get(4, n * K);
+        float* U = s.get(5, n * V);
+        float* bt = s.get(6, n);
+        float* eg = s.get(7, n);
+        gd.resize(n);
+        for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+          load_tril_block(A, c, hv, false, Am, n);
+          load_scalars(beta, c, hv, bt);
+          load_gates(g, c, hv, gd.data());
+          exp_from(gd.data(), n, 0.0, eg);
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j <= i; ++j) {
+              Aw[i * n + j] = Am[i * n + j] * bt[j] * eg[j];
+              Am[i * n + j] *= bt[j];
+            }
+            std::fill(Aw + i * n + i + 1, Aw + (i + 1) * n, 0.0f);
           }
-          std::fill(Aw + i * n + i + 1, Aw + (i + 1) * n, 0.0f);
+          const Rows vr = view_rows(v, c, hv, s.get(3, n * V));
+          const OutRows Wo = out_rows(w, c, hv, W), Uo = out_rows(u, c, hv, U);
+          gemm(n, K, n, 1.0f, Aw, n, 1, kr.p, kr.ld, false, Wo.p, Wo.ld, Tri::kLower);
+          gemm(n, V, n, 1.0f, Am, n, 1, vr.p, vr.ld, false, Uo.p, Uo.ld, Tri::kLower);
+          commit_rows(Wo, w, c, hv);
+          commit_rows(Uo, u, c, hv);
         }
-        const Rows vr = view_rows(v, c, hv, s.get(3, n * V));
-        const OutRows Wo = out_rows(w, c, hv, W), Uo = out_rows(u, c, hv, U);
-        gemm(n, K, n, 1.0f, Aw, n, 1, kr.p, kr.ld, false, Wo.p, Wo.ld, Tri::kLower);
-        gemm(n, V, n, 1.0f, Am, n, 1, vr.p, vr.ld, false, Uo.p, Uo.ld, Tri::kLower);
-        commit_rows(Wo, w, c, hv);
-        commit_rows(Uo, u, c, hv);
-      }
-    }
-  });
+      });
 }
 
 void fwd_o(const Context&, const ChunkFwdOArgs& a) {
@@ -160,47 +148,45 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd;
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t hh = task % H, n = c.len;
-      // The next task's operands, while this one computes.
-      prefetch_next_task(
-          chunks, task, e, H, G,
-          [&](const Chunk& nx, int64_t nh) { prefetch_rows(q, nx, nh); prefetch_rows(k, nx, nh); },
-          [&](const Chunk& nx, int64_t hv) {
-            prefetch_state(h, nx.index * HV + hv);
-            prefetch_rows(v, nx, hv);
-            prefetch_rows(o, nx, hv, true);
-          });
-      const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
-      const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-      float* qk = s.get(3, n * n);
-      gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
-           true);
-      float* P = s.get(4, n * n);
-      float* eg = s.get(6, n);
-      float* O = s.get(7, n * V);
-      gd.resize(n);
-      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_gates(g, c, hv, gd.data());
-        decay_matrix(gd.data(), n, false, P, n);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
-        exp_from(gd.data(), n, 0.0, eg);
-        const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
-        const OutRows Oo = out_rows(o, c, hv, O);
-        gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, Oo.p, Oo.ld);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < V; ++x) Oo.p[i * Oo.ld + x] *= scale * eg[i];
-        const Rows vr = view_rows(v, c, hv, s.get(9, n * V));
-        gemm(n, V, n, 1.0f, P, n, 1, vr.p, vr.ld, true, Oo.p, Oo.ld, Tri::kLower);
-        commit_rows(Oo, o, c, hv);
-      }
-    }
-  });
+  for_each_chunk_head(
+      chunks, H, G,
+      [&](const Chunk& nx, int64_t nh) {
+        prefetch_rows(q, nx, nh);
+        prefetch_rows(k, nx, nh);
+      },
+      [&](const Chunk& nx, int64_t hv) {
+        prefetch_state(h, nx.index * HV + hv);
+        prefetch_rows(v, nx, hv);
+        prefetch_rows(o, nx, hv, true);
+      },
+      [&](Scratch& s, const Chunk& c, int64_t hh) {
+        const int64_t n = c.len;
+        std::vector<double> gd;
+        const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
+        const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
+        float* qk = s.get(3, n * n);
+        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
+             true);
+        float* P = s.get(4, n * n);
+        float* eg = s.get(6, n);
+        float* O = s.get(7, n * V);
+        gd.resize(n);
+        for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+          load_gates(g, c, hv, gd.data());
+          decay_matrix(gd.data(), n, false, P, n);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
+          exp_from(gd.data(), n, 0.0, eg);
+          const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
+          const OutRows Oo = out_rows(o, c, hv, O);
+          gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, Oo.p, Oo.ld);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t x = 0; x < V; ++x) Oo.p[i * Oo.ld + x] *= scale * eg[i];
+          const Rows vr = view_rows(v, c, hv, s.get(9, n * V));
+          gemm(n, V, n, 1.0f, P, n, 1, vr.p, vr.ld, true, Oo.p, Oo.ld, Tri::kLower);
+          commit_rows(Oo, o, c, hv);
+        }
+      });
 }
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }

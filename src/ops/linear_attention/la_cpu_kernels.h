@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #endif
 
+#include "src/cpu/parallel.h"
 #include "src/cpu/scratch.h"
 #include "src/cpu/simd.h"
 #include "src/ops/linear_attention/la_common.h"
@@ -433,19 +434,6 @@ inline void prefetch_state(const Mat& m, int64_t index, bool write = false) {
     prefetch_bytes(m.ptr(index), static_cast<int64_t>(m.esize) * m.rows * m.cols, write);
 }
 
-// For the chunk-parallel operators (tasks = (chunk, q/k head) pairs, H per chunk): while task
-// `task` of a thread's range [.., end) computes, prefetch the next task's operands: head(next
-// chunk, its q/k head) once, then value_head(next chunk, hv) for each of that head's G value heads.
-template <class HeadFn, class ValueHeadFn>
-inline void prefetch_next_task(const std::vector<Chunk>& chunks, int64_t task, int64_t end, int64_t H,
-                               int64_t G, HeadFn&& head, ValueHeadFn&& value_head) {
-  if (task + 1 >= end) return;
-  const Chunk& nx = chunks[(task + 1) / H];
-  const int64_t nh = (task + 1) % H;
-  head(nx, nh);
-  for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv) value_head(nx, hv);
-}
-
 // A scratch arena of fp32 buffers (buffer i keeps its largest size).
 using Scratch = fusedops::cpu::Scratch<float>;
 
@@ -453,5 +441,29 @@ using Scratch = fusedops::cpu::Scratch<float>;
 // across calls so that the buffers are not allocated, zeroed and faulted in again every call.
 struct ChunkScratch {};
 inline Scratch& thread_scratch() { return fusedops::cpu::thread_scratch<ChunkScratch, float>(); }
+
+// The task loop of the chunk-parallel operators: one task per (chunk, q/k head) pair, H per
+// chunk, handed to the OpenMP threads a few at a time. body(s, c, h) runs each task with the
+// calling thread's arena s. While a task computes, the next task of the same thread has its
+// operands prefetched: head(chunk, q/k head) once, then value_head(chunk, hv) for each of that
+// head's G value heads.
+template <class HeadFn, class ValueHeadFn, class Body>
+void for_each_chunk_head(const std::vector<Chunk>& chunks, int64_t H, int64_t G, HeadFn&& head,
+                         ValueHeadFn&& value_head, Body&& body) {
+  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8,
+                                      [&](int64_t b, int64_t e) {
+                                        Scratch& s = thread_scratch();
+                                        for (int64_t task = b; task < e; ++task) {
+                                          if (task + 1 < e) {
+                                            const Chunk& nx = chunks[(task + 1) / H];
+                                            const int64_t nh = (task + 1) % H;
+                                            head(nx, nh);
+                                            for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv)
+                                              value_head(nx, hv);
+                                          }
+                                          body(s, chunks[task / H], task % H);
+                                        }
+                                      });
+}
 
 }  // namespace fusedops::la::cpu
