@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """What a cold call costs on the CPU: the report's CPU timing writes a buffer twice the
 last-level cache between calls (bench/common.py Timer), so every call starts with its code,
-data and page tables out of the caches. This study times the two cases whose eager ratio is
-furthest below issue 40's targets both ways: cold (the report's flush before each call; fusedops
-and eager interleaved call by call) and warm (back to back). Two floors that no operator goes
-below are timed the same ways: the backward of an autograd.Function that only returns two
-prebuilt tensors, and one small PyTorch op (zeros(1)).
+data and page tables out of the caches. This study times the cases nearest issue 40's targets
+both ways: cold (the report's flush before each call; fusedops and eager interleaved call by
+call) and warm (back to back). Two floors that no operator goes below are timed the same ways:
+the backward of an autograd.Function that only returns two prebuilt tensors, and one small
+PyTorch op (zeros(1)); GDN's fixed cost is timed on a one-chunk call ([1, 64, 1, 16]).
 
-    python bench/cpu_cold_calls.py [--calls 60] [--out bench/results/cpu/studies/NAME.txt]
+    python bench/cpu_cold_calls.py [--calls 60] [--cases REGEX] [--out bench/results/cpu/studies/NAME.txt]
 
 Medians (and the 20th percentile) of the calls, in ms.
 """
@@ -15,6 +15,7 @@ Medians (and the 20th percentile) of the calls, in ms.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import fusedops  # noqa: E402
 
 from bench.common import last_level_cache_bytes  # noqa: E402
+from bench.ops.gated_delta_rule import chunked_torch  # noqa: E402
 
 
 def cases():
@@ -77,6 +79,26 @@ def cases():
     def noop_backward():
         return torch.autograd.grad(state.pop("loss"), [hr, wr])
 
+    def gdn(shape):
+        b, t, hh, d = shape
+        x = [torch.randn(b, t, hh, d) for _ in range(3)]
+        x[1] = torch.nn.functional.normalize(x[1], dim=-1)
+        x += [-torch.rand(b, t, hh) * 0.5, torch.rand(b, t, hh)]
+        leaves = [a.clone().requires_grad_() for a in x]
+        do = torch.randn(b, t, hh, d)
+
+        def fused():
+            o = fusedops.chunk_gated_delta_rule(*leaves, d ** -0.5)[0]
+            return torch.autograd.grad(o, leaves, do)
+
+        def eager():
+            o = chunked_torch(*leaves, d ** -0.5)[0]
+            return torch.autograd.grad(o, leaves, do)
+        return fused, eager
+
+    gdn_fused, gdn_eager = gdn((2, 256, 4, 128))  # the report's small CPU GDN case
+    gdn_tiny, _ = gdn((1, 64, 1, 16))
+
     return [
         ("chunk_loss bf16 N=128 H=128 V=8000, fwd+bwd", None,
          [("fusedops", cl_fused), ("eager", cl_eager)]),
@@ -84,6 +106,10 @@ def cases():
         ("floor: backward of an autograd.Function returning two prebuilt tensors", noop_prepare,
          [("autograd.grad", noop_backward)]),
         ("floor: torch.zeros(1)", None, [("torch op", lambda: torch.zeros(1))]),
+        ("chunk_gated_delta_rule fp32 [2, 256, 4, 128], fwd+bwd", None,
+         [("fusedops", gdn_fused), ("eager", gdn_eager)]),
+        ("chunk_gated_delta_rule fp32 [1, 64, 1, 16] (one chunk), fwd+bwd", None,
+         [("fusedops", gdn_tiny)]),
     ]
 
 
@@ -103,6 +129,7 @@ def timed(fn, prepare, flush) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=60)
+    ap.add_argument("--cases", default="", help="only the cases whose label matches this regex")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     flush = torch.empty(max(64 << 20, 2 * last_level_cache_bytes()), dtype=torch.uint8)
@@ -112,6 +139,8 @@ def main() -> None:
              f"flush {flush.numel() >> 20} MiB written before each cold call; median / p20 of "
              f"{args.calls} calls, ms"]
     for label, prepare, impls in cases():
+        if not re.search(args.cases, label):
+            continue
         samples = {(name, cold): [] for name, _ in impls for cold in (True, False)}
         for _, fn in impls:  # first calls (primitive creation, lazy init) untimed
             if prepare:
