@@ -194,12 +194,8 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
              true);
         float* P = s.get(4, n * n);
         float* D = s.get(6, n * V);
-        gd.resize(n);
         for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-          load_gates(g, c, hv, gd.data());
-          decay_matrix(gd.data(), n, false, P, n);
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
+          gated_scores(g, c, hv, qk, scale, gd, P);
           const Rows dor = view_rows(dO, c, hv, s.get(7, n * V));
           const OutRows Do = out_rows(dv, c, hv, D);
           gemm(n, V, n, 1.0f, P, 1, n, dor.p, dor.ld, false, Do.p, Do.ld, Tri::kUpper);

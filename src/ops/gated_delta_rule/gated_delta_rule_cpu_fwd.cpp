@@ -25,6 +25,16 @@ void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float
   }
 }
 
+void gated_scores(const Tok& g, const Chunk& c, int64_t hv, const float* qk, float scale,
+                  std::vector<double>& gd, float* P) {
+  const int64_t n = c.len;
+  gd.resize(n);
+  load_gates(g, c, hv, gd.data());
+  decay_matrix(gd.data(), n, false, P, n);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
+}
+
 void store_square_block(const float* in, int64_t ld, const Tok& A, const Chunk& c, int64_t h) {
   std::vector<float> row(A.D, 0.0f);
   for (int64_t i = 0; i < c.len; ++i) {
@@ -170,12 +180,8 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
         float* P = s.get(4, n * n);
         float* eg = s.get(6, n);
         float* O = s.get(7, n * V);
-        gd.resize(n);
         for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-          load_gates(g, c, hv, gd.data());
-          decay_matrix(gd.data(), n, false, P, n);
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
+          gated_scores(g, c, hv, qk, scale, gd, P);
           exp_from(gd.data(), n, 0.0, eg);
           const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
           const OutRows Oo = out_rows(o, c, hv, O);

@@ -17,6 +17,11 @@ using namespace la::cpu;
 // elsewhere, and the store of a [len,len] block as BT-wide rows (zeros beyond len).
 void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float* out, int64_t ld);
 void store_square_block(const float* in, int64_t ld, const Tok& A, const Chunk& c, int64_t h);
+// P = scale (M>= . Gamma . Q K^T), [n,n] with ld n (n = c.len), for value head hv of chunk c:
+// the decays of its gates on and below the diagonal times the chunk's Q K^T block qk (ld n),
+// zeros above. gd is scratch for the gates and holds them afterwards.
+void gated_scores(const Tok& g, const Chunk& c, int64_t hv, const float* qk, float scale,
+                  std::vector<double>& gd, float* P);
 // X = (I + L)^{-1} for a strictly lower [n,n] L (ld n); X has leading dimension ld.
 void unit_lower_inverse(const float* L, int64_t n, float* X, int64_t ld);
 // One token of the recurrence on S [K,V] in place; o (optional, needs q) = scale S^T q; delta and
