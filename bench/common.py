@@ -22,6 +22,7 @@ import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -265,6 +266,42 @@ def _summarize(samples: list[float]) -> Timing:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def git_commit() -> dict:
+    """The checkout's commit and whether its tree differs from it (FUSEDOPS_COMMIT names the
+    commit where the tree is not a git checkout)."""
+    info = {"commit": os.environ.get("FUSEDOPS_COMMIT") or None, "dirty": None}
+    if info["commit"]:
+        # Named by the caller (a tree exported from a commit, e.g. inside another checkout on the
+        # GPU machine, where git would describe the enclosing repository instead).
+        return info
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0:
+            info["commit"] = head.stdout.strip()
+            st = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                                capture_output=True, text=True, timeout=10)
+            info["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def write_study(lines: list[str], out: Path | None) -> None:
+    """Prints a study's lines and writes them to out (a file under bench/results/.../studies)."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out:
+        out.write_text(text)
+
+
+def study_commit() -> str:
+    """The commit for a study's header: short, with '+changes' when the tree differs from it."""
+    info = git_commit()
+    c = (info["commit"] or "?")[:7]
+    return c + ("+changes" if info["dirty"] else "")
 
 
 def last_level_cache_bytes() -> int:
@@ -559,8 +596,6 @@ def cuda_driver_versions() -> dict[str, str | int | None]:
     except (OSError, AttributeError):
         pass
     try:
-        import subprocess
-
         r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=20)
         if r.returncode == 0 and r.stdout.strip():

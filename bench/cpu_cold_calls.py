@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import fusedops  # noqa: E402
 
-from bench.common import last_level_cache_bytes  # noqa: E402
+from bench.common import last_level_cache_bytes, study_commit, write_study  # noqa: E402
 from bench.ops.gated_delta_rule import chunked_torch  # noqa: E402
 
 
@@ -133,8 +132,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     flush = torch.empty(max(64 << 20, 2 * last_level_cache_bytes()), dtype=torch.uint8)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = study_commit()
     lines = [f"cpu_cold_calls at {commit}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
              f"flush {flush.numel() >> 20} MiB written before each cold call; median / p20 of "
              f"{args.calls} calls, ms"]
@@ -159,10 +157,7 @@ def main() -> None:
                 s = sorted(samples[(name, cold)])
                 parts.append(f"{'cold' if cold else 'warm'} {s[len(s) // 2]:.3f} / {s[len(s) // 5]:.3f}")
             lines.append(f"  {name:14s} " + "   ".join(parts))
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    write_study(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import study_commit, write_study  # noqa: E402
+
 OPS = ["clipped_swiglu", "sort_chunks_by_idx", "chunk_loss", "chunk_gated_delta_rule"]
 VAR = "THP_MEM_ALLOC_ENABLE"
 
@@ -72,8 +76,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or os.environ.get("FUSEDOPS_COMMIT", "?")
+    commit = study_commit()
     lines = [f"cpu_thp at {commit}: transparent huge pages {thp_settings()}",
              f"each op's report run in a fresh process, {VAR} unset (off) then =1 (on), {args.rounds} rounds",
              "columns: median ms, minor faults per call, first call ms, x eager, check"]
@@ -94,10 +97,7 @@ def main() -> None:
                     xs = f"{x:5.2f}x" if x else "     -"
                     lines.append(f"    round {rnd + 1} {'on ' if thp else 'off'}  {ms:8.2f}  {faults!s:>6}  "
                                  f"{first:8.1f}  {xs}  {ok}")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
+    write_study(lines, args.out)
 
 
 if __name__ == "__main__":

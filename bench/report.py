@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,25 +84,6 @@ def parse_args(argv):
 
 # --------------------------------------------------------------------------------------------
 # Metadata
-
-
-def git_commit() -> dict:
-    info = {"commit": os.environ.get("FUSEDOPS_COMMIT") or None, "dirty": None}
-    if info["commit"]:
-        # Named by the caller (a tree exported from a commit, e.g. inside another checkout on the
-        # GPU machine, where git would describe the enclosing repository instead).
-        return info
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode == 0:
-            info["commit"] = head.stdout.strip()
-            st = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
-                                capture_output=True, text=True, timeout=10)
-            info["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
 
 
 def device_info(torch, device) -> dict:
@@ -384,7 +364,7 @@ def main(argv=None) -> int:
         for c in cases:
             c.ref_row_budget_elems = 1 << 18
     dinfo = device_info(torch, device)
-    git = git_commit()
+    git = common.git_commit()
     results = {
         "metadata": {
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
