@@ -171,15 +171,11 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
 // B2: dv_local = scale (M>= . Gamma . Q K^T)^T dO.
 void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
   const Tok q(a.q), k(a.k), dO(a.dout), g(a.g), dv(a.dv);
-  const int64_t H = q.H, HV = dO.H, G = HV / H, K = q.D, V = dO.D;
+  const int64_t H = q.H, HV = dO.H, G = HV / H, V = dO.D;
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   for_each_chunk_head(
-      chunks, H, G,
-      [&](const Chunk& nx, int64_t nh) {
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-      },
+      chunks, H, G, prefetch_qk(q, k),
       [&](const Chunk& nx, int64_t hv) {
         prefetch_rows(dO, nx, hv);
         prefetch_rows(dv, nx, hv, true);
@@ -187,11 +183,8 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
       [&](Scratch& s, const Chunk& c, int64_t hh) {
         const int64_t n = c.len;
         std::vector<double> gd;
-        const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
-        const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-        float* qk = s.get(3, n * n);
-        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
-             true);
+        const QkBlock b = qk_block(s, q, k, c, hh);
+        const float* qk = b.qk;
         float* P = s.get(4, n * n);
         float* D = s.get(6, n * V);
         for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
@@ -213,11 +206,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   for_each_chunk_head(
-      chunks, H, G,
-      [&](const Chunk& nx, int64_t nh) {
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-      },
+      chunks, H, G, prefetch_qk(q, k),
       [&](const Chunk& nx, int64_t hv) {
         prefetch_state(h, nx.index * HV + hv);
         prefetch_state(dh, nx.index * HV + hv);

@@ -25,6 +25,15 @@ void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float
   }
 }
 
+QkBlock qk_block(Scratch& s, const Tok& q, const Tok& k, const Chunk& c, int64_t h) {
+  const int64_t n = c.len, K = q.D;
+  const QkBlock b{view_rows(q, c, h, s.get(0, n * K)), view_rows(k, c, h, s.get(1, n * K)),
+                  s.get(3, n * n)};
+  gemm(n, n, K, 1.0f, b.q.p, b.q.ld, 1, b.k.p, b.k.ld, false, b.qk, n, Tri::kNone, true, nullptr, 0,
+       true);
+  return b;
+}
+
 void gated_scores(const Tok& g, const Chunk& c, int64_t hv, const float* qk, float scale,
                   std::vector<double>& gd, float* P) {
   const int64_t n = c.len;
@@ -159,11 +168,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
   const float scale = static_cast<float>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
   for_each_chunk_head(
-      chunks, H, G,
-      [&](const Chunk& nx, int64_t nh) {
-        prefetch_rows(q, nx, nh);
-        prefetch_rows(k, nx, nh);
-      },
+      chunks, H, G, prefetch_qk(q, k),
       [&](const Chunk& nx, int64_t hv) {
         prefetch_state(h, nx.index * HV + hv);
         prefetch_rows(v, nx, hv);
@@ -172,11 +177,9 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
       [&](Scratch& s, const Chunk& c, int64_t hh) {
         const int64_t n = c.len;
         std::vector<double> gd;
-        const Rows qr = view_rows(q, c, hh, s.get(0, n * K));
-        const Rows kr = view_rows(k, c, hh, s.get(1, n * K));
-        float* qk = s.get(3, n * n);
-        gemm(n, n, K, 1.0f, qr.p, qr.ld, 1, kr.p, kr.ld, false, qk, n, Tri::kNone, true, nullptr, 0,
-             true);
+        const QkBlock b = qk_block(s, q, k, c, hh);
+        const Rows& qr = b.q;
+        const float* qk = b.qk;
         float* P = s.get(4, n * n);
         float* eg = s.get(6, n);
         float* O = s.get(7, n * V);

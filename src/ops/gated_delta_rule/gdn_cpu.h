@@ -6,6 +6,7 @@
 
 #include "src/ops/linear_attention/la_common.h"
 #include "src/ops/linear_attention/la_cpu.h"
+#include "src/ops/linear_attention/la_cpu_kernels.h"
 
 namespace fusedops::gdn::cpu {
 
@@ -17,6 +18,20 @@ using namespace la::cpu;
 // elsewhere, and the store of a [len,len] block as BT-wide rows (zeros beyond len).
 void load_tril_block(const Tok& A, const Chunk& c, int64_t h, bool strict, float* out, int64_t ld);
 void store_square_block(const float* in, int64_t ld, const Tok& A, const Chunk& c, int64_t h);
+// The chunk's Q and K rows of q/k head h (read in place when fp32, else converted into scratch
+// slots 0 and 1) and Q K^T, [n,n] (n = c.len) in slot 3: the start of chunk_fwd_o and dv_local.
+struct QkBlock {
+  Rows q, k;
+  float* qk;
+};
+QkBlock qk_block(Scratch& s, const Tok& q, const Tok& k, const Chunk& c, int64_t h);
+// for_each_chunk_head's head prefetch for the kernels that read the chunk's Q and K rows.
+inline auto prefetch_qk(const Tok& q, const Tok& k) {
+  return [&q, &k](const Chunk& nx, int64_t nh) {
+    prefetch_rows(q, nx, nh);
+    prefetch_rows(k, nx, nh);
+  };
+}
 // P = scale (M>= . Gamma . Q K^T), [n,n] with ld n (n = c.len), for value head hv of chunk c:
 // the decays of its gates on and below the diagonal times the chunk's Q K^T block qk (ld n),
 // zeros above. gd is scratch for the gates and holds them afterwards.
