@@ -29,4 +29,12 @@ struct Context {
   }
 };
 
+// ctx with its backend forced to `backend` (a registry id): the `_ref` entry points force "ref",
+// and a top level forces its own backend on every sub-operator it calls.
+inline Context with_backend(const Context& ctx, const char* backend) {
+  Context c = ctx;
+  c.backend = backend;
+  return c;
+}
+
 }  // namespace fusedops

@@ -127,12 +127,6 @@ conv1d::Geometry check_bwd(const Context& ctx, const CausalConv1dBwdArgs& a) {
   return g;
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 CausalConv1dActivation causal_conv1d_activation(const std::string& name) {

@@ -169,12 +169,6 @@ void check_bwd(const Context& ctx, const ChunkLossBwdArgs& a) {
     c.dtype_in(a.saved_grad_loss_weight, "saved_grad_loss_weight", {DType::kFloat32, DType::kFloat64});
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 int64_t chunk_loss_chunk_rows(const Context& ctx, const ChunkLossFwdArgs& args) {

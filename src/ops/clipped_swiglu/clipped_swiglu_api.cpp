@@ -77,12 +77,6 @@ void check_group_index_values(const Context& ctx, const TensorView& gi) {
                      " at index ", i);
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 void clipped_swiglu_fwd(const Context& ctx, const ClippedSwigluFwdArgs& args) {

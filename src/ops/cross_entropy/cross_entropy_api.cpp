@@ -205,12 +205,6 @@ void check_bwd(const Context& ctx, const CrossEntropyBwdArgs& a) {
   }
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 size_t cross_entropy_workspace_size(const Context& ctx, int64_t rows, int64_t vocab) {

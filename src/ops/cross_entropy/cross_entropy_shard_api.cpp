@@ -33,12 +33,6 @@ int64_t check_common(const ArgCheck& c, const Context& ctx, const TensorView& lo
   return N;
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 void fused_cross_entropy_loss_shard_stats(const Context& ctx, const CrossEntropyShardStatsArgs& a) {

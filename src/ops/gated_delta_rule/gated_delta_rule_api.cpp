@@ -12,7 +12,6 @@ namespace fusedops {
 namespace {
 
 using la::Check;
-using la::with_backend;
 
 // ---------------------------------------------------------------------------------------------
 

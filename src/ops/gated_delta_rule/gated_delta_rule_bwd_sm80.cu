@@ -1721,7 +1721,7 @@ void sigmoid_bwd(const Context& ctx, const BetaSigmoidBwdArgs& a) {
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a);
+  compose_bwd(with_backend(ctx, "cuda_sm80"), a);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -566,7 +566,7 @@ bool state_dhu(const Context& ctx, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
 // and chunk_bwd_dqkwg on wgmma (gated_delta_rule_bwd_dqkwg_sm90.cu).
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
   // The sub-operators are cuda_sm80's.
-  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a, state_fwd, state_dhu, dqkwg_wg);
+  compose_bwd(with_backend(ctx, "cuda_sm80"), a, state_fwd, state_dhu, dqkwg_wg);
 }
 
 }  // namespace fusedops::gdn::sm90

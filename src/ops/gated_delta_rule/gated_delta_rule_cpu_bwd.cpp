@@ -528,7 +528,7 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  compose_bwd(la::with_backend(ctx, "cpu"), a);
+  compose_bwd(with_backend(ctx, "cpu"), a);
 }
 
 bool sup_wy(const PrepareWyReprBwdArgs& a) {

@@ -252,7 +252,7 @@ void recurrent_fwd(const Context&, const FusedRecurrentGatedDeltaRuleFwdArgs& a)
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  compose_fwd(la::with_backend(ctx, "cpu"), a);
+  compose_fwd(with_backend(ctx, "cpu"), a);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1321,7 +1321,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, prep_fused, state_out_fused);
+  compose_fwd(with_backend(ctx, "cuda_sm80"), a, prep_fused, state_out_fused);
 }
 
 // ---------------------------------------------------------------------------------------------

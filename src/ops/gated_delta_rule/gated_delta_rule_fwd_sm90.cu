@@ -378,7 +378,7 @@ namespace {
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
   // The sub-operators are cuda_sm80's.
-  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, sm80::prepare_fused_fwd, state_out);
+  compose_fwd(with_backend(ctx, "cuda_sm80"), a, sm80::prepare_fused_fwd, state_out);
 }
 
 bool sup_fwd(const ChunkGatedDeltaRuleFwdArgs& a) { return sm80::top_fwd_supported(a); }

@@ -304,7 +304,7 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
 }
 
 void top_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  compose_bwd(la::with_backend(ctx, "ref"), a);
+  compose_bwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace

@@ -197,7 +197,7 @@ void recurrent_step(std::vector<double>& S, const double* q, const double* k, co
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  compose_fwd(la::with_backend(ctx, "ref"), a);
+  compose_fwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace fusedops::gdn::ref

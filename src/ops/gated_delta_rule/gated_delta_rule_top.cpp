@@ -216,11 +216,11 @@ void chunk_gated_delta_rule_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwd
 }
 
 void chunk_gated_delta_rule_fwd_ref(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
-  chunk_gated_delta_rule_fwd(la::with_backend(ctx, "ref"), a);
+  chunk_gated_delta_rule_fwd(with_backend(ctx, "ref"), a);
 }
 
 void chunk_gated_delta_rule_bwd_ref(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& a) {
-  chunk_gated_delta_rule_bwd(la::with_backend(ctx, "ref"), a);
+  chunk_gated_delta_rule_bwd(with_backend(ctx, "ref"), a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -242,12 +242,12 @@ void fused_recurrent_gated_delta_rule_bwd(const Context& ctx,
 
 void fused_recurrent_gated_delta_rule_fwd_ref(const Context& ctx,
                                               const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  fused_recurrent_gated_delta_rule_fwd(la::with_backend(ctx, "ref"), a);
+  fused_recurrent_gated_delta_rule_fwd(with_backend(ctx, "ref"), a);
 }
 
 void fused_recurrent_gated_delta_rule_bwd_ref(const Context& ctx,
                                               const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
-  fused_recurrent_gated_delta_rule_bwd(la::with_backend(ctx, "ref"), a);
+  fused_recurrent_gated_delta_rule_bwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace fusedops

@@ -11,7 +11,6 @@ namespace fusedops {
 namespace {
 
 using la::Check;
-using la::with_backend;
 
 void chunk_size_kda(const Check& c, int64_t bt) {
   c.value(bt == 16 || bt == 32 || bt == 64,

@@ -1186,7 +1186,7 @@ void recurrent_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
 }
 
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  compose_bwd(la::with_backend(ctx, "cuda_sm80"), a, intra_cumsum_fused);
+  compose_bwd(with_backend(ctx, "cuda_sm80"), a, intra_cumsum_fused);
 }
 
 bool sup_wy(const ChunkKdaBwdWyDqkgArgs& a) {

@@ -13,10 +13,10 @@ void run(const Context&, const Args& a) {
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  kda::compose_fwd(la::with_backend(ctx, "ref"), a);
+  kda::compose_fwd(with_backend(ctx, "ref"), a);
 }
 void top_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  kda::compose_bwd(la::with_backend(ctx, "ref"), a);
+  kda::compose_bwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace

@@ -1208,7 +1208,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, fwd_fusions());
+  compose_fwd(with_backend(ctx, "cuda_sm80"), a, fwd_fusions());
 }
 
 // ---------------------------------------------------------------------------------------------

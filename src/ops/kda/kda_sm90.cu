@@ -22,7 +22,7 @@ bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& h, const C
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   FwdFusions f = sm80::fwd_fusions();
   f.state_out = state_out;
-  compose_fwd(la::with_backend(ctx, "cuda_sm80"), a, f);  // the sub-operators are cuda_sm80's
+  compose_fwd(with_backend(ctx, "cuda_sm80"), a, f);  // the sub-operators are cuda_sm80's
 }
 
 }  // namespace

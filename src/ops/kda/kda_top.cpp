@@ -235,11 +235,11 @@ void chunk_kda_bwd(const Context& ctx, const ChunkKdaBwdArgs& a) {
 }
 
 void chunk_kda_fwd_ref(const Context& ctx, const ChunkKdaFwdArgs& a) {
-  chunk_kda_fwd(la::with_backend(ctx, "ref"), a);
+  chunk_kda_fwd(with_backend(ctx, "ref"), a);
 }
 
 void chunk_kda_bwd_ref(const Context& ctx, const ChunkKdaBwdArgs& a) {
-  chunk_kda_bwd(la::with_backend(ctx, "ref"), a);
+  chunk_kda_bwd(with_backend(ctx, "ref"), a);
 }
 
 }  // namespace fusedops

@@ -35,12 +35,6 @@ void check_bwd(const Context& ctx, const L2NormBwdArgs& a) {
       .contiguous(a.dx, "dx");
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 void l2norm_fwd(const Context& ctx, const L2NormFwdArgs& args) {

@@ -88,13 +88,6 @@ class NestedCalls {
   NestedCalls& operator=(const NestedCalls&) = delete;
 };
 
-// ctx with its backend forced (the top levels force theirs on every sub-operator they call).
-inline Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 // True when none of the given (defined) tensors is float64: the fp32 CPU backend's predicate.
 inline bool no_float64(std::initializer_list<const TensorView*> ts) {
   for (const TensorView* t : ts)

@@ -233,12 +233,6 @@ la_cp::Dims check_fold(const ArgCheck& c, const Context& ctx, const TensorView& 
   return d;
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------

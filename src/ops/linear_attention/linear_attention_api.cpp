@@ -12,7 +12,6 @@ namespace fusedops {
 namespace {
 
 using la::Check;
-using la::with_backend;
 
 bool is_pow2(int64_t x) { return x >= 1 && (x & (x - 1)) == 0; }
 

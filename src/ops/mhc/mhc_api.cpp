@@ -118,12 +118,6 @@ int64_t tokens_of(const TensorView& x) {
   return t;
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 void mhc_pre_bmm_fwd(const Context& ctx, const MhcPreBmmFwdArgs& args) {

@@ -142,12 +142,6 @@ void check_split_bwd(const Context& ctx, const HcSplitSinkhornBwdArgs& a) {
   c.workspace(a.workspace, ctx, need, "hc_split_sinkhorn_bwd_workspace_size", 4);
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 const char* sinkhorn_variant_name(SinkhornVariant variant) {

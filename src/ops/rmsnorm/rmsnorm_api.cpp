@@ -43,12 +43,6 @@ void check_bwd(const Context& ctx, const RmsNormWithoutWeightBwdArgs& a) {
       .contiguous(a.dx, "dx");
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 void rmsnorm_without_weight_fwd(const Context& ctx, const RmsNormWithoutWeightFwdArgs& args) {

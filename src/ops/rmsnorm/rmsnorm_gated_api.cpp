@@ -129,12 +129,6 @@ void check_bwd(const Context& ctx, const RmsNormGatedBwdArgs& a) {
   if (need > 0) c.workspace(a.workspace, ctx, need, "rmsnorm_gated_bwd_workspace_size", 16);
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 int64_t rmsnorm_gated_bwd_workspace_size(const RmsNormGatedBwdArgs& args) {

@@ -200,12 +200,6 @@ void validate_map(const char* op, const Context& ctx, const TensorView& map, int
   validate_row_map(op, read_index_values(op, ctx, map), N);
 }
 
-Context with_backend(const Context& ctx, const char* backend) {
-  Context c = ctx;
-  c.backend = backend;
-  return c;
-}
-
 }  // namespace
 
 size_t sort_chunks_by_idx_workspace_size(int64_t num_splits) {
