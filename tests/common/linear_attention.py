@@ -1,11 +1,18 @@
 """Test helpers both linear-attention families' torch-layer tests (test_gated_delta_rule.py,
-test_kda.py) share: the per-token recurrence in plain torch (the float64 oracle; the gate is one
-decay per value head, g [B,T,HV], or one per key channel, g [B,T,HV,K]), the unit lower inverse of
-the chunked bases, the comparison under the precision policy with the RMS-ratio metric, and the
-plumbing that runs a top level or a composite with gradients."""
+test_kda.py, test_linear_attention_families.py) share: the per-token recurrence in plain torch (the
+float64 oracle; the gate is one decay per value head, g [B,T,HV], or one per key channel,
+g [B,T,HV,K]), the unit lower inverse of the chunked bases, the comparison under the precision
+policy with the RMS-ratio metric, the plumbing that runs a top level or a composite with
+gradients, and ``Family``: what differs between the two families in the tests they share, with
+the check of a chunk top level against the oracle that each family's ``backend_case`` test runs."""
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
 import torch
 
 from tests.common import tolerance
@@ -148,3 +155,50 @@ def run_composite(d, scale, cu, opts, BT, dtype, kind, preprocess, chunked):
     names = wrt(x, opts)
     gr = torch.autograd.grad(outs, [x[n] for n in names], gos, allow_unused=True)
     return o, ht, {n: (gg if gg is not None else torch.zeros_like(x[n])) for n, gg in zip(names, gr)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the two families in the tests they share: one per family test module
+    (its ``FAMILY``), with that module's adapters. ``recurrent`` and ``reference_recurrent`` take
+    beta by keyword (GDN's per-token form has gk and gv before it, FLA's order)."""
+
+    name: str  # "gdn" / "kda": the test ids
+    op: str  # the chunk form's registry name (the module's OP)
+    chunk: Callable  # fusedops.chunk_*
+    recurrent: Callable  # fusedops.fused_recurrent_*
+    reference_chunk: Callable  # fusedops.reference.chunk_*
+    reference_recurrent: Callable  # fusedops.reference.fused_recurrent_*
+    per_channel_gate: bool  # g [B,T,HV,K] (KDA) rather than [B,T,HV] (GDN)
+    make_inputs: Callable  # (B, T, H, HV, K, V, dtype, seed, cu=None, opts=None, ...) -> dict
+    run_ours: Callable  # (d, scale, cu, opts, BT, device, ...) -> (o, final_state, {name: grad})
+    run_composite: Callable  # (d, scale, cu, opts, BT, dtype, kind) -> the same, of the composite
+    recurrent_as_chunk: Callable  # the per-token form called with the chunk form's arguments
+    forced: Callable  # (backend) -> context forcing the family's ops onto that backend
+
+    def small_args(self, B=1, T=8, H=2, HV=2, K=8, V=8):
+        """Unseeded q, k, v, g, beta (g of the family's shape) for calls that must raise."""
+        g_shape = (B, T, HV, K) if self.per_channel_gate else (B, T, HV)
+        return (torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, HV, V), -torch.rand(*g_shape),
+                torch.rand(B, T, HV))
+
+
+def check_chunk_against_float64_recurrence(fam, backend_case, case, double_state=False):
+    """The top level on one forced (device, backend, dtype) against the float64 recurrence, with the
+    family's chunked composite in that dtype as the base, forward and every gradient. case: (name,
+    B, T, H, HV, K, V, BT, cu, opts); 16-bit storage runs the plain cases only. double_state: the
+    initial state and its cotangent in float64 when the inputs are."""
+    name, B, T, H, HV, K, V, BT, cu, opts = case
+    bc = backend_case
+    if bc.dtype in (torch.bfloat16, torch.float16) and opts:
+        pytest.skip("16-bit storage runs the plain cases (the options are checked in fp32/fp64)")
+    d = fam.make_inputs(B, T, H, HV, K, V, bc.dtype, seed=zlib.crc32(name.encode()) % 1000, cu=cu, opts=opts)
+    if double_state and bc.dtype == torch.float64:
+        d["h0"], d["dht"] = d["h0"].double(), d["dht"].double()
+    scale = K ** -0.5
+    with fam.forced(bc.backend):
+        ours = fam.run_ours(d, scale, cu, opts, BT, bc.device)
+    assert ours[0].dtype == bc.dtype and ours[1].dtype == (torch.float64 if bc.dtype == torch.float64 else torch.float32)
+    ref = fam.run_composite(d, scale, cu, opts, BT, torch.float64, kind="recurrent")
+    base = fam.run_composite(d, scale, cu, opts, BT, bc.dtype, kind="chunk")
+    compare_all(f"{bc.id} {name}", ours, base, ref, bc.dtype)

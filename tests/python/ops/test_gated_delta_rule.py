@@ -1,18 +1,21 @@
 """Gated delta rule (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, the sub-operators)
 through the torch layer.
 
-Oracle: the per-token recurrence (docs/specs/linear_attention.md 1.1) written here in plain torch float64 and
-differentiated by torch.autograd. Base of the precision policy: the chunked algorithm written here
-in plain torch in the input dtype for the chunk form (the recurrence in the input dtype for the
-recurrent form). Every registered backend is forced in turn (``backend_case``). The spec's
-RMS-ratio metric (section 13) is recorded with every comparison (``--precision-report``).
+Oracle: the per-token recurrence (docs/specs/linear_attention.md 1.1) in plain torch float64
+(tests/common/linear_attention.py) differentiated by torch.autograd. Base of the precision policy:
+the chunked algorithm written here in plain torch in the input dtype for the chunk form (the
+recurrence in the input dtype for the recurrent form). Every registered backend is forced in turn
+(``backend_case``). The spec's RMS-ratio metric (section 13) is recorded with every comparison
+(``--precision-report``).
+
+Tests whose logic KDA shares are in test_linear_attention_families.py, run for both families
+through ``FAMILY`` (below); this file holds GDN's own.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import zlib
 
 import fusedops
 import pytest
@@ -25,16 +28,13 @@ from tests.common.linear_attention import (
     BITWISE,
     DIFF,
     check,
-    compare_all,
     l2n,
     leaves,
-    recurrence,
     spec_ratio,
     unit_lower_inverse,
     with_grads,
 )
 from tests.common.linear_attention import seqs as _seqs
-from tests.common.tolerance import max_abs_error
 
 OP = "chunk_gated_delta_rule"
 
@@ -138,6 +138,21 @@ def run_composite(d, scale, cu, opts, BT, dtype, kind="chunk"):
     return lat.run_composite(d, scale, cu, opts, BT, dtype, kind, preprocess, chunked)
 
 
+def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                        cu_seqlens, chunk_size, **_):
+    return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, scale, initial_state,
+                                                     output_final_state, use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+
+
+# What test_linear_attention_families.py runs for this family.
+FAMILY = lat.Family(
+    name="gdn", op=OP, chunk=fusedops.chunk_gated_delta_rule, recurrent=fusedops.fused_recurrent_gated_delta_rule,
+    reference_chunk=fusedops.reference.chunk_gated_delta_rule,
+    reference_recurrent=fusedops.reference.fused_recurrent_gated_delta_rule, per_channel_gate=False,
+    make_inputs=make_inputs, run_ours=run_ours, run_composite=run_composite, recurrent_as_chunk=_recurrent_as_chunk,
+    forced=forced)
+
+
 # ---------------------------------------------------------------------------------------------
 # The top level against the oracle, every backend and dtype.
 
@@ -155,101 +170,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_chunk_forward_and_gradients_match_float64_recurrence(backend_case, case):
-    name, B, T, H, HV, K, V, BT, cu, opts = case
-    bc = backend_case
-    if bc.dtype in (torch.bfloat16, torch.float16) and opts:
-        pytest.skip("16-bit storage runs the plain cases (the options are checked in fp32/fp64)")
-    d = make_inputs(B, T, H, HV, K, V, bc.dtype, seed=zlib.crc32(name.encode()) % 1000, cu=cu, opts=opts)
-    scale = K ** -0.5
-    with forced(bc.backend):
-        ours = run_ours(d, scale, cu, opts, BT, bc.device)
-    assert ours[0].dtype == bc.dtype and ours[1].dtype == (torch.float64 if bc.dtype == torch.float64 else torch.float32)
-    ref = run_composite(d, scale, cu, opts, BT, torch.float64, kind="recurrent")
-    base = run_composite(d, scale, cu, opts, BT, bc.dtype, kind="chunk")
-    compare_all(f"{bc.id} {name}", ours, base, ref, bc.dtype)
-
-
-def test_fused_recurrent_matches_float64_recurrence(device):
-    for cu in (None, [0, 9, 9, 30]):
-        B = 2 if cu is None else 1
-        d = make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
-        x = leaves(d, DIFF, device=device)
-        cut = None if cu is None else torch.tensor(cu, device=device)
-        o, ht = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], scale=0.7,
-                                                          initial_state=x["h0"], output_final_state=True,
-                                                          cu_seqlens=cut)
-        names = ["q", "k", "v", "g", "beta", "h0"]
-        gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
-        ours = (o, ht, dict(zip(names, gr)))
-
-        def comp(dtype, d=d, cu=cu, names=names):
-            y = leaves(d, DIFF, dtype)
-            oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
-            gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
-            return oo, hh, dict(zip(names, gg))
-
-        compare_all(f"{device} fused_recurrent cu={cu}", ours, comp(torch.float32), comp(torch.float64), torch.float32)
-
-
-def test_fused_recurrent_without_gate_and_beta_and_with_l2norm(device):
-    d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=6, opts={"l2": True})
-    x = leaves(d, ("q", "k", "v"), device=device)
-    o, _ = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], use_qk_l2norm_in_kernel=True)
-    gr = torch.autograd.grad(o, [x["q"], x["k"], x["v"]], d["do"].to(device))
-    y = leaves(d, ("q", "k", "v"), torch.float64)
-    o64, _ = recurrence(l2n(y["q"]), l2n(y["k"]), y["v"], None, None, 8 ** -0.5)
-    g64 = torch.autograd.grad(o64, [y["q"], y["k"], y["v"]], d["do"].double())
-    z = leaves(d, ("q", "k", "v"), torch.float32)
-    ob, _ = recurrence(l2n(z["q"]), l2n(z["k"]), z["v"], None, None, 8 ** -0.5)
-    gb = torch.autograd.grad(ob, [z["q"], z["k"], z["v"]], d["do"].float())
-    check(f"{device} fused_recurrent bare o", o, ob, o64, torch.float32)
-    for n, a, b, c in zip("qkv", gr, gb, g64):
-        check(f"{device} fused_recurrent bare d{n}", a, b, c, torch.float32)
-
-
-def test_chunk_and_recurrent_forms_agree(device):
-    d = make_inputs(2, 100, 2, 2, 32, 32, torch.float32, seed=8)
-    c = run_ours(d, 0.2, None, {}, 64, device)
-    r = run_ours(d, 0.2, None, {}, 64, device, fn=_recurrent_as_chunk)
-    assert spec_ratio(c[0], r[0]) < 2e-6 and spec_ratio(c[1], r[1]) < 2e-6
-    for n in c[2]:
-        assert spec_ratio(c[2][n], r[2][n]) < 1e-5, n
-
-
-def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        cu_seqlens, chunk_size, **_):
-    return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, scale, initial_state,
-                                                     output_final_state, use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    lat.check_chunk_against_float64_recurrence(FAMILY, backend_case, case)
 
 
 # ---------------------------------------------------------------------------------------------
-# Structure: varlen, continuation, layouts, options.
-
-
-def test_varlen_equals_separate_sequences(device):
-    lens = [13, 0, 64, 50]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    T = cu[-1]
-    d = make_inputs(1, T, 2, 4, 16, 24, torch.float32, seed=11, cu=cu)
-    o, ht, g = run_ours(d, 0.3, cu, {}, 32, device)
-    for n, L in enumerate(lens):
-        sl = slice(cu[n], cu[n + 1])
-        sub = {key: (val[:, sl] if key in ("q", "k", "v", "g", "beta", "do") else val) for key, val in d.items()}
-        sub["h0"] = d["h0"][n:n + 1]
-        sub["dht"] = d["dht"][n:n + 1]
-        if L == 0:
-            # an empty sequence passes its state through
-            torch.testing.assert_close(ht[n].cpu(), d["h0"][n])
-            torch.testing.assert_close(g["h0"][n].cpu(), d["dht"][n])
-            continue
-        os_, hts, gs = run_ours(sub, 0.3, None, {}, 32, device)
-        torch.testing.assert_close(o[:, sl], os_, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(ht[n:n + 1], hts, rtol=1e-5, atol=1e-6)
-        for key in ("q", "k", "v", "g", "beta"):
-            torch.testing.assert_close(g[key][:, sl], gs[key], rtol=1e-4, atol=2e-6, msg=key)
-        torch.testing.assert_close(g["h0"][n:n + 1], gs["h0"], rtol=1e-4, atol=2e-6)
+# Structure: varlen tables, extremes, kept intermediates.
 
 
 def test_varlen_tables_are_built_once_per_cu_seqlens_tensor(device, monkeypatch):
@@ -316,56 +241,6 @@ def test_varlen_inference_tensors_are_read_every_call(device):
     assert not torch.equal(changed, first)
 
 
-@pytest.mark.parametrize("split", [40, 64])
-def test_prefix_then_suffix_equals_whole(device, split):
-    T = 100
-    d = make_inputs(1, T, 2, 2, 16, 16, torch.float32, seed=12)
-    whole = run_ours(d, 0.3, None, {}, 64, device)
-    x = leaves(d, DIFF, device=device)
-    sl1, sl2 = slice(0, split), slice(split, T)
-    o1, h1 = fusedops.chunk_gated_delta_rule(x["q"][:, sl1], x["k"][:, sl1], x["v"][:, sl1], x["g"][:, sl1],
-                                             x["beta"][:, sl1], 0.3, x["h0"], True)
-    o2, h2 = fusedops.chunk_gated_delta_rule(x["q"][:, sl2], x["k"][:, sl2], x["v"][:, sl2], x["g"][:, sl2],
-                                             x["beta"][:, sl2], 0.3, h1, True)
-    o = torch.cat([o1, o2], 1)
-    names = ["q", "k", "v", "g", "beta", "h0"]
-    gr = torch.autograd.grad([o, h2], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
-    torch.testing.assert_close(o, whole[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(h2, whole[1], rtol=1e-5, atol=1e-6)
-    for n, gg in zip(names, gr):
-        torch.testing.assert_close(gg, whole[2][n], rtol=1e-4, atol=2e-6, msg=n)
-
-
-def test_non_contiguous_inputs_match_contiguous(device):
-    B, T, H, K = 2, 40, 2, 16
-    d = make_inputs(B, T, H, H, K, K, torch.float32, seed=13)
-    qkv = torch.cat([d["q"], d["k"], d["v"]], -1).to(device)  # a fused projection's output
-    q, k, v = qkv.split(K, -1)
-    assert not q.is_contiguous()
-    g = torch.stack([d["g"], d["beta"]], -1).to(device)
-    gg, bb = g[..., 0], g[..., 1]
-    assert not gg.is_contiguous()
-    o1, h1 = fusedops.chunk_gated_delta_rule(q, k, v, gg, bb, 0.25, d["h0"].to(device), True)
-    o2, h2 = fusedops.chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), gg.contiguous(),
-                                             bb.contiguous(), 0.25, d["h0"].to(device), True)
-    assert torch.equal(o1, o2) and torch.equal(h1, h2)
-
-
-def test_state_v_first_is_a_transpose(device):
-    d = make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
-    x = leaves(d, DIFF, device=device)
-    o1, h1 = fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, x["h0"], True)
-    h0t = x["h0"].detach().transpose(-1, -2).contiguous().requires_grad_()
-    o2, h2 = fusedops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, h0t, True,
-                                             state_v_first=True)
-    assert h2.shape == (1, 2, 8, 16)
-    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
-    torch.testing.assert_close(h1, h2.transpose(-1, -2), rtol=0, atol=0)
-    (dh1,) = torch.autograd.grad(h1, x["h0"], d["dht"].to(device))
-    (dh2,) = torch.autograd.grad(h2, h0t, d["dht"].to(device).transpose(-1, -2))
-    torch.testing.assert_close(dh1, dh2.transpose(-1, -2), rtol=0, atol=0)
-
-
 def test_extreme_gates_and_betas_stay_finite(device):
     d = make_inputs(1, 100, 1, 2, 16, 16, torch.float32, seed=15)
     d["g"][0, 3::7] = -1000.0
@@ -380,23 +255,6 @@ def test_extreme_gates_and_betas_stay_finite(device):
     assert spec_ratio(o, ref[0]) < 5e-3
     for n in g:
         assert spec_ratio(g[n], ref[2][n]) < 2e-2, n
-
-
-def test_empty_inputs(device):
-    d = make_inputs(2, 0, 1, 1, 8, 8, torch.float32, seed=16)
-    o, ht, g = run_ours(d, 0.3, None, {}, 64, device)
-    assert o.shape == (2, 0, 1, 8)
-    torch.testing.assert_close(ht.cpu(), d["h0"])
-    torch.testing.assert_close(g["h0"].cpu(), d["dht"])
-
-
-@pytest.mark.parametrize("K", [32, 128], ids=["K32", "K128"])  # K=128: the CUDA 16-bit mma kernels
-def test_repeated_backward_is_bitwise_identical(device, K):
-    d = make_inputs(2, 130, 2, 4, K, K, torch.bfloat16, seed=17, opts={"l2": True, "gate": True})
-    runs = [run_ours(d, 0.2, None, {"l2": True, "gate": True}, 64, device) for _ in range(2)]
-    for n in runs[0][2]:
-        a, b = runs[0][2][n], runs[1][2][n]
-        assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
 
 
 @pytest.mark.parametrize("K,dtype,cu", [(32, torch.float32, None), (32, torch.float32, [0, 50, 50, 130]),
@@ -427,21 +285,6 @@ def test_kept_intermediates_give_the_recomputing_backward_bitwise(device, K, dty
     for n in runs[0][2]:
         a, b = runs[0][2][n], runs[1][2][n]
         assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
-
-
-def test_reference_module_matches_the_oracle():
-    d = make_inputs(1, 40, 1, 2, 8, 8, torch.float32, seed=18)
-    x = leaves(d, DIFF)
-    o, ht = fusedops.reference.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"], True,
-                                                      chunk_size=16)
-    assert o.dtype == torch.float64
-    o64, ht64 = recurrence(*(x[n].double() for n in ("q", "k", "v", "g", "beta")), 0.5, x["h0"].double())
-    assert max_abs_error(o, o64) < 1e-12 and max_abs_error(ht, ht64) < 1e-12
-    (dq,) = torch.autograd.grad(o, x["q"], d["do"].double())
-    assert dq.dtype == torch.float32
-    o2, _ = fusedops.reference.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"],
-                                                                 scale=0.5, initial_state=x["h0"])
-    assert max_abs_error(o2, o64) < 1e-12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,58 +556,12 @@ def test_opcheck_top_level_ops(device):
     torch.library.opcheck(torch.ops.fusedops.gdn_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"]))
 
 
-def test_torch_compile_fullgraph_matches_eager(device):
-    torch._dynamo.reset()
-    d = make_inputs(1, 40, 2, 2, 16, 16, torch.float32, seed=31)
-
-    def f(q, k, v, g, beta, h0):
-        o, ht = fusedops.chunk_gated_delta_rule(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True)
-        o2, _ = fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=0.3, initial_state=h0)
-        return (o * o2).sum() + ht.square().sum()
-
-    names = ("q", "k", "v", "g", "beta", "h0")
-    xe, xc = leaves(d, names, device=device), leaves(d, names, device=device)
-    le = f(*(xe[n] for n in names))
-    ge = torch.autograd.grad(le, [xe[n] for n in names])
-    lc = torch.compile(f, fullgraph=True, backend="aot_eager")(*(xc[n] for n in names))
-    gc = torch.autograd.grad(lc, [xc[n] for n in names])
-    assert torch.equal(le, lc)
-    for a, b in zip(ge, gc):
-        assert torch.equal(a, b)
-
-
 # ---------------------------------------------------------------------------------------------
 # Errors
 
 
-def _args(B=1, T=8, H=2, HV=2, K=8, V=8):
-    return (torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, HV, V), -torch.rand(B, T, HV),
-            torch.rand(B, T, HV))
-
-
-@pytest.mark.parametrize("last", [7, 9, 4096])
-def test_cu_seqlens_not_ending_at_T_raises_on_every_device(device, last):
-    """On a GPU the kernels cannot check cu_seqlens' values: a last entry past T would read past
-    the inputs. The host copy of its values (kept per tensor) is checked against T at every call,
-    also when the tensor's tables are already kept from a call with another T."""
-    x = [t.to(device) for t in _args()]
-    ok = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
-    def recurrent(q, k, v, g, beta, **kw):  # FLA's order: gk, gv come before beta
-        return fusedops.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, **kw)
-
-    fusedops.chunk_gated_delta_rule(*x, cu_seqlens=ok)
-    recurrent(*x, cu_seqlens=ok)
-    bad = torch.tensor([0, 3, last], dtype=torch.int32, device=device)
-    for fn in (fusedops.chunk_gated_delta_rule, recurrent):
-        with pytest.raises(ValueError, match=f"cu_seqlens must end at T=8 .*got cu_seqlens\\[2\\]={last}"):
-            fn(*x, cu_seqlens=bad)
-    y = [t[:, :7].contiguous() for t in x]  # the same kept tensor, now with T = 7
-    with pytest.raises(ValueError, match="cu_seqlens must end at T=7 .*got cu_seqlens\\[2\\]=8"):
-        fusedops.chunk_gated_delta_rule(*y, cu_seqlens=ok)
-
-
 def test_errors():
-    q, k, v, g, b = _args()
+    q, k, v, g, b = FAMILY.small_args()
     with pytest.raises(DeprecationWarning, match="head_first"):
         fusedops.chunk_gated_delta_rule(q, k, v, g, b, head_first=True)
     with pytest.raises(ValueError, match=r"q and k must have the same number of heads"):
@@ -773,7 +570,7 @@ def test_errors():
         fusedops.chunk_gated_delta_rule(q, k, torch.randn(1, 8, 3, 8), -torch.rand(1, 8, 3), torch.rand(1, 8, 3))
     with pytest.raises(ValueError, match="chunk_size must be 16, 32 or 64, got 48"):
         fusedops.chunk_gated_delta_rule(q, k, v, g, b, chunk_size=48)
-    q2, k2, v2, g2, b2 = _args(B=2)
+    q2, k2, v2, g2, b2 = FAMILY.small_args(B=2)
     with pytest.raises(ValueError, match="with cu_seqlens the batch size must be 1"):
         fusedops.chunk_gated_delta_rule(q2, k2, v2, g2, b2, cu_seqlens=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match=r"initial_state must have shape \[1,2,8,8\]"):
@@ -802,17 +599,3 @@ def test_errors():
         gdn.chunk_local_cumsum(g, 48)
     with pytest.raises(ValueError, match="A's last dimension .* must be 16, 32 or 64, got 48"):
         gdn.solve_tril(torch.zeros(1, 8, 2, 48))
-
-
-@pytest.mark.parametrize("cu", [None, [0, 100, 100, 357, 421, 1000]], ids=["fixed", "varlen"])
-def test_cuda_graph_capture_of_forward_and_backward_matches_eager(cu):
-    """chunk_gated_delta_rule's forward and backward replay from one CUDA graph (no host
-    synchronization; workspaces from PyTorch's allocator) and give bitwise the eager outputs and
-    gradients on new inputs. B * HV = 128 (sequence, value head) pairs and K = V = 128 in bf16: the
-    fused and (on an H200) wgmma kernels' default choice; T = 160 ends in a partial chunk. varlen: 5 packed sequences (one
-    empty), whose chunk tables the warm-up calls build on the host before the capture."""
-    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
-        pytest.skip("needs a CUDA device and a CUDA build")
-    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
-    kw = {} if cu is None else {"B": 1, "T": cu[-1], "cu_seqlens": cu}
-    assert_linear_attention_replay_matches_eager(fusedops.chunk_gated_delta_rule, per_channel_gate=False, seed=3, **kw)

@@ -1,18 +1,21 @@
 """Kimi delta attention (chunk_kda, fused_recurrent_kda, the per-channel gate, the sub-operators)
 through the torch layer.
 
-Oracle: the per-token recurrence (docs/specs/linear_attention.md 9.1) written here in plain torch float64 and
-differentiated by torch.autograd. Base of the precision policy: the chunked algorithm (9.3) written
-here in plain torch in the input dtype for the chunk form (the recurrence in the input dtype for
-the recurrent form). Every registered backend is forced in turn (``backend_case``). The spec's
-RMS-ratio metric (section 13) is recorded with every comparison (``--precision-report``).
+Oracle: the per-token recurrence (docs/specs/linear_attention.md 9.1) in plain torch float64
+(tests/common/linear_attention.py) differentiated by torch.autograd. Base of the precision policy:
+the chunked algorithm (9.3) written here in plain torch in the input dtype for the chunk form (the
+recurrence in the input dtype for the recurrent form). Every registered backend is forced in turn
+(``backend_case``). The spec's RMS-ratio metric (section 13) is recorded with every comparison
+(``--precision-report``).
+
+Tests whose logic GDN shares are in test_linear_attention_families.py, run for both families
+through ``FAMILY`` (below); this file holds KDA's own.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import zlib
 
 import fusedops
 import pytest
@@ -22,19 +25,16 @@ from fusedops import kda
 
 from tests.common import linear_attention as lat
 from tests.common.linear_attention import (
-    BITWISE,
     DIFF,
     check,
     compare_all,
     l2n,
     leaves,
-    recurrence,
     spec_ratio,
     unit_lower_inverse,
     with_grads,
 )
 from tests.common.linear_attention import seqs as _seqs
-from tests.common.tolerance import max_abs_error
 
 OP = "chunk_kda"
 
@@ -154,6 +154,22 @@ def run_composite(d, scale, cu, opts, BT, dtype, kind="chunk"):
     return lat.run_composite(d, scale, cu, opts, BT, dtype, kind, preprocess, chunked)
 
 
+def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, lower_bound, cu_seqlens,
+                        **_):
+    return fusedops.fused_recurrent_kda(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                                        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                        False, lower_bound, cu_seqlens=cu_seqlens)
+
+
+# What test_linear_attention_families.py runs for this family.
+FAMILY = lat.Family(
+    name="kda", op=OP, chunk=fusedops.chunk_kda, recurrent=fusedops.fused_recurrent_kda,
+    reference_chunk=fusedops.reference.chunk_kda, reference_recurrent=fusedops.reference.fused_recurrent_kda,
+    per_channel_gate=True, make_inputs=make_inputs, run_ours=run_ours, run_composite=run_composite,
+    recurrent_as_chunk=_recurrent_as_chunk, forced=forced)
+
+
 # ---------------------------------------------------------------------------------------------
 # The top level against the oracle, every backend and dtype.
 
@@ -170,20 +186,8 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_chunk_forward_and_gradients_match_float64_recurrence(backend_case, case):
-    name, B, T, H, HV, K, V, BT, cu, opts = case
-    bc = backend_case
-    if bc.dtype in (torch.bfloat16, torch.float16) and opts:
-        pytest.skip("16-bit storage runs the plain cases (the options are checked in fp32/fp64)")
-    d = make_inputs(B, T, H, HV, K, V, bc.dtype, seed=zlib.crc32(name.encode()) % 1000, cu=cu, opts=opts)
-    if bc.dtype == torch.float64:
-        d["h0"], d["dht"] = d["h0"].double(), d["dht"].double()
-    scale = K ** -0.5
-    with forced(bc.backend):
-        ours = run_ours(d, scale, cu, opts, BT, bc.device)
-    assert ours[0].dtype == bc.dtype and ours[1].dtype == (torch.float64 if bc.dtype == torch.float64 else torch.float32)
-    ref = run_composite(d, scale, cu, opts, BT, torch.float64, kind="recurrent")
-    base = run_composite(d, scale, cu, opts, BT, bc.dtype, kind="chunk")
-    compare_all(f"{bc.id} {name}", ours, base, ref, bc.dtype)
+    # KDA's float64 case passes the initial state (and its cotangent) in float64 too.
+    lat.check_chunk_against_float64_recurrence(FAMILY, backend_case, case, double_state=True)
 
 
 def _option_combinations():
@@ -214,43 +218,10 @@ def test_every_option_combination_matches_the_oracle(device):
             assert spec_ratio(ours[2][n], ref[2][n]) < 1e-4, (tag, n)
 
 
-def test_fused_recurrent_matches_float64_recurrence(device):
-    for cu in (None, [0, 9, 9, 30]):
-        B = 2 if cu is None else 1
-        d = make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
-        x = leaves(d, DIFF, device=device)
-        cut = None if cu is None else torch.tensor(cu, device=device)
-        o, ht = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.7, initial_state=x["h0"],
-                                             output_final_state=True, cu_seqlens=cut)
-        names = ["q", "k", "v", "g", "beta", "h0"]
-        gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
-        ours = (o, ht, dict(zip(names, gr)))
-
-        def comp(dtype, d=d, cu=cu, names=names):
-            y = leaves(d, DIFF, dtype)
-            oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
-            gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
-            return oo, hh, dict(zip(names, gg))
-
-        compare_all(f"{device} fused_recurrent cu={cu}", ours, comp(torch.float32), comp(torch.float64), torch.float32)
-
-
-def test_fused_recurrent_options_and_missing_gate_beta(device):
-    # no g, no beta
-    d = make_inputs(1, 20, 1, 2, 8, 8, torch.float32, seed=6, opts={"l2": True})
-    x = leaves(d, ("q", "k", "v"), device=device)
-    o, _ = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], None, None, use_qk_l2norm_in_kernel=True)
-    gr = torch.autograd.grad(o, [x["q"], x["k"], x["v"]], d["do"].to(device))
-    y = leaves(d, ("q", "k", "v"), torch.float64)
-    o64, _ = recurrence(l2n(y["q"]), l2n(y["k"]), y["v"], None, None, 8 ** -0.5)
-    g64 = torch.autograd.grad(o64, [y["q"], y["k"], y["v"]], d["do"].double())
-    z = leaves(d, ("q", "k", "v"), torch.float32)
-    ob, _ = recurrence(l2n(z["q"]), l2n(z["k"]), z["v"], None, None, 8 ** -0.5)
-    gb = torch.autograd.grad(ob, [z["q"], z["k"], z["v"]], d["do"].float())
-    check(f"{device} fused_recurrent bare o", o, ob, o64, torch.float32)
-    for n, a, b, c in zip("qkv", gr, gb, g64):
-        check(f"{device} fused_recurrent bare d{n}", a, b, c, torch.float32)
-    # gate-in-kernel (both forms) and the beta sigmoid
+def test_fused_recurrent_gate_in_kernel_and_beta_sigmoid(device):
+    """The per-token form with the gate in the kernel (both forms) and the beta sigmoid against
+    the float64 recurrence. (Without g and beta, with the in-kernel l2norm:
+    test_linear_attention_families.py::test_fused_recurrent_without_gate_and_beta_and_with_l2norm.)"""
     for opts in ({"gate": True, "sig": True, "l2": True}, {"gate": True, "lb": -2.0}):
         d = make_inputs(1, 25, 1, 2, 8, 8, torch.float32, seed=7, opts=opts)
         ours = run_ours(d, 0.5, None, opts, 64, device, fn=_recurrent_as_chunk)
@@ -259,85 +230,8 @@ def test_fused_recurrent_options_and_missing_gate_beta(device):
         compare_all(f"{device} fused_recurrent {opts}", ours, base, ref, torch.float32)
 
 
-def _recurrent_as_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, lower_bound, cu_seqlens,
-                        **_):
-    return fusedops.fused_recurrent_kda(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
-                                        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                        False, lower_bound, cu_seqlens=cu_seqlens)
-
-
-def test_chunk_and_recurrent_forms_agree(device):
-    d = make_inputs(2, 100, 2, 2, 32, 32, torch.float32, seed=8)
-    c = run_ours(d, 0.2, None, {}, 64, device)
-    r = run_ours(d, 0.2, None, {}, 64, device, fn=_recurrent_as_chunk)
-    assert spec_ratio(c[0], r[0]) < 2e-6 and spec_ratio(c[1], r[1]) < 2e-6
-    for n in c[2]:
-        assert spec_ratio(c[2][n], r[2][n]) < 1e-5, n
-
-
 # ---------------------------------------------------------------------------------------------
-# Structure: varlen, continuation, layouts, extremes.
-
-
-def test_varlen_equals_separate_sequences(device):
-    lens = [13, 0, 64, 50]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    T = cu[-1]
-    d = make_inputs(1, T, 2, 4, 16, 24, torch.float32, seed=11, cu=cu)
-    o, ht, g = run_ours(d, 0.3, cu, {}, 32, device)
-    for n, L in enumerate(lens):
-        sl = slice(cu[n], cu[n + 1])
-        sub = {key: (val[:, sl] if key in ("q", "k", "v", "g", "beta", "do") else val) for key, val in d.items()}
-        sub["h0"] = d["h0"][n:n + 1]
-        sub["dht"] = d["dht"][n:n + 1]
-        if L == 0:
-            torch.testing.assert_close(ht[n].cpu(), d["h0"][n])
-            torch.testing.assert_close(g["h0"][n].cpu(), d["dht"][n])
-            continue
-        os_, hts, gs = run_ours(sub, 0.3, None, {}, 32, device)
-        torch.testing.assert_close(o[:, sl], os_, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(ht[n:n + 1], hts, rtol=1e-5, atol=1e-6)
-        for key in ("q", "k", "v", "g", "beta"):
-            torch.testing.assert_close(g[key][:, sl], gs[key], rtol=1e-4, atol=2e-6, msg=key)
-        torch.testing.assert_close(g["h0"][n:n + 1], gs["h0"], rtol=1e-4, atol=2e-6)
-
-
-@pytest.mark.parametrize("split", [40, 64])
-def test_prefix_then_suffix_equals_whole(device, split):
-    T = 100
-    d = make_inputs(1, T, 2, 2, 16, 16, torch.float32, seed=12)
-    whole = run_ours(d, 0.3, None, {}, 64, device)
-    x = leaves(d, DIFF, device=device)
-    sl1, sl2 = slice(0, split), slice(split, T)
-    o1, h1 = fusedops.chunk_kda(x["q"][:, sl1], x["k"][:, sl1], x["v"][:, sl1], x["g"][:, sl1],
-                                x["beta"][:, sl1], 0.3, x["h0"], True)
-    o2, h2 = fusedops.chunk_kda(x["q"][:, sl2], x["k"][:, sl2], x["v"][:, sl2], x["g"][:, sl2],
-                                x["beta"][:, sl2], 0.3, h1, True)
-    o = torch.cat([o1, o2], 1)
-    names = ["q", "k", "v", "g", "beta", "h0"]
-    gr = torch.autograd.grad([o, h2], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
-    torch.testing.assert_close(o, whole[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(h2, whole[1], rtol=1e-5, atol=1e-6)
-    for n, gg in zip(names, gr):
-        torch.testing.assert_close(gg, whole[2][n], rtol=1e-4, atol=2e-6, msg=n)
-
-
-def test_non_contiguous_inputs_match_contiguous(device):
-    B, T, H, K = 2, 40, 2, 16
-    d = make_inputs(B, T, H, H, K, K, torch.float32, seed=13)
-    qkv = torch.cat([d["q"], d["k"], d["v"]], -1).to(device)  # a fused projection's output
-    q, k, v = qkv.split(K, -1)
-    assert not q.is_contiguous()
-    gb = torch.cat([d["g"], d["beta"][..., None]], -1).to(device)
-    gg, bb = gb[..., :K], gb[..., K]
-    assert not gg.is_contiguous() and not bb.is_contiguous()
-    o1, h1 = fusedops.chunk_kda(q, k, v, gg, bb, 0.25, d["h0"].to(device), True)
-    o2, h2 = fusedops.chunk_kda(q.contiguous(), k.contiguous(), v.contiguous(), gg.contiguous(), bb.contiguous(),
-                                0.25, d["h0"].to(device), True)
-    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+# Structure: extreme gates, a single token.
 
 
 @pytest.mark.parametrize("gate_in_kernel", [False, True])
@@ -360,41 +254,13 @@ def test_gates_of_minus_1000_stay_finite(device, gate_in_kernel):
         assert spec_ratio(g[n], ref[2][n]) < 2e-2, n
 
 
-def test_empty_and_single_token_inputs(device):
-    d = make_inputs(2, 0, 1, 1, 8, 8, torch.float32, seed=16)
-    o, ht, g = run_ours(d, 0.3, None, {}, 64, device)
-    assert o.shape == (2, 0, 1, 8)
-    torch.testing.assert_close(ht.cpu(), d["h0"])
-    torch.testing.assert_close(g["h0"].cpu(), d["dht"])
+def test_single_token_input(device):
+    """T = 1 against the float64 recurrence. (T = 0: test_linear_attention_families.py::test_empty_inputs.)"""
     d = make_inputs(1, 1, 1, 2, 8, 8, torch.float32, seed=16)
     ours = run_ours(d, 0.3, None, {}, 64, device)
     ref = run_composite(d, 0.3, None, {}, 64, torch.float64, kind="recurrent")
     base = run_composite(d, 0.3, None, {}, 64, torch.float32, kind="chunk")
     compare_all(f"{device} T=1", ours, base, ref, torch.float32)
-
-
-def test_repeated_backward_is_bitwise_identical(device):
-    opts = {"l2": True, "gate": True, "sig": True}
-    d = make_inputs(2, 130, 2, 4, 32, 32, torch.bfloat16, seed=17, opts=opts)
-    runs = [run_ours(d, 0.2, None, opts, 64, device) for _ in range(2)]
-    for n in runs[0][2]:
-        a, b = runs[0][2][n], runs[1][2][n]
-        assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
-
-
-def test_reference_module_matches_the_oracle():
-    d = make_inputs(1, 40, 1, 2, 8, 8, torch.float32, seed=18)
-    x = leaves(d, DIFF)
-    o, ht = fusedops.reference.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.5, x["h0"], True,
-                                         chunk_size=32)
-    assert o.dtype == torch.float64
-    o64, ht64 = recurrence(*(x[n].double() for n in ("q", "k", "v", "g", "beta")), 0.5, x["h0"].double())
-    assert max_abs_error(o, o64) < 1e-12 and max_abs_error(ht, ht64) < 1e-12
-    (dq,) = torch.autograd.grad(o, x["q"], d["do"].double())
-    assert dq.dtype == torch.float32
-    o2, _ = fusedops.reference.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.5,
-                                                    initial_state=x["h0"])
-    assert max_abs_error(o2, o64) < 1e-12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,48 +384,12 @@ def test_opcheck_top_level_ops():
     torch.library.opcheck(torch.ops.fusedops.kda_gate_fwd.default, (d["g"], d["A_log"], d["dt_bias"], True, -2.0))
 
 
-def test_torch_compile_fullgraph_matches_eager():
-    torch._dynamo.reset()
-    d = make_inputs(1, 40, 2, 2, 16, 16, torch.float32, seed=31)
-
-    def f(q, k, v, g, beta, h0):
-        o, ht = fusedops.chunk_kda(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True)
-        o2, _ = fusedops.fused_recurrent_kda(q, k, v, g, beta, scale=0.3, initial_state=h0)
-        return (o * o2).sum() + ht.square().sum()
-
-    names = ("q", "k", "v", "g", "beta", "h0")
-    xe, xc = leaves(d, names), leaves(d, names)
-    le = f(*(xe[n] for n in names))
-    ge = torch.autograd.grad(le, [xe[n] for n in names])
-    lc = torch.compile(f, fullgraph=True, backend="aot_eager")(*(xc[n] for n in names))
-    gc = torch.autograd.grad(lc, [xc[n] for n in names])
-    assert torch.equal(le, lc)
-    for a, b in zip(ge, gc):
-        assert torch.equal(a, b)
-
-
 # ---------------------------------------------------------------------------------------------
 # Errors
 
 
-def _args(B=1, T=8, H=2, HV=2, K=8, V=8):
-    return (torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, HV, V), -torch.rand(B, T, HV, K),
-            torch.rand(B, T, HV))
-
-
-def test_cu_seqlens_not_ending_at_T_raises_on_every_device(device):
-    """A cu_seqlens whose last entry is not T raises on every device (on a GPU the kernels would
-    read past the inputs), for the chunk and the recurrent form."""
-    q, k, v = (torch.randn(1, 8, 2, 8, device=device) for _ in range(3))
-    g, b = -torch.rand(1, 8, 2, 8, device=device), torch.rand(1, 8, 2, device=device)
-    bad = torch.tensor([0, 3, 9], dtype=torch.int32, device=device)
-    for fn in (fusedops.chunk_kda, fusedops.fused_recurrent_kda):
-        with pytest.raises(ValueError, match="cu_seqlens must end at T=8"):
-            fn(q, k, v, g, b, cu_seqlens=bad)
-
-
 def test_errors():
-    q, k, v, g, b = _args()
+    q, k, v, g, b = FAMILY.small_args()
     with pytest.raises(DeprecationWarning, match="head_first"):
         fusedops.chunk_kda(q, k, v, g, b, head_first=True)
     with pytest.raises(ValueError, match="q and k must have the same shape"):
@@ -569,7 +399,7 @@ def test_errors():
     for bt in (16, 48):
         with pytest.raises(ValueError, match=f"chunk_size must be 32 or 64, got {bt}"):
             fusedops.chunk_kda(q, k, v, g, b, chunk_size=bt)
-    q2, k2, v2, g2, b2 = _args(B=2)
+    q2, k2, v2, g2, b2 = FAMILY.small_args(B=2)
     with pytest.raises(ValueError, match="with cu_seqlens the batch size must be 1"):
         fusedops.chunk_kda(q2, k2, v2, g2, b2, cu_seqlens=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match="initial_state must be torch.float32"):
@@ -618,36 +448,3 @@ def test_compatibility_keywords():
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
     with pytest.raises(NotImplementedError, match="return_intermediate_states is not supported"):
         fusedops.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], return_intermediate_states=True)
-
-
-@pytest.mark.parametrize("recurrent", [False, True])
-def test_state_v_first_is_a_transpose(device, recurrent):
-    d = make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
-    x = leaves(d, DIFF, device=device)
-    fn = fusedops.fused_recurrent_kda if recurrent else fusedops.chunk_kda
-    o1, h1 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, initial_state=x["h0"], output_final_state=True)
-    h0t = x["h0"].detach().transpose(-1, -2).contiguous().requires_grad_()
-    o2, h2 = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, initial_state=h0t, output_final_state=True,
-                state_v_first=True)
-    assert h2.shape == (1, 2, 8, 16)
-    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
-    torch.testing.assert_close(h1, h2.transpose(-1, -2), rtol=0, atol=0)
-    (dh1,) = torch.autograd.grad(h1, x["h0"], d["dht"].to(device))
-    (dh2,) = torch.autograd.grad(h2, h0t, d["dht"].to(device).transpose(-1, -2))
-    torch.testing.assert_close(dh1, dh2.transpose(-1, -2), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="not both"):
-        fn(x["q"], x["k"], x["v"], x["g"], x["beta"], state_v_first=True, transpose_state_layout=True)
-
-
-@pytest.mark.parametrize("cu", [None, [0, 100, 100, 357, 421, 1000]], ids=["fixed", "varlen"])
-def test_cuda_graph_capture_of_forward_and_backward_matches_eager(cu):
-    """chunk_kda's forward and backward replay from one CUDA graph (no host synchronization;
-    workspaces from PyTorch's allocator) and give bitwise the eager outputs and gradients on new
-    inputs. B * HV = 128 pairs and K = V = 128 in bf16 take the fused and (on an H200) wgmma
-    kernels; T = 160 ends in a partial chunk. varlen: 5 packed sequences (one empty), whose chunk
-    tables the warm-up calls build on the host before the capture."""
-    if not torch.cuda.is_available() or not fusedops.built_with_cuda():
-        pytest.skip("needs a CUDA device and a CUDA build")
-    from tests.common.cuda_graph import assert_linear_attention_replay_matches_eager
-    kw = {} if cu is None else {"B": 1, "T": cu[-1], "cu_seqlens": cu}
-    assert_linear_attention_replay_matches_eager(fusedops.chunk_kda, per_channel_gate=True, seed=4, **kw)
