@@ -1,8 +1,9 @@
 // KDA chunk kernels written once over the compute type T: T = double is the reference backend
 // (float64 math, any storage dtype), T = float the CPU backend (fp32 math, the register-blocked
 // GEMM and vectorised exp of la_cpu_kernels.h). Each kernel handles one (chunk, head) task at a
-// time on blocks converted from the storage dtype; tasks run over the OpenMP threads with a fixed
-// split, so results do not depend on the thread count.
+// time on blocks converted from the storage dtype; the shared task loop
+// (la::cpu::for_each_chunk_task) hands the tasks to the OpenMP threads, and each task writes only
+// its own outputs, so results do not depend on the schedule or the thread count.
 #pragma once
 
 #include <algorithm>
@@ -81,10 +82,12 @@ inline void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* 
 
 template <class T>
 using Scratch = fusedops::cpu::Scratch<T>;
-struct KdaScratch {};
-template <class T>
-inline Scratch<T>& scratch() {
-  return fusedops::cpu::thread_scratch<KdaScratch, T>();
+struct KdaScratch {};  // the kernels' own thread arenas (one per T)
+// The chunk kernels' task loop (la::cpu::for_each_chunk_task) over (chunk, head) pairs, `heads`
+// per chunk, with the calling thread's KDA arena: body(s, c, h).
+template <class T, class Body>
+void for_each_task(const std::vector<Chunk>& chunks, int64_t heads, Body&& body) {
+  la::cpu::for_each_chunk_task<T, KdaScratch>(chunks, heads, la::cpu::no_prefetch, body);
 }
 
 // The calling thread's buffer for a chunk's gate cumsum in double, whatever the kernel's T: the
@@ -311,33 +314,29 @@ void fwd_intra(const ChunkKdaFwdIntraArgs& a) {
   const int64_t H = q.H, HV = gk.H, G = HV / H, K = q.D;
   const T scale = static_cast<T>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H, n = c.len;
-      T* Q = s.get(0, n * K);
-      T* Kc = s.get(1, n * K);
-      load_rows(q, c, h, Q);
-      load_rows(k, c, h, Kc);
-      double* Gm = gate_buffer(n * K);
-      T* bt = s.get(3, n);
-      T* P = s.get(4, n * n);
-      T* M = s.get(5, n * n);
-      T* X = s.get(6, n * n);
-      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
-        load_rows(gk, c, hv, Gm);
-        load_scalars(beta, c, hv, bt);
-        intra_scores(n, K, Q, Kc, Gm, P, M, s, 10);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            P[i * n + j] *= scale;
-            M[i * n + j] *= bt[i];
-          }
-        unit_lower_inverse(M, n, X);
-        store_square(P, Aqk, c, hv);
-        store_square(X, Akk, c, hv);
-      }
+  for_each_task<T>(chunks, H, [&](Scratch<T>& s, const Chunk& c, int64_t h) {
+    const int64_t n = c.len;
+    T* Q = s.get(0, n * K);
+    T* Kc = s.get(1, n * K);
+    load_rows(q, c, h, Q);
+    load_rows(k, c, h, Kc);
+    double* Gm = gate_buffer(n * K);
+    T* bt = s.get(3, n);
+    T* P = s.get(4, n * n);
+    T* M = s.get(5, n * n);
+    T* X = s.get(6, n * n);
+    for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+      load_rows(gk, c, hv, Gm);
+      load_scalars(beta, c, hv, bt);
+      intra_scores(n, K, Q, Kc, Gm, P, M, s, 10);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          P[i * n + j] *= scale;
+          M[i * n + j] *= bt[i];
+        }
+      unit_lower_inverse(M, n, X);
+      store_square(P, Aqk, c, hv);
+      store_square(X, Akk, c, hv);
     }
   });
 }
@@ -348,48 +347,44 @@ void recompute_wu(const KdaRecomputeWUFwdArgs& a) {
       qg(a.qg);
   const int64_t H = k.H, HV = v.H, G = HV / H, K = k.D, V = v.D, BT = Akk.D;
   const auto chunks = chunks_of(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t h = task % H, n = c.len, last = n - 1;
-      T* Kc = s.get(0, n * K);
-      load_rows(k, c, h, Kc);
-      T* Q = s.get(1, n * K);
-      if (q.defined()) load_rows(q, c, h, Q);
-      double* Gm = gate_buffer(n * K);
-      T* eg = s.get(3, n * K);
-      T* X = s.get(4, n * K);
-      T* O = s.get(5, n * K);
-      T* Am = s.get(6, n * n);
-      T* bt = s.get(7, n);
-      T* Vc = s.get(8, n * V);
-      T* U = s.get(9, n * V);
-      for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
-        load_rows(gk, c, hv, Gm);
-        load_scalars(beta, c, hv, bt);
-        load_lower(Akk, c, hv, false, Am);
-        for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
-        vexp(eg, n * K);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) X[i * K + x] = Kc[i * K + x] * eg[i * K + x] * bt[i];
-        mm<T>(n, K, n, T(1), Am, n, 1, X, K, false, O, K, Tri::kLower);
-        store_rows(O, w, c, hv);
-        load_rows(v, c, hv, Vc);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < V; ++x) Vc[i * V + x] *= bt[i];
-        mm<T>(n, V, n, T(1), Am, n, 1, Vc, V, false, U, V, Tri::kLower);
-        store_rows(U, u, c, hv);
-        // kg = K exp(G_last - G); qg = Q exp(G).
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) X[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
-        vexp(X, n * K);
-        for (int64_t x = 0; x < n * K; ++x) X[x] *= Kc[x];
-        store_rows(X, kg, c, hv);
-        if (qg.defined()) {
-          for (int64_t x = 0; x < n * K; ++x) X[x] = Q[x] * eg[x];
-          store_rows(X, qg, c, hv);
-        }
+  for_each_task<T>(chunks, H, [&](Scratch<T>& s, const Chunk& c, int64_t h) {
+    const int64_t n = c.len, last = n - 1;
+    T* Kc = s.get(0, n * K);
+    load_rows(k, c, h, Kc);
+    T* Q = s.get(1, n * K);
+    if (q.defined()) load_rows(q, c, h, Q);
+    double* Gm = gate_buffer(n * K);
+    T* eg = s.get(3, n * K);
+    T* X = s.get(4, n * K);
+    T* O = s.get(5, n * K);
+    T* Am = s.get(6, n * n);
+    T* bt = s.get(7, n);
+    T* Vc = s.get(8, n * V);
+    T* U = s.get(9, n * V);
+    for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
+      load_rows(gk, c, hv, Gm);
+      load_scalars(beta, c, hv, bt);
+      load_lower(Akk, c, hv, false, Am);
+      for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
+      vexp(eg, n * K);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) X[i * K + x] = Kc[i * K + x] * eg[i * K + x] * bt[i];
+      mm<T>(n, K, n, T(1), Am, n, 1, X, K, false, O, K, Tri::kLower);
+      store_rows(O, w, c, hv);
+      load_rows(v, c, hv, Vc);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < V; ++x) Vc[i * V + x] *= bt[i];
+      mm<T>(n, V, n, T(1), Am, n, 1, Vc, V, false, U, V, Tri::kLower);
+      store_rows(U, u, c, hv);
+      // kg = K exp(G_last - G); qg = Q exp(G).
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) X[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
+      vexp(X, n * K);
+      for (int64_t x = 0; x < n * K; ++x) X[x] *= Kc[x];
+      store_rows(X, kg, c, hv);
+      if (qg.defined()) {
+        for (int64_t x = 0; x < n * K; ++x) X[x] = Q[x] * eg[x];
+        store_rows(X, qg, c, hv);
       }
     }
   });
@@ -402,24 +397,20 @@ void fwd_o(const ChunkKdaFwdOArgs& a) {
   const int64_t HV = v.H, K = qg.D, V = v.D, BT = Aqk.D;
   const T scale = static_cast<T>(a.scale);
   const auto chunks = chunks_of(a.v.size(0), a.v.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * HV, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / HV];
-      const int64_t hv = task % HV, n = c.len;
-      T* Qg = s.get(0, n * K);
-      T* S = s.get(1, K * V);
-      T* P = s.get(2, n * n);
-      T* Vn = s.get(3, n * V);
-      T* O = s.get(4, n * V);
-      load_rows(qg, c, hv, Qg);
-      load_mat(h, c.index * HV + hv, S);
-      load_lower(Aqk, c, hv, false, P);
-      load_rows(v, c, hv, Vn);
-      mm<T>(n, V, K, scale, Qg, K, 1, S, V, false, O, V);
-      mm<T>(n, V, n, T(1), P, n, 1, Vn, V, true, O, V, Tri::kLower);
-      store_rows(O, o, c, hv);
-    }
+  for_each_task<T>(chunks, HV, [&](Scratch<T>& s, const Chunk& c, int64_t hv) {
+    const int64_t n = c.len;
+    T* Qg = s.get(0, n * K);
+    T* S = s.get(1, K * V);
+    T* P = s.get(2, n * n);
+    T* Vn = s.get(3, n * V);
+    T* O = s.get(4, n * V);
+    load_rows(qg, c, hv, Qg);
+    load_mat(h, c.index * HV + hv, S);
+    load_lower(Aqk, c, hv, false, P);
+    load_rows(v, c, hv, Vn);
+    mm<T>(n, V, K, scale, Qg, K, 1, S, V, false, O, V);
+    mm<T>(n, V, n, T(1), P, n, 1, Vn, V, true, O, V, Tri::kLower);
+    store_rows(O, o, c, hv);
   });
 }
 
@@ -429,27 +420,23 @@ void bwd_dAv(const ChunkKdaBwdDAvArgs& a) {
   const int64_t HV = v.H, V = v.D, BT = Aqk.D;
   const T scale = static_cast<T>(a.scale);
   const auto chunks = chunks_of(a.v.size(0), a.v.size(1), a.cu_seqlens, BT);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * HV, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / HV];
-      const int64_t hv = task % HV, n = c.len;
-      T* P = s.get(0, n * n);
-      T* Vn = s.get(1, n * V);
-      T* dO = s.get(2, n * V);
-      T* VT = s.get(3, V * n);
-      T* D = s.get(4, n * n);
-      T* dV = s.get(5, n * V);
-      load_lower(Aqk, c, hv, false, P);
-      load_rows(v, c, hv, Vn);
-      load_rows(dout, c, hv, dO);
-      transpose(Vn, V, n, V, VT, n);
-      mm<T>(n, n, V, scale, dO, V, 1, VT, n, false, D, n);
-      for (int64_t i = 0; i < n; ++i) std::fill(D + i * n + i + 1, D + (i + 1) * n, T(0));
-      store_square(D, dA, c, hv);
-      mm<T>(n, V, n, T(1), P, 1, n, dO, V, false, dV, V, Tri::kUpper);
-      store_rows(dV, dv, c, hv);
-    }
+  for_each_task<T>(chunks, HV, [&](Scratch<T>& s, const Chunk& c, int64_t hv) {
+    const int64_t n = c.len;
+    T* P = s.get(0, n * n);
+    T* Vn = s.get(1, n * V);
+    T* dO = s.get(2, n * V);
+    T* VT = s.get(3, V * n);
+    T* D = s.get(4, n * n);
+    T* dV = s.get(5, n * V);
+    load_lower(Aqk, c, hv, false, P);
+    load_rows(v, c, hv, Vn);
+    load_rows(dout, c, hv, dO);
+    transpose(Vn, V, n, V, VT, n);
+    mm<T>(n, n, V, scale, dO, V, 1, VT, n, false, D, n);
+    for (int64_t i = 0; i < n; ++i) std::fill(D + i * n + i + 1, D + (i + 1) * n, T(0));
+    store_square(D, dA, c, hv);
+    mm<T>(n, V, n, T(1), P, 1, n, dO, V, false, dV, V, Tri::kUpper);
+    store_rows(dV, dv, c, hv);
   });
 }
 
@@ -461,111 +448,107 @@ void bwd_wy_dqkg(const ChunkKdaBwdWyDqkgArgs& a) {
   const int64_t H = q.H, HV = v.H, G = HV / H, K = q.D, V = v.D;
   const T scale = static_cast<T>(a.scale);
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t hh = task % H, n = c.len, last = n - 1;
-      T* Q = s.get(0, n * K);
-      T* Kc = s.get(1, n * K);
-      T* dQs = s.get(2, n * K);
-      T* dKs = s.get(3, n * K);
-      load_rows(q, c, hh, Q);
-      load_rows(k, c, hh, Kc);
-      std::fill(dQs, dQs + n * K, T(0));
-      std::fill(dKs, dKs + n * K, T(0));
-      double* Gm = gate_buffer(n * K);
-      T* eg = s.get(5, n * K);
-      T* egl = s.get(6, n * K);
-      T* Sbuf = s.get(7, K * V);
-      T* dHbuf = s.get(8, K * V);
-      T* ST = s.get(9, V * K);
-      T* dHT = s.get(10, V * K);
-      T* Vc = s.get(11, n * V);
-      T* Vn = s.get(12, n * V);
-      T* dO = s.get(13, n * V);
-      T* dVn = s.get(14, n * V);
-      T* Am = s.get(15, n * n);
-      T* AT = s.get(16, n * n);
-      T* dQh = s.get(17, n * K);
-      T* dKi = s.get(18, n * K);
-      T* dW = s.get(19, n * K);
-      T* Ke = s.get(20, n * K);
-      T* VT = s.get(21, V * n);
-      T* KeT = s.get(22, K * n);
-      T* dA = s.get(23, n * n);
-      T* R = s.get(24, n * K);
-      T* P = s.get(25, n * V);
-      T* bt = s.get(26, n);
-      T* db = s.get(27, n);
-      T* dG = s.get(28, n * K);
-      T* X = s.get(29, n * n);
-      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_rows(gk, c, hv, Gm);
-        load_scalars(beta, c, hv, bt);
-        load_lower(Akk, c, hv, false, Am);
-        const T* S = view_mat(h, c.index * HV + hv, Sbuf);
-        const T* dH = view_mat(dh, c.index * HV + hv, dHbuf);
-        load_rows(v, c, hv, Vc);
-        load_rows(vn, c, hv, Vn);
-        load_rows(dout, c, hv, dO);
-        load_rows(dvn, c, hv, dVn);
-        for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
-        vexp(eg, n * K);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) egl[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
-        vexp(egl, n * K);
-        transpose(S, V, K, V, ST, K);
-        transpose(dH, V, K, V, dHT, K);
-        // dQ = scale eg . (dO S^T); dKi = egl . (Vn dH^T); dW = -dVn S^T.
-        mm<T>(n, K, V, scale, dO, V, 1, ST, K, false, dQh, K);
-        mm<T>(n, K, V, T(1), Vn, V, 1, dHT, K, false, dKi, K);
-        mm<T>(n, K, V, T(-1), dVn, V, 1, ST, K, false, dW, K);
-        for (int64_t x = 0; x < n * K; ++x) {
-          dQh[x] *= eg[x];
-          dKi[x] *= egl[x];
-          Ke[x] = Kc[x] * eg[x];
-        }
-        // dA = (dVn V^T + dW Ke^T) diag(beta), strictly lower.
-        transpose(Vc, V, n, V, VT, n);
-        transpose(Ke, K, n, K, KeT, n);
-        mm<T>(n, n, V, T(1), dVn, V, 1, VT, n, false, dA, n);
-        mm<T>(n, n, K, T(1), dW, K, 1, KeT, n, true, dA, n);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j) dA[i * n + j] = j < i ? dA[i * n + j] * bt[j] : T(0);
-        // R = Akk^T dW, P = Akk^T dVn.
-        mm<T>(n, K, n, T(1), Am, 1, n, dW, K, false, R, K, Tri::kUpper);
-        mm<T>(n, V, n, T(1), Am, 1, n, dVn, V, false, P, V, Tri::kUpper);
-        for (int64_t i = 0; i < n; ++i) {
-          db[i] = dot(P + i * V, Vc + i * V, V) + dot(R + i * K, Ke + i * K, K);
-          for (int64_t x = 0; x < V; ++x) P[i * V + x] *= bt[i];
-        }
-        store_rows(P, dv, c, hv);
-        store_scalars(db, dbeta, c, hv);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) {
-            const int64_t y = i * K + x;
-            dG[y] = Q[y] * dQh[y] - Kc[y] * dKi[y] + bt[i] * Ke[y] * R[y];
-            dQs[y] += dQh[y];
-            dKs[y] += dKi[y] + bt[i] * eg[y] * R[y];
-          }
-        T* kd = s.get(30, K);
-        std::fill(kd, kd + K, T(0));
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t x = 0; x < K; ++x) kd[x] += Kc[i * K + x] * dKi[i * K + x];
-        for (int64_t x = 0; x < K; ++x)
-          dG[last * K + x] += eg[last * K + x] * dot(S + x * V, dH + x * V, V) + kd[x];
-        store_rows(dG, dg, c, hv);
-        // dL = -M> . (Akk^T dA Akk^T).
-        transpose(Am, n, n, n, AT, n);
-        mm<T>(n, n, n, T(1), dA, n, 1, AT, n, false, X, n, Tri::kLower);
-        mm<T>(n, n, n, T(-1), Am, 1, n, X, n, false, dA, n, Tri::kUpper);
-        for (int64_t i = 0; i < n; ++i) std::fill(dA + i * n + i, dA + (i + 1) * n, T(0));
-        store_square(dA, dAkk, c, hv);
+  for_each_task<T>(chunks, H, [&](Scratch<T>& s, const Chunk& c, int64_t hh) {
+    const int64_t n = c.len, last = n - 1;
+    T* Q = s.get(0, n * K);
+    T* Kc = s.get(1, n * K);
+    T* dQs = s.get(2, n * K);
+    T* dKs = s.get(3, n * K);
+    load_rows(q, c, hh, Q);
+    load_rows(k, c, hh, Kc);
+    std::fill(dQs, dQs + n * K, T(0));
+    std::fill(dKs, dKs + n * K, T(0));
+    double* Gm = gate_buffer(n * K);
+    T* eg = s.get(5, n * K);
+    T* egl = s.get(6, n * K);
+    T* Sbuf = s.get(7, K * V);
+    T* dHbuf = s.get(8, K * V);
+    T* ST = s.get(9, V * K);
+    T* dHT = s.get(10, V * K);
+    T* Vc = s.get(11, n * V);
+    T* Vn = s.get(12, n * V);
+    T* dO = s.get(13, n * V);
+    T* dVn = s.get(14, n * V);
+    T* Am = s.get(15, n * n);
+    T* AT = s.get(16, n * n);
+    T* dQh = s.get(17, n * K);
+    T* dKi = s.get(18, n * K);
+    T* dW = s.get(19, n * K);
+    T* Ke = s.get(20, n * K);
+    T* VT = s.get(21, V * n);
+    T* KeT = s.get(22, K * n);
+    T* dA = s.get(23, n * n);
+    T* R = s.get(24, n * K);
+    T* P = s.get(25, n * V);
+    T* bt = s.get(26, n);
+    T* db = s.get(27, n);
+    T* dG = s.get(28, n * K);
+    T* X = s.get(29, n * n);
+    for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+      load_rows(gk, c, hv, Gm);
+      load_scalars(beta, c, hv, bt);
+      load_lower(Akk, c, hv, false, Am);
+      const T* S = view_mat(h, c.index * HV + hv, Sbuf);
+      const T* dH = view_mat(dh, c.index * HV + hv, dHbuf);
+      load_rows(v, c, hv, Vc);
+      load_rows(vn, c, hv, Vn);
+      load_rows(dout, c, hv, dO);
+      load_rows(dvn, c, hv, dVn);
+      for (int64_t x = 0; x < n * K; ++x) eg[x] = static_cast<T>(Gm[x]);
+      vexp(eg, n * K);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) egl[i * K + x] = static_cast<T>(Gm[last * K + x] - Gm[i * K + x]);
+      vexp(egl, n * K);
+      transpose(S, V, K, V, ST, K);
+      transpose(dH, V, K, V, dHT, K);
+      // dQ = scale eg . (dO S^T); dKi = egl . (Vn dH^T); dW = -dVn S^T.
+      mm<T>(n, K, V, scale, dO, V, 1, ST, K, false, dQh, K);
+      mm<T>(n, K, V, T(1), Vn, V, 1, dHT, K, false, dKi, K);
+      mm<T>(n, K, V, T(-1), dVn, V, 1, ST, K, false, dW, K);
+      for (int64_t x = 0; x < n * K; ++x) {
+        dQh[x] *= eg[x];
+        dKi[x] *= egl[x];
+        Ke[x] = Kc[x] * eg[x];
       }
-      store_rows(dQs, dq, c, hh);
-      store_rows(dKs, dk, c, hh);
+      // dA = (dVn V^T + dW Ke^T) diag(beta), strictly lower.
+      transpose(Vc, V, n, V, VT, n);
+      transpose(Ke, K, n, K, KeT, n);
+      mm<T>(n, n, V, T(1), dVn, V, 1, VT, n, false, dA, n);
+      mm<T>(n, n, K, T(1), dW, K, 1, KeT, n, true, dA, n);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) dA[i * n + j] = j < i ? dA[i * n + j] * bt[j] : T(0);
+      // R = Akk^T dW, P = Akk^T dVn.
+      mm<T>(n, K, n, T(1), Am, 1, n, dW, K, false, R, K, Tri::kUpper);
+      mm<T>(n, V, n, T(1), Am, 1, n, dVn, V, false, P, V, Tri::kUpper);
+      for (int64_t i = 0; i < n; ++i) {
+        db[i] = dot(P + i * V, Vc + i * V, V) + dot(R + i * K, Ke + i * K, K);
+        for (int64_t x = 0; x < V; ++x) P[i * V + x] *= bt[i];
+      }
+      store_rows(P, dv, c, hv);
+      store_scalars(db, dbeta, c, hv);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) {
+          const int64_t y = i * K + x;
+          dG[y] = Q[y] * dQh[y] - Kc[y] * dKi[y] + bt[i] * Ke[y] * R[y];
+          dQs[y] += dQh[y];
+          dKs[y] += dKi[y] + bt[i] * eg[y] * R[y];
+        }
+      T* kd = s.get(30, K);
+      std::fill(kd, kd + K, T(0));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t x = 0; x < K; ++x) kd[x] += Kc[i * K + x] * dKi[i * K + x];
+      for (int64_t x = 0; x < K; ++x)
+        dG[last * K + x] += eg[last * K + x] * dot(S + x * V, dH + x * V, V) + kd[x];
+      store_rows(dG, dg, c, hv);
+      // dL = -M> . (Akk^T dA Akk^T).
+      transpose(Am, n, n, n, AT, n);
+      mm<T>(n, n, n, T(1), dA, n, 1, AT, n, false, X, n, Tri::kLower);
+      mm<T>(n, n, n, T(-1), Am, 1, n, X, n, false, dA, n, Tri::kUpper);
+      for (int64_t i = 0; i < n; ++i) std::fill(dA + i * n + i, dA + (i + 1) * n, T(0));
+      store_square(dA, dAkk, c, hv);
     }
+    store_rows(dQs, dq, c, hh);
+    store_rows(dKs, dk, c, hh);
   });
 }
 
@@ -575,100 +558,96 @@ void bwd_intra(const ChunkKdaBwdIntraArgs& a) {
       dbeta(a.dbeta), dg(a.dg), dqo(a.dq_out), dko(a.dk_out), dbo(a.dbeta_out), dgo(a.dg_out);
   const int64_t H = q.H, HV = gk.H, G = HV / H, K = q.D;
   const auto chunks = chunks_of(a.q.size(0), a.q.size(1), a.cu_seqlens, a.chunk_size);
-  fusedops::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()) * H, 1, [&](int64_t b, int64_t e) {
-    Scratch<T>& s = scratch<T>();
-    for (int64_t task = b; task < e; ++task) {
-      const Chunk& c = chunks[task / H];
-      const int64_t hh = task % H, n = c.len;
-      T* Q = s.get(0, n * K);
-      T* Kc = s.get(1, n * K);
-      T* dQs = s.get(2, n * K);
-      T* dKs = s.get(3, n * K);
-      load_rows(q, c, hh, Q);
-      load_rows(k, c, hh, Kc);
-      load_rows(dq, c, hh, dQs);
-      load_rows(dk, c, hh, dKs);
-      double* Gm = gate_buffer(n * K);
-      T* bt = s.get(5, n);
-      T* db = s.get(6, n);
-      T* dG = s.get(7, n * K);
-      T* Dq = s.get(8, n * n);
-      T* Dl = s.get(9, n * n);
-      T* dqi = s.get(10, n * K);
-      T* rr = s.get(11, n * K);
-      T* cc = s.get(12, n * K);
-      T* Ef = s.get(13, kBC * K);
-      T* Eb = s.get(14, n * K);
-      T* qf = s.get(15, kBC * K);
-      T* bkf = s.get(16, kBC * K);
-      T* tmp = s.get(17, n * K);
-      T* e = s.get(18, K);
-      for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
-        load_rows(gk, c, hv, Gm);
-        load_scalars(beta, c, hv, bt);
-        load_scalars(dbeta, c, hv, db);
-        load_rows(dg, c, hv, dG);
-        load_lower(dAqk, c, hv, false, Dq);
-        load_lower(dAkk, c, hv, true, Dl);
-        std::fill(dqi, dqi + n * K, T(0));
-        std::fill(rr, rr + n * K, T(0));
-        std::fill(cc, cc + n * K, T(0));
-        for (int64_t i0 = 0; i0 < n; i0 += kBC) {
-          const int64_t i1 = std::min(n, i0 + kBC), mr = i1 - i0;
-          if (i0 > 0) {
-            block_factors(Gm, K, i0, i1, Ef, Eb);
-            for (int64_t x = 0; x < i0 * K; ++x) tmp[x] = Kc[x] * Eb[x];  // kb
-            // dq_I += Ef . (Dq[I,0:r] kb);  r_I += Ef . (Dl[I,0:r] kb)
-            mm<T>(mr, K, i0, T(1), Dq + i0 * n, n, 1, tmp, K, false, qf, K);
-            mm<T>(mr, K, i0, T(1), Dl + i0 * n, n, 1, tmp, K, false, bkf, K);
-            for (int64_t x = 0; x < mr * K; ++x) {
-              dqi[i0 * K + x] += Ef[x] * qf[x];
-              rr[i0 * K + x] += Ef[x] * bkf[x];
-            }
-            // c_{0:r} += Eb . (Dq[I,0:r]^T (Q_I . Ef) + Dl[I,0:r]^T (beta K_I . Ef))
-            for (int64_t i = i0; i < i1; ++i)
-              for (int64_t x = 0; x < K; ++x) {
-                const T f = Ef[(i - i0) * K + x];
-                qf[(i - i0) * K + x] = Q[i * K + x] * f;
-                bkf[(i - i0) * K + x] = bt[i] * Kc[i * K + x] * f;
-              }
-            mm<T>(i0, K, mr, T(1), Dq + i0 * n, 1, n, qf, K, false, tmp, K);
-            mm<T>(i0, K, mr, T(1), Dl + i0 * n, 1, n, bkf, K, true, tmp, K);
-            for (int64_t x = 0; x < i0 * K; ++x) cc[x] += Eb[x] * tmp[x];
+  for_each_task<T>(chunks, H, [&](Scratch<T>& s, const Chunk& c, int64_t hh) {
+    const int64_t n = c.len;
+    T* Q = s.get(0, n * K);
+    T* Kc = s.get(1, n * K);
+    T* dQs = s.get(2, n * K);
+    T* dKs = s.get(3, n * K);
+    load_rows(q, c, hh, Q);
+    load_rows(k, c, hh, Kc);
+    load_rows(dq, c, hh, dQs);
+    load_rows(dk, c, hh, dKs);
+    double* Gm = gate_buffer(n * K);
+    T* bt = s.get(5, n);
+    T* db = s.get(6, n);
+    T* dG = s.get(7, n * K);
+    T* Dq = s.get(8, n * n);
+    T* Dl = s.get(9, n * n);
+    T* dqi = s.get(10, n * K);
+    T* rr = s.get(11, n * K);
+    T* cc = s.get(12, n * K);
+    T* Ef = s.get(13, kBC * K);
+    T* Eb = s.get(14, n * K);
+    T* qf = s.get(15, kBC * K);
+    T* bkf = s.get(16, kBC * K);
+    T* tmp = s.get(17, n * K);
+    T* e = s.get(18, K);
+    for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
+      load_rows(gk, c, hv, Gm);
+      load_scalars(beta, c, hv, bt);
+      load_scalars(dbeta, c, hv, db);
+      load_rows(dg, c, hv, dG);
+      load_lower(dAqk, c, hv, false, Dq);
+      load_lower(dAkk, c, hv, true, Dl);
+      std::fill(dqi, dqi + n * K, T(0));
+      std::fill(rr, rr + n * K, T(0));
+      std::fill(cc, cc + n * K, T(0));
+      for (int64_t i0 = 0; i0 < n; i0 += kBC) {
+        const int64_t i1 = std::min(n, i0 + kBC), mr = i1 - i0;
+        if (i0 > 0) {
+          block_factors(Gm, K, i0, i1, Ef, Eb);
+          for (int64_t x = 0; x < i0 * K; ++x) tmp[x] = Kc[x] * Eb[x];  // kb
+          // dq_I += Ef . (Dq[I,0:r] kb);  r_I += Ef . (Dl[I,0:r] kb)
+          mm<T>(mr, K, i0, T(1), Dq + i0 * n, n, 1, tmp, K, false, qf, K);
+          mm<T>(mr, K, i0, T(1), Dl + i0 * n, n, 1, tmp, K, false, bkf, K);
+          for (int64_t x = 0; x < mr * K; ++x) {
+            dqi[i0 * K + x] += Ef[x] * qf[x];
+            rr[i0 * K + x] += Ef[x] * bkf[x];
           }
-          // Diagonal sub-block, strictly lower pairs, element-wise.
-          for (int64_t i = i0 + 1; i < i1; ++i) {
-            const double* gi = Gm + i * K;
-            for (int64_t j = i0; j < i; ++j) {
-              const T dqij = Dq[i * n + j], dlij = Dl[i * n + j];
-              if (dqij == T(0) && dlij == T(0)) continue;
-              const double* gj = Gm + j * K;
-              for (int64_t x = 0; x < K; ++x) e[x] = static_cast<T>(gi[x] - gj[x]);
-              vexp(e, K);
-              diag_update(K, dqij, dlij, dlij * bt[i], Kc + j * K, Q + i * K, Kc + i * K, e, dqi + i * K,
-                          rr + i * K, cc + j * K);
+          // c_{0:r} += Eb . (Dq[I,0:r]^T (Q_I . Ef) + Dl[I,0:r]^T (beta K_I . Ef))
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t x = 0; x < K; ++x) {
+              const T f = Ef[(i - i0) * K + x];
+              qf[(i - i0) * K + x] = Q[i * K + x] * f;
+              bkf[(i - i0) * K + x] = bt[i] * Kc[i * K + x] * f;
             }
+          mm<T>(i0, K, mr, T(1), Dq + i0 * n, 1, n, qf, K, false, tmp, K);
+          mm<T>(i0, K, mr, T(1), Dl + i0 * n, 1, n, bkf, K, true, tmp, K);
+          for (int64_t x = 0; x < i0 * K; ++x) cc[x] += Eb[x] * tmp[x];
+        }
+        // Diagonal sub-block, strictly lower pairs, element-wise.
+        for (int64_t i = i0 + 1; i < i1; ++i) {
+          const double* gi = Gm + i * K;
+          for (int64_t j = i0; j < i; ++j) {
+            const T dqij = Dq[i * n + j], dlij = Dl[i * n + j];
+            if (dqij == T(0) && dlij == T(0)) continue;
+            const double* gj = Gm + j * K;
+            for (int64_t x = 0; x < K; ++x) e[x] = static_cast<T>(gi[x] - gj[x]);
+            vexp(e, K);
+            diag_update(K, dqij, dlij, dlij * bt[i], Kc + j * K, Q + i * K, Kc + i * K, e, dqi + i * K,
+                        rr + i * K, cc + j * K);
           }
         }
-        for (int64_t i = 0; i < n; ++i) {
-          T acc = 0;
-          for (int64_t x = 0; x < K; ++x) acc += rr[i * K + x] * Kc[i * K + x];
-          db[i] += acc;
-          const T dqd = Dq[i * n + i];
-          for (int64_t x = 0; x < K; ++x) {
-            const int64_t y = i * K + x;
-            rr[y] *= bt[i];
-            dG[y] += Q[y] * dqi[y] + (rr[y] - cc[y]) * Kc[y];
-            dQs[y] += dqi[y] + dqd * Kc[y];
-            dKs[y] += rr[y] + cc[y] + dqd * Q[y];
-          }
-        }
-        store_scalars(db, dbo, c, hv);
-        store_rows(dG, dgo, c, hv);
       }
-      store_rows(dQs, dqo, c, hh);
-      store_rows(dKs, dko, c, hh);
+      for (int64_t i = 0; i < n; ++i) {
+        T acc = 0;
+        for (int64_t x = 0; x < K; ++x) acc += rr[i * K + x] * Kc[i * K + x];
+        db[i] += acc;
+        const T dqd = Dq[i * n + i];
+        for (int64_t x = 0; x < K; ++x) {
+          const int64_t y = i * K + x;
+          rr[y] *= bt[i];
+          dG[y] += Q[y] * dqi[y] + (rr[y] - cc[y]) * Kc[y];
+          dQs[y] += dqi[y] + dqd * Kc[y];
+          dKs[y] += rr[y] + cc[y] + dqd * Q[y];
+        }
+      }
+      store_scalars(db, dbo, c, hv);
+      store_rows(dG, dgo, c, hv);
     }
+    store_rows(dQs, dqo, c, hh);
+    store_rows(dKs, dko, c, hh);
   });
 }
 

@@ -442,28 +442,40 @@ using Scratch = fusedops::cpu::Scratch<float>;
 struct ChunkScratch {};
 inline Scratch& thread_scratch() { return fusedops::cpu::thread_scratch<ChunkScratch, float>(); }
 
-// The task loop of the chunk-parallel operators: one task per (chunk, q/k head) pair, H per
-// chunk, handed to the OpenMP threads a few at a time. body(s, c, h) runs each task with the
-// calling thread's arena s. While a task computes, the next task of the same thread has its
-// operands prefetched: head(chunk, q/k head) once, then value_head(chunk, hv) for each of that
-// head's G value heads.
+// The task loop of the chunk-parallel operators: one task per (chunk, head) pair, `heads` per
+// chunk, handed to the OpenMP threads a few at a time (each task writes only its own outputs, so
+// the results do not depend on the schedule). body(s, c, h) runs each task with the calling
+// thread's arena s (thread_scratch<Tag, T>: a family's kernels keep their own). prefetch(c, h)
+// runs for the thread's next task before the current one computes.
+template <class T, class Tag, class Prefetch, class Body>
+void for_each_chunk_task(const std::vector<Chunk>& chunks, int64_t heads, Prefetch&& prefetch,
+                         Body&& body) {
+  const int64_t tasks = static_cast<int64_t>(chunks.size()) * heads;
+  fusedops::cpu::parallel_for_dynamic(0, tasks, 8, [&](int64_t b, int64_t e) {
+    auto& s = fusedops::cpu::thread_scratch<Tag, T>();
+    for (int64_t task = b; task < e; ++task) {
+      if (task + 1 < e) prefetch(chunks[(task + 1) / heads], (task + 1) % heads);
+      body(s, chunks[task / heads], task % heads);
+    }
+  });
+}
+
+// No prefetch (for_each_chunk_task's prefetch argument).
+inline void no_prefetch(const Chunk&, int64_t) {}
+
+// The GDN kernels' task loop: one task per (chunk, q/k head), with this header's arena; the next
+// task's operands are prefetched by head(chunk, q/k head), then value_head(chunk, hv) for each of
+// that head's G value heads.
 template <class HeadFn, class ValueHeadFn, class Body>
 void for_each_chunk_head(const std::vector<Chunk>& chunks, int64_t H, int64_t G, HeadFn&& head,
                          ValueHeadFn&& value_head, Body&& body) {
-  fusedops::cpu::parallel_for_dynamic(0, static_cast<int64_t>(chunks.size()) * H, 8,
-                                      [&](int64_t b, int64_t e) {
-                                        Scratch& s = thread_scratch();
-                                        for (int64_t task = b; task < e; ++task) {
-                                          if (task + 1 < e) {
-                                            const Chunk& nx = chunks[(task + 1) / H];
-                                            const int64_t nh = (task + 1) % H;
-                                            head(nx, nh);
-                                            for (int64_t hv = nh * G; hv < (nh + 1) * G; ++hv)
-                                              value_head(nx, hv);
-                                          }
-                                          body(s, chunks[task / H], task % H);
-                                        }
-                                      });
+  for_each_chunk_task<float, ChunkScratch>(
+      chunks, H,
+      [&](const Chunk& c, int64_t h) {
+        head(c, h);
+        for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) value_head(c, hv);
+      },
+      body);
 }
 
 }  // namespace fusedops::la::cpu
