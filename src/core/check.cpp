@@ -1,5 +1,6 @@
 #include "fusedops/core/check.h"
 
+#include <cmath>
 #include <cstring>
 
 #ifdef FUSEDOPS_WITH_CUDA
@@ -85,6 +86,19 @@ const ArgCheck& ArgCheck::leading_shape(const TensorView& t, const char* name,
   if (!s.empty()) s.pop_back();
   std::string what = std::string(like_name) + "'s shape without its last dimension";
   return shape(t, name, s, what.c_str());
+}
+
+const ArgCheck& ArgCheck::row_stats(const TensorView& t, const char* name, const TensorView& like,
+                                    const char* like_name, const Context& ctx) const {
+  return leading_shape(t, name, like, like_name)
+      .dtype_in(t, name, {DType::kFloat32, DType::kFloat64})
+      .on_device(t, name, ctx)
+      .contiguous(t, name);
+}
+
+const ArgCheck& ArgCheck::eps(double eps) const {
+  return value(std::isfinite(eps) && eps >= 0,
+               "eps must be a finite number >= 0, got " + std::to_string(eps));
 }
 
 const ArgCheck& ArgCheck::contiguous(const TensorView& t, const char* name) const {

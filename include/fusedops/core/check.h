@@ -41,6 +41,12 @@ class ArgCheck {
   // Last dimension has stride 1 and the leading dimensions collapse into one row stride.
   const ArgCheck& rows_addressable(const TensorView& t, const char* name) const;
   const ArgCheck& value(bool ok, const std::string& message) const;
+  // Per-row statistics of `like` (a normalisation's rstd, its gradient): like's shape without its
+  // last dimension, fp32 or fp64, on ctx.device, contiguous.
+  const ArgCheck& row_stats(const TensorView& t, const char* name, const TensorView& like,
+                            const char* like_name, const Context& ctx) const;
+  // A normalisation's eps: a finite number >= 0.
+  const ArgCheck& eps(double eps) const;
   // Offsets of packed sequences (cu_seqlens): offsets[0] == 0, non-decreasing, and the last
   // entry == total (the packed length; the message says "must end at <total_name> = <total>
   // (<total_note>)").

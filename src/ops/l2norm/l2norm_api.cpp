@@ -1,6 +1,4 @@
 // l2norm: argument checks, then dispatch to the selected backend.
-#include <cmath>
-
 #include "fusedops/core/check.h"
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
@@ -14,21 +12,13 @@ void check_fwd(const Context& ctx, const L2NormFwdArgs& a) {
   ArgCheck c(kOp);
   c.min_rank(a.x, "x", 1).floating(a.x, "x").on_device(a.x, "x", ctx).rows_addressable(a.x, "x");
   c.same_shape(a.y, "y", a.x, "x").floating(a.y, "y").on_device(a.y, "y", ctx).contiguous(a.y, "y");
-  c.leading_shape(a.rstd, "rstd", a.x, "x")
-      .dtype_in(a.rstd, "rstd", {DType::kFloat32, DType::kFloat64})
-      .on_device(a.rstd, "rstd", ctx)
-      .contiguous(a.rstd, "rstd");
-  c.value(std::isfinite(a.eps) && a.eps >= 0,
-          "eps must be a finite number >= 0, got " + std::to_string(a.eps));
+  c.row_stats(a.rstd, "rstd", a.x, "x", ctx).eps(a.eps);
 }
 
 void check_bwd(const Context& ctx, const L2NormBwdArgs& a) {
   ArgCheck c(kOp);
   c.min_rank(a.y, "y", 1).floating(a.y, "y").on_device(a.y, "y", ctx).rows_addressable(a.y, "y");
-  c.leading_shape(a.rstd, "rstd", a.y, "y")
-      .dtype_in(a.rstd, "rstd", {DType::kFloat32, DType::kFloat64})
-      .on_device(a.rstd, "rstd", ctx)
-      .contiguous(a.rstd, "rstd");
+  c.row_stats(a.rstd, "rstd", a.y, "y", ctx);
   c.same_shape(a.dy, "dy", a.y, "y").same_dtype(a.dy, "dy", a.y, "y").on_device(a.dy, "dy", ctx)
       .rows_addressable(a.dy, "dy");
   c.same_shape(a.dx, "dx", a.y, "y").floating(a.dx, "dx").on_device(a.dx, "dx", ctx)

@@ -1,5 +1,4 @@
 // sinkhorn and hc_split_sinkhorn: argument checks, then dispatch to the selected backend.
-#include <cmath>
 #include <string>
 
 #include "fusedops/core/check.h"
@@ -21,8 +20,7 @@ void contiguous_unless_empty(const ArgCheck& c, const TensorView& t, const char*
 void check_scalars(const ArgCheck& c, int iters, const char* iters_name, double eps,
                    SinkhornVariant variant) {
   c.value(iters >= 1, std::string(iters_name) + " must be >= 1, got " + std::to_string(iters));
-  c.value(std::isfinite(eps) && eps >= 0,
-          "eps must be a finite number >= 0, got " + std::to_string(eps));
+  c.eps(eps);
   const int v = static_cast<int>(variant);
   c.value(v >= 0 && v <= 2, "variant must be one of \"mindspeed\", \"deepseek\", \"log\", got "
                                 "enum value " + std::to_string(v));

@@ -1,6 +1,4 @@
 // rmsnorm_without_weight: argument checks, then dispatch to the selected backend.
-#include <cmath>
-
 #include "fusedops/core/check.h"
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/rmsnorm.h"
@@ -16,29 +14,17 @@ void check_fwd(const Context& ctx, const RmsNormWithoutWeightFwdArgs& a) {
   if (a.y.defined())
     c.same_shape(a.y, "y", a.x, "x").same_dtype(a.y, "y", a.x, "x").on_device(a.y, "y", ctx)
         .contiguous(a.y, "y");
-  c.leading_shape(a.rstd, "rstd", a.x, "x")
-      .dtype_in(a.rstd, "rstd", {DType::kFloat32, DType::kFloat64})
-      .on_device(a.rstd, "rstd", ctx)
-      .contiguous(a.rstd, "rstd");
-  c.value(std::isfinite(a.eps) && a.eps >= 0, "eps must be a finite number >= 0, got " +
-                                                  std::to_string(a.eps));
+  c.row_stats(a.rstd, "rstd", a.x, "x", ctx).eps(a.eps);
 }
 
 void check_bwd(const Context& ctx, const RmsNormWithoutWeightBwdArgs& a) {
   ArgCheck c(kOp);
   c.min_rank(a.x, "x", 1).floating(a.x, "x").on_device(a.x, "x", ctx).rows_addressable(a.x, "x");
-  c.leading_shape(a.rstd, "rstd", a.x, "x")
-      .dtype_in(a.rstd, "rstd", {DType::kFloat32, DType::kFloat64})
-      .on_device(a.rstd, "rstd", ctx)
-      .contiguous(a.rstd, "rstd");
+  c.row_stats(a.rstd, "rstd", a.x, "x", ctx);
   if (a.dy.defined())
     c.same_shape(a.dy, "dy", a.x, "x").same_dtype(a.dy, "dy", a.x, "x").on_device(a.dy, "dy", ctx)
         .rows_addressable(a.dy, "dy");
-  if (a.drstd.defined())
-    c.leading_shape(a.drstd, "drstd", a.x, "x")
-        .dtype_in(a.drstd, "drstd", {DType::kFloat32, DType::kFloat64})
-        .on_device(a.drstd, "drstd", ctx)
-        .contiguous(a.drstd, "drstd");
+  if (a.drstd.defined()) c.row_stats(a.drstd, "drstd", a.x, "x", ctx);
   c.same_shape(a.dx, "dx", a.x, "x").same_dtype(a.dx, "dx", a.x, "x").on_device(a.dx, "dx", ctx)
       .contiguous(a.dx, "dx");
 }
