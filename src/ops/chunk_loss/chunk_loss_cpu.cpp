@@ -167,7 +167,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   const bool int64 = a.labels.dtype() == DType::kInt64;
   const bool want_grad = a.grad_hidden.defined() || a.grad_weight.defined();
 
-  std::vector<float> row_scale(N), row_norm(N), row_loss(N), row_z(N);
+  cpu::ce::RowBuffers rb(N);
   cpu::ce::ScaleParams sp{};
   sp.labels = a.labels.data();
   sp.labels_int64 = int64;
@@ -179,8 +179,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   sp.rows = N;
   sp.ignore_index = o.ignore_index;
   sp.mean = o.reduction == LossReduction::kMean;
-  sp.row_scale = row_scale.data();
-  sp.row_norm = row_norm.data();
+  sp.row_scale = rb.scale.data();
+  sp.row_norm = rb.norm.data();
   cpu::ce::row_scales(sp);
 
   // bf16 products straight on the operands. Without gradients, the logits blocks on AMX tiles
@@ -271,8 +271,8 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
       c.finish.ignore_index = o.ignore_index;
       c.finish.label_smoothing = static_cast<float>(o.label_smoothing);
       c.finish.lse_square_scale = static_cast<float>(o.lse_square_scale);
-      c.finish.row_loss = row_loss.data() + r0;
-      c.finish.row_z = row_z.data() + r0;
+      c.finish.row_loss = rb.loss.data() + r0;
+      c.finish.row_z = rb.z.data() + r0;
       loss_only_chunk(c, block_stats);
       continue;
     }
@@ -292,16 +292,12 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
     rp.grad_row_stride = V;
     rp.labels = chunk_labels;
     rp.labels_int64 = int64;
-    rp.row_scale = row_scale.data() + r0;
-    rp.row_loss = row_loss.data() + r0;
-    rp.row_z = row_z.data() + r0;
+    rp.row_scale = rb.scale.data() + r0;
+    rp.row_loss = rb.loss.data() + r0;
+    rp.row_z = rb.z.data() + r0;
     rp.rows = rows;
     rp.vocab = V;
-    rp.ignore_index = o.ignore_index;
-    rp.logit_scale = static_cast<float>(o.logit_scale);
-    rp.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
-    rp.label_smoothing = static_cast<float>(o.label_smoothing);
-    rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
+    cpu::ce::set_options(rp, o);
     cpu::ce::rows(rp);
 
     if (bf) {
@@ -339,20 +335,7 @@ void fwd(const Context& ctx, const ChunkLossFwdArgs& a) {
   if (dW && !dw_started) std::fill(dW, dW + static_cast<size_t>(V) * H, 0.0f);  // no rows
   if (dw_own) from_float_rows(dw_own, V, H, a.grad_weight.data(), a.grad_weight.dtype());
 
-  cpu::ce::FinalizeParams fp{};
-  fp.row_scale = row_scale.data();
-  fp.row_norm = row_norm.data();
-  fp.row_loss = row_loss.data();
-  fp.row_z = row_z.data();
-  fp.rows = N;
-  fp.per_row = false;
-  fp.loss = a.loss.data();
-  fp.loss_dtype = a.loss.dtype();
-  fp.z_loss = a.z_loss.defined() ? a.z_loss.data() : nullptr;
-  fp.z_loss_dtype = a.z_loss.defined() ? a.z_loss.dtype() : DType::kFloat32;
-  fp.grad_loss_weight = a.grad_loss_weight.defined() ? a.grad_loss_weight.data() : nullptr;
-  fp.grad_loss_weight_dtype = DType::kFloat32;
-  cpu::ce::finalize(fp);
+  cpu::ce::finalize_outputs(rb, false, a.loss, a.z_loss, a.grad_loss_weight);
 }
 
 void scale_pair(const TensorView& saved, const TensorView& out, const float* g) {
@@ -372,19 +355,7 @@ void bwd(const Context&, const ChunkLossBwdArgs& a) {
   const float* g = a.grad_loss.data_as<const float>();
   scale_pair(a.saved_grad_hidden, a.grad_hidden, g);
   scale_pair(a.saved_grad_weight, a.grad_weight, g);
-  if (a.saved_grad_loss_weight.defined()) {
-    const float* in = a.saved_grad_loss_weight.data_as<const float>();
-    visit_float(a.grad_loss_weight.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* out = a.grad_loss_weight.data_as<T>();
-      for (int64_t i = 0; i < a.saved_grad_loss_weight.numel(); ++i) {
-        if constexpr (std::is_same_v<T, double>)
-          out[i] = static_cast<double>(g[0]) * in[i];
-        else
-          out[i] = from_float<T>(g[0] * in[i]);
-      }
-    });
-  }
+  cpu::ce::scale_loss_weight_grad(a.saved_grad_loss_weight, a.grad_loss_weight, g, false);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fusedops/core/dtype.h"
 #include "fusedops/ops/cross_entropy.h"
@@ -124,5 +125,26 @@ struct ScaleRowsParams {
   bool per_row;
 };
 void scale_rows(const ScaleRowsParams& p);
+
+// ---------------------------------------------------------------------------------------------
+// The plumbing of one loss call around the steps above (fused_cross_entropy_loss, chunk_loss).
+
+// The per-row buffers of a call: row_scales() fills scale and norm, rows() (or the block
+// statistics) loss and z, finalize() reads all four.
+struct RowBuffers {
+  explicit RowBuffers(int64_t n) : scale(n), norm(n), loss(n), z(n) {}
+  std::vector<float> scale, norm, loss, z;
+};
+// RowsParams' fields that the options decide: ignore_index, logit_scale, softcap,
+// label_smoothing, lse_square_scale.
+void set_options(RowsParams& p, const CrossEntropyOptions& o);
+// finalize() of the buffers (rows = their size) into the op's outputs: loss, and z_loss and
+// grad_loss_weight where defined.
+void finalize_outputs(const RowBuffers& b, bool per_row, const TensorView& loss,
+                      const TensorView& z_loss, const TensorView& grad_loss_weight);
+// The backward of grad_loss_weight: out[i] = g * saved[i] (saved fp32, out any floating dtype;
+// g[i] when per_row, else g[0]), the product taken in out's precision when that is float64.
+void scale_loss_weight_grad(const TensorView& saved, const TensorView& out, const float* g,
+                            bool per_row);
 
 }  // namespace fusedops::cpu::ce

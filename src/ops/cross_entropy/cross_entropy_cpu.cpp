@@ -548,6 +548,50 @@ void scale_rows(const ScaleRowsParams& p) {
   });
 }
 
+void set_options(RowsParams& p, const CrossEntropyOptions& o) {
+  p.ignore_index = o.ignore_index;
+  p.logit_scale = static_cast<float>(o.logit_scale);
+  p.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
+  p.label_smoothing = static_cast<float>(o.label_smoothing);
+  p.lse_square_scale = static_cast<float>(o.lse_square_scale);
+}
+
+void finalize_outputs(const RowBuffers& b, bool per_row, const TensorView& loss,
+                      const TensorView& z_loss, const TensorView& grad_loss_weight) {
+  FinalizeParams fp{};
+  fp.row_scale = b.scale.data();
+  fp.row_norm = b.norm.data();
+  fp.row_loss = b.loss.data();
+  fp.row_z = b.z.data();
+  fp.rows = static_cast<int64_t>(b.loss.size());
+  fp.per_row = per_row;
+  fp.loss = loss.data();
+  fp.loss_dtype = loss.dtype();
+  fp.z_loss = z_loss.defined() ? z_loss.data() : nullptr;
+  fp.z_loss_dtype = z_loss.defined() ? z_loss.dtype() : DType::kFloat32;
+  fp.grad_loss_weight = grad_loss_weight.defined() ? grad_loss_weight.data() : nullptr;
+  fp.grad_loss_weight_dtype = grad_loss_weight.defined() ? grad_loss_weight.dtype() : DType::kFloat32;
+  finalize(fp);
+}
+
+void scale_loss_weight_grad(const TensorView& saved, const TensorView& out, const float* g,
+                            bool per_row) {
+  if (!saved.defined()) return;
+  const float* in = saved.data_as<const float>();
+  const int64_t n = saved.numel();
+  visit_float(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = out.data_as<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = g[per_row ? i : 0];
+      if constexpr (std::is_same_v<T, double>)
+        o[i] = static_cast<double>(gi) * in[i];
+      else
+        o[i] = from_float<T>(gi * in[i]);
+    }
+  });
+}
+
 }  // namespace fusedops::cpu::ce
 
 namespace fusedops {
@@ -569,7 +613,7 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   const CrossEntropyOptions& o = a.options;
   const int64_t N = a.logits.rows(), V = a.logits.size(-1);
   const bool int64 = a.labels.dtype() == DType::kInt64;
-  std::vector<float> row_scale(N), row_norm(N), row_loss(N), row_z(N);
+  cpu::ce::RowBuffers rb(N);
   cpu::ce::ScaleParams sp{};
   sp.labels = a.labels.data();
   sp.labels_int64 = int64;
@@ -581,8 +625,8 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   sp.rows = N;
   sp.ignore_index = o.ignore_index;
   sp.mean = o.reduction == LossReduction::kMean;
-  sp.row_scale = row_scale.data();
-  sp.row_norm = row_norm.data();
+  sp.row_scale = rb.scale.data();
+  sp.row_norm = rb.norm.data();
   cpu::ce::row_scales(sp);
 
   cpu::ce::RowsParams rp{};
@@ -594,32 +638,16 @@ void fwd(const Context& ctx, const CrossEntropyFwdArgs& a) {
   rp.grad_row_stride = V;
   rp.labels = a.labels.data();
   rp.labels_int64 = int64;
-  rp.row_scale = row_scale.data();
-  rp.row_loss = row_loss.data();
-  rp.row_z = row_z.data();
+  rp.row_scale = rb.scale.data();
+  rp.row_loss = rb.loss.data();
+  rp.row_z = rb.z.data();
   rp.rows = N;
   rp.vocab = V;
-  rp.ignore_index = o.ignore_index;
-  rp.logit_scale = static_cast<float>(o.logit_scale);
-  rp.softcap = o.logit_softcapping ? static_cast<float>(*o.logit_softcapping) : 0.0f;
-  rp.label_smoothing = static_cast<float>(o.label_smoothing);
-  rp.lse_square_scale = static_cast<float>(o.lse_square_scale);
+  cpu::ce::set_options(rp, o);
   cpu::ce::rows(rp);
 
-  cpu::ce::FinalizeParams fp{};
-  fp.row_scale = row_scale.data();
-  fp.row_norm = row_norm.data();
-  fp.row_loss = row_loss.data();
-  fp.row_z = row_z.data();
-  fp.rows = N;
-  fp.per_row = o.reduction == LossReduction::kNone;
-  fp.loss = a.loss.data();
-  fp.loss_dtype = a.loss.dtype();
-  fp.z_loss = a.z_loss.defined() ? a.z_loss.data() : nullptr;
-  fp.z_loss_dtype = a.z_loss.defined() ? a.z_loss.dtype() : DType::kFloat32;
-  fp.grad_loss_weight = a.grad_loss_weight.defined() ? a.grad_loss_weight.data() : nullptr;
-  fp.grad_loss_weight_dtype = DType::kFloat32;
-  cpu::ce::finalize(fp);
+  cpu::ce::finalize_outputs(rb, o.reduction == LossReduction::kNone, a.loss, a.z_loss,
+                            a.grad_loss_weight);
 }
 
 void bwd(const Context&, const CrossEntropyBwdArgs& a) {
@@ -636,21 +664,7 @@ void bwd(const Context&, const CrossEntropyBwdArgs& a) {
     p.per_row = per_row;
     cpu::ce::scale_rows(p);
   }
-  if (a.saved_grad_loss_weight.defined()) {
-    const float* in = a.saved_grad_loss_weight.data_as<const float>();
-    const int64_t n = a.saved_grad_loss_weight.numel();
-    visit_float(a.grad_loss_weight.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* out = a.grad_loss_weight.data_as<T>();
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = g[per_row ? i : 0] * in[i];
-        if constexpr (std::is_same_v<T, double>)
-          out[i] = v;
-        else
-          out[i] = from_float<T>(v);
-      }
-    });
-  }
+  cpu::ce::scale_loss_weight_grad(a.saved_grad_loss_weight, a.grad_loss_weight, g, per_row);
 }
 
 }  // namespace
