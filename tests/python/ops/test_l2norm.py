@@ -2,22 +2,24 @@
 ``fusedops.ops.l2norm.l2norm_fwd / l2norm_bwd``.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,
-with a float64 PyTorch composite written here (the oracle, differentiated by torch.autograd); the
-tolerance base is the same composite run in the input dtype (tests/common/tolerance.py).
+with a float64 PyTorch composite of y = x * rsqrt(sum(x^2) + eps) written here (the oracle,
+differentiated by torch.autograd); the tolerance base is the same composite run in the input dtype
+(tests/common/tolerance.py). What this file shares with test_rmsnorm.py is in
+tests/common/row_ops.py.
 """
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import fusedops
 import pytest
 import torch
 from fusedops.ops.l2norm import l2norm_bwd, l2norm_fwd
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from tests.common.tolerance import assert_close, coarsest, floor_for, max_abs_error, scale_of
+from tests.common import row_ops
+from tests.common.row_ops import bitwise_equal, close_to, grads_of, layout_pairs, shape_id
+from tests.common.tolerance import assert_close, coarsest
 
 OP = "l2norm"
 EPS = 1e-6
@@ -25,8 +27,8 @@ EPS = 1e-6
 SHAPES = [(1, 1), (1, 7), (3, 129), (2, 4097), (4, 3, 128), (5,), (1024, 256), (0, 16), (4, 0),
           (3, 0, 8)]
 OUTPUT_DTYPES = [None, torch.float32, torch.bfloat16]
-BITWISE_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-                torch.float16: torch.int16}
+forced = functools.partial(row_ops.forced, OP)
+
 
 def composite(x: torch.Tensor, eps: float = EPS, output_dtype=None):
     """The plain PyTorch composite in x's dtype: (y, rstd[..., 1]); y cast to output_dtype."""
@@ -35,20 +37,10 @@ def composite(x: torch.Tensor, eps: float = EPS, output_dtype=None):
     return (y if output_dtype is None else y.to(output_dtype)), r
 
 
-def grads_of(outputs, x, grad_outputs):
-    (g,) = torch.autograd.grad(outputs, x, grad_outputs, allow_unused=True)
-    return torch.zeros_like(x) if g is None else g
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    iv = BITWISE_VIEW[a.dtype]
-    return torch.equal(a.detach().contiguous().view(iv), b.detach().contiguous().view(iv))
-
-
-def forced(case):
-    return fusedops.use_backend(**{OP: case.backend})
+def y_and_rstd(x: torch.Tensor, eps: float = EPS):
+    """The composite's (y, rstd) as l2norm_fwd returns them: rstd without its last dimension."""
+    y, r = composite(x, eps)
+    return y, r.squeeze(-1)
 
 
 def dname(dt) -> str:
@@ -59,7 +51,7 @@ def dname(dt) -> str:
 # Forward and backward against the float64 oracle, every backend / dtype / shape / output dtype.
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("output_dtype", OUTPUT_DTYPES, ids=dname)
 def test_forward_matches_float64(backend_case, shape, output_dtype, fresh_normal, seed_of):
     case = backend_case
@@ -83,7 +75,7 @@ def test_forward_matches_float64(backend_case, shape, output_dtype, fresh_normal
     assert_close(rstd, r32, r64.squeeze(-1), rstd_dt, f"{case.id} {shape} rstd")
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("output_dtype", OUTPUT_DTYPES, ids=dname)
 def test_gradient_matches_float64(backend_case, shape, output_dtype, fresh_normal, seed_of):
     case = backend_case
@@ -104,7 +96,7 @@ def test_gradient_matches_float64(backend_case, shape, output_dtype, fresh_norma
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (4, 3, 128), (0, 16)],
-                         ids=lambda s: "x".join(map(str, s)))
+                         ids=shape_id)
 @pytest.mark.parametrize("y_dtype", ["x", "float32"])
 def test_launcher_backward_matches_float64(backend_case, shape, y_dtype, fresh_normal, seed_of):
     # l2norm_bwd(y, rstd, dy, eps, x_dtype): dx = rstd * (dy - y * sum(dy * y)) from the stored y.
@@ -143,88 +135,41 @@ def test_launcher_defaults(fresh_normal):
     assert_close(dx, base, want, torch.float32, "launcher defaults dx")
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None)
-@given(rows=st.integers(1, 6), D=st.integers(2, 300), log_scale=st.floats(-4, 3),
-       eps=st.sampled_from([0.0, 1e-12, 1e-6, 1e-2, 1.0]), seed=st.integers(0, 2**20))
+@row_ops.random_shapes_scales_and_eps()
 def test_random_shapes_scales_and_eps_on_cpu(rows, D, log_scale, eps, seed):
-    # Small and large inputs against eps: where eps dominates, and where it is negligible.
-    scale = 10.0 ** log_scale
-    g = torch.Generator().manual_seed(seed)
-    x = ((torch.randn(rows, D, generator=g, dtype=torch.float64) + 0.1) * scale).float().requires_grad_()
-    gy = torch.randn(rows, D, generator=g).float()
-    y, rstd = l2norm_fwd(x, eps)
-    dx = grads_of([y], x, [gy])
-    x64 = x.detach().double().requires_grad_()
-    y64, r64 = composite(x64, eps)
-    dx64 = grads_of([y64], x64, [gy.double()])
-    xb = x.detach().clone().requires_grad_()
-    yb, rb = composite(xb, eps)
-    dxb = grads_of([yb], xb, [gy])
-    assert_close(y, yb, y64, torch.float32, f"hypothesis y {rows}x{D} scale {scale:.1e} eps {eps}")
-    assert_close(rstd, rb.squeeze(-1), r64.squeeze(-1), torch.float32, "hypothesis rstd")
-    assert_close(dx, dxb, dx64, torch.float32, "hypothesis dx")
+    # Small and large inputs against eps: where eps dominates, and where it is negligible. The loss
+    # uses y.
+    row_ops.check_random_case(rows, D, log_scale, eps, seed, shift=0.1, fused=l2norm_fwd,
+                              composite=y_and_rstd, differentiated=1)
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-2, 0.0])
 def test_empty_rows_give_eps_to_the_minus_half(device, eps):
     # D == 0: the sum over an empty row is 0, so rstd = eps**-0.5 (inf for eps == 0).
-    x = torch.empty(4, 0, device=device)
-    _, rstd = l2norm_fwd(x, eps)
-    expected = float("inf") if eps == 0 else eps ** -0.5
-    torch.testing.assert_close(rstd.cpu(), torch.full((4,), expected), rtol=2e-7, atol=0)
+    row_ops.check_rstd_of_empty_rows(lambda t, e: l2norm_fwd(t, e)[1], device, eps, (4,))
 
 
 # ---------------------------------------------------------------------------------------------
 # fusedops.reference against the oracle written here.
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (4, 3, 128), (5,), (4, 0)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (4, 3, 128), (5,), (4, 0)], ids=shape_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_reference_matches_own_float64_composite(shape, dtype, seed_of):
-    g = torch.Generator().manual_seed(seed_of("ref", OP, shape, str(dtype)))
-    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.3 - 0.4).to(dtype).requires_grad_()
-    x64 = x.detach().double().requires_grad_()
-    y = fusedops.reference.l2norm(x, 1e-5)
-    want = composite(x64, 1e-5)[0]
-    assert y.dtype == torch.float64 and y.shape == want.shape
-    bound = 1e-12 * max(1.0, float(want.detach().abs().max()) if want.numel() else 1.0)
-    assert max_abs_error(y, want) <= bound
-    gy = torch.randn(shape, generator=g, dtype=torch.float64)
-    dx, dx64 = grads_of([y], x, [gy]), grads_of([want], x64, [gy])
-    assert dx.dtype == dtype
-    tol = 1e-12 if dtype == torch.float64 else floor_for(torch.float32) / 2
-    assert max_abs_error(dx, dx64) <= tol * scale_of(dx64)
+    row_ops.check_reference_matches(lambda t: [fusedops.reference.l2norm(t, 1e-5)],
+                                    lambda t64: [composite(t64, 1e-5)[0]], shape, dtype,
+                                    seed_of("ref", OP, shape, str(dtype)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Layout: non-contiguous inputs and expanded gradients give the contiguous results.
 
 
-def _layouts(fresh_normal, dt, dev, seed):
-    D = 96
-    yield "transposed", fresh_normal((D, 33), dt, dev, seed).t()  # last dim has stride 33
-    yield "column_slice", fresh_normal((33, 2 * D), dt, dev, seed)[:, :D]
-    yield "column_slice_3d", fresh_normal((4, 3, 2 * D), dt, dev, seed)[..., 1:D + 1]
-    yield "permuted_leading", fresh_normal((3, 4, D), dt, dev, seed).transpose(0, 1)
-    yield "expanded_rows", fresh_normal((1, D), dt, dev, seed).expand(6, D)
-
-
-def _close_to(a, b, dtype, what):
-    # The same numbers up to a rounding flip where a backend takes another (vector) path.
-    bound = floor_for(dtype) * max(1.0, float(b.detach().abs().max().cpu()) if b.numel() else 1.0)
-    err = max_abs_error(a, b)
-    assert err <= bound, f"{what}: non-contiguous differs from contiguous by {err:.3e} (> {bound:.3e})"
-
-
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
 def test_non_contiguous_inputs_match_contiguous(backend_case, fresh_normal, seed_of):
     case = backend_case
     dt, dev = case.dtype, case.device
-    for name, x_nc in _layouts(fresh_normal, dt, dev, seed_of("layout", OP, str(dt))):
-        assert not x_nc.is_contiguous(), name
-        x_nc = x_nc.detach().requires_grad_()
-        x_c = x_nc.detach().contiguous().requires_grad_()
+    for name, x_nc, x_c in layout_pairs(fresh_normal, dt, dev, seed_of("layout", OP, str(dt))):
         g = fresh_normal(x_c.shape, dt, dev, 7)
         results = []
         for x in (x_nc, x_c):
@@ -232,7 +177,7 @@ def test_non_contiguous_inputs_match_contiguous(backend_case, fresh_normal, seed
                 y, rstd = l2norm_fwd(x, EPS)
                 results.append((y, rstd, grads_of([y], x, [g])))
         for what, a, b in zip(("y", "rstd", "dx"), *results):
-            _close_to(a, b, dt, f"{case.id} {name} {what}")
+            close_to(a, b, dt, f"{case.id} {name} {what}")
         y64 = composite(x_c.detach().cpu().double())[0]
         assert_close(results[1][0], composite(x_c.detach())[0], y64, dt, f"{case.id} {name} y")
 
@@ -243,17 +188,9 @@ def test_expanded_gradient_from_sum_backward(backend_case, output_dtype, fresh_n
     case = backend_case
     dt, dev = case.dtype, case.device
     x = fresh_normal((17, 130), dt, dev, seed_of("expand", OP, str(dt)), mean=0.1, std=2.0)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with forced(case):
-        fusedops.l2norm(x1, EPS, output_dtype).sum().backward()  # an expanded (stride-0) dy
-        y2 = fusedops.l2norm(x2, EPS, output_dtype)
-        y2.backward(torch.ones(y2.shape, dtype=y2.dtype, device=dev))
-    _close_to(x1.grad, x2.grad, dt, f"{case.id} expanded vs contiguous ones")
-    x64 = x.cpu().double().requires_grad_()
-    composite(x64)[0].sum().backward()
-    xb = x.clone().requires_grad_()
-    composite(xb, EPS, output_dtype)[0].sum().backward()
-    assert_close(x1.grad, xb.grad, x64.grad, coarsest(dt, output_dtype or dt), f"{case.id} dx from sum()")
+    row_ops.check_expanded_gradient_from_sum_backward(
+        OP, case, x, lambda t: fusedops.l2norm(t, EPS, output_dtype), lambda t64: composite(t64)[0],
+        lambda t: composite(t, EPS, output_dtype)[0], coarsest(dt, output_dtype or dt), case.id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,21 +198,14 @@ def test_expanded_gradient_from_sum_backward(backend_case, output_dtype, fresh_n
 
 
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
-@pytest.mark.parametrize("shape", [(1024, 256), (2, 4097)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1024, 256), (2, 4097)], ids=shape_id)
 def test_repeated_runs_are_bitwise_identical(backend_case, shape, fresh_normal, seed_of):
     case = backend_case
     dt, dev = case.dtype, case.device
     seed = seed_of("det", OP, shape, str(dt))
     x = fresh_normal(shape, dt, dev, seed, mean=0.1, std=2.0)
-    g = fresh_normal(shape, dt, dev, seed + 1)
-    runs = []
-    for _ in range(2):
-        xi = x.clone().requires_grad_()
-        with forced(case):
-            y, rstd = l2norm_fwd(xi, EPS)
-            runs.append((y, rstd, grads_of([y], xi, [g])))
-    for name, a, b in zip(("y", "rstd", "dx"), *runs):
-        assert bitwise_equal(a, b), f"{case.id}: {name} differs between two identical runs"
+    g = fresh_normal(shape, dt, dev, seed + 1)  # the loss uses y
+    row_ops.check_repeated_runs_are_bitwise_identical(OP, case, x, lambda t: l2norm_fwd(t, EPS), [g])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,34 +286,9 @@ def test_backward_dy_of_another_shape_is_a_value_error(device):
 
 
 def test_backward_runs_on_the_backend_forced_around_it(device, monkeypatch, runnable_backends):
-    # FUSEDOPS_BACKEND names a backend that does not exist, so a backward that misses the forcing of
-    # the use_backend block around it fails (on CUDA autograd runs the backward on its device
-    # thread, which does not see the caller's context variables by itself).
-    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
-    x = (torch.randn(4, 8, device=device) + 0.3).requires_grad_()
-    with fusedops.use_backend(**{OP: runnable_backends(OP, device)[0]}):
-        y = fusedops.l2norm(x)
-        y.sum().backward()
-    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    row_ops.check_backward_runs_on_the_backend_forced_around_it(OP, fusedops.l2norm, device, monkeypatch,
+                                                                runnable_backends)
 
 
 def test_backward_on_another_thread_keeps_the_forward_forcing(monkeypatch):
-    # What CUDA's autograd device thread does, on the CPU: the backward runs on a thread that never
-    # entered the use_backend block; it runs under the forcing its forward saw.
-    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
-    x = (torch.randn(4, 8) + 0.3).requires_grad_()
-    with fusedops.use_backend(**{OP: "cpu"}):
-        y = fusedops.l2norm(x)
-    errors = []
-
-    def run_backward():
-        try:
-            y.sum().backward()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    t = threading.Thread(target=run_backward)
-    t.start()
-    t.join()
-    assert not errors, f"backward on another thread lost the forcing: {errors[0]!r}"
-    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    row_ops.check_backward_on_another_thread_keeps_the_forward_forcing(OP, fusedops.l2norm, monkeypatch)

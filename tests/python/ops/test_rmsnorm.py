@@ -1,21 +1,23 @@
 """rmsnorm_without_weight (docs/specs/ops.md section 2) through the torch layer.
 
 Every registered backend is forced in turn (``backend_case``) and compared, forward and backward,
-with a float64 PyTorch composite written here (the oracle, differentiated by torch.autograd); the
-tolerance base is the same composite run in the input dtype (tests/common/tolerance.py).
+with a float64 PyTorch composite of r = rsqrt(mean(x^2) + eps) and y = x * r written here (the
+oracle, differentiated by torch.autograd); the tolerance base is the same composite run in the
+input dtype (tests/common/tolerance.py). What this file shares with test_l2norm.py is in
+tests/common/row_ops.py.
 """
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import fusedops
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from tests.common.tolerance import assert_close, floor_for, max_abs_error, scale_of
+from tests.common import row_ops
+from tests.common.row_ops import bitwise_equal, close_to, grads_of, layout_pairs, shape_id
+from tests.common.tolerance import assert_close
 
 OP = "rmsnorm_without_weight"
 EPS = 1e-6
@@ -24,8 +26,7 @@ SHAPES = [(1, 1), (1, 7), (3, 129), (2, 4097), (5, 3, 128), (7,), (1024, 256), (
           (3, 0, 8)]
 # Which outputs the loss uses: r (return_normalized=False), y only, or y and rstd (True).
 MODES = ["r", "y", "both"]
-BITWISE_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-                torch.float16: torch.int16}
+forced = functools.partial(row_ops.forced, OP)
 
 
 def composite(x: torch.Tensor, eps: float = EPS, return_normalized: bool = False):
@@ -39,27 +40,21 @@ def composite(x: torch.Tensor, eps: float = EPS, return_normalized: bool = False
     return (x * r, r) if return_normalized else r
 
 
-def grads_of(outputs, x, grad_outputs):
-    (g,) = torch.autograd.grad(outputs, x, grad_outputs, allow_unused=True)
-    return torch.zeros_like(x) if g is None else g
+def outputs_of(out, return_normalized: bool) -> list:
+    """The op's (or the composite's) outputs as a list: [r], or [y, rstd]."""
+    return list(out) if return_normalized else [out]
 
 
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    iv = BITWISE_VIEW[a.dtype]
-    return torch.equal(a.detach().contiguous().view(iv), b.detach().contiguous().view(iv))
-
-
-def forced(case):
-    return fusedops.use_backend(**{OP: case.backend})
+def picked(out, mode: str):
+    """The output the loss of `mode` uses: r ("r"), y ("y") or rstd ("rstd")."""
+    return out if mode == "r" else out[0 if mode == "y" else 1]
 
 
 # ---------------------------------------------------------------------------------------------
 # Forward and backward against the float64 oracle, every backend / dtype / shape / mode.
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_and_gradients_match_float64(backend_case, shape, mode, fresh_normal, seed_of):
     case = backend_case
@@ -108,37 +103,20 @@ def test_forward_and_gradients_match_float64(backend_case, shape, mode, fresh_no
     assert_close(dx, dxb, dx64, dt, f"{case.id} {shape} {mode} dx")
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None)
-@given(rows=st.integers(1, 6), D=st.integers(2, 300), log_scale=st.floats(-4, 3),
-       eps=st.sampled_from([0.0, 1e-12, 1e-6, 1e-2, 1.0]), seed=st.integers(0, 2**20))
+@row_ops.random_shapes_scales_and_eps()
 def test_random_shapes_scales_and_eps_on_cpu(rows, D, log_scale, eps, seed):
-    # Small and large inputs against eps: where eps dominates, and where it is negligible.
-    scale = 10.0 ** log_scale
-    g = torch.Generator().manual_seed(seed)
-    x = ((torch.randn(rows, D, generator=g, dtype=torch.float64) + 0.3) * scale).float().requires_grad_()
-    gy = torch.randn(rows, D, generator=g).float()
-    gr = torch.randn(rows, 1, generator=g).float()
-    y, r = fusedops.rmsnorm_without_weight(x, eps, return_normalized=True)
-    dx = grads_of([y, r], x, [gy, gr])
-    x64 = x.detach().double().requires_grad_()
-    y64, r64 = composite(x64, eps, True)
-    dx64 = grads_of([y64, r64], x64, [gy.double(), gr.double()])
-    xb = x.detach().clone().requires_grad_()
-    yb, rb = composite(xb, eps, True)
-    dxb = grads_of([yb, rb], xb, [gy, gr])
-    assert_close(y, yb, y64, torch.float32, f"hypothesis y {rows}x{D} scale {scale:.1e} eps {eps}")
-    assert_close(r, rb, r64, torch.float32, "hypothesis rstd")
-    assert_close(dx, dxb, dx64, torch.float32, "hypothesis dx")
+    # Small and large inputs against eps: where eps dominates, and where it is negligible. The loss
+    # uses y and rstd.
+    row_ops.check_random_case(
+        rows, D, log_scale, eps, seed, shift=0.3,
+        fused=lambda t, e: fusedops.rmsnorm_without_weight(t, e, return_normalized=True),
+        composite=lambda t, e: composite(t, e, True), differentiated=2)
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-2, 0.0])
 def test_empty_rows_give_eps_to_the_minus_half(device, eps):
     # D == 0: the mean over an empty row is taken as 0, so r = eps**-0.5 (inf for eps == 0).
-    x = torch.empty(4, 0, device=device)
-    r = fusedops.rmsnorm_without_weight(x, eps)
-    assert r.shape == (4, 1)
-    expected = float("inf") if eps == 0 else eps ** -0.5
-    torch.testing.assert_close(r.cpu(), torch.full((4, 1), expected), rtol=2e-7, atol=0)
+    row_ops.check_rstd_of_empty_rows(fusedops.rmsnorm_without_weight, device, eps, (4, 1))
 
 
 @pytest.mark.parametrize("mode", ["r", "both"])
@@ -155,49 +133,18 @@ def test_empty_batch_returns_empty(device, mode):
 # fusedops.reference against the oracle written here.
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (5, 3, 128), (7,), (4, 0)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 129), (2, 4097), (5, 3, 128), (7,), (4, 0)], ids=shape_id)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("return_normalized", [False, True])
 def test_reference_matches_own_float64_composite(shape, dtype, return_normalized, seed_of):
-    g = torch.Generator().manual_seed(seed_of("ref", shape, str(dtype)))
-    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 1.3 - 0.4).to(dtype).requires_grad_()
-    x64 = x.detach().double().requires_grad_()
-    out = fusedops.reference.rmsnorm_without_weight(x, 1e-5, return_normalized)
-    want = composite(x64, 1e-5, return_normalized)
-    outs = list(out) if return_normalized else [out]
-    wants = list(want) if return_normalized else [want]
-    gs = [torch.randn(w.shape, generator=g, dtype=torch.float64) for w in wants]
-    for o, w in zip(outs, wants):
-        assert o.dtype == torch.float64 and o.shape == w.shape
-        bound = 1e-12 * max(1.0, float(w.detach().abs().max()) if w.numel() else 1.0)
-        assert max_abs_error(o, w) <= bound
-    dx = grads_of(outs, x, gs)
-    dx64 = grads_of(wants, x64, gs)
-    assert dx.dtype == dtype
-    # float64 agrees to ~1e-12; a float32 input gets its gradient rounded to float32.
-    tol = 1e-12 if dtype == torch.float64 else floor_for(torch.float32) / 2
-    assert max_abs_error(dx, dx64) <= tol * scale_of(dx64)
+    rn = return_normalized
+    row_ops.check_reference_matches(
+        lambda t: outputs_of(fusedops.reference.rmsnorm_without_weight(t, 1e-5, rn), rn),
+        lambda t64: outputs_of(composite(t64, 1e-5, rn), rn), shape, dtype, seed_of("ref", shape, str(dtype)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Layout: non-contiguous inputs and expanded gradients give the contiguous results.
-
-
-def _layouts(fresh_normal, dt, dev, seed):
-    D = 96
-    yield "transposed", fresh_normal((D, 33), dt, dev, seed).t()  # last dim has stride 33
-    yield "column_slice", fresh_normal((33, 2 * D), dt, dev, seed)[:, :D]
-    yield "column_slice_3d", fresh_normal((4, 3, 2 * D), dt, dev, seed)[..., 1:D + 1]
-    yield "permuted_leading", fresh_normal((3, 4, D), dt, dev, seed).transpose(0, 1)
-    yield "expanded_rows", fresh_normal((1, D), dt, dev, seed).expand(6, D)
-
-
-def _close_to(a, b, dtype, what):
-    # The same numbers up to a rounding flip where a backend takes another (vector) path.
-    bound = floor_for(dtype) * max(1.0, float(b.detach().abs().max().cpu()) if b.numel() else 1.0)
-    err = max_abs_error(a, b)
-    assert err <= bound, f"{what}: non-contiguous differs from contiguous by {err:.3e} (> {bound:.3e})"
 
 
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
@@ -206,25 +153,19 @@ def test_non_contiguous_inputs_match_contiguous(backend_case, mode, fresh_normal
     case = backend_case
     dt, dev = case.dtype, case.device
     rn = mode != "r"
-    for name, x_nc in _layouts(fresh_normal, dt, dev, seed_of("layout", mode, str(dt))):
-        assert not x_nc.is_contiguous(), name
-        x_nc = x_nc.detach().requires_grad_()
-        x_c = x_nc.detach().contiguous().requires_grad_()
+    for name, x_nc, x_c in layout_pairs(fresh_normal, dt, dev, seed_of("layout", mode, str(dt))):
         results = []
         for x in (x_nc, x_c):
             with forced(case):
-                out = fusedops.rmsnorm_without_weight(x, EPS, rn)
-                outs = list(out) if rn else [out]
+                outs = outputs_of(fusedops.rmsnorm_without_weight(x, EPS, rn), rn)
                 gs = [fresh_normal(o.shape, o.dtype, dev, k) for k, o in enumerate(outs)]
                 results.append(outs + [grads_of(outs, x, gs)])
         for i, (a, b) in enumerate(zip(*results)):
-            _close_to(a, b, dt, f"{case.id} {name} output {i}")
+            close_to(a, b, dt, f"{case.id} {name} output {i}")
         # and the contiguous result is right
-        x64 = x_c.detach().cpu().double()
-        want = composite(x64, EPS, rn)
-        got = results[1][0]
-        base = composite(x_c.detach(), EPS, rn)
-        assert_close(got, base[0] if rn else base, want[0] if rn else want, dt, f"{case.id} {name}")
+        want = outputs_of(composite(x_c.detach().cpu().double(), EPS, rn), rn)[0]
+        base = outputs_of(composite(x_c.detach(), EPS, rn), rn)[0]
+        assert_close(results[1][0], base, want, dt, f"{case.id} {name}")
 
 
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
@@ -233,24 +174,14 @@ def test_expanded_gradient_from_sum_backward(backend_case, mode, fresh_normal, s
     case = backend_case
     dt, dev = case.dtype, case.device
     x = fresh_normal((17, 130), dt, dev, seed_of("expand", mode, str(dt)), mean=0.3, std=1.5)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with forced(case):
-        out1 = fusedops.rmsnorm_without_weight(x1, EPS, mode != "r")
-        o1 = out1 if mode == "r" else out1[0 if mode == "y" else 1]
-        o1.sum().backward()  # the gradient of sum() is an expanded (stride-0) tensor
-        out2 = fusedops.rmsnorm_without_weight(x2, EPS, mode != "r")
-        o2 = out2 if mode == "r" else out2[0 if mode == "y" else 1]
-        o2.backward(torch.ones(o2.shape, dtype=o2.dtype, device=dev))
-    _close_to(x1.grad, x2.grad, dt, f"{case.id} {mode} expanded vs contiguous ones")
-    x64 = x.cpu().double().requires_grad_()
-    o64 = composite(x64, EPS, mode != "r")
-    o64 = o64 if mode == "r" else o64[0 if mode == "y" else 1]
-    o64.sum().backward()
-    xb = x.clone().requires_grad_()
-    ob = composite(xb, EPS, mode != "r")
-    ob = ob if mode == "r" else ob[0 if mode == "y" else 1]
-    ob.sum().backward()
-    assert_close(x1.grad, xb.grad, x64.grad, dt, f"{case.id} {mode} dx from sum()")
+    rn = mode != "r"
+
+    def composite_of_mode(t):  # in float64 (the oracle) and in x's dtype (the base)
+        return picked(composite(t, EPS, rn), mode)
+
+    row_ops.check_expanded_gradient_from_sum_backward(
+        OP, case, x, lambda t: picked(fusedops.rmsnorm_without_weight(t, EPS, rn), mode),
+        composite_of_mode, composite_of_mode, dt, f"{case.id} {mode}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,23 +189,16 @@ def test_expanded_gradient_from_sum_backward(backend_case, mode, fresh_normal, s
 
 
 @pytest.mark.dtypes(torch.float32, torch.bfloat16)
-@pytest.mark.parametrize("shape", [(1024, 256), (2, 4097)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1024, 256), (2, 4097)], ids=shape_id)
 def test_repeated_runs_are_bitwise_identical(backend_case, shape, fresh_normal, seed_of):
     case = backend_case
     dt, dev = case.dtype, case.device
     seed = seed_of("det", shape, str(dt))
     x = fresh_normal(shape, dt, dev, seed, mean=0.3, std=1.5)
     g_y = fresh_normal(shape, dt, dev, seed + 1)
-    g_r = fresh_normal(shape[:-1] + (1,), torch.float32, dev, seed + 2)
-    runs = []
-    for _ in range(2):
-        xi = x.clone().requires_grad_()
-        with forced(case):
-            y, r = fusedops.rmsnorm_without_weight(xi, EPS, True)
-            dx = grads_of([y, r], xi, [g_y, g_r])
-        runs.append((y, r, dx))
-    for name, a, b in zip(("y", "rstd", "dx"), *runs):
-        assert bitwise_equal(a, b), f"{case.id}: {name} differs between two identical runs"
+    g_r = fresh_normal(shape[:-1] + (1,), torch.float32, dev, seed + 2)  # the loss uses y and rstd
+    row_ops.check_repeated_runs_are_bitwise_identical(
+        OP, case, x, lambda t: fusedops.rmsnorm_without_weight(t, EPS, True), [g_y, g_r])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,16 +298,13 @@ def test_forced_backend_of_another_device_says_so(device):
         fusedops.rmsnorm_without_weight(torch.randn(4, 8, device=device))
 
 
+def _y_of(x):
+    return fusedops.rmsnorm_without_weight(x, return_normalized=True)[0]
+
+
 def test_backward_runs_on_the_backend_forced_around_it(device, monkeypatch, runnable_backends):
-    # FUSEDOPS_BACKEND names a backend that does not exist, so a backward that misses the forcing of
-    # the use_backend block around it fails (on CUDA autograd runs the backward on its device
-    # thread, which does not see the caller's context variables by itself).
-    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
-    x = (torch.randn(4, 8, device=device) + 0.3).requires_grad_()
-    with fusedops.use_backend(**{OP: runnable_backends(OP, device)[0]}):
-        y = fusedops.rmsnorm_without_weight(x, return_normalized=True)[0]
-        y.sum().backward()
-    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    row_ops.check_backward_runs_on_the_backend_forced_around_it(OP, _y_of, device, monkeypatch,
+                                                                runnable_backends)
 
 
 def test_float64_on_cuda_says_no_backend_can_run_it(device):
@@ -394,22 +315,4 @@ def test_float64_on_cuda_says_no_backend_can_run_it(device):
 
 
 def test_backward_on_another_thread_keeps_the_forward_forcing(monkeypatch):
-    # What CUDA's autograd device thread does, on the CPU: the backward runs on a thread that never
-    # entered the use_backend block; it runs under the forcing its forward saw.
-    monkeypatch.setenv("FUSEDOPS_BACKEND", f"{OP}=nosuch")
-    x = (torch.randn(4, 8) + 0.3).requires_grad_()
-    with fusedops.use_backend(**{OP: "cpu"}):
-        y = fusedops.rmsnorm_without_weight(x, return_normalized=True)[0]
-    errors = []
-
-    def run_backward():
-        try:
-            y.sum().backward()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    t = threading.Thread(target=run_backward)
-    t.start()
-    t.join()
-    assert not errors, f"backward on another thread lost the forcing: {errors[0]!r}"
-    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    row_ops.check_backward_on_another_thread_keeps_the_forward_forcing(OP, _y_of, monkeypatch)
