@@ -1,5 +1,6 @@
-// Test tensors that own host or device memory, random fills, NaN poisoning, and a list of the
-// backends a test can run on this machine.
+// Test tensors that own host or device memory, random fills, NaN poisoning, a list of the
+// backends a test can run on this machine and the dtypes each takes, a shape seen as rows, and the
+// precision policy's check of one output.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include "fusedops/fusedops.h"
 #include "src/core/half.h"
 #include "src/core/visit.h"
+#include "tests/common/tolerance.h"
 
 #ifdef FUSEDOPS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -173,6 +175,51 @@ inline bool backend_takes(const std::string& op, Direction dir, const std::strin
       for (DType d : info.spec.dtypes)
         if (d == dtype) return true;
   return false;
+}
+
+inline const std::vector<DType> kFloatDtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
+                                                DType::kFloat64};
+
+// The dtypes of `from` that backend b of (op, dir) takes, in that order.
+inline std::vector<DType> dtypes_taken(const std::string& op, Direction dir, const BackendCase& b,
+                                       const std::vector<DType>& from = kFloatDtypes) {
+  std::vector<DType> out;
+  for (DType d : from)
+    if (backend_takes(op, dir, b.id, d)) out.push_back(d);
+  return out;
+}
+
+// The dtype of the tensors kept in fp32 by convention (statistics, losses) for inputs of dtype x:
+// float64 for float64 inputs.
+inline DType fp32_or_f64(DType x) {
+  return x == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+}
+
+// A shape as rows of its last dimension D; lead_shape is the shape without it.
+struct Rows {
+  int64_t rows, D;
+};
+inline Rows rows_of(const std::vector<int64_t>& shape) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return {rows, shape.back()};
+}
+inline std::vector<int64_t> lead_shape(const std::vector<int64_t>& shape) {
+  return std::vector<int64_t>(shape.begin(), shape.end() - 1);
+}
+
+// Outputs filled with NaN (a kernel that leaves an element unwritten fails the comparison).
+template <class... T>
+void poison(T&... outputs) {
+  (outputs.fill_nan(), ...);
+}
+
+// The precision policy (tests/common/tolerance.h) on one output; `what` names it in a failure.
+inline void expect_policy(const std::string& what, const std::vector<double>& got,
+                          const std::vector<double>& base, const std::vector<double>& ref,
+                          DType dtype) {
+  const Verdict v = check_close(got, base, ref, dtype);
+  EXPECT_TRUE(v.pass) << what << ": " << v.describe();
 }
 
 inline std::string case_name(const std::string& backend, DType dtype, const std::vector<int64_t>& shape) {

@@ -4,7 +4,6 @@
 // that are not a multiple of the chunk, V = 32003, all rows ignored, per-sample alpha, large
 // logits; the backward rescaling; determinism; the error messages.
 #include <cmath>
-#include <limits>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -13,10 +12,13 @@
 #include "src/cpu/amx.h"
 #include "src/ops/cross_entropy/ce_common.h"
 #include "tests/common/tolerance.h"
+#include "tests/cpp/ops/cross_entropy_harness.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
 namespace {
+
+using namespace cross_entropy;
 
 constexpr const char* kOp = "chunk_loss";
 
@@ -32,53 +34,26 @@ Grads oracle(const std::vector<double>& h, const std::vector<double>& W, int64_t
              const CrossEntropyOptions& o, DType dtype) {
   auto rd = [&](double v) { return round_to(dtype, v); };
   auto rd32 = [&](double v) { return dtype == DType::kFloat64 ? v : round_to(DType::kFloat32, v); };
-  int64_t valid = 0;
-  for (int64_t i = 0; i < N; ++i) valid += y[i] != o.ignore_index;
-  const double mean_div = o.reduction == LossReduction::kMean ? std::max<int64_t>(valid, 1) : 1.0;
-  const double eps = o.label_smoothing, lambda = o.lse_square_scale;
-  const bool capped = o.logit_softcapping.has_value();
-  const double cap = capped ? *o.logit_softcapping : 1.0;
+  const double mean_div = mean_divisor(y, o);
   Grads g;
   g.dh.assign(N * H, 0.0);
   g.dw.assign(V * H, 0.0);
   g.dlw.assign(N, 0.0);
   double loss = 0, zl = 0;
-  std::vector<double> z(V), t(V), gz(V);
+  std::vector<double> x(V), gz(V);
   for (int64_t i = 0; i < N; ++i) {
     if (y[i] == o.ignore_index) continue;
     const double inv = 1.0 / (mean_div * alpha_row[i]);
-    double m = -std::numeric_limits<double>::infinity(), sz = 0;
-    for (int64_t v = 0; v < V; ++v) {
+    for (int64_t v = 0; v < V; ++v) {  // the row's logits
       double s = 0;
       for (int64_t k = 0; k < H; ++k) s = rd32(s + h[i * H + k] * W[v * H + k]);
-      z[v] = rd(o.logit_scale * rd(s));
-      t[v] = 0;
-      if (capped) {
-        t[v] = rd(std::tanh(rd(z[v] / cap)));
-        z[v] = rd(cap * t[v]);
-      }
-      m = std::max(m, z[v]);
-      sz += z[v];
+      x[v] = rd(s);
     }
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += rd(std::exp(rd(z[v] - m)));
-    const double lse = rd(m + rd(std::log(s)));
-    const bool in_range = y[i] >= 0 && y[i] < V;
-    const double zy = in_range ? z[y[i]] : std::nan("");
-    const double rz = rd(lambda * rd(lse * lse));
-    const double li = rd(rd(rd((1 - eps) * rd(lse - zy)) + rd(eps * rd(lse - rd(sz / V)))) + rz);
     const double wi = w ? (*w)[i] : 1.0;
-    loss += wi * inv * li;
-    zl += inv * rz;
-    g.dlw[i] = rd(li * inv);
-    const double c = wi * inv;
-    for (int64_t v = 0; v < V; ++v) {
-      const double p = rd(std::exp(rd(z[v] - lse)));
-      double dz = rd(rd((1 + 2 * lambda * lse) * p) - rd(eps / V));
-      if (in_range && v == y[i]) dz = rd(dz - (1 - eps));
-      dz = rd(c * dz);
-      gz[v] = rd(o.logit_scale * (capped ? rd(dz * rd(1 - t[v] * t[v])) : dz));
-    }
+    const RowLoss r = row_cross_entropy(x.data(), V, y[i], o, wi * inv, dtype, gz.data());
+    loss += wi * inv * r.loss;
+    zl += inv * r.z_loss;
+    g.dlw[i] = rd(r.loss * inv);
     for (int64_t v = 0; v < V; ++v)
       for (int64_t k = 0; k < H; ++k) {
         g.dh[i * H + k] = rd32(g.dh[i * H + k] + gz[v] * W[v * H + k]);
@@ -134,22 +109,9 @@ struct Outcome {
   std::vector<uint8_t> dh_bytes, dw_bytes, loss_bytes;
 };
 
+// The dtypes b takes (those of the forward, in the backward's test too).
 std::vector<DType> dtypes_of(const BackendCase& b) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, Direction::kForward, b.id, d)) out.push_back(d);
-  return out;
-}
-
-TestTensor labels_tensor(const std::vector<int64_t>& y, std::vector<int64_t> shape, bool int64, Device dev) {
-  TestTensor host(int64 ? DType::kInt64 : DType::kInt32, std::move(shape));
-  for (size_t i = 0; i < y.size(); ++i) {
-    if (int64)
-      static_cast<int64_t*>(host.data())[i] = y[i];
-    else
-      static_cast<int32_t*>(host.data())[i] = static_cast<int32_t>(y[i]);
-  }
-  return host.to(dev);
+  return dtypes_taken(kOp, Direction::kForward, b);
 }
 
 // One forward on backend b. accumulate: grad_weight is an fp32 buffer holding `acc0` first.
@@ -157,20 +119,14 @@ TestTensor labels_tensor(const std::vector<int64_t>& y, std::vector<int64_t> sha
 Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, bool accumulate = false,
         double spread = 1.0, bool labels64 = true, int64_t chunk_override = -1, int64_t memory_budget = 0,
         bool grads = true) {
-  const int64_t H = c.hidden_shape.back(), V = c.V;
-  int64_t N = 1;
-  for (size_t d = 0; d + 1 < c.hidden_shape.size(); ++d) N *= c.hidden_shape[d];
-  std::vector<int64_t> lead(c.hidden_shape.begin(), c.hidden_shape.end() - 1);
-  const DType od = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  const int64_t N = rows_of(c.hidden_shape).rows, H = c.hidden_shape.back(), V = c.V;
+  const std::vector<int64_t> lead = lead_shape(c.hidden_shape);
+  const DType od = fp32_or_f64(dtype);
   TestTensor hidden(dtype, c.hidden_shape, b.device), weight(dtype, {V, H}, b.device);
   const auto hv = hidden.fill_normal(seed, 0.0, spread);
   const auto wv = weight.fill_normal(seed + 1, 0.0, 1.0 / std::sqrt(static_cast<double>(H)));
   std::mt19937_64 gen(seed + 2);
-  std::vector<int64_t> y(N);
-  for (int64_t i = 0; i < N; ++i) {
-    y[i] = static_cast<int64_t>(gen() % static_cast<uint64_t>(V));
-    if (c.ignore_every && i % c.ignore_every == 0) y[i] = c.o.ignore_index;
-  }
+  const std::vector<int64_t> y = draw_labels(gen, N, V, c.ignore_every, c.o.ignore_index);
   const TestTensor labels = labels_tensor(y, lead, labels64, b.device);
   TestTensor lw(DType::kFloat32, lead, b.device);
   std::vector<double> wv0(N);
@@ -186,12 +142,9 @@ Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, boo
     for (int64_t i = 0; i < N; ++i) alpha_row[i] = av_stored[i / c.hidden_shape[1]];
 
   TestTensor loss(od, {}, b.device), z(od, {}, b.device), dh(dtype, c.hidden_shape, b.device);
-  TestTensor dw(accumulate ? (dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32) : dtype, {V, H}, b.device);
+  TestTensor dw(accumulate ? fp32_or_f64(dtype) : dtype, {V, H}, b.device);
   TestTensor dlw(od, lead, b.device);
-  loss.fill_nan();
-  z.fill_nan();
-  dh.fill_nan();
-  dlw.fill_nan();
+  poison(loss, z, dh, dlw);
   std::vector<double> acc0;
   if (accumulate)
     acc0 = dw.fill_normal(seed + 3);
@@ -217,9 +170,8 @@ Outcome run(const BackendCase& b, DType dtype, const Case& c, uint64_t seed, boo
   a.memory_budget = memory_budget;
   a.options = c.o;
   const Context ctx = b.ctx();
-  const size_t wsb = chunk_loss_workspace_size(ctx, a);
-  TestTensor ws(DType::kUInt8, {static_cast<int64_t>(std::max<size_t>(wsb, 1))}, b.device);
-  if (wsb) a.workspace = ws.view();
+  const Workspace ws = workspace(chunk_loss_workspace_size(ctx, a), b.device);
+  a.workspace = ws.view();
   chunk_loss_fwd(ctx, a);
 
   Outcome r;
@@ -249,8 +201,7 @@ void expect_matches(const Outcome& r, DType dtype, const std::string& what, bool
       {"grad_weight", &Grads::dw}, {"grad_loss_weight", &Grads::dlw}};
   for (const auto& [name, field] : fields) {
     if (!grads && field != &Grads::loss && field != &Grads::z_loss) continue;
-    const Verdict v = check_close(r.got.*field, r.base.*field, r.ref.*field, dtype);
-    EXPECT_TRUE(v.pass) << what << " " << name << ": " << v.describe();
+    expect_policy(what + " " + name, r.got.*field, r.base.*field, r.ref.*field, dtype);
   }
 }
 
@@ -522,30 +473,19 @@ TEST(ChunkLoss, BackwardRescalesTheSavedGradients) {
       for (double gval : {1.0, -0.75}) {
         for (bool in_place : {false, true}) {
           SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " g " + std::to_string(gval) + (in_place ? " in place" : ""));
-          const DType od = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+          const DType od = fp32_or_f64(dtype);
           TestTensor g(od, {}, b.device), sh(dtype, {3, 5, 24}, b.device), sw(dtype, {41, 24}, b.device);
           TestTensor slw(od, {3, 5}, b.device), oh(dtype, {3, 5, 24}, b.device), ow(dtype, {41, 24}, b.device);
           TestTensor olw(od, {3, 5}, b.device);
           const auto gv = g.set({gval});
           const auto shv = sh.fill_normal(1), swv = sw.fill_normal(2), slwv = slw.fill_normal(3);
-          oh.fill_nan();
-          ow.fill_nan();
-          olw.fill_nan();
+          poison(oh, ow, olw);
           ChunkLossBwdArgs a{g.view(), sh.view(), in_place ? sh.view() : oh.view(), sw.view(),
                              in_place ? sw.view() : ow.view(), slw.view(), in_place ? slw.view() : olw.view()};
           chunk_loss_bwd(b.ctx(), a);
-          auto check = [&](const TestTensor& out, const std::vector<double>& saved, DType dt, const char* name) {
-            std::vector<double> ref(saved.size()), base(saved.size());
-            for (size_t i = 0; i < saved.size(); ++i) {
-              ref[i] = gv[0] * saved[i];
-              base[i] = round_to(dt, ref[i]);
-            }
-            const Verdict v = check_close(out.to_double(), base, ref, dt);
-            EXPECT_TRUE(v.pass) << name << ": " << v.describe();
-          };
-          check(in_place ? sh : oh, shv, dtype, "grad_hidden");
-          check(in_place ? sw : ow, swv, dtype, "grad_weight");
-          check(in_place ? slw : olw, slwv, od, "grad_loss_weight");
+          expect_rescaled("grad_hidden", (in_place ? sh : oh).to_double(), shv, gv, 1, dtype);
+          expect_rescaled("grad_weight", (in_place ? sw : ow).to_double(), swv, gv, 1, dtype);
+          expect_rescaled("grad_loss_weight", (in_place ? slw : olw).to_double(), slwv, gv, 1, od);
         }
       }
     }

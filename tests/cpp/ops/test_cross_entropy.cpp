@@ -5,13 +5,15 @@
 // and the error messages.
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "tests/common/tolerance.h"
+#include "tests/cpp/ops/cross_entropy_harness.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
 namespace {
+
+using namespace cross_entropy;
 
 constexpr const char* kOp = "fused_cross_entropy_loss";
 
@@ -25,45 +27,17 @@ Outputs oracle(const std::vector<double>& x, int64_t N, int64_t V, const std::ve
                const std::vector<double>* w, const CrossEntropyOptions& o, DType dtype) {
   auto rd = [&](double v) { return round_to(dtype, v); };
   const bool none = o.reduction == LossReduction::kNone;
-  int64_t valid = 0;
-  for (int64_t i = 0; i < N; ++i) valid += y[i] != o.ignore_index;
-  const double norm = o.reduction == LossReduction::kMean ? std::max<int64_t>(valid, 1) : 1.0;
-  const double eps = o.label_smoothing, lambda = o.lse_square_scale;
-  const bool capped = o.logit_softcapping.has_value();
-  const double cap = capped ? *o.logit_softcapping : 1.0;
+  const double norm = mean_divisor(y, o);
   Outputs out;
   out.grad.assign(N * V, 0.0);
   out.grad_lw.assign(N, 0.0);
   std::vector<double> row_loss(N, 0.0), row_z(N, 0.0);
   for (int64_t i = 0; i < N; ++i) {
     if (y[i] == o.ignore_index) continue;
-    std::vector<double> z(V), t(V, 0.0);
-    double m = -std::numeric_limits<double>::infinity(), sz = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      z[v] = rd(o.logit_scale * x[i * V + v]);
-      if (capped) {
-        t[v] = rd(std::tanh(rd(z[v] / cap)));
-        z[v] = rd(cap * t[v]);
-      }
-      m = std::max(m, z[v]);
-      sz += z[v];
-    }
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += rd(std::exp(rd(z[v] - m)));
-    const double lse = rd(m + rd(std::log(s)));
-    const bool in_range = y[i] >= 0 && y[i] < V;
-    const double zy = in_range ? z[y[i]] : std::nan("");
-    const double ce = rd(rd((1 - eps) * rd(lse - zy)) + rd(eps * rd(lse - rd(sz / V))));
-    row_z[i] = rd(lambda * rd(lse * lse));
-    row_loss[i] = rd(ce + row_z[i]);
     const double c = (w ? (*w)[i] : 1.0) / norm;
-    for (int64_t v = 0; v < V; ++v) {
-      const double p = rd(std::exp(rd(z[v] - lse)));
-      double dz = rd(rd((1 + 2 * lambda * lse) * p) - rd(eps / V));
-      if (in_range && v == y[i]) dz = rd(dz - (1 - eps));
-      dz = rd(c * dz);
-      out.grad[i * V + v] = rd(o.logit_scale * (capped ? rd(dz * rd(1 - t[v] * t[v])) : dz));
-    }
+    const RowLoss r = row_cross_entropy(&x[i * V], V, y[i], o, c, dtype, &out.grad[i * V]);
+    row_loss[i] = r.loss;
+    row_z[i] = r.z_loss;
     out.grad_lw[i] = rd(row_loss[i] / norm);
   }
   if (none) {
@@ -126,15 +100,6 @@ std::vector<Options> option_sets() {
   return out;
 }
 
-std::vector<DType> dtypes_of(const BackendCase& b, Direction dir) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, dir, b.id, d)) out.push_back(d);
-  return out;
-}
-
-DType out_dtype(DType x) { return x == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
-
 struct Problem {
   int64_t N, V;
   std::vector<double> x, w;
@@ -149,11 +114,7 @@ Problem make_problem(int64_t N, int64_t V, const Options& opt, uint64_t seed, do
   for (auto& v : p.x) v = nd(gen);
   p.w.resize(N);
   for (auto& v : p.w) v = 0.5 + std::abs(nd(gen)) / spread;
-  p.y.resize(N);
-  for (int64_t i = 0; i < N; ++i) {
-    p.y[i] = static_cast<int64_t>(gen() % static_cast<uint64_t>(V));
-    if (opt.ignore_every && i % opt.ignore_every == 0) p.y[i] = opt.o.ignore_index;
-  }
+  p.y = draw_labels(gen, N, V, opt.ignore_every, opt.o.ignore_index);
   return p;
 }
 
@@ -174,29 +135,17 @@ Outcome run_forward(const BackendCase& b, DType dtype, const Problem& p, const O
     for (int64_t v = 0; v < V; ++v) xs[i * stride + v] = p.x[i * V + v];
   const auto xstored = xbuf.set(xs);
   TensorView x = xbuf.strided_view({N, V}, {stride, 1});
-  // TestTensor::set takes floating values only: write the integer labels directly.
-  TestTensor host_labels(labels64 ? DType::kInt64 : DType::kInt32, {N});
-  for (int64_t i = 0; i < N; ++i) {
-    if (labels64)
-      static_cast<int64_t*>(host_labels.data())[i] = p.y[i];
-    else
-      static_cast<int32_t*>(host_labels.data())[i] = static_cast<int32_t>(p.y[i]);
-  }
-  const TestTensor labels = host_labels.to(b.device);
+  const TestTensor labels = labels_tensor(p.y, {N}, labels64, b.device);
   TestTensor w(DType::kFloat32, {N}, b.device);
   const auto wstored = w.set(p.w);
-  const DType od = out_dtype(dtype);
+  const DType od = fp32_or_f64(dtype);
   TestTensor loss(od, none ? std::vector<int64_t>{N} : std::vector<int64_t>{}, b.device);
   TestTensor z(od, none ? std::vector<int64_t>{N} : std::vector<int64_t>{}, b.device);
   TestTensor grad(dtype, {N, V}, b.device), glw(od, {N}, b.device);
-  loss.fill_nan();
-  z.fill_nan();
-  grad.fill_nan();
-  glw.fill_nan();
+  poison(loss, z, grad, glw);
   Context ctx = b.ctx();
   ctx.validate = validate;
-  const size_t wsb = cross_entropy_workspace_size(ctx, N, V);
-  TestTensor ws(DType::kUInt8, {static_cast<int64_t>(std::max<size_t>(wsb, 1))}, b.device);
+  const Workspace ws = workspace(cross_entropy_workspace_size(ctx, N, V), b.device);
   CrossEntropyFwdArgs a;
   a.logits = x;
   a.labels = labels.view();
@@ -205,7 +154,7 @@ Outcome run_forward(const BackendCase& b, DType dtype, const Problem& p, const O
   a.z_loss = z.view();
   a.grad_logits = in_place ? x : grad.view();
   a.grad_loss_weight = glw.view();
-  a.workspace = wsb ? ws.view() : TensorView();
+  a.workspace = ws.view();
   a.options = opt.o;
   fused_cross_entropy_loss_fwd(ctx, a);
   Outcome r;
@@ -237,10 +186,8 @@ void expect_matches(const Outcome& r, const Problem& p, const Options& opt, DTyp
   const std::pair<const char*, std::vector<double> Outputs::*> fields[] = {
       {"loss", &Outputs::loss}, {"z_loss", &Outputs::z_loss}, {"grad_logits", &Outputs::grad},
       {"grad_loss_weight", &Outputs::grad_lw}};
-  for (const auto& [name, field] : fields) {
-    const Verdict v = check_close(r.out.*field, base.*field, ref.*field, dtype);
-    EXPECT_TRUE(v.pass) << what << " " << name << ": " << v.describe();
-  }
+  for (const auto& [name, field] : fields)
+    expect_policy(what + " " + name, r.out.*field, base.*field, ref.*field, dtype);
 }
 
 struct Shape {
@@ -259,7 +206,7 @@ TEST(FusedCrossEntropyLoss, ForwardAndGradientsMatchFloat64OnEveryBackend) {
   int checked = 0;
   const auto sets = option_sets();
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (DType dtype : dtypes_of(b, Direction::kForward)) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kForward, b)) {
       for (const auto& s : kShapes) {
         for (size_t k = 0; k < sets.size(); ++k) {
           if (!s.all_options && k != 0 && k != 5) continue;
@@ -339,7 +286,7 @@ TEST(FusedCrossEntropyLoss, LabelsAtTheEdgesOfARowMatchFloat64) {
 TEST(FusedCrossEntropyLoss, LargeLogitsAndSoftcapStayFinite) {
   const auto sets = option_sets();
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (DType dtype : dtypes_of(b, Direction::kForward)) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kForward, b)) {
       for (int k : {0, 4, 5, 7}) {
         const Options& opt = sets[k];
         SCOPED_TRACE(b.id + "/" + dtype_name(dtype) + " " + opt.name);
@@ -411,7 +358,7 @@ TEST(FusedCrossEntropyLoss, OutOfRangeLabelRaisesOnTheCpuAndIsNaNAndReportedOnCu
 // Backward: grad = g * saved (scalar g, or one factor per row for "none"), in place or not.
 TEST(FusedCrossEntropyLoss, BackwardRescalesTheSavedGradients) {
   for (const auto& b : runnable_backends(kOp, Direction::kBackward)) {
-    for (DType dtype : dtypes_of(b, Direction::kBackward)) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kBackward, b)) {
       for (const auto& [N, V] : {std::pair<int64_t, int64_t>{7, 33}, {3, 4096}, {2, 1001}}) {
         for (LossReduction red : {LossReduction::kMean, LossReduction::kNone}) {
           for (double scalar : {1.0, 0.37}) {
@@ -419,7 +366,7 @@ TEST(FusedCrossEntropyLoss, BackwardRescalesTheSavedGradients) {
               SCOPED_TRACE(case_name(b.id, dtype, {N, V}) + " " + loss_reduction_name(red) + " g " +
                            std::to_string(scalar) + (in_place ? " in place" : ""));
               const bool none = red == LossReduction::kNone;
-              const DType od = out_dtype(dtype);
+              const DType od = fp32_or_f64(dtype);
               TestTensor saved(dtype, {N, V}, b.device), out(dtype, {N, V}, b.device);
               TestTensor saved_lw(od, {N}, b.device), out_lw(DType::kBFloat16, {N}, b.device);
               TestTensor g(od, none ? std::vector<int64_t>{N} : std::vector<int64_t>{}, b.device);
@@ -427,26 +374,14 @@ TEST(FusedCrossEntropyLoss, BackwardRescalesTheSavedGradients) {
               const auto slw = saved_lw.fill_normal(5);
               std::vector<double> gv(none ? N : 1, scalar);
               gv = (none && scalar != 1.0) ? g.fill_normal(6) : g.set(gv);
-              out.fill_nan();
-              out_lw.fill_nan();
+              poison(out, out_lw);
               CrossEntropyBwdArgs a{g.view(), saved.view(), in_place ? saved.view() : out.view(),
                                     saved_lw.view(), out_lw.view(), red};
               fused_cross_entropy_loss_bwd(b.ctx(), a);
               const auto got = in_place ? saved.to_double() : out.to_double();
-              std::vector<double> ref(N * V), base(N * V), ref_lw(N), base_lw(N);
-              for (int64_t i = 0; i < N; ++i) {
-                const double f = gv[none ? i : 0];
-                for (int64_t v = 0; v < V; ++v) {
-                  ref[i * V + v] = f * sv[i * V + v];
-                  base[i * V + v] = round_to(dtype, ref[i * V + v]);
-                }
-                ref_lw[i] = f * slw[i];
-                base_lw[i] = round_to(DType::kBFloat16, ref_lw[i]);
-              }
-              Verdict v = check_close(got, base, ref, dtype);
-              EXPECT_TRUE(v.pass) << "grad_logits: " << v.describe();
-              Verdict vw = check_close(out_lw.to_double(), base_lw, ref_lw, DType::kBFloat16);
-              EXPECT_TRUE(vw.pass) << "grad_loss_weight: " << vw.describe();
+              // g: one factor, or one per row for "none".
+              expect_rescaled("grad_logits", got, sv, gv, V, dtype);
+              expect_rescaled("grad_loss_weight", out_lw.to_double(), slw, gv, 1, DType::kBFloat16);
             }
           }
         }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tests/common/tolerance.h"
+#include "tests/cpp/ops/row_norm_harness.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
@@ -15,28 +16,12 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {1, 1}, {1, 7}, {3, 129}, {2, 4097}, {257, 64}, {4, 3, 128}, {5}, {2048, 128}, {2, 40000},
     {0, 16}, {4, 0}};
 
-struct Rows {
-  int64_t rows, D;
-};
-Rows rows_of(const std::vector<int64_t>& shape) {
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-  return {rows, shape.back()};
-}
-
 // The plain composite x * rsqrt(sum(x*x) + eps) with intermediates rounded to `dtype` and the
 // output to `out_dtype` (float64 for both gives the oracle).
 void forward_math(const std::vector<double>& x, Rows s, DType dtype, DType out_dtype,
                   std::vector<double>& y, std::vector<double>& rstd) {
-  auto rd = [&](double v) { return round_to(dtype, v); };
-  y.assign(x.size(), 0);
-  rstd.assign(s.rows, 0);
-  for (int64_t r = 0; r < s.rows; ++r) {
-    double ss = 0;
-    for (int64_t d = 0; d < s.D; ++d) ss += rd(x[r * s.D + d] * x[r * s.D + d]);
-    rstd[r] = rd(1.0 / std::sqrt(rd(rd(ss) + kEps)));
-    for (int64_t d = 0; d < s.D; ++d) y[r * s.D + d] = round_to(out_dtype, rd(x[r * s.D + d] * rstd[r]));
-  }
+  const auto sum = [&](double ss) { return round_to(dtype, ss); };
+  row_norm::forward(x, s, kEps, dtype, out_dtype, sum, y, rstd);
 }
 
 // dx = rstd * (dy - y * sum(dy*y)) from y (as stored), rounded to `dtype`.
@@ -54,24 +39,19 @@ std::vector<double> backward_math(const std::vector<double>& y, const std::vecto
   return dx;
 }
 
-const DType kFloatTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
-
 TEST(L2Norm, ForwardMatchesFloat64OnEveryBackendAndOutputDtype) {
   int checked = 0;
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (DType dtype : kFloatTypes) {
-      if (!backend_takes(kOp, Direction::kForward, b.id, dtype)) continue;
-      for (DType out : kFloatTypes) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kForward, b)) {
+      for (DType out : kFloatDtypes) {
         if (out == DType::kFloat64 && b.id != "ref") continue;
         for (const auto& shape : kShapes) {
           SCOPED_TRACE(case_name(b.id, dtype, shape) + " -> " + dtype_name(out));
           const Rows s = rows_of(shape);
-          std::vector<int64_t> lead(shape.begin(), shape.end() - 1);
           TestTensor x(dtype, shape, b.device), y(out, shape, b.device);
-          TestTensor rstd(dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, lead, b.device);
+          TestTensor rstd(fp32_or_f64(dtype), lead_shape(shape), b.device);
           const auto xv = x.fill_normal(31 + checked, 0.1, 2.0);
-          y.fill_nan();
-          rstd.fill_nan();
+          poison(y, rstd);
           l2norm_fwd(b.ctx(), {x.view(), y.view(), rstd.view(), kEps});
           std::vector<double> y64, r64, yb, rb;
           forward_math(xv, s, DType::kFloat64, DType::kFloat64, y64, r64);
@@ -79,10 +59,8 @@ TEST(L2Norm, ForwardMatchesFloat64OnEveryBackendAndOutputDtype) {
           // comes from the coarser of the two.
           forward_math(xv, s, dtype, out, yb, rb);
           const DType coarse = floor_for(out) > floor_for(dtype) ? out : dtype;
-          Verdict vy = check_close(y.to_double(), yb, y64, coarse);
-          EXPECT_TRUE(vy.pass) << "y: " << vy.describe();
-          Verdict vr = check_close(rstd.to_double(), rb, r64, dtype);
-          EXPECT_TRUE(vr.pass) << "rstd: " << vr.describe();
+          expect_policy("y", y.to_double(), yb, y64, coarse);
+          expect_policy("rstd", rstd.to_double(), rb, r64, dtype);
           ++checked;
         }
       }
@@ -94,19 +72,17 @@ TEST(L2Norm, ForwardMatchesFloat64OnEveryBackendAndOutputDtype) {
 TEST(L2Norm, BackwardMatchesFloat64OnEveryBackend) {
   int checked = 0;
   for (const auto& b : runnable_backends(kOp, Direction::kBackward)) {
-    for (DType dtype : kFloatTypes) {  // dtype of x and dx
-      if (!backend_takes(kOp, Direction::kBackward, b.id, dtype)) continue;
+    for (DType dtype : dtypes_taken(kOp, Direction::kBackward, b)) {  // dtype of x and dx
       for (DType out : {dtype, DType::kFloat32}) {  // dtype of y and dy
         for (const auto& shape : kShapes) {
           SCOPED_TRACE(case_name(b.id, dtype, shape) + " y " + dtype_name(out));
           const Rows s = rows_of(shape);
-          std::vector<int64_t> lead(shape.begin(), shape.end() - 1);
           TestTensor x(DType::kFloat64, shape);
           const auto xv = x.fill_normal(41 + checked, 0.0, 1.7);
           std::vector<double> y64, r64;
           forward_math(xv, s, DType::kFloat64, DType::kFloat64, y64, r64);
           TestTensor y(out, shape, b.device), dy(out, shape, b.device), dx(dtype, shape, b.device);
-          TestTensor rstd(dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, lead, b.device);
+          TestTensor rstd(fp32_or_f64(dtype), lead_shape(shape), b.device);
           const auto ys = y.set(y64);  // the saved output, rounded to its dtype
           const auto rs = rstd.set(r64);
           const auto dyv = dy.fill_normal(51 + checked);
@@ -114,9 +90,9 @@ TEST(L2Norm, BackwardMatchesFloat64OnEveryBackend) {
           l2norm_bwd(b.ctx(), {y.view(), rstd.view(), dy.view(), dx.view()});
           // Oracle: exact gradient from the exact y; base: the formula on the stored y in dtype.
           const auto ref = backward_math(y64, dyv, r64, s, DType::kFloat64);
-          const auto base = backward_math(ys, dyv, rs, s, floor_for(out) > floor_for(dtype) ? out : dtype);
-          Verdict v = check_close(dx.to_double(), base, ref, floor_for(out) > floor_for(dtype) ? out : dtype);
-          EXPECT_TRUE(v.pass) << "dx: " << v.describe();
+          const DType coarse = floor_for(out) > floor_for(dtype) ? out : dtype;
+          const auto base = backward_math(ys, dyv, rs, s, coarse);
+          expect_policy("dx", dx.to_double(), base, ref, coarse);
           ++checked;
         }
       }

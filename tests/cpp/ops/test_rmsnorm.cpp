@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tests/common/tolerance.h"
+#include "tests/cpp/ops/row_norm_harness.h"
 #include "tests/cpp/test_util.h"
 
 namespace fusedops::testing {
@@ -16,29 +17,14 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {1, 1}, {1, 7}, {3, 129}, {2, 4097}, {257, 64}, {5, 3, 128}, {7}, {1024, 256}, {2, 40000},
     {0, 16}, {4, 0}};
 
-struct Rows {
-  int64_t rows, D;
-};
-Rows rows_of(const std::vector<int64_t>& shape) {
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-  return {rows, shape.back()};
-}
-
 // y and rstd in float64 when dtype is kFloat64; otherwise every intermediate is rounded to dtype
 // (the plain composite x * rsqrt(mean(x*x) + eps) in the input dtype).
 void forward_math(const std::vector<double>& x, Rows s, DType dtype, std::vector<double>& y,
                   std::vector<double>& rstd) {
-  auto rd = [&](double v) { return round_to(dtype, v); };
-  y.assign(x.size(), 0);
-  rstd.assign(s.rows, 0);
-  for (int64_t r = 0; r < s.rows; ++r) {
-    double ss = 0;
-    for (int64_t d = 0; d < s.D; ++d) ss += rd(x[r * s.D + d] * x[r * s.D + d]);
-    const double mean = s.D > 0 ? rd(ss / static_cast<double>(s.D)) : 0.0;
-    rstd[r] = rd(1.0 / std::sqrt(rd(mean + kEps)));
-    for (int64_t d = 0; d < s.D; ++d) y[r * s.D + d] = rd(x[r * s.D + d] * rstd[r]);
-  }
+  const auto mean = [&](double ss) {
+    return s.D > 0 ? round_to(dtype, ss / static_cast<double>(s.D)) : 0.0;
+  };
+  row_norm::forward(x, s, kEps, dtype, dtype, mean, y, rstd);
 }
 
 // dx = rstd*dy - rstd^3 * x * (sum(dy*x) + g) / D, rounded like forward_math.
@@ -59,41 +45,27 @@ std::vector<double> backward_math(const std::vector<double>& x, const std::vecto
   return dx;
 }
 
-std::vector<DType> dtypes_of(const BackendCase& b, Direction dir) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, dir, b.id, d)) out.push_back(d);
-  return out;
-}
-
-DType rstd_dtype(DType x) { return x == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
-
 TEST(RmsNormWithoutWeight, ForwardMatchesFloat64OnEveryBackend) {
   int checked = 0;
   for (const auto& b : runnable_backends(kOp, Direction::kForward)) {
-    for (DType dtype : dtypes_of(b, Direction::kForward)) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kForward, b)) {
       for (const auto& shape : kShapes) {
         for (bool with_y : {true, false}) {
           SCOPED_TRACE(case_name(b.id, dtype, shape) + (with_y ? " y+rstd" : " rstd only"));
           const Rows s = rows_of(shape);
           TestTensor x(dtype, shape, b.device);
           const auto xv = x.fill_normal(17 + checked, 0.3, 1.5);
-          std::vector<int64_t> lead(shape.begin(), shape.end() - 1);
-          TestTensor y(dtype, shape, b.device), rstd(rstd_dtype(dtype), lead, b.device);
-          y.fill_nan();
-          rstd.fill_nan();
+          TestTensor y(dtype, shape, b.device);
+          TestTensor rstd(fp32_or_f64(dtype), lead_shape(shape), b.device);
+          poison(y, rstd);
           RmsNormWithoutWeightFwdArgs args{x.view(), with_y ? y.view() : TensorView(), rstd.view(), kEps};
           rmsnorm_without_weight_fwd(b.ctx(), args);
 
           std::vector<double> y64, r64, yb, rb;
           forward_math(xv, s, DType::kFloat64, y64, r64);
           forward_math(xv, s, dtype, yb, rb);
-          Verdict vr = check_close(rstd.to_double(), rb, r64, dtype);
-          EXPECT_TRUE(vr.pass) << "rstd: " << vr.describe();
-          if (with_y) {
-            Verdict vy = check_close(y.to_double(), yb, y64, dtype);
-            EXPECT_TRUE(vy.pass) << "y: " << vy.describe();
-          }
+          expect_policy("rstd", rstd.to_double(), rb, r64, dtype);
+          if (with_y) expect_policy("y", y.to_double(), yb, y64, dtype);
           ++checked;
         }
       }
@@ -105,14 +77,15 @@ TEST(RmsNormWithoutWeight, ForwardMatchesFloat64OnEveryBackend) {
 TEST(RmsNormWithoutWeight, BackwardMatchesFloat64OnEveryBackend) {
   int checked = 0;
   for (const auto& b : runnable_backends(kOp, Direction::kBackward)) {
-    for (DType dtype : dtypes_of(b, Direction::kBackward)) {
+    for (DType dtype : dtypes_taken(kOp, Direction::kBackward, b)) {
       for (const auto& shape : kShapes) {
         for (int mode = 0; mode < 3; ++mode) {  // 0: dy, 1: drstd, 2: both
           SCOPED_TRACE(case_name(b.id, dtype, shape) + " mode " + std::to_string(mode));
           const Rows s = rows_of(shape);
-          std::vector<int64_t> lead(shape.begin(), shape.end() - 1);
+          const std::vector<int64_t> lead = lead_shape(shape);
           TestTensor x(dtype, shape, b.device), dy(dtype, shape, b.device), dx(dtype, shape, b.device);
-          TestTensor rstd(rstd_dtype(dtype), lead, b.device), drstd(rstd_dtype(dtype), lead, b.device);
+          TestTensor rstd(fp32_or_f64(dtype), lead, b.device);
+          TestTensor drstd(fp32_or_f64(dtype), lead, b.device);
           const auto xv = x.fill_normal(100 + checked, -0.2, 1.3);
           const auto dyv = dy.fill_normal(200 + checked);
           const auto drv = drstd.fill_normal(300 + checked);
@@ -127,8 +100,7 @@ TEST(RmsNormWithoutWeight, BackwardMatchesFloat64OnEveryBackend) {
           const auto ref = backward_math(xv, use_dy ? &dyv : nullptr, use_dr ? &drv : nullptr, s,
                                          DType::kFloat64);
           const auto base = backward_math(xv, use_dy ? &dyv : nullptr, use_dr ? &drv : nullptr, s, dtype);
-          Verdict v = check_close(dx.to_double(), base, ref, dtype);
-          EXPECT_TRUE(v.pass) << "dx: " << v.describe();
+          expect_policy("dx", dx.to_double(), base, ref, dtype);
           ++checked;
         }
       }
@@ -158,8 +130,7 @@ TEST(RmsNormWithoutWeight, StridedRowsAndRepeatedRunsAreBitwiseEqual) {
       std::vector<double> y64, r64, yb, rb;
       forward_math(xv, {rows, D}, DType::kFloat64, y64, r64);
       forward_math(xv, {rows, D}, dtype, yb, rb);
-      Verdict v = check_close(y1.to_double(), yb, y64, dtype);
-      EXPECT_TRUE(v.pass) << v.describe();
+      expect_policy("y", y1.to_double(), yb, y64, dtype);
 
       TestTensor dy(dtype, {rows, D}, b.device), dx1(dtype, {rows, D}, b.device), dx2(dtype, {rows, D}, b.device);
       dy.fill_normal(6);
