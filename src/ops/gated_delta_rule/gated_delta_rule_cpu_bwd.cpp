@@ -59,16 +59,15 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
       },
       [&](Scratch& s, const Chunk& c, int64_t h) {
         const int64_t n = c.len;
-        std::vector<double> dGd, dBd, gd;
-        dGd.assign(n, 0.0);
-        dBd.assign(n, 0.0);
+        double* gd = gate_buffer(n, 0);
+        double* dGd = gate_buffer(n, 1);  // per value head: set, then accumulated
+        double* dBd = gate_buffer(n, 2);
         const Rows kr = view_rows(k, c, h, s.get(0, n * K));
         float* Dm = s.get(2, n * n);
         float* dKs = s.get(3, n * K);
         std::fill(dKs, dKs + n * K, 0.0f);
         float* Am = s.get(4, n * n);
         float* bt = s.get(6, n);
-        gd.resize(n);
         float* eg = s.get(8, n);
         float* dA = s.get(10, n * n);
         float* tmp = s.get(11, n * n);
@@ -83,9 +82,9 @@ void wy_bwd(const Context&, const PrepareWyReprBwdArgs& a) {
         for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
           load_tril_block(A, c, hv, false, Am, n);
           load_scalars(beta, c, hv, bt);
-          load_gates(g, c, hv, gd.data());
-          exp_from(gd.data(), n, 0.0, eg);
-          if (g.defined()) decay_matrix(gd.data(), n, true, gam, n);
+          load_gates(g, c, hv, gd);
+          exp_from(gd, n, 0.0, eg);
+          if (g.defined()) decay_matrix(gd, n, true, gam, n);
           const Rows vr = view_rows(v, c, hv, s.get(20, n * V));
           const Rows dwr = view_rows(dw, c, hv, s.get(21, n * K));
           const Rows dur = view_rows(du, c, hv, s.get(22, n * V));
@@ -182,7 +181,7 @@ void dv_local(const Context&, const ChunkBwdDvLocalArgs& a) {
       },
       [&](Scratch& s, const Chunk& c, int64_t hh) {
         const int64_t n = c.len;
-        std::vector<double> gd;
+        double* gd = gate_buffer(n);
         const QkBlock b = qk_block(s, q, k, c, hh);
         const float* qk = b.qk;
         float* P = s.get(4, n * n);
@@ -240,7 +239,7 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         float* dKi = s.get(10, n * K);
         float* dW = s.get(11, n * K);
         float* Tm = s.get(21, n * K);
-        std::vector<double> gd(n);
+        double* gd = gate_buffer(n);
         float* eg = s.get(13, n);
         float* dG = s.get(14, n);
         // The gate gradient is assembled from its separate terms (each summed in double) rather
@@ -274,10 +273,10 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
           // S^T, dH^T and Vnew^T are packed by the products straight from S, dH and Vnew.
           const Rows vr = view_rows(vn, c, hv, s.get(17, n * V));
           const Rows dor = view_rows(dO, c, hv, s.get(18, n * V));
-          load_gates(g, c, hv, gd.data());
-          exp_from(gd.data(), n, 0.0, eg);
+          load_gates(g, c, hv, gd);
+          exp_from(gd, n, 0.0, eg);
           // Ds = scale M>= . Gamma . (dO Vnew^T).
-          decay_matrix(gd.data(), n, false, Ds, n);
+          decay_matrix(gd, n, false, Ds, n);
           float* dov = s.get(20, n * n);
           gemm(n, n, V, 1.0f, dor.p, dor.ld, 1, vr.p, vr.ld, false, dov, n, Tri::kNone, true,
                nullptr, 0, true);

@@ -35,11 +35,10 @@ QkBlock qk_block(Scratch& s, const Tok& q, const Tok& k, const Chunk& c, int64_t
 }
 
 void gated_scores(const Tok& g, const Chunk& c, int64_t hv, const float* qk, float scale,
-                  std::vector<double>& gd, float* P) {
+                  double* gd, float* P) {
   const int64_t n = c.len;
-  gd.resize(n);
-  load_gates(g, c, hv, gd.data());
-  decay_matrix(gd.data(), n, false, P, n);
+  load_gates(g, c, hv, gd);
+  decay_matrix(gd, n, false, P, n);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j <= i; ++j) P[i * n + j] *= scale * qk[i * n + j];
 }
@@ -65,19 +64,18 @@ void kkt(const Context&, const ChunkScaledDotKktArgs& a) {
       [&](const Chunk& nx, int64_t hv) { prefetch_rows(A, nx, hv, true); },
       [&](Scratch& s, const Chunk& c, int64_t h) {
         const int64_t n = c.len;
-        std::vector<double> gd;
+        double* gd = gate_buffer(n);
         const Rows kr = view_rows(k, c, h, s.get(0, n * K));
         float* kk = s.get(2, n * n);
         gemm(n, n, K, 1.0f, kr.p, kr.ld, 1, kr.p, kr.ld, false, kk, n, Tri::kNone, true, nullptr, 0,
              true);
         float* gam = s.get(3, n * n);
         float* bt = s.get(5, n);
-        gd.resize(n);
         for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
           load_scalars(beta, c, hv, bt);
           if (g.defined()) {
-            load_gates(g, c, hv, gd.data());
-            decay_matrix(gd.data(), n, true, gam, n);
+            load_gates(g, c, hv, gd);
+            decay_matrix(gd, n, true, gam, n);
           }
           const OutRows L = out_rows(A, c, hv, s.get(4, n * A.D));
           for (int64_t i = 0; i < n; ++i) {
@@ -130,7 +128,7 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
       },
       [&](Scratch& s, const Chunk& c, int64_t h) {
         const int64_t n = c.len;
-        std::vector<double> gd;
+        double* gd = gate_buffer(n);
         const Rows kr = view_rows(k, c, h, s.get(0, n * K));
         float* Am = s.get(1, n * n);
         float* Aw = s.get(2, n * n);
@@ -138,12 +136,11 @@ void wu_fwd(const Context&, const RecomputeWUFwdArgs& a) {
         float* U = s.get(5, n * V);
         float* bt = s.get(6, n);
         float* eg = s.get(7, n);
-        gd.resize(n);
         for (int64_t hv = h * G; hv < (h + 1) * G; ++hv) {
           load_tril_block(A, c, hv, false, Am, n);
           load_scalars(beta, c, hv, bt);
-          load_gates(g, c, hv, gd.data());
-          exp_from(gd.data(), n, 0.0, eg);
+          load_gates(g, c, hv, gd);
+          exp_from(gd, n, 0.0, eg);
           for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j <= i; ++j) {
               Aw[i * n + j] = Am[i * n + j] * bt[j] * eg[j];
@@ -176,7 +173,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
       },
       [&](Scratch& s, const Chunk& c, int64_t hh) {
         const int64_t n = c.len;
-        std::vector<double> gd;
+        double* gd = gate_buffer(n);
         const QkBlock b = qk_block(s, q, k, c, hh);
         const Rows& qr = b.q;
         const float* qk = b.qk;
@@ -185,7 +182,7 @@ void fwd_o(const Context&, const ChunkFwdOArgs& a) {
         float* O = s.get(7, n * V);
         for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
           gated_scores(g, c, hv, qk, scale, gd, P);
-          exp_from(gd.data(), n, 0.0, eg);
+          exp_from(gd, n, 0.0, eg);
           const float* S = view_state(h, c.index * HV + hv, s.get(8, K * V));
           const OutRows Oo = out_rows(o, c, hv, O);
           gemm(n, V, K, 1.0f, qr.p, qr.ld, 1, S, V, false, Oo.p, Oo.ld);

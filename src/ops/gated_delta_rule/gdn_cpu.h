@@ -34,9 +34,9 @@ inline auto prefetch_qk(const Tok& q, const Tok& k) {
 }
 // P = scale (M>= . Gamma . Q K^T), [n,n] with ld n (n = c.len), for value head hv of chunk c:
 // the decays of its gates on and below the diagonal times the chunk's Q K^T block qk (ld n),
-// zeros above. gd is scratch for the gates and holds them afterwards.
+// zeros above. gd (n values, e.g. gate_buffer(n)) receives the gates.
 void gated_scores(const Tok& g, const Chunk& c, int64_t hv, const float* qk, float scale,
-                  std::vector<double>& gd, float* P);
+                  double* gd, float* P);
 // X = (I + L)^{-1} for a strictly lower [n,n] L (ld n); X has leading dimension ld.
 void unit_lower_inverse(const float* L, int64_t n, float* X, int64_t ld);
 // One token of the recurrence on S [K,V] in place; o (optional, needs q) = scale S^T q; delta and

@@ -90,14 +90,7 @@ void for_each_task(const std::vector<Chunk>& chunks, int64_t heads, Body&& body)
   la::cpu::for_each_chunk_task<T, KdaScratch>(chunks, heads, la::cpu::no_prefetch, body);
 }
 
-// The calling thread's buffer for a chunk's gate cumsum in double, whatever the kernel's T: the
-// kernels round the in-chunk differences of G, never G itself, so they are exact for any gate
-// given a float64 g_cumsum (an fp32 one carries half an ulp of |G|, 5e-4 at -1e4, into every
-// difference). Its own arena: T = double kernels use scratch<double>() indices freely.
-struct KdaGateScratch {};
-inline double* gate_buffer(int64_t n) {
-  return fusedops::cpu::thread_scratch<KdaGateScratch, double>().get(0, n);
-}
+using la::cpu::gate_buffer;  // a chunk's gate cumsum in double, whatever T
 
 // ---------------------------------------------------------------------------------------------
 // Chunk-level loads and stores.

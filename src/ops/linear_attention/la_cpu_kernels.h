@@ -442,6 +442,16 @@ using Scratch = fusedops::cpu::Scratch<float>;
 struct ChunkScratch {};
 inline Scratch& thread_scratch() { return fusedops::cpu::thread_scratch<ChunkScratch, float>(); }
 
+// The calling thread's float64 buffers for a chunk's gates (slot i holds n values and keeps its
+// largest size), whatever the kernel's compute type: both families read the gate cumsum in double
+// and round only its in-chunk differences, exact for any gate given a float64 g_cumsum (an fp32
+// one carries half an ulp of |G|, 5e-4 at -1e4, into every difference). An arena of its own, so
+// float64 kernels (KDA's reference) keep their own arena's indices.
+struct GateScratch {};
+inline double* gate_buffer(int64_t n, size_t slot = 0) {
+  return fusedops::cpu::thread_scratch<GateScratch, double>().get(slot, n);
+}
+
 // The task loop of the chunk-parallel operators: one task per (chunk, head) pair, `heads` per
 // chunk, handed to the OpenMP threads a few at a time (each task writes only its own outputs, so
 // the results do not depend on the schedule). body(s, c, h) runs each task with the calling
