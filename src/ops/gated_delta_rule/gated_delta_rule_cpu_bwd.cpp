@@ -239,19 +239,23 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
         float* dKi = s.get(10, n * K);
         float* dW = s.get(11, n * K);
         float* Tm = s.get(21, n * K);
-        double* gd = gate_buffer(n);
+        double* gd = gate_buffer(n, 0);
         float* eg = s.get(13, n);
         float* dG = s.get(14, n);
         // The gate gradient is assembled from its separate terms (each summed in double) rather
         // than from dQ.Q - dK.K, whose two large parts cancel: the intra-chunk part is
         // rowsum(M) - colsum(M) with M = Ds . (Q K^T), taken as q_i . (Ds K)_i - k_i . (Ds^T Q)_i
         // from the two products dQ and dK need anyway (no Q K^T product).
-        std::vector<double> t1, rs, rq, ck;
-        std::vector<float> dsd;
+        // Their per-token terms (set for every token before use) in the thread's gate arena.
+        double* const t1 = gate_buffer(n, 1);
+        double* const rs = gate_buffer(n, 2);
+        double* const rq = gate_buffer(n, 3);
+        double* const ck = gate_buffer(n, 4);
+        float* const dsd = s.get(12, n);
         // Tm_i += dsd_i y_i (the diagonal term, y = K for dQ, Q for dK) after dots[i] = Tm_i . x_i
         // (without it); then dst += Tm.
         auto add_diagonal_then_rows = [&](float* dst, int64_t ld, const Rows& x, const Rows& y,
-                                          std::vector<double>& dots) {
+                                          double* dots) {
           for (int64_t i = 0; i < n; ++i) {
             float* __restrict t = Tm + i * K;
             dots[i] = dotd(t, x.p + i * x.ld, K);
@@ -260,13 +264,6 @@ void dqkwg(const Context&, const ChunkBwdDqkwgArgs& a) {
             for (int64_t c2 = 0; c2 < K; ++c2) d[c2] += t[c2] + dsd[i] * yi[c2];
           }
         };
-        if (dg.defined()) {
-          dsd.assign(n, 0.0f);
-          t1.resize(n);
-          rs.resize(n);
-          rq.resize(n);
-          ck.resize(n);
-        }
         for (int64_t hv = hh * G; hv < (hh + 1) * G; ++hv) {
           const float* S = view_state(h, c.index * HV + hv, s.get(15, K * V));
           const float* dH = view_state(dh, c.index * HV + hv, s.get(16, K * V));
