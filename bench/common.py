@@ -144,6 +144,23 @@ def randn_inputs(shape, dtype, device, seed: int, names=("x", "dy")) -> dict:
     return out
 
 
+def row_norm_bytes(shape, dtype) -> dict[str, int]:
+    """The minimum traffic of a row normalisation that also returns a float32 statistic per row
+    (l2norm, rmsnorm_without_weight): the forward reads x and writes y and the statistic; the
+    backward reads one of x / y, dy and the statistic and writes dx."""
+    d = shape[-1]
+    n = math.prod(shape[:-1])
+    e = torch.empty(0, dtype=dtype).element_size()
+    fwd = 2 * n * d * e + 4 * n
+    return {"fwd": fwd, "fwd+bwd": fwd + 3 * n * d * e + 4 * n}
+
+
+def grad_of(out: torch.Tensor, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> torch.Tensor:
+    """d out / d x for one leaf x, seeded with grad_out (None for a scalar out such as a loss)."""
+    (dx,) = torch.autograd.grad(out, x, grad_out)
+    return dx
+
+
 def compiled_impl(eager: Impl) -> Impl:
     """The plain PyTorch composite of `eager` under torch.compile (default mode): what a user gets
     for free. Each pass is compiled on its first call (counted in its first-call time); a pass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import fusedops
 import torch
 
-from ..common import Case, Impl, peer_status
+from ..common import Case, Impl, grad_of, peer_status
 
 OP = "clipped_swiglu"
 ALPHA, LIMIT, BIAS = 1.702, 7.0, 1.0
@@ -47,18 +47,13 @@ def make_inputs(shape, dtype, device, seed) -> dict:
     return {"x": x, "dy": dy, "x_req": x.detach().requires_grad_()}
 
 
-def _grad(y, x, dy):
-    (dx,) = torch.autograd.grad(y, x, dy)
-    return dx
-
-
 def _fusedops_impl(interleaved: bool) -> Impl:
     def fwd(inp):
         return {"y": fusedops.clipped_swiglu(inp["x"], interleaved=interleaved)}
 
     def fwd_bwd(inp):
         y = fusedops.clipped_swiglu(inp["x_req"], interleaved=interleaved)
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("fusedops", fwd, fwd_bwd)
 
@@ -83,7 +78,7 @@ def _eager_impl(interleaved: bool) -> Impl:
         return {"y": _eager(inp["x"], interleaved)}
 
     def fwd_bwd(inp):
-        return {"dx": _grad(_eager(inp["x_req"], interleaved), inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(_eager(inp["x_req"], interleaved), inp["x_req"], inp["dy"])}
 
     return Impl("eager", fwd, fwd_bwd, note="PyTorch eager: GPT-OSS's clamp / sigmoid / mul composite")
 
@@ -111,7 +106,7 @@ def _liger_impl(device, interleaved: bool) -> Impl:
         return {"y": call(inp["x"])}
 
     def fwd_bwd(inp):
-        return {"dx": _grad(call(inp["x_req"]), inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(call(inp["x_req"]), inp["x_req"], inp["dy"])}
 
     return Impl("liger", fwd, fwd_bwd, note=note)
 
@@ -120,7 +115,7 @@ def _reference(interleaved):
     def run(inp) -> dict:
         x64 = inp["x"].detach().to("cpu", torch.float64).requires_grad_()
         y = fusedops.reference.clipped_swiglu(x64, interleaved=interleaved)
-        dx = _grad(y, x64, inp["dy"].detach().to("cpu", torch.float64))
+        dx = grad_of(y, x64, inp["dy"].detach().to("cpu", torch.float64))
         return {"fwd": {"y": y.detach()}, "fwd+bwd": {"dx": dx}}
 
     return run
@@ -136,7 +131,7 @@ def _base(interleaved):
         a = torch.where(A <= LIMIT, A, A.detach().clamp(max=LIMIT))
         b = torch.where((B >= -LIMIT) & (B <= LIMIT), B, B.detach().clamp(-LIMIT, LIMIT))
         y = a * torch.sigmoid(ALPHA * a) * (b + BIAS)
-        return {"fwd": {"y": y.detach()}, "fwd+bwd": {"dx": _grad(y, x, inp["dy"])}}
+        return {"fwd": {"y": y.detach()}, "fwd+bwd": {"dx": grad_of(y, x, inp["dy"])}}
 
     return run
 

@@ -23,7 +23,7 @@ import fusedops
 import torch
 import torch.nn.functional as F
 
-from ..common import Case, Impl, peer_status
+from ..common import Case, Impl, grad_of, peer_status
 
 OP = "fused_cross_entropy_loss"
 
@@ -61,18 +61,13 @@ def _labels_of(inp) -> torch.Tensor:
     return inp["dy"][:, 0].round().long()
 
 
-def _grad(loss, x):
-    (dx,) = torch.autograd.grad(loss, x)
-    return dx
-
-
 def _fusedops_impl() -> Impl:
     def fwd(inp):
         return {"loss": fusedops.fused_cross_entropy_loss(inp["x"], inp["labels"], reduction="none")}
 
     def fwd_bwd(inp):
         loss = fusedops.fused_cross_entropy_loss(inp["x_req"], inp["labels"])
-        return {"dx": _grad(loss, inp["x_req"])}
+        return {"dx": grad_of(loss, inp["x_req"])}
 
     return Impl("fusedops", fwd, fwd_bwd)
 
@@ -83,7 +78,7 @@ def _eager_impl() -> Impl:
 
     def fwd_bwd(inp):
         loss = F.cross_entropy(inp["x_req"], inp["labels"])
-        return {"dx": _grad(loss, inp["x_req"])}
+        return {"dx": grad_of(loss, inp["x_req"])}
 
     return Impl("eager", fwd, fwd_bwd, note="PyTorch eager: F.cross_entropy on the logits as given")
 
@@ -108,7 +103,7 @@ def _liger_impl(device) -> Impl:
 
     def fwd_bwd(inp):
         loss = first(mean_loss(inp["x_peer"], inp["labels"]))
-        return {"dx": _grad(loss, inp["x_peer"])}
+        return {"dx": grad_of(loss, inp["x_peer"])}
 
     def restore(inp):
         with torch.no_grad():

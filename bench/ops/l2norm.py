@@ -11,7 +11,7 @@ from __future__ import annotations
 import fusedops
 import torch
 
-from ..common import Case, Impl, peer_status, randn_inputs
+from ..common import Case, Impl, grad_of, peer_status, randn_inputs, row_norm_bytes
 
 OP = "l2norm"
 EPS = 1e-6
@@ -24,25 +24,10 @@ GPU_DTYPES = [torch.bfloat16]
 CPU_DTYPES = [torch.float32, torch.bfloat16]
 
 
-def bytes_moved(shape, dtype) -> dict[str, int]:
-    d = shape[-1]
-    n = 1
-    for s in shape[:-1]:
-        n *= s
-    e = torch.empty(0, dtype=dtype).element_size()
-    fwd = 2 * n * d * e + 4 * n
-    return {"fwd": fwd, "fwd+bwd": fwd + 3 * n * d * e + 4 * n}
-
-
 BYTES_NOTE = {
     "fwd": "read x + write y + write rstd",
     "fwd+bwd": "fwd + read y, dy, rstd + write dx",
 }
-
-
-def _grad(y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    (dx,) = torch.autograd.grad(y, x, dy)
-    return dx
 
 
 def _fusedops_impl() -> Impl:
@@ -51,7 +36,7 @@ def _fusedops_impl() -> Impl:
 
     def fwd_bwd(inp):
         y = fusedops.l2norm(inp["x_req"], EPS)
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("fusedops", fwd, fwd_bwd)
 
@@ -67,7 +52,7 @@ def _eager_impl() -> Impl:
 
     def fwd_bwd(inp):
         y = _eager(inp["x_req"])
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("eager", fwd, fwd_bwd, note="PyTorch eager: fp32 sum of squares, cast back")
 
@@ -89,7 +74,7 @@ def _fla_impl(device) -> Impl:
 
     def fwd_bwd(inp):
         y = state["fn"](inp["x_req"], EPS)
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("fla", fwd, fwd_bwd, note=note, setup=setup)
 
@@ -97,7 +82,7 @@ def _fla_impl(device) -> Impl:
 def _reference(inp) -> dict:
     x64 = inp["x"].detach().to("cpu", torch.float64).requires_grad_()
     y = fusedops.reference.l2norm(x64, EPS)
-    dx = _grad(y, x64, inp["dy"].detach().to("cpu", torch.float64))
+    dx = grad_of(y, x64, inp["dy"].detach().to("cpu", torch.float64))
     return {"fwd": {"y": y.detach()}, "fwd+bwd": {"dx": dx}}
 
 
@@ -105,7 +90,7 @@ def _base(inp) -> dict:
     # The precision policy's baseline: the same formula with every step in the input dtype.
     x = inp["x"].detach().requires_grad_()
     y = x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS)
-    dx = _grad(y, x, inp["dy"])
+    dx = grad_of(y, x, inp["dy"])
     return {"fwd": {"y": y.detach()}, "fwd+bwd": {"dx": dx}}
 
 
@@ -124,6 +109,6 @@ def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
                 make_inputs=lambda dev, seed, shape=shape, dtype=dtype: randn_inputs(shape, dtype, dev, seed),
                 impls=[_fusedops_impl(), _eager_impl(), _fla_impl(device)],
                 reference=_reference, base=_base,
-                bytes_moved=bytes_moved(shape, dtype), bytes_note=BYTES_NOTE,
+                bytes_moved=row_norm_bytes(shape, dtype), bytes_note=BYTES_NOTE,
             ))
     return out

@@ -13,7 +13,7 @@ import inspect
 import fusedops
 import torch
 
-from ..common import Case, Impl, peer_status, randn_inputs
+from ..common import Case, Impl, grad_of, peer_status, randn_inputs, row_norm_bytes
 
 OP = "rmsnorm_without_weight"
 EPS = 1e-6
@@ -26,25 +26,10 @@ GPU_DTYPES = [torch.bfloat16]
 CPU_DTYPES = [torch.float32, torch.bfloat16]
 
 
-def bytes_moved(shape, dtype) -> dict[str, int]:
-    d = shape[-1]
-    n = 1
-    for s in shape[:-1]:
-        n *= s
-    e = torch.empty(0, dtype=dtype).element_size()
-    fwd = 2 * n * d * e + 4 * n
-    return {"fwd": fwd, "fwd+bwd": fwd + 3 * n * d * e + 4 * n}
-
-
 BYTES_NOTE = {
     "fwd": "read x + write y + write rstd",
     "fwd+bwd": "fwd + read x, dy, rstd + write dx",
 }
-
-
-def _grad(y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    (dx,) = torch.autograd.grad(y, x, dy)
-    return dx
 
 
 def _fusedops_impl() -> Impl:
@@ -54,7 +39,7 @@ def _fusedops_impl() -> Impl:
 
     def fwd_bwd(inp):
         y, _ = fusedops.rmsnorm_without_weight(inp["x_req"], EPS, return_normalized=True)
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("fusedops", fwd, fwd_bwd)
 
@@ -72,7 +57,7 @@ def _eager_impl() -> Impl:
 
     def fwd_bwd(inp):
         y, _ = _eager(inp["x_req"])
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return Impl("eager", fwd, fwd_bwd, note="PyTorch eager: fp32 statistics, cast back")
 
@@ -114,7 +99,7 @@ def _liger_impls(shape, dtype, device) -> list[Impl]:
 
         def fwd_bwd(inp, state=state):
             y = state["mod"](inp["x_req"])
-            return {"dx": _grad(y, inp["x_req"], state["dy"])}
+            return {"dx": grad_of(y, inp["x_req"], state["dy"])}
 
         impls.append(Impl(name, fwd, fwd_bwd, note=note, prepare=prepare, setup=setup))
     return impls
@@ -123,7 +108,7 @@ def _liger_impls(shape, dtype, device) -> list[Impl]:
 def _reference(inp) -> dict:
     x64 = inp["x"].detach().to("cpu", torch.float64).requires_grad_()
     y, rstd = fusedops.reference.rmsnorm_without_weight(x64, EPS, return_normalized=True)
-    dx = _grad(y, x64, inp["dy"].detach().to("cpu", torch.float64))
+    dx = grad_of(y, x64, inp["dy"].detach().to("cpu", torch.float64))
     return {"fwd": {"y": y.detach(), "rstd": rstd.detach()}, "fwd+bwd": {"dx": dx}}
 
 
@@ -132,7 +117,7 @@ def _base(inp) -> dict:
     x = inp["x"].detach().requires_grad_()
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
     y = x * rstd
-    dx = _grad(y, x, inp["dy"])
+    dx = grad_of(y, x, inp["dy"])
     return {"fwd": {"y": y.detach(), "rstd": rstd.detach()}, "fwd+bwd": {"dx": dx}}
 
 
@@ -152,6 +137,6 @@ def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
                 params={"norm_eps": EPS, "return_normalized": True},
                 make_inputs=lambda dev, seed, shape=shape, dtype=dtype: randn_inputs(shape, dtype, dev, seed),
                 impls=impls, reference=_reference, base=_base,
-                bytes_moved=bytes_moved(shape, dtype), bytes_note=BYTES_NOTE,
+                bytes_moved=row_norm_bytes(shape, dtype), bytes_note=BYTES_NOTE,
             ))
     return out

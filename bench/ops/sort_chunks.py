@@ -21,7 +21,7 @@ import fusedops
 import torch
 
 from .. import common
-from ..common import Case, Impl
+from ..common import Case, Impl, grad_of
 
 OP = "sort_chunks_by_idx"
 
@@ -63,18 +63,13 @@ def destination(sizes: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return dest
 
 
-def _grad(y, x, dy):
-    (dx,) = torch.autograd.grad(y, x, dy)
-    return dx
-
-
 def _impls(eager_note: str) -> list[Impl]:
     def fused_fwd(inp):
         return {"y": fusedops.sort_chunks_by_idx(inp["x"], inp["split_sizes"], inp["sorted_idxs"])[0]}
 
     def fused_fwd_bwd(inp):
         y = fusedops.sort_chunks_by_idx(inp["x_req"], inp["split_sizes"], inp["sorted_idxs"])[0]
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     def eager_fwd(inp):
         return {"y": fusedops.sort_chunks_by_idxs(inp["x"], inp["split_sizes"], inp["sorted_idxs"],
@@ -83,7 +78,7 @@ def _impls(eager_note: str) -> list[Impl]:
     def eager_fwd_bwd(inp):
         y = fusedops.sort_chunks_by_idxs(inp["x_req"], inp["split_sizes"], inp["sorted_idxs"],
                                          fused=False)[0]
-        return {"dx": _grad(y, inp["x_req"], inp["dy"])}
+        return {"dx": grad_of(y, inp["x_req"], inp["dy"])}
 
     return [Impl("fusedops", fused_fwd, fused_fwd_bwd),
             Impl("eager", eager_fwd, eager_fwd_bwd, note=eager_note)]
