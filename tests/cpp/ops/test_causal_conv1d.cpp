@@ -178,10 +178,7 @@ Results oracle(const Config& c, const Values& v, DType dt, bool with_dht) {
 }
 
 std::vector<DType> dtypes_of(const BackendCase& b, Direction dir) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, dir, b.id, d)) out.push_back(d);
-  return out;
+  return dtypes_taken(kOp, dir, b);
 }
 
 // The tensors of one call on one device, filled with fresh random values.

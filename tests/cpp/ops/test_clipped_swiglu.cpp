@@ -126,10 +126,7 @@ std::vector<double> backward_math(const std::vector<double>& x, const std::vecto
 }
 
 std::vector<DType> dtypes_of(const BackendCase& b, Direction dir) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, dir, b.id, d)) out.push_back(d);
-  return out;
+  return dtypes_taken(kOp, dir, b);
 }
 
 // group_index variants: none, a total below M, a total above M (every row), and zeros.

@@ -14,10 +14,7 @@ namespace {
 constexpr const char* kOp = "mhc_pre_bmm";
 
 std::vector<DType> dtypes_of(const BackendCase& b) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, Direction::kForward, b.id, d)) out.push_back(d);
-  return out;
+  return dtypes_taken(kOp, Direction::kForward, b);
 }
 
 struct Dims {

@@ -128,12 +128,9 @@ Outputs math(const Inputs& in, const Config& c, DType dtype, DType rdt) {
   return o;
 }
 
+// The dtypes backend b takes in both directions.
 std::vector<DType> dtypes_of(const BackendCase& b) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, Direction::kForward, b.id, d) && backend_takes(kOp, Direction::kBackward, b.id, d))
-      out.push_back(d);
-  return out;
+  return dtypes_taken(kOp, Direction::kBackward, b, dtypes_taken(kOp, Direction::kForward, b));
 }
 
 DType stat_dtype(DType x) { return x == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }

@@ -22,10 +22,7 @@ const SinkhornVariant kVariants[] = {SinkhornVariant::kMindSpeed, SinkhornVarian
                                      SinkhornVariant::kLog};
 
 std::vector<DType> dtypes_of(const BackendCase& b, Direction dir) {
-  std::vector<DType> out;
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64})
-    if (backend_takes(kOp, dir, b.id, d)) out.push_back(d);
-  return out;
+  return dtypes_taken(kOp, dir, b);
 }
 
 // Oracle (long double) and base (the composite in fp32, or float64 for float64 inputs; outputs
