@@ -133,6 +133,15 @@ def parse_dtypes(text: str | None) -> list[torch.dtype] | None:
     return out
 
 
+def shapes_and_dtypes(consts: dict, device: torch.device, quick: bool, dtypes=None) -> tuple[list, list]:
+    """A bench module's shapes and dtypes for one run, from its constants (`globals()`):
+    GPU_SHAPES / GPU_QUICK_SHAPES / GPU_DTYPES on CUDA, the CPU_ ones elsewhere, the QUICK shapes
+    with --quick, and the dtypes asked for (--dtype) before the module's own."""
+    side = "GPU" if device.type == "cuda" else "CPU"
+    shapes = consts[f"{side}_QUICK_SHAPES" if quick else f"{side}_SHAPES"]
+    return shapes, dtypes or consts[f"{side}_DTYPES"]
+
+
 def randn_inputs(shape, dtype, device, seed: int, names=("x", "dy")) -> dict:
     """Fresh standard-normal tensors (never zeros: they hide unwritten outputs), one per name,
     plus `x_req`, a leaf view of x that requires grad for the fwd+bwd pass."""

@@ -19,7 +19,7 @@ import fusedops
 import torch
 import torch.nn.functional as F
 
-from ..common import Case, Impl, peer_status
+from ..common import Case, Impl, peer_status, shapes_and_dtypes
 
 OP = "causal_conv1d"
 W = 4
@@ -155,12 +155,7 @@ def _base(shape, dtype):
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
     out = []
     for shape in shapes:
         for dtype in dtypes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import fusedops
 import torch
 
-from ..common import Case, Impl, grad_of, peer_status
+from ..common import Case, Impl, grad_of, peer_status, shapes_and_dtypes
 
 OP = "clipped_swiglu"
 ALPHA, LIMIT, BIAS = 1.702, 7.0, 1.0
@@ -137,14 +137,8 @@ def _base(interleaved):
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-        layouts = GPU_LAYOUTS
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
-        layouts = CPU_LAYOUTS
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
+    layouts = GPU_LAYOUTS if device.type == "cuda" else CPU_LAYOUTS
     out = []
     for shape in shapes:
         for dtype in dtypes:

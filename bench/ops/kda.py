@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import common
-from ..common import Case, Impl, peer_status
+from ..common import Case, Impl, peer_status, shapes_and_dtypes
 from .gated_delta_rule import NAMES, make_impl, promoted, unit_lower_inverse
 
 OP = "chunk_kda"
@@ -170,10 +170,5 @@ def _case(device, B, T, H, D, dtype) -> Case:
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
     return [_case(device, *s, dt) for s in shapes for dt in dtypes]

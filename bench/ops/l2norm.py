@@ -11,7 +11,7 @@ from __future__ import annotations
 import fusedops
 import torch
 
-from ..common import Case, Impl, grad_of, peer_status, randn_inputs, row_norm_bytes
+from ..common import Case, Impl, grad_of, peer_status, randn_inputs, row_norm_bytes, shapes_and_dtypes
 
 OP = "l2norm"
 EPS = 1e-6
@@ -95,12 +95,7 @@ def _base(inp) -> dict:
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
     out = []
     for shape in shapes:
         for dtype in dtypes:

@@ -28,7 +28,7 @@ import fusedops
 import torch
 
 from .. import common
-from ..common import Case, Impl
+from ..common import Case, Impl, shapes_and_dtypes
 
 OP = "matmul_add"
 
@@ -136,10 +136,5 @@ def _case(device, tokens, out, inn, dtype) -> Case:
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
     return [_case(device, t, o, i, dt) for (t, o, i) in shapes for dt in dtypes]

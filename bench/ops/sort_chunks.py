@@ -21,7 +21,7 @@ import fusedops
 import torch
 
 from .. import common
-from ..common import Case, Impl, grad_of
+from ..common import Case, Impl, grad_of, shapes_and_dtypes
 
 OP = "sort_chunks_by_idx"
 
@@ -123,10 +123,5 @@ def _case(shape, dtype) -> Case:
 
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
-    if device.type == "cuda":
-        shapes = GPU_QUICK_SHAPES if quick else GPU_SHAPES
-        dtypes = dtypes or GPU_DTYPES
-    else:
-        shapes = CPU_QUICK_SHAPES if quick else CPU_SHAPES
-        dtypes = dtypes or CPU_DTYPES
+    shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
     return [_case(shape, dtype) for shape in shapes for dtype in dtypes]
