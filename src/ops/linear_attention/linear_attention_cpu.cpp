@@ -96,28 +96,51 @@ void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
   });
 }
 
+// The task loop of the two state recurrences: one task per (sequence, value head, V tile),
+// handed to the threads one at a time. A task's K x vt tile X (the thread's arena, slot 0) starts
+// from its tile of `init` (zeros when undefined); step(X, c, next, hv, v0, vt, gd) runs for each of
+// the sequence's chunks in order (backwards with `reverse`), `next` the chunk after c in that order
+// (nullptr after the last) and gd the thread's chunk_size gate values; then X goes to `final` when
+// defined, and the task's non-temporal snapshot stores are fenced.
+template <class Step>
+void for_each_state_tile(const std::vector<Seq>& seqs, int64_t HV, int64_t K, int64_t V, int64_t BT,
+                         bool reverse, const Mat& init, const Mat& final, Step&& step) {
+  const int64_t N = static_cast<int64_t>(seqs.size());
+  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
+  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
+    Scratch& s = thread_scratch();
+    double* gd = gate_buffer(BT);
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
+      const int64_t vt = std::min(vt_max, V - v0);
+      float* X = s.get(0, K * vt);
+      if (init.defined()) load_state_tile(init, n * HV + hv, v0, vt, X);
+      else std::fill(X, X + K * vt, 0.0f);
+      auto chunks = make_chunks({seqs[n]}, BT);
+      if (reverse) std::reverse(chunks.begin(), chunks.end());
+      for (size_t ci = 0; ci < chunks.size(); ++ci)
+        step(X, chunks[ci], ci + 1 < chunks.size() ? &chunks[ci + 1] : nullptr, hv, v0, vt, gd);
+      if (final.defined()) store_state_tile(X, final, n * HV + hv, v0, vt);
+#ifdef __AVX__
+      _mm_sfence();  // the non-temporal snapshot stores
+#endif
+    }
+  });
+}
+
 void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const Tok k(a.k), w(a.w), u(a.u), g(a.g), gk(a.gk), vn(a.v_new);
   const Mat h(a.h), h0(a.h0), ht(a.ht);
   const int64_t HV = u.H, G = HV / k.H, K = k.D, V = u.D, BT = a.chunk_size;
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  const int64_t N = static_cast<int64_t>(seqs.size());
-  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd(a.chunk_size);
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
-      const int64_t vt = std::min(vt_max, V - v0);
-      float* X = s.get(0, K * vt);
-      if (h0.defined()) load_state_tile(h0, n * HV + hv, v0, vt, X);
-      else std::fill(X, X + K * vt, 0.0f);
-      const auto chunks = make_chunks({seqs[n]}, BT);
-      for (size_t ci = 0; ci < chunks.size(); ++ci) {
-        const Chunk& c = chunks[ci];
+  for_each_state_tile(
+      seqs, HV, K, V, BT, false, h0, ht,
+      [&](float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0, int64_t vt,
+          double* gd) {
+        Scratch& s = thread_scratch();
         const int64_t len = c.len, last = len - 1;
-        if (ci + 1 < chunks.size()) {  // the next chunk's operands, while this one computes
-          const Chunk& nx = chunks[ci + 1];
+        if (next) {  // the next chunk's operands, while this one computes
+          const Chunk& nx = *next;
           prefetch_rows(k, nx, hv / G);
           prefetch_rows(w, nx, hv);
           prefetch_rows(u, nx, hv);
@@ -153,7 +176,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
         float* Vg = s.get(6, len * vt);
         if (g.defined()) {
           float* gm = s.get(4, len);
-          load_gates(g, c, hv, gd.data());
+          load_gates(g, c, hv, gd);
           const double gl = gd[last];
           for (int64_t i = 0; i < len; ++i) gm[i] = static_cast<float>(gl - gd[i]);
           exp_inplace(gm, len);
@@ -176,13 +199,7 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
             for (int64_t x = 0; x < vt; ++x) X[y * vt + x] *= gl[y];
         }
         gemm(K, vt, len, 1.0f, kr.p, 1, kr.ld, Vg, vt, true, X, vt);
-      }
-      if (ht.defined()) store_state_tile(X, ht, n * HV + hv, v0, vt);
-#ifdef __AVX__
-      _mm_sfence();  // the non-temporal snapshot stores
-#endif
-    }
-  });
+      });
 }
 
 void sigmoid_fwd(const Context&, const BetaSigmoidFwdArgs& a) {
@@ -206,23 +223,14 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const int64_t HV = dO.H, G = HV / k.H, K = k.D, V = dO.D, BT = a.chunk_size;
   const float scale = static_cast<float>(a.scale);
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
-  const int64_t N = static_cast<int64_t>(seqs.size());
-  const int64_t vt_max = v_tile(N * HV, V), nvt = ceil_div(V, vt_max);
-  fusedops::cpu::parallel_for_dynamic(0, N * HV * nvt, 1, [&](int64_t b, int64_t e) {
-    Scratch& s = thread_scratch();
-    std::vector<double> gd(a.chunk_size);
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t n = task / (HV * nvt), hv = (task / nvt) % HV, v0 = (task % nvt) * vt_max;
-      const int64_t vt = std::min(vt_max, V - v0);
-      float* X = s.get(0, K * vt);
-      if (dht.defined()) load_state_tile(dht, n * HV + hv, v0, vt, X);
-      else std::fill(X, X + K * vt, 0.0f);
-      const auto chunks = make_chunks({seqs[n]}, BT);
-      for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
-        const Chunk& c = *it;
+  for_each_state_tile(
+      seqs, HV, K, V, BT, true, dht, dh0,
+      [&](float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0, int64_t vt,
+          double* gd) {
+        Scratch& s = thread_scratch();
         const int64_t len = c.len, last = len - 1;
-        if (it + 1 != chunks.rend()) {  // the next chunk's operands, while this one computes
-          const Chunk& nx = *(it + 1);
+        if (next) {  // the next chunk's operands, while this one computes
+          const Chunk& nx = *next;
           prefetch_rows(q, nx, hv / G);
           prefetch_rows(k, nx, hv / G);
           prefetch_rows(w, nx, hv);
@@ -259,7 +267,7 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
         const Rows qr = view_rows(q, c, hv / G, s.get(9, len * K));
         gemm(len, vt, K, 1.0f, kr.p, kr.ld, 1, X, vt, false, tmp, vt);
         if (g.defined()) {
-          load_gates(g, c, hv, gd.data());
+          load_gates(g, c, hv, gd);
           const double gl = gd[last];
           for (int64_t i = 0; i < len; ++i) {
             const float f = std::exp(static_cast<float>(gl - gd[i]));
@@ -286,13 +294,7 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
             store_floats(D2 + i * vt, col_ptr(dv2, c.b, c.t0 + i, hv, v0), dv2.dtype, vt);
         gemm(K, vt, len, 1.0f, qg, 1, K, dOt, ldo, true, X, vt);
         gemm(K, vt, len, -1.0f, wr.p, 1, wr.ld, D2, ld2, true, X, vt);
-      }
-      if (dh0.defined()) store_state_tile(X, dh0, n * HV + hv, v0, vt);
-#ifdef __AVX__
-      _mm_sfence();  // the non-temporal snapshot stores
-#endif
-    }
-  });
+      });
 }
 
 void sigmoid_bwd(const Context&, const BetaSigmoidBwdArgs& a) {
