@@ -97,11 +97,12 @@ void cumsum(const Context&, const ChunkLocalCumsumArgs& a) {
 }
 
 // The task loop of the two state recurrences: one task per (sequence, value head, V tile),
-// handed to the threads one at a time. A task's K x vt tile X (the thread's arena, slot 0) starts
-// from its tile of `init` (zeros when undefined); step(X, c, next, hv, v0, vt, gd) runs for each of
-// the sequence's chunks in order (backwards with `reverse`), `next` the chunk after c in that order
-// (nullptr after the last) and gd the thread's chunk_size gate values; then X goes to `final` when
-// defined, and the task's non-temporal snapshot stores are fenced.
+// handed to the threads one at a time. A task's K x vt tile X (the thread's arena s, slot 0; the
+// step takes the other slots) starts from its tile of `init` (zeros when undefined);
+// step(s, X, c, next, hv, v0, vt, gd) runs for each of the sequence's chunks in order (backwards
+// with `reverse`), `next` the chunk after c in that order (nullptr after the last) and gd the
+// thread's chunk_size gate values; then X goes to `final` when defined, and the task's
+// non-temporal snapshot stores are fenced.
 template <class Step>
 void for_each_state_tile(const std::vector<Seq>& seqs, int64_t HV, int64_t K, int64_t V, int64_t BT,
                          bool reverse, const Mat& init, const Mat& final, Step&& step) {
@@ -119,7 +120,7 @@ void for_each_state_tile(const std::vector<Seq>& seqs, int64_t HV, int64_t K, in
       auto chunks = make_chunks({seqs[n]}, BT);
       if (reverse) std::reverse(chunks.begin(), chunks.end());
       for (size_t ci = 0; ci < chunks.size(); ++ci)
-        step(X, chunks[ci], ci + 1 < chunks.size() ? &chunks[ci + 1] : nullptr, hv, v0, vt, gd);
+        step(s, X, chunks[ci], ci + 1 < chunks.size() ? &chunks[ci + 1] : nullptr, hv, v0, vt, gd);
       if (final.defined()) store_state_tile(X, final, n * HV + hv, v0, vt);
 #ifdef __AVX__
       _mm_sfence();  // the non-temporal snapshot stores
@@ -135,9 +136,8 @@ void fwd_h(const Context&, const ChunkGatedDeltaRuleFwdHArgs& a) {
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   for_each_state_tile(
       seqs, HV, K, V, BT, false, h0, ht,
-      [&](float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0, int64_t vt,
-          double* gd) {
-        Scratch& s = thread_scratch();
+      [&](Scratch& s, float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0,
+          int64_t vt, double* gd) {
         const int64_t len = c.len, last = len - 1;
         if (next) {  // the next chunk's operands, while this one computes
           const Chunk& nx = *next;
@@ -225,9 +225,8 @@ void bwd_dhu(const Context&, const ChunkGatedDeltaRuleBwdDhuArgs& a) {
   const auto seqs = make_seqs(a.k.size(0), a.k.size(1), a.cu_seqlens, BT);
   for_each_state_tile(
       seqs, HV, K, V, BT, true, dht, dh0,
-      [&](float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0, int64_t vt,
-          double* gd) {
-        Scratch& s = thread_scratch();
+      [&](Scratch& s, float* X, const Chunk& c, const Chunk* next, int64_t hv, int64_t v0,
+          int64_t vt, double* gd) {
         const int64_t len = c.len, last = len - 1;
         if (next) {  // the next chunk's operands, while this one computes
           const Chunk& nx = *next;
