@@ -79,12 +79,12 @@ note "memcheck: $(grep -cE 'rc=0 .*ERROR SUMMARY: 0 errors' $L/memcheck_summary.
 pyfiles() { printf '%s\n' ${PYFILES:-$(find tests/python -name 'test_*.py' -not -path '*/distributed/*' -not -path '*/transformers/*' | sort)}; }
 # The cases past 2^31 elements (test names with past_int32) hold up to ~77 GiB of one card: beside
 # other test processes on an 80 GB H100 one ran out of memory (2026-12-06), so they run after the
-# other cases, one file at a time, their logs tagged -big.
+# other cases, one file at a time (only the files that have such cases), their logs tagged -big.
 stage_pytest_main() {
 pyfiles | PYK="($PYK) and not past_int32" xargs -P 4 -I{} bash -c 'one_pytest {}' | sort | tee -a $S
 }
 stage_pytest_big() {
-pyfiles | PYK="($PYK) and past_int32" PYTAG=-big xargs -P 1 -I{} bash -c 'one_pytest {}' | tee -a $S
+pyfiles | xargs grep -l past_int32 | PYK="($PYK) and past_int32" PYTAG=-big xargs -P 1 -I{} bash -c 'one_pytest {}' | tee -a $S
 note "pytest done at $(( $(date +%s) - T0 )) s"
 }
 stage_pytest() { stage_pytest_main; stage_pytest_big; }
