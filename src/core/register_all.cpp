@@ -47,6 +47,7 @@ void register_all_backends(Registry& r) {
   register_rmsnorm_gated_cuda_sm80(r);
   register_sinkhorn_cuda_sm80(r);
   register_mhc_cuda_sm80(r);
+  register_linear_attention_cuda_sm80(r);
   register_gated_delta_rule_cuda_sm80(r);
   register_kda_cuda_sm80(r);
   register_context_parallel_cuda_sm80(r);

@@ -25,6 +25,7 @@ void register_matmul_add_cpu(Registry& r);
 void register_matmul_add_cuda_sm80(Registry& r);
 void register_linear_attention_ref(Registry& r);
 void register_linear_attention_cpu(Registry& r);
+void register_linear_attention_cuda_sm80(Registry& r);
 void register_gated_delta_rule_ref(Registry& r);
 void register_gated_delta_rule_cpu(Registry& r);
 void register_gated_delta_rule_cuda_sm80(Registry& r);

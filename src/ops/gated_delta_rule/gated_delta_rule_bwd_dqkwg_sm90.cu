@@ -12,7 +12,7 @@
 // products (dq, dk, dw, dO h^T, Vnew dh^T) as m64n64 and columns 32 wg.. of the 64x64 ones
 // (P = Q K^T, S = dO Vnew^T) as two m64n16. The accumulator layout of a warp is that of the mma
 // kernel's warp (rows 16 (warp % 4).., the same columns), so the epilogues are the same per thread.
-// Tiles are 16-bit in the 128-byte swizzle (gdn_wgmma_sm90.cuh): Q, K, dO (then dv2), Vnew
+// Tiles are 16-bit in the 128-byte swizzle (la_wgmma_sm90.cuh): Q, K, dO (then dv2), Vnew
 // [64][128], h (then dh) [128][128], Ds [64][64]. The products that sum over tokens (Ds K, Ds^T Q)
 // read K, Q and Ds as MN-major operands; Ds is zero above its diagonal and past len, so they sum
 // over all 64 rows. Values are rounded where the mma kernel rounds them (Ds in the input type); the
@@ -25,10 +25,14 @@
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
 #include "src/ops/gated_delta_rule/gdn_cuda.cuh"
-#include "src/ops/gated_delta_rule/gdn_wg_sm90.cuh"
+#include "src/ops/linear_attention/la_wg_state_sm90.cuh"
 #include "src/ops/linear_attention/la_wgmma_sm90.cuh"
 
 namespace fusedops::gdn::sm90 {
+
+using namespace la::sm90;  // the wgmma layer and the state kernels' pieces (la_wg*_sm90.cuh)
+using la::sm90::kD;  // over mma16::kD (the same 128) where a function also uses namespace mma16
+
 namespace {
 
 using sm80::ChunkPos;

@@ -1,5 +1,5 @@
 // Gated delta rule, CUDA backend cuda_sm90 (sm_90a only): the top-level backward's two state
-// recurrences on Hopper's warpgroup products (wgmma, gdn_wgmma_sm90.cuh):
+// recurrences on Hopper's warpgroup products (wgmma, la_wgmma_sm90.cuh):
 //   B1, the forward recurrence recomputed for the backward (chunk_gated_delta_rule_fwd_h: the h
 //       snapshots and Vnew), and
 //   B2 + B3, the chunk-local dv (chunk_bwd_dv_local, never stored) and the reverse recurrence of
@@ -40,10 +40,14 @@
 #include "src/cuda/check.cuh"
 #include "src/ops/gated_delta_rule/gdn_backends.h"
 #include "src/ops/gated_delta_rule/gdn_cuda.cuh"
-#include "src/ops/gated_delta_rule/gdn_wg_sm90.cuh"
+#include "src/ops/linear_attention/la_wg_state_sm90.cuh"
 #include "src/ops/linear_attention/la_wgmma_sm90.cuh"
 
 namespace fusedops::gdn::sm90 {
+
+using namespace la::sm90;  // the wgmma layer and the state kernels' pieces (la_wg*_sm90.cuh)
+using la::sm90::kD;  // over mma16::kD (the same 128) where a function also uses namespace mma16
+
 namespace {
 
 using sm80::Layout;
@@ -120,7 +124,7 @@ __global__ void __launch_bounds__(kStThreads, 1)
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const SeqPos s = sm80::seq_pos(L, n);
   const int64_t sidx = n * HV + hv;
-  const WgThread th = wg_thread();  // this thread's state and token rows (gdn_wg_sm90.cuh)
+  const WgThread th = wg_thread();  // this thread's state and token rows (la_wg_state_sm90.cuh)
   const int tid = th.tid, wg = th.wg, tq = th.tq, r0 = th.r0, r1 = th.r1;
   const uint32_t gx = th.gx;
   // The product's columns 32 wg..: block wg / 2 of the token tile, 16-byte chunks 4 (wg % 2) + j.

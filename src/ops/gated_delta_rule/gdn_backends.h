@@ -45,13 +45,6 @@ void compose_bwd(const Context& ctx, const ChunkGatedDeltaRuleBwdArgs& args, Sta
                  StateDhuHook state_dhu = nullptr, DqkwgHook dqkwg = nullptr);
 
 namespace sm90 {
-// cuda_sm90's state-and-output kernel in KDA's gk form (gated_delta_rule_fwd_sm90.cu, used by
-// kda_sm90.cu): the state recurrence with k = kg and the per-channel g_cumsum as gk, and
-// chunk_kda_fwd_o's o = scale qg S + (M>= . Aqk) Vnew. Writes o (and ht) and returns true, or
-// returns false without writing anything when it does not take the arguments (h, v_new must be
-// undefined).
-bool state_out_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
-                   const TensorView& aqk, const TensorView& o, double scale);
 // cuda_sm90's chunk_bwd_dqkwg on wgmma (gated_delta_rule_bwd_dqkwg_sm90.cu), compose_bwd's dqkwg
 // hook in its top-level backward.
 bool dqkwg_wg(const Context& ctx, const ChunkBwdDqkwgArgs& a);

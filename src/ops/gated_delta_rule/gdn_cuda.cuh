@@ -1,24 +1,17 @@
 // The GDN CUDA kernels' view of the shared tile layer (src/ops/linear_attention/la_sm80.cuh,
 // la_tc_sm80.cuh: written in its vocabulary, so its names are visible unqualified in gdn::sm80),
-// and the declarations the GDN backend files (and KDA's, for the fused state-and-output kernel)
-// take from each other.
+// and the declarations the GDN backend files take from each other.
 #pragma once
 
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/gated_delta_rule.h"
+#include "src/ops/linear_attention/la_cuda.h"
 #include "src/ops/linear_attention/la_sm80.cuh"
 #include "src/ops/linear_attention/la_tc_sm80.cuh"
 
 namespace fusedops::gdn::sm80 {
 
 using namespace la::sm80;
-
-// The GDN forward's fused state-and-output kernel (gated_delta_rule_fwd_sm80.cu) in KDA's form:
-// chunk_gated_delta_rule_fwd_h with the per-channel gate gk (a.gk; a.h and a.v_new written when
-// defined), then chunk_kda_fwd_o's o = scale qg h + tril(Aqk) v_new. Returns false without writing
-// anything when it does not take the arguments.
-bool state_out_fused_kda(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& qg,
-                         const TensorView& aqk, const TensorView& o, double scale);
 
 // What the cuda_sm90 top level (gated_delta_rule_fwd_sm90.cu) takes from this backend: the fused
 // prepare step, the fused state-and-output step (both as compose_fwd's hooks) and the supports()

@@ -5,7 +5,7 @@
 // the shared helpers of la_sm80.cuh: Tok/Mat access, device-side varlen positions, tile loads,
 // mm). The top level runs kda::compose_fwd with "cuda_sm80" forced on the sub-operators
 // (chunk_local_cumsum, beta_sigmoid and chunk_gated_delta_rule_fwd_h, the shared sub-operators,
-// whose CUDA kernels are in the gated_delta_rule files; l2norm from its own backend).
+// whose CUDA kernels are in src/ops/linear_attention/; l2norm from its own backend).
 // Math and storage dtypes as in kda_kernels.h. Deterministic: fixed thread-to-output ownership,
 // fixed-order sums, no atomics.
 #include <cmath>
@@ -14,9 +14,9 @@
 #include "fusedops/core/trace.h"
 #include "fusedops/ops/kda.h"
 #include "src/cuda/check.cuh"
+#include "src/ops/linear_attention/la_cuda.h"
 #include "src/ops/linear_attention/la_sm80.cuh"
 #include "src/ops/linear_attention/la_tc_sm80.cuh"
-#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
 #include "src/ops/kda/kda_sm80.cuh"
 #include "src/ops/kda/kda_top.h"
 
@@ -975,11 +975,6 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 
 __device__ __forceinline__ float gate_a(const GateP& P, int hv) { return P.A ? expf(ldf(P.A, P.ac, hv)) : 1.0f; }
 
-unsigned elem_blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 ? b : 65536);
-}
-
 // f(b, t, hv, c) over every element of a [B,T,HV,K] gate: batch rows over y (strided past the
 // grid's limit), the T*HV*K elements of a row over x.
 template <class F>
@@ -1204,7 +1199,7 @@ void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
 }
 
 bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkKdaFwdOArgs& b) {
-  return gdn::sm80::state_out_fused_kda(ctx, a, b.qg, b.Aqk, b.o, b.scale);
+  return b.Aqk.defined() && la::sm80::state_out_fused(ctx, a, b.qg, b.Aqk, b.o, b.Aqk.size(3), b.scale);
 }
 
 void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {

@@ -664,6 +664,12 @@ inline bool no_f64(std::initializer_list<const TensorView*> ts) {
   return true;
 }
 
+// Blocks of kThreads for an elementwise grid-stride kernel over n elements (at most 65536).
+inline unsigned elem_blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65536 ? b : 65536);
+}
+
 // The blocked triangular solve shared by solve_tril, the fused GDN prepare step and KDA's
 // chunk_kda_fwd_intra.
 constexpr int kLdT16 = 17;  // row stride of the [64][16] block stage of solve_blocked

@@ -27,8 +27,8 @@ cat > $OUT/shadow/src/cuda/check.cuh <<'EOH'
 #define FUSEDOPS_CUDA_LAUNCH_CHECK(op) FUSEDOPS_CUDA_CHECK(op, cudaGetLastError())
 namespace fusedops::cuda { class DeviceGuard { public: DeviceGuard(const char*, int) {} }; }
 EOH
-HEADERS="$L/la_sm80.cuh $L/la_tc_sm80.cuh $G/gdn_cuda.cuh $G/gdn_wg_sm90.cuh $K/kda_sm80.cuh"
-SOURCES="$(ls $L/*_sm80.cu $L/*_sm90.cu $G/*_sm80.cu $G/*_sm90.cu $K/*_sm80.cu $K/*_sm90.cu 2>/dev/null || true)"
+HEADERS="$L/la_sm80.cuh $L/la_tc_sm80.cuh $L/la_wg_state_sm90.cuh $G/gdn_cuda.cuh $K/kda_sm80.cuh"
+SOURCES="$(ls $L/linear_attention_*_sm80.cu $L/linear_attention_sm90.cu $G/*_sm80.cu $G/*_sm90.cu $K/*_sm80.cu $K/*_sm90.cu 2>/dev/null || true)"
 python3 $HERE/prep.py $OUT/shadow $HEADERS $SOURCES
 CXX="g++ -std=c++20 -O1 -w -I $OUT/shadow -I $ROOT/include -I $ROOT"
 OBJS=""
@@ -47,6 +47,8 @@ for t in test_gated_delta_rule test_kda; do
   fi
   TESTS="$TESTS $OUT/$t.o"
 done
-BLAS=$(grep -o "BLAS_openblas_LIBRARY:FILEPATH=.*" $B/CMakeCache.txt | cut -d= -f2)
-g++ -o $OUT/emu_tests $TESTS $OUT/emu_register.o $OBJS $B/libfusedops.a -lgtest_main -lgtest -fopenmp -lpthread $BLAS
+# The library's CPU GEMMs link oneDNN: the folder of the build's dnnl CMake config, two levels up.
+DNNL=$(cd "$(grep -o "^dnnl_DIR:PATH=.*" $B/CMakeCache.txt | cut -d= -f2)/../.." && pwd)
+g++ -o $OUT/emu_tests $TESTS $OUT/emu_register.o $OBJS $B/libfusedops.a -lgtest_main -lgtest -fopenmp -lpthread \
+  -L$DNNL -ldnnl -Wl,-rpath,$DNNL
 $OUT/emu_tests --gtest_filter="${2:-GatedDeltaRule*:ChunkGatedDeltaRule*:FusedRecurrentGatedDeltaRule*:Kda*}"

@@ -6,6 +6,7 @@
 #include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
 namespace fusedops {
+void register_linear_attention_cuda_sm80(Registry& r);
 void register_gated_delta_rule_cuda_sm80(Registry& r);
 void register_gated_delta_rule_cuda_sm90(Registry& r);
 void register_kda_cuda_sm80(Registry& r);
@@ -26,6 +27,7 @@ void l2b(const Context& c, const L2NormBwdArgs& a) {
 struct Init {
   Init() {
     Registry& r = Registry::instance();
+    register_linear_attention_cuda_sm80(r);
     register_gated_delta_rule_cuda_sm80(r);
     register_gated_delta_rule_cuda_sm90(r);
     register_kda_cuda_sm80(r);

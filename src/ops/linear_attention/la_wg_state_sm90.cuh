@@ -1,5 +1,6 @@
-// Pieces shared by the cuda_sm90 GDN kernels (gated_delta_rule_fwd_sm90.cu, _bwd_sm90.cu): the
-// tile geometry (K = V = 128, chunk 64, 16-bit tiles in the 128-byte swizzle of
+// Pieces shared by the cuda_sm90 state kernels of one CTA per (sequence, value head): the fused
+// state-and-output kernel of both families (linear_attention_sm90.cu) and GDN's backward
+// (gated_delta_rule_bwd_sm90.cu, _bwd_dqkwg_sm90.cu): the tile geometry (K = V = 128, chunk 64, 16-bit tiles in the 128-byte swizzle of
 // la_wgmma_sm90.cuh), the per-thread cp.async source of a token tile, and the descriptors of a
 // tile as a K-major or MN-major operand. No PTX here (the CPU emulation compiles this header as
 // it is).
@@ -7,12 +8,11 @@
 
 #include <cstdint>
 
-#include "src/ops/gated_delta_rule/gdn_cuda.cuh"
+#include "src/ops/linear_attention/la_sm80.cuh"
+#include "src/ops/linear_attention/la_tc_sm80.cuh"
 #include "src/ops/linear_attention/la_wgmma_sm90.cuh"
 
-namespace fusedops::gdn::sm90 {
-
-using namespace la::sm90;  // the shared wgmma layer (la_wgmma_sm90.cuh)
+namespace fusedops::la::sm90 {
 
 constexpr int kD = 128;                              // K = V
 constexpr int kBT = 64;                              // chunk
@@ -138,4 +138,4 @@ inline bool ends_ok(const TensorView& a, const TensorView& b) {
   return (!a.defined() || a.is_contiguous()) && (!b.defined() || b.is_contiguous());
 }
 
-}  // namespace fusedops::gdn::sm90
+}  // namespace fusedops::la::sm90

@@ -1,0 +1,740 @@
+// The shared linear-attention sub-operators, CUDA backend cuda_sm80 (sm_80 and later): the
+// forward-direction kernels both families (GDN, KDA) run. chunk_local_cumsum; the state recurrence
+// chunk_gated_delta_rule_fwd_h (a CTA per sequence, value head and 32-column V tile looping over the
+// chunks with the [K,32] state in shared memory; the staged form prefetches the next chunk's tiles
+// into registers; the 16-bit tensor-core form keeps the state in registers), in both gate forms (g
+// or gk); the top levels' fused state-and-output kernel (fwd_h then the family's output step, one
+// CTA per sequence and value head; state_out_fused in la_cuda.h); beta_sigmoid. Math and storage
+// dtypes as in linear_attention_ref.cpp.
+#include <cmath>
+
+#include "fusedops/core/registry.h"
+#include "fusedops/core/trace.h"
+#include "fusedops/ops/linear_attention.h"
+#include "src/cuda/check.cuh"
+#include "src/ops/linear_attention/la_cuda.h"
+#include "src/ops/linear_attention/la_sm80.cuh"
+#include "src/ops/linear_attention/la_tc_sm80.cuh"
+
+namespace fusedops::la::sm80 {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// chunk_local_cumsum: one thread per (chunk, channel), the running sum in double, the rows read
+// eight at a time (all eight loads issued before the first add). On the H200, KDA's
+// [8,4096,16,128] fp32 gate: one row at a time (latency-bound) 181 us; a CTA per 32 channels with
+// every row of a thread loaded at once and a cross-warp scan 195 us; the same with 128 channels
+// per CTA (64 doubles per thread, two CTAs per SM) 379 us. With few channels (GDN's scalar gate:
+// H of them) the grid is one CTA per chunk with only H threads at work, and each thread's eight
+// dependent round trips to memory were the time (17 us at [8,4096,16], 4% of warps active): there
+// a thread loads all 64 rows of its chunk at once (kBatch = 64, taken when C <= 64).
+template <int kBatch>
+__global__ void __launch_bounds__(kThreads) cumsum_kernel(Tok g, Tok out, Layout L, int64_t C, int64_t S,
+                                                          int reverse, double scale) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  const ChunkPos c = chunk_pos(L, blockIdx.x);
+  const int64_t h = ch / S, s = ch - h * S;
+  const int n = c.len;
+  double acc = 0.0;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float x[kBatch];
+    // Row i0 + j of the walk is row n - 1 - (i0 + j) of the chunk when reversed. Each row is
+    // read before it is written (g and out may be the same tensor).
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = reverse ? n - 1 - (i0 + j) : i0 + j;
+      x[j] = i0 + j < n ? g.ld(c.b, c.t0 + i, h, s) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j >= n) break;
+      const int i = reverse ? n - 1 - (i0 + j) : i0 + j;
+      acc += x[j];
+      out.st_(c.b, c.t0 + i, h, s, static_cast<float>(acc * scale));
+    }
+  }
+}
+
+void cumsum(const Context& ctx, const ChunkLocalCumsumArgs& a) {
+  const char* op = "chunk_local_cumsum";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.g.size(0), T = a.g.size(1), H = a.g.size(2), S = a.g.ndim() > 3 ? a.g.size(3) : 1;
+  const Layout L = layout_of(B, T, a.chunk_size, a.cu_seqlens, a.chunk_indices, a.chunk_indices, a.g.dtype());
+  const int64_t NT = a.cu_seqlens.defined() ? a.chunk_indices.size(0) : B * L.nt;
+  const int64_t C = H * S;
+  if (NT == 0 || C == 0) return;
+  FUSEDOPS_REQUIRE((C + kThreads - 1) / kThreads <= 65535, kValue, op, "too many channels: ", C);
+  const dim3 grid(static_cast<unsigned>(NT), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  if (C <= kMaxBT) {
+    const int threads = static_cast<int>((C + 31) / 32 * 32);
+    trace_kernel("cumsum_kernel");
+    cumsum_kernel<kMaxBT><<<grid, threads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
+                                                                a.reverse ? 1 : 0, a.scale);
+  } else {
+    trace_kernel("cumsum_kernel");
+    cumsum_kernel<8><<<grid, kThreads, 0, stream_of(ctx)>>>(tok_of(a.g), tok_of(a.out), L, C, S,
+                                                            a.reverse ? 1 : 0, a.scale);
+  }
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule_fwd_h: CTA per (sequence, value head, 32-column V tile). Shared memory:
+// X [K][37] (the state tile), Sl [64][69] (a 64-column slice of W or K), Vn [64][37], g [64],
+// gk_last [K].
+
+constexpr int kVT = 32;          // V tile of the state kernels
+constexpr int kLdV = pad_ld(kVT);
+
+size_t state_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + kMaxBT * kLd + 2 * kMaxBT * kLdV + kMaxBT + K);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) fwd_h_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h,
+                                                         Tok vn, Mat ht, Layout L, int K, int V, int HV,
+                                                         int G) {
+  extern __shared__ float smem[];
+  float* X = smem;                           // [K][kLdV]
+  float* Sl = X + K * kLdV;                  // [64][kLd]
+  float* Vn = Sl + kMaxBT * kLd;             // [64][kLdV]
+  float* gl = Vn + 2 * kMaxBT * kLdV;        // [64] (one spare Vn-sized block unused)
+  float* gkl = gl + kMaxBT;                  // [K]
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  if (h0.p) load_state(X, kLdV, K, kVT, h0, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, h, idx, K, V, x0, vt);
+    load_tile(Vn, kLdV, kMaxBT, kVT, u, s.b, t0, hv, len, x0, V);
+    if (threadIdx.x < kMaxBT) gl[threadIdx.x] = (g.p && threadIdx.x < len) ? g.ld(s.b, t0 + threadIdx.x, hv, 0) : 0.0f;
+    if (gk.p)
+      for (int y = threadIdx.x; y < K; y += blockDim.x) gkl[y] = gk.ld(s.b, t0 + len - 1, hv, y);
+    // Vn = U - W X.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, w, s.b, t0, hv, len, y0, K);
+      __syncthreads();
+      mm(L.tc, len, vt, min(64, K - y0), Sl, kLd, 1, X + y0 * kLdV, kLdV, 1,
+         [&](int m, int nn, float v) { Vn[m * kLdV + nn] -= v; });
+    }
+    __syncthreads();
+    if (vn.p) store_tile(Vn, kLdV, len, vt, vn, s.b, t0, hv, x0);
+    __syncthreads();
+    // Gates: Vg = diag(e^{g_last - g}) Vn, X *= e^{g_last}; or X[y,:] *= e^{gk_last,y}.
+    if (g.p) {
+      const float glast = gl[len - 1];
+      for (int e = threadIdx.x; e < len * kVT; e += blockDim.x) {
+        const int i = e / kVT, cc = e % kVT;
+        if (cc < vt) Vn[i * kLdV + cc] *= expf(glast - gl[i]);
+      }
+      const float d = expf(glast);
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = threadIdx.x; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    // X += K^T Vg.
+    for (int y0 = 0; y0 < K; y0 += 64) {
+      __syncthreads();
+      load_tile(Sl, kLd, kMaxBT, 64, k, s.b, t0, hk, len, y0, K);
+      __syncthreads();
+      mm(L.tc, min(64, K - y0), vt, len, Sl, 1, kLd, Vn, kLdV, 1,
+         [&](int m, int nn, float v) { X[(y0 + m) * kLdV + nn] += v; });
+    }
+  }
+  __syncthreads();
+  if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
+}
+
+// The same recurrence with the next chunk's W, U (and g, gk_last) and K staged in registers while
+// this chunk's products run (RegTile: 16-bit k, w, u with K <= 128 and 8-byte aligned quads), and
+// W and K staged whole ([64][K+5]) so that each product is one phase (W X summed over all of K at
+// once instead of in two 64-row halves: the same operations up to that grouping).
+constexpr int kPfQ = 8;  // quads per thread of a 64 x 128 tile
+
+size_t state_pf_smem(int K) {
+  return sizeof(float) * (static_cast<size_t>(K) * kLdV + static_cast<size_t>(kMaxBT) * pad_ld(K) +
+                          kMaxBT * kLdV + kMaxBT + K);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) fwd_h_pf_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0,
+                                                             Mat h, Tok vn, Mat ht, Layout L, int K, int V,
+                                                             int HV, int G) {
+  extern __shared__ float smem[];
+  const int ldS = pad_ld(K), qpr = K / 4;
+  float* X = smem;                        // [K][kLdV]
+  float* S = X + K * kLdV;                // [64][K+5]: W, then K, of the chunk
+  float* Vn = S + kMaxBT * ldS;           // [64][kLdV]
+  float* gl = Vn + kMaxBT * kLdV;         // [64]
+  float* gkl = gl + kMaxBT;               // [K]
+  const int tid = threadIdx.x;
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * kVT, vt = min(kVT, V - x0);
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  RegTile<kPfQ> rw, rk;
+  RegTile<2> ru;
+  float rg = 0.0f, rgk = 0.0f;
+  auto len_of = [&](int64_t ci) { return static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT)); };
+  auto fetch_wu = [&](int64_t ci) {
+    if (ci >= nch) return;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    rw.fetch(w, s.b, t0, hv, len, 0, qpr, K);
+    ru.fetch(u, s.b, t0, hv, len, x0, kVT / 4, V);
+    rg = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    rgk = (gk.p && tid < K) ? gk.ld(s.b, t0 + len - 1, hv, tid) : 0.0f;
+  };
+  auto fetch_k = [&](int64_t ci) {
+    if (ci >= nch) return;
+    rk.fetch(k, s.b, s.t0 + ci * L.BT, hk, len_of(ci), 0, qpr, K);
+  };
+  fetch_wu(0);
+  fetch_k(0);
+  if (h0.p) load_state(X, kLdV, K, kVT, h0, sidx, K, V, 0, x0);
+  else fill(X, K * kLdV, 0.0f);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = len_of(ci);
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    __syncthreads();
+    store_state(X, kLdV, h, idx, K, V, x0, vt);
+    rw.put(S, ldS, w.code, qpr);
+    ru.put(Vn, kLdV, u.code, kVT / 4);
+    if (tid < kMaxBT) gl[tid] = rg;
+    if (gk.p && tid < K) gkl[tid] = rgk;
+    __syncthreads();
+    fetch_wu(ci + 1);
+    // Vn = U - W X.
+    mm(L.tc, len, vt, K, S, ldS, 1, X, kLdV, 1, [&](int m, int nn, float v) { Vn[m * kLdV + nn] -= v; });
+    __syncthreads();
+    if (vn.p) {
+      store_tile(Vn, kLdV, len, vt, vn, s.b, t0, hv, x0);
+      __syncthreads();
+    }
+    if (g.p) {
+      const float glast = gl[len - 1];
+      for (int e = tid; e < len * kVT; e += blockDim.x) {
+        const int i = e / kVT, cc = e % kVT;
+        if (cc < vt) Vn[i * kLdV + cc] *= expf(glast - gl[i]);
+      }
+      const float d = expf(glast);
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= d;
+    } else if (gk.p) {
+      for (int e = tid; e < K * kVT; e += blockDim.x) X[(e / kVT) * kLdV + e % kVT] *= expf(gkl[e / kVT]);
+    }
+    rk.put(S, ldS, k.code, qpr);
+    __syncthreads();
+    fetch_k(ci + 1);
+    // X += K^T Vg.
+    mm(L.tc, K, vt, len, S, 1, ldS, Vn, kLdV, 1, [&](int m, int nn, float v) { X[m * kLdV + nn] += v; });
+  }
+  __syncthreads();
+  if (ht.p) store_state(X, kLdV, ht, sidx, K, V, x0, vt);
+}
+
+// chunk_gated_delta_rule_fwd_h on 16-bit tensor cores (K = V = 128, chunk 64, k, w, u and the h
+// snapshots all bf16 or all fp16, 16-byte aligned rows).
+// CTA of NG groups of 4 warps per (sequence, value head, 32 NG-column V tile); the fp32 state tile
+// X [128][32 NG] lives in registers (warp w: rows 32 (w % 4).. as two m16 tiles, columns
+// 32 (w / 4)..). Per chunk:
+//   X -> the h snapshot and a 16-bit copy Xs; Vn = U - W Xs (warp w: token rows 16 (w % 4)..);
+//   v_new = Vn; Vg = diag(e^{g_last - g}) Vn (16-bit, over U in place: each entry is read and
+//   rewritten by the same thread); X *= e^{g_last}, or with KDA's per-channel gate gk (and no g)
+//   X = diag(e^{gk_last}) X with Vg = Vn (its K arrives already scaled); X += K^T Vg (K^T's
+//   fragments read from K by ldmatrix.trans).
+// The next chunk's K, W, U tiles load by cp.async into the other of two buffers while this chunk
+// runs; two barriers per chunk (the next chunk's tiles issued after the first). Both forms take
+// two CTAs per SM (NG = 1: 88 KiB, NG = 2: 105 KiB); NG = 2 shares each K, W tile between two V
+// tiles and halves the CTAs, which fills the GPU in one wave where NG = 1 needs two (fwd_h picks
+// NG = 2 when it still gives every SM a CTA).
+//
+// S > 2 stages: chunk ci + S - 1's tiles are issued while chunk ci runs, and each chunk's gate is
+// loaded into a register one chunk ahead. One CTA per SM, so the narrow form takes S = 3 when its
+// CTAs (4 per state) fit one per SM, and S = 2 otherwise. With few (sequence, head) pairs (B = 1, T
+// = 32768: 64 CTAs on 132 SMs) a chunk step took 2.94 us with S = 2 and 2.55 us with S = 3 on the
+// H200 (S = 4: 2.62 us; bench/notes/ARCHIVE.md, stop 33).
+namespace fwdh {
+template <int NG, int S = 2, int NJ = 4>
+struct Geo {
+  static constexpr int kThreads = 128 * NG;
+  static constexpr int kCols = 8 * NJ * NG;    // V columns per CTA
+  static constexpr int kLdX = kCols + 8;       // 16-bit [rows][kCols] tiles: conflict-free fragment reads
+  static constexpr size_t kBuf = 2 * static_cast<size_t>(mma16::kTok) + kMaxBT * kLdX;  // K, W, U (elements)
+  static constexpr size_t kSmem = 2 * (S * kBuf + static_cast<size_t>(mma16::kD) * kLdX) + 4 * (2 * kMaxBT + mma16::kD);
+};
+}  // namespace fwdh
+
+template <bool BF, int NG, int S = 2, int NJ = 4>
+__global__ void __launch_bounds__(fwdh::Geo<NG>::kThreads, S > 2 ? 1 : 2)
+    fwd_h_mma_kernel(Tok k, Tok w, Tok u, Tok g, Tok gk, Mat h0, Mat h, Tok vn, Mat ht, Layout L, int HV, int G) {
+  using namespace mma16;
+  using Geo = fwdh::Geo<NG, S, NJ>;
+  constexpr int kLdX = Geo::kLdX;
+  extern __shared__ float smem[];
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);                     // [S] x (K, W, U)
+  uint16_t* Xs = buf + S * Geo::kBuf;                                     // [128][kLdX]
+  float* gls = reinterpret_cast<float*>(Xs + kD * kLdX);                   // [2][64]
+  float* gkl = gls + 2 * kMaxBT;                                           // [128]: gk of the chunk's last row
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int x0 = blockIdx.y * Geo::kCols;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 8 * NJ * (warp >> 2);  // the warp's row block and first column
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto tiles = [&](int b) { return buf + b * Geo::kBuf; };
+  auto issue = [&](int64_t ci) {  // K, W, U of chunk ci into buffer ci % S
+    uint16_t* Kb = tiles(static_cast<int>(static_cast<uint64_t>(ci) % S));
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
+    const uint16_t* ub = static_cast<const uint16_t*>(u.p);
+    uint16_t* Ub = Kb + 2 * kTok;
+    constexpr int kq = Geo::kCols / 8;  // 16-byte pieces per U row
+    for (int e = tid; e < kMaxBT * kq; e += blockDim.x) {
+      const int r = e / kq, col = (e - r * kq) << 3;
+      const bool ok = r < len;
+      cp_async16(Ub + r * kLdX + col, ub + u.off(s.b, t0 + (ok ? r : 0), hv) + x0 + col, ok);
+    }
+    cp_async_commit();
+  };
+  // X from h0 (or 0): x[mt][j][e] = X(32 wr + 16 mt + gq + 8 (e / 2), wc + 8 j + 2 tq + e % 2).
+  float x[2][NJ][4];
+  load_state_frag(x, h0, sidx, x0);
+  // The gate of chunk cj at row tid (S > 2: loaded one chunk ahead into gnext).
+  auto gate_row = [&](int64_t cj) {
+    const int lj = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - cj * L.BT));
+    return (g.p && cj < nch && tid < lj) ? g.ld(s.b, s.t0 + cj * L.BT + tid, hv, 0) : 0.0f;
+  };
+  float gnext = 0.0f;
+  if constexpr (S > 2) {
+    for (int j = 0; j < S - 1; ++j) {  // chunks 0 .. S-2; a group per chunk, empty past the end
+      if (j < nch) issue(j);
+      else cp_async_commit();
+    }
+    if (tid < kMaxBT) gnext = gate_row(0);
+  } else if (nch > 0) {
+    issue(0);
+  }
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(static_cast<uint64_t>(ci) % S);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    // No barrier here: the previous chunk's last readers of what this step writes (Xs: its first
+    // product; gkl: its state decay) are behind its second barrier, and gl is double-buffered.
+    float* gl = gls + (S == 2 ? cur : static_cast<int>(ci & 1)) * kMaxBT;
+    if constexpr (S > 2) {
+      if (tid < kMaxBT) gl[tid] = gnext;
+    } else {
+      if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    }
+    if (!g.p && gk.p && tid < kD) gkl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
+    store_state16<BF>(x, Xs, kLdX, h.p, idx, x0);  // X -> Xs and the h snapshot
+    if constexpr (S > 2) {
+      cp_async_wait<S - 2>();  // chunk ci's group; the S - 2 after it may still be in flight
+      __syncthreads();         // this chunk's tiles, Xs, gl; every thread is past the previous chunk
+      // Into buffer (ci - 1) % S, whose readers (the previous chunk) are all done.
+      if (ci + S - 1 < nch) issue(ci + S - 1);
+      else cp_async_commit();
+      if (tid < kMaxBT) gnext = gate_row(ci + 1);
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();  // this chunk's tiles, Xs, gl; every thread is past the previous chunk
+      if (ci + 1 < nch) issue(ci + 1);  // into the other buffer, whose readers are all done
+    }
+    const uint16_t* Ks = tiles(cur);
+    const uint16_t* Ws = Ks + kTok;
+    uint16_t* Us = tiles(cur) + 2 * kTok;  // U, then Vg in place
+    const float glast = gl[len - 1];
+    {  // Vn = U - W Xs for token rows 16 wr.., columns wc..
+      float a[NJ][4];
+      zero(a);
+      mm_xs<BF, NJ>(a, Ws, kLdT, Xs, kLdX, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * wr + gq + 8 * hr, xc = wc + 8 * j + 2 * tq;
+          const uint32_t uu = ld32(Us + r * kLdX + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
+          if (vn.p && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + x0 + xc, v0, v1);
+          const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+          const uint32_t pk = static_cast<uint32_t>(f2h<BF>(f * v0)) | (static_cast<uint32_t>(f2h<BF>(f * v1)) << 16);
+          *reinterpret_cast<uint32_t*>(Us + r * kLdX + xc) = pk;
+        }
+    }
+    // Decay the state.
+    if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
+    else if (gk.p) for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gkl[y]); });
+    __syncthreads();  // Vg
+    // X += K^T Vg: A(m = y, k = token) = K[token][y] by ldmatrix.trans, B = Vg[token][x].
+    state_tprod<BF>(x, Ks, Us, kLdX, lane);
+  }
+  if (ht.p) store_state_frag(x, ht, sidx, x0);
+}
+
+// The stage count of fwd_h_mma_kernel's narrow (one warp group) form with `cols` columns per CTA:
+// 3 when its CTAs fit one per SM, else 2 (the measurement knob FUSEDOPS_GDN_FWDH_STAGES and its
+// 4-stage form went: bench/notes/ARCHIVE.md, stop 33). 2 where the device's shared memory does
+// not hold the staged form.
+int fwdh_stages(const Context& ctx, int64_t states, int cols) {
+  if (!mma16::narrow_one_per_sm(ctx, states, cols)) return 2;
+  return smem_optin("chunk_gated_delta_rule_fwd_h", ctx.device.index) >= fwdh::Geo<1, 3>::kSmem ? 3 : 2;
+}
+
+bool fwd_h_mma_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  using namespace mma16;
+  const DType dt = a.k.dtype();
+  if (a.chunk_size != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
+  if (!tc16_device_ok(ctx, dt, fwdh::Geo<2>::kSmem, "chunk_gated_delta_rule_fwd_h"))
+    return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !a.h.defined() || !state16_ok(a.h, dt))
+    return false;
+  if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
+  for (const TensorView* t : {&a.h0, &a.ht})
+    if (t->defined() && !t->is_contiguous()) return false;
+  return true;
+}
+
+void fwd_h(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a) {
+  const char* op = "chunk_gated_delta_rule_fwd_h";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), K = a.k.size(3);
+  const int64_t HV = a.u.size(2), V = a.u.size(3);
+  const Layout L = with_snapshots(layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return;
+  if (fwd_h_mma_ok(ctx, a)) {
+    const bool bf = a.k.dtype() == DType::kBFloat16;
+    auto launch = [&](const char* name, auto kernel, unsigned threads, size_t smem, int cols) {
+      trace_kernel(name);
+      allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+      const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>(V / cols));
+      kernel<<<grid, threads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
+                                                      tok_of(a.gk), mat_of(a.h0), mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), L,
+                                                      static_cast<int>(HV), static_cast<int>(HV / Hk));
+    };
+    using G1 = fwdh::Geo<1>;
+    using G2 = fwdh::Geo<2>;
+    const bool n16 = mma16::narrow16_state_tiles(ctx, N * HV);
+    const int stages = fwdh_stages(ctx, N * HV, n16 ? 16 : 32);
+    using N3 = fwdh::Geo<1, 3, 2>;
+    using N2 = fwdh::Geo<1, 2, 2>;
+    if (mma16::wide_state_tiles(ctx, N * HV))
+      launch("fwd_h_mma_kernel wide", bf ? fwd_h_mma_kernel<true, 2> : fwd_h_mma_kernel<false, 2>, G2::kThreads, G2::kSmem, G2::kCols);
+    else if (n16 && stages == 3)
+      launch("fwd_h_mma_kernel narrow16 3-stage", bf ? fwd_h_mma_kernel<true, 1, 3, 2> : fwd_h_mma_kernel<false, 1, 3, 2>, N3::kThreads, N3::kSmem, N3::kCols);
+    else if (n16)
+      launch("fwd_h_mma_kernel narrow16", bf ? fwd_h_mma_kernel<true, 1, 2, 2> : fwd_h_mma_kernel<false, 1, 2, 2>, N2::kThreads, N2::kSmem, N2::kCols);
+    else if (stages == 3)
+      launch("fwd_h_mma_kernel 3-stage", bf ? fwd_h_mma_kernel<true, 1, 3> : fwd_h_mma_kernel<false, 1, 3>, fwdh::Geo<1, 3>::kThreads,
+             fwdh::Geo<1, 3>::kSmem, fwdh::Geo<1, 3>::kCols);
+    else
+      launch("fwd_h_mma_kernel", bf ? fwd_h_mma_kernel<true, 1> : fwd_h_mma_kernel<false, 1>, G1::kThreads, G1::kSmem, G1::kCols);
+    FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+    return;
+  }
+  const bool pf = L.tc && K <= 4 * kPfQ * kThreads / kMaxBT && K % 4 == 0 && V % 4 == 0 &&
+                  quad_tok(a.k) && quad_tok(a.w) && quad_tok(a.u);
+  const size_t smem = pf ? state_pf_smem(static_cast<int>(K)) : state_smem(static_cast<int>(K));
+  auto kernel = pf ? fwd_h_pf_kernel : fwd_h_kernel;
+  allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + kVT - 1) / kVT));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  trace_kernel("fwd_h_pf_kernel/fwd_h_kernel");
+  kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g),
+                                                   tok_of(a.gk), mat_of(a.h0), mat_of(a.h),
+                                                   tok_of(a.v_new), mat_of(a.ht), L, static_cast<int>(K),
+                                                   static_cast<int>(V), static_cast<int>(HV),
+                                                   static_cast<int>(HV / Hk));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The top level's state recurrence and output as one kernel (chunk_gated_delta_rule_fwd_h then
+// chunk_fwd_o, fused; 16-bit tensor cores, K = V = 128, chunk 64, the scalar gate g or none). One
+// CTA of 16 warps per (sequence, value head) holds the whole fp32 state X [128][128] in registers
+// (for_state_frag's layout: warp w rows 32 (w % 4).., columns 32 (w / 4)..). Per chunk:
+//   Xs = X in 16 bits (the h snapshot, when the caller keeps it);
+//   Vn = U - W Xs and O = diag(e^g) Q Xs, sharing Xs's fragments (warp w: token rows 16 (w % 4)..,
+//   columns 32 (w / 4)..); Vn stays in U's buffer (v_new when kept), Vg = diag(e^{g_last - g}) Vn
+//   beside it;
+//   P = M>= . Gamma . Q K^T (warp w: the 16x16 tile rows 16 (w % 4).., columns 16 (w / 4)..);
+//   X = e^{g_last} X + K^T Vg;  O += P Vn;  o = scale O.
+// Each value is rounded and accumulated as in fwd_h_mma_kernel followed by fwd_o_mma_kernel, so o
+// is theirs; what the fusion saves is h and v_new's round trip through memory (at K = V = 128 in
+// 16 bits, 2.5x the bytes of o per token and head). The next chunk's K, W, Q, U tiles load by
+// cp.async into the other of two buffers; two barriers per chunk. 196.5 KiB: one CTA per SM,
+// so the top level takes it when the (sequence, value head) pairs nearly fill the GPU
+// (FUSEDOPS_GDN_FUSED_HO=1 or 0 forces the choice where the kernel applies: test-only).
+namespace fwdho {
+constexpr int kThreads = 512;
+// KDA: Aqk's [64][64] tile rides in each buffer, Vn serves as Vg (its K arrives gated) and the gk
+// row of the chunk's last token takes the gates' place.
+template <bool KDA>
+struct Geo {
+  static constexpr size_t kBuf = 4 * static_cast<size_t>(mma16::kTok) +
+                                 (KDA ? kMaxBT * static_cast<size_t>(mma16::kLdS) : 0);  // K, W, Q, U [, Aqk]
+  static constexpr size_t kSmem =
+      KDA ? 2 * (2 * kBuf + mma16::kSt) + 4 * mma16::kD
+          : 2 * (2 * kBuf + mma16::kSt + mma16::kTok + kMaxBT * static_cast<size_t>(mma16::kLdS)) + 4 * 2 * kMaxBT;
+};
+}  // namespace fwdho
+
+template <bool BF, bool KDA>
+__global__ void __launch_bounds__(fwdho::kThreads, 1)
+    fwd_ho_mma_kernel(Tok q, Tok k, Tok w, Tok u, Tok g, Tok gk, Tok aqk, Mat h0, Mat h, Tok vn, Mat ht, Tok o,
+                      Layout L, int HV, int G, float scale, bool o_staged, bool vn_staged) {
+  using namespace mma16;
+  using Geo = fwdho::Geo<KDA>;
+  extern __shared__ float smem[];
+  uint16_t* buf = reinterpret_cast<uint16_t*>(smem);              // [2] x (K, W, Q, U [, Aqk])
+  uint16_t* Xs = buf + 2 * Geo::kBuf;                              // [128][kLdT]
+  uint16_t* Vg = Xs + kSt;                                         // GDN: [64][kLdT]
+  uint16_t* Pg = Vg + kTok;                                        // GDN: [64][kLdS]
+  // GDN: [2][64] gates; KDA: [128] gk of the chunk's last token.
+  float* gls = reinterpret_cast<float*>(KDA ? Xs + kSt : Pg + kMaxBT * kLdS);
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wr = warp & 3, wc = 32 * (warp >> 2), wp = 16 * (warp >> 2);  // row block, first column, P's
+  const int64_t nch = (s.len + L.BT - 1) / L.BT;
+  auto issue = [&](int64_t ci) {  // K, W, Q, U [, Aqk] of chunk ci into buffer ci % 2
+    uint16_t* Kb = buf + (ci & 1) * Geo::kBuf;
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    load_rows(Kb, kLdT, k, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + kTok, kLdT, w, s.b, t0, hv, len, kD / 8);
+    load_rows(Kb + 2 * kTok, kLdT, q, s.b, t0, hk, len, kD / 8);
+    load_rows(Kb + 3 * kTok, kLdT, u, s.b, t0, hv, len, kD / 8);
+    if constexpr (KDA) load_rows(Kb + 4 * kTok, kLdS, aqk, s.b, t0, hv, len, kMaxBT / 8);
+    cp_async_commit();
+  };
+  float x[2][4][4];
+  load_state_frag(x, h0, sidx, 0);
+  if (nch > 0) issue(0);
+  for (int64_t ci = 0; ci < nch; ++ci) {
+    const int cur = static_cast<int>(ci & 1);
+    const int64_t t0 = s.t0 + ci * L.BT;
+    const int len = static_cast<int>(min(static_cast<int64_t>(L.BT), s.len - ci * L.BT));
+    const int64_t idx = (s.coff + ci) * HV + hv;
+    // No barrier here: the previous chunk's last readers of what this step writes (Xs: its
+    // first products; the gates: two chunks ago, or KDA's gk row: before its state decay) are
+    // behind the previous chunk's second barrier.
+    float* gl = KDA ? gls : gls + cur * kMaxBT;
+    if constexpr (KDA) {
+      if (tid < kD) gl[tid] = gk.ld(s.b, t0 + len - 1, hv, tid);
+    } else {
+      if (tid < kMaxBT) gl[tid] = (g.p && tid < len) ? g.ld(s.b, t0 + tid, hv, 0) : 0.0f;
+    }
+    store_state16<BF>(x, Xs, kLdT, h.p, idx, 0);  // X -> Xs (and the h snapshot)
+    cp_async_wait<0>();
+    __syncthreads();  // this chunk's tiles, Xs, the gates; every thread is past the previous chunk
+    // The next chunk's tiles into the other buffer, whose last readers (the previous chunk's
+    // products) are all done now.
+    if (ci + 1 < nch) issue(ci + 1);
+    uint16_t* Kb = buf + cur * Geo::kBuf;
+    const uint16_t* Ks = Kb;
+    const uint16_t* Ws = Kb + kTok;
+    const uint16_t* Qs = Kb + 2 * kTok;
+    uint16_t* Us = Kb + 3 * kTok;  // U, then Vn in place
+    const float glast = KDA ? 0.0f : gl[len - 1];
+    const int r0 = 16 * wr + gq, r1 = r0 + 8;
+    float oa[4][4];
+    {  // Vn = U - W Xs; O = diag(e^g) Q Xs (GDN), scale Q Xs (KDA).
+      float a[4][4];
+      zero(a);
+      zero(oa);
+      mm_xs2<BF, 4>(a, oa, Ws, Qs, kLdT, Xs, kLdT, 16 * wr, wc, 0, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, xc = wc + 8 * j + 2 * tq;
+          const uint32_t uu = ld32(Us + r * kLdT + xc);
+          const float v0 = h2f<BF>(static_cast<uint16_t>(uu)) - a[j][2 * hr];
+          const float v1 = h2f<BF>(static_cast<uint16_t>(uu >> 16)) - a[j][2 * hr + 1];
+          if (vn.p && !vn_staged && r < len) st2(vn.p, vn.code, vn.off(s.b, t0 + r, hv) + xc, v0, v1);
+          *reinterpret_cast<uint32_t*>(Us + r * kLdT + xc) = pack2<BF>(v0, v1);
+          if constexpr (!KDA) {
+            const float f = (g.p && r < len) ? exp_fast(glast - gl[r]) : 1.0f;
+            *reinterpret_cast<uint32_t*>(Vg + r * kLdT + xc) = pack2<BF>(f * v0, f * v1);
+          }
+        }
+      if constexpr (KDA) scale_rows(oa, scale, scale);
+      else scale_rows(oa, exp_fast(gl[r0]), exp_fast(gl[r1]));
+      // Staged: v_new from the warp's own block of Vn (in U's buffer) by 16-byte rows.
+      if (vn.p && vn_staged) {
+        uint16_t* base = static_cast<uint16_t*>(vn.p);
+        warp_copy_rows16<16, 4>(Us, kLdT, 16 * wr, wc, [&](int r) { return base + vn.off(s.b, t0 + r, hv); }, len,
+                                lane);
+      }
+    }
+    const uint16_t* Ps = Pg;
+    if constexpr (KDA) {  // Aqk with its upper triangle zeroed, as chunk_kda_fwd_o takes it
+      uint16_t* A = Kb + 4 * kTok;
+      for (int e = tid; e < kMaxBT * kMaxBT; e += blockDim.x) {
+        const int i = e >> 6, j = e & 63;
+        if (j > i) A[i * kLdS + j] = uint16_t{0};
+      }
+      Ps = A;
+    } else {  // P, rounded to the input type
+      float pa[2][4];
+      zero(pa);
+      if (wp <= 16 * wr) mm_xyt<BF, 2>(pa, Qs, kLdT, Ks, kLdT, 16 * wr, wp, kD, lane);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r1 : r0, col = wp + 8 * j + 2 * tq;
+          const float p0 = (r < len && col <= r) ? pa[j][2 * hr] * exp_fast(gl[r] - gl[col]) : 0.0f;
+          const float p1 = (r < len && col + 1 <= r) ? pa[j][2 * hr + 1] * exp_fast(gl[r] - gl[col + 1]) : 0.0f;
+          *reinterpret_cast<uint32_t*>(Pg + r * kLdS + col) = pack2<BF>(p0, p1);
+        }
+    }
+    if constexpr (KDA) for_state_frag(x, [&](float& v, int y, int) { v *= exp_fast(gl[y]); });
+    else if (g.p) for_state_frag(x, [&](float& v, int, int) { v *= exp_fast(glast); });
+    __syncthreads();  // Vn, Vg, P
+    state_tprod<BF>(x, Ks, KDA ? Us : Vg, kLdT, lane);
+    mm_xs<BF, 4>(oa, Ps, kLdS, Us, kLdT, 16 * wr, wc, 0, 16 * wr + 16, lane);
+    const float os = KDA ? 1.0f : scale;
+    if (o_staged) {
+      // o (16-bit) through the warp's block of Qs: Q's last readers were before the barrier above.
+      store_warp_rows16<BF, 4>(oa, os, Kb + 2 * kTok, kLdT, 16 * wr, wc, o, s.b, t0, hv, len, lane);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = wc + 8 * j + 2 * tq;
+        if (r0 < len) st2(o.p, o.code, o.off(s.b, t0 + r0, hv) + col, os * oa[j][0], os * oa[j][1]);
+        if (r1 < len) st2(o.p, o.code, o.off(s.b, t0 + r1, hv) + col, os * oa[j][2], os * oa[j][3]);
+      }
+    }
+  }
+  if (ht.p) store_state_frag(x, ht, sidx, 0);
+}
+
+// Whether the fused kernel takes these arguments (h and v_new, when defined, are written too): q
+// is fwd_o's q (KDA: qg), aqk KDA's Aqk (undefined for GDN).
+bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                        const TensorView& aqk, const TensorView& o, int64_t o_chunk) {
+  using namespace mma16;
+  const int force = env::force("FUSEDOPS_GDN_FUSED_HO");  // test-only forcing (docs/tuning.md)
+  if (force == 0) return false;
+  const bool kda = aqk.defined();
+  const DType dt = a.k.dtype();
+  if (a.chunk_size != kMaxBT || o_chunk != kMaxBT || a.k.size(3) != kD || a.u.size(3) != kD) return false;
+  if (kda ? (a.g.defined() || !a.gk.defined() || aqk.size(3) != kMaxBT) : a.gk.defined()) return false;
+  const size_t smem = kda ? fwdho::Geo<true>::kSmem : fwdho::Geo<false>::kSmem;
+  if (!tc16_device_ok(ctx, dt, smem, "chunk_gated_delta_rule")) return false;
+  if (!tok16_ok(a.k, dt) || !tok16_ok(a.w, dt) || !tok16_ok(a.u, dt) || !tok16_ok(q, dt) || !out2_ok(o))
+    return false;
+  if (kda && !tok16_ok(aqk, dt)) return false;
+  if (a.h.defined() && !state16_ok(a.h, dt)) return false;
+  if (a.v_new.defined() && !out2_ok(a.v_new)) return false;
+  for (const TensorView* t : {&a.h0, &a.ht})
+    if (t->defined() && !t->is_contiguous()) return false;
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
+  // One CTA per (sequence, value head) and per SM: fused when they fill at least 7/8 of the SMs
+  // (fewer leave fwd_h's V tiles and fwd_o's chunk parallelism ahead).
+  return force == 1 || N * a.u.size(2) * 8 >= sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
+}
+
+bool state_out_fused_impl(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                      const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
+  if (!state_out_fused_ok(ctx, a, q, aqk, o, o_chunk)) return false;
+  const char* op = aqk.defined() ? "chunk_kda" : "chunk_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.k.size(0), T = a.k.size(1), Hk = a.k.size(2), HV = a.u.size(2);
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0) return true;
+  const Layout L = with_snapshots(layout_of(B, T, a.chunk_size, a.cu_seqlens, TensorView(), a.chunk_offsets, a.k.dtype()), a.h);
+  // o leaves through shared memory by 16-byte row stores when it is 16-bit in q's dtype.
+  const bool o_staged = mma16::staged_out_ok(o, o, a.k.dtype());
+  auto run = [&](const char* name, auto kernel, size_t smem) {
+    trace_kernel(name);
+    allow_smem(op, reinterpret_cast<const void*>(kernel), ctx.device.index, smem);
+    kernel<<<static_cast<unsigned>(N * HV), fwdho::kThreads, smem, stream_of(ctx)>>>(
+        tok_of(q), tok_of(a.k), tok_of(a.w), tok_of(a.u), tok_of(a.g), tok_of(a.gk), tok_of(aqk), mat_of(a.h0),
+        mat_of(a.h), tok_of(a.v_new), mat_of(a.ht), tok_of(o), L, static_cast<int>(HV), static_cast<int>(HV / Hk),
+        static_cast<float>(scale), o_staged,
+        a.v_new.defined() && mma16::staged_out_ok(a.v_new, a.v_new, a.k.dtype()));
+  };
+  const bool bf = a.k.dtype() == DType::kBFloat16;
+  if (aqk.defined()) run("fwd_ho_mma_kernel kda", bf ? fwd_ho_mma_kernel<true, true> : fwd_ho_mma_kernel<false, true>, fwdho::Geo<true>::kSmem);
+  else run("fwd_ho_mma_kernel", bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  return true;
+}
+// ---------------------------------------------------------------------------------------------
+// beta_sigmoid (forward): elementwise over [rows, D] with a row stride.
+
+__global__ void sigmoid_fwd_kernel(const void* x, int xc, int64_t rs, void* y, int yc, int64_t rows,
+                                   int64_t D, float cm) {
+  const int64_t n = rows * D;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    stf(y, yc, e, cm / (1.0f + expf(-ldf(x, xc, r * rs + d))));
+  }
+}
+
+void sigmoid_fwd(const Context& ctx, const BetaSigmoidFwdArgs& a) {
+  const char* op = "beta_sigmoid";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t D = a.x.size(-1), rows = a.x.rows(), n = rows * D;
+  if (n == 0) return;
+  trace_kernel("sigmoid_fwd_kernel");
+  sigmoid_fwd_kernel<<<elem_blocks(n), kThreads, 0, stream_of(ctx)>>>(
+      a.x.data(), code_of(a.x.dtype()), a.x.row_stride(), a.y.data(), code_of(a.y.dtype()), rows, D,
+      a.allow_neg_eigval ? 2.0f : 1.0f);
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// supports(): no float64 anywhere, K <= 256 (state tiles).
+
+bool sup_cumsum(const ChunkLocalCumsumArgs& a) { return no_f64({&a.g, &a.out}); }
+bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
+  return no_f64({&a.k, &a.w, &a.u, &a.g, &a.gk, &a.h0, &a.h, &a.v_new, &a.ht}) && a.k.size(-1) <= 256;
+}
+bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
+
+}  // namespace
+
+bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                     const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
+  return state_out_fused_impl(ctx, a, q, aqk, o, o_chunk, scale);
+}
+
+}  // namespace fusedops::la::sm80
+
+namespace fusedops {
+
+void register_linear_attention_cuda_sm80(Registry& r) {
+  using namespace la::sm80;
+  const BackendSpec s = spec();
+  r.add<ChunkLocalCumsumArgs>("chunk_local_cumsum", Direction::kForward, s, sup_cumsum, cumsum);
+  r.add<ChunkGatedDeltaRuleFwdHArgs>("chunk_gated_delta_rule_fwd_h", Direction::kForward, s, sup_fwd_h,
+                                     fwd_h);
+  r.add<BetaSigmoidFwdArgs>("beta_sigmoid", Direction::kForward, s, sup_sigmoid, sigmoid_fwd);
+  la::sm80::register_bwd(r);
+}
+
+}  // namespace fusedops
