@@ -1,8 +1,9 @@
 // Gated delta rule, CUDA backend cuda_sm80: the backward-direction operators (section 1.5 blocks
-// B2-B5, section 11, the per-token recurrence's backward). Same structure as the forward file:
-// one CTA of 256 threads per (chunk, head) with fp32 shared-memory tiles and mm products; the
-// reverse state recurrence per (sequence, value head, 32-column V tile). Everything reduced across
-// value heads (dq, dk) is summed inside one CTA in a fixed order: no atomics.
+// B2, B4, B5, section 11, the per-token recurrence's backward; the reverse state recurrence B3 is
+// the shared sub-operator's, in src/ops/linear_attention/linear_attention_bwd_sm80.cu). Same
+// structure as the forward file: one CTA of 256 threads per (chunk, head) with fp32 shared-memory
+// tiles and mm products. Everything reduced across value heads (dq, dk) is summed inside one CTA in
+// a fixed order: no atomics.
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -1070,7 +1071,7 @@ void wy_bwd(const Context& ctx, const PrepareWyReprBwdArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// gdn_gate / beta_sigmoid backward. The gate's parameter gradients are reduced per head by one
+// gdn_gate backward. The gate's parameter gradients are reduced per head by one
 // CTA in a fixed order (per-thread double partials over rows tid, tid+256, ..., then thread 0 sums
 // the 256 partials in order): deterministic, no atomics, no workspace.
 

@@ -1,9 +1,11 @@
-// Gated delta rule, CUDA backend cuda_sm80 (sm_80 and later): the forward-direction operators.
-// Chunk-parallel operators run one CTA of 256 threads per (chunk, head) with the operands staged
-// in shared memory as fp32 and products by gdn_sm80.cuh's mm (tf32 tensor cores for 16-bit inputs,
-// FFMA for fp32); the state recurrence runs one CTA per (sequence, value head, 32-column V tile)
-// looping over the chunks with the [K,32] state in shared memory (the staged form prefetches the
-// next chunk's tiles into registers). Math and storage dtypes as in gated_delta_rule_ref_fwd.cpp.
+// Gated delta rule, CUDA backend cuda_sm80 (sm_80 and later): the family's own forward-direction
+// operators (kkt, solve, w/u, the fused prepare step, fwd_o, the gate, the per-token recurrence)
+// and the top level. Chunk-parallel operators run one CTA of 256 threads per (chunk, head) with the
+// operands staged in shared memory as fp32 and products by la_sm80.cuh's mm (tf32 tensor cores for
+// 16-bit inputs, FFMA for fp32). The shared sub-operators (cumsum, the state recurrence, the beta
+// sigmoid) and the fused state-and-output kernel the top level runs are in
+// src/ops/linear_attention/ (linear_attention_fwd_sm80.cu). Math and storage dtypes as in
+// gated_delta_rule_ref_fwd.cpp.
 #include <cmath>
 
 #include "fusedops/core/registry.h"
@@ -500,7 +502,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// gdn_gate and beta_sigmoid (forward): elementwise over [rows, D] with a row stride.
+// gdn_gate (forward): elementwise over [rows, D] with a row stride.
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 

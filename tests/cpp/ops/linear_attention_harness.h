@@ -141,6 +141,15 @@ inline double max_chunk_cumsum(const Vec& g, int64_t C, int64_t BT, const std::v
 // fp32 "by convention" tensors (gates, states) are float64 in the float64 cases.
 inline DType f32or(DType dt) { return dt == DType::kFloat64 ? dt : DType::kFloat32; }
 
+// The gate cumsum's dtype as the torch layer allocates it for backend b: float64 on the CPU (its
+// backends take in-chunk differences of it in double; README, Numerics), `gpu` on a GPU. The CUDA
+// kernels take the GPU's also where the CPU emulation (src/ops/linear_attention/cpu_emulation)
+// registers them as CPU backends.
+inline DType gate_cumsum_dtype(const BackendCase& b, DType gpu) {
+  const bool cuda_kernels = b.id.rfind("cuda", 0) == 0;
+  return b.device.kind == DeviceKind::kCPU && !cuda_kernels ? DType::kFloat64 : gpu;
+}
+
 // A test tensor holding `values` (rounded to dt) with the given shape, on dev.
 inline TestTensor tensor(DType dt, std::vector<int64_t> shape, const Vec& values, Device dev) {
   TestTensor t(dt, shape);

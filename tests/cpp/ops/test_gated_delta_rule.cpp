@@ -1085,8 +1085,7 @@ Result run_chunk(const BackendCase& b, DType dt, const Shape& s, const Opts& o, 
     rk = poisoned(f32, {s.B, s.T, s.H}, dev);
   }
   if (o.sig) bs = poisoned(f32, {s.B, s.T, s.HV}, dev);
-  // The gate cumsum is float64 on the CPU, as the torch layer allocates it (README, Numerics).
-  const DType gcdt = dev.kind == DeviceKind::kCPU ? DType::kFloat64 : f32;
+  const DType gcdt = gate_cumsum_dtype(b, f32);
   TestTensor gc = poisoned(gcdt, {s.B, s.T, s.HV}, dev), A = poisoned(dt, {s.B, s.T, s.HV, o.BT}, dev);
   ChunkGatedDeltaRuleFwdArgs fa;
   fa.q = q.view(); fa.k = k.view(); fa.v = v.view(); fa.g = g.view(); fa.beta = beta.view();

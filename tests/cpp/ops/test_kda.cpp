@@ -824,8 +824,7 @@ void run_kda_fwd(KdaFwdRun& r, const BackendCase& b, DType dt, const Layout& L, 
   r.h0 = T_(adt, {L.N(), L.HV, L.K, L.V}, in.h0);
   r.o = poisoned(dt, tok(L, L.HV, L.V), b.device);
   r.ht = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-  // The gate cumsum is float64 on the CPU, as the torch layer allocates it (README, Numerics).
-  r.gc = poisoned(b.device.kind == DeviceKind::kCPU ? DType::kFloat64 : adt, tok(L, L.HV, L.K), b.device);
+  r.gc = poisoned(gate_cumsum_dtype(b, adt), tok(L, L.HV, L.K), b.device);
   r.Aqk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
   r.Akk = poisoned(dt, tok(L, L.HV, L.BT), b.device);
   ChunkKdaFwdArgs& fa = r.fa;

@@ -4,7 +4,10 @@
 # shared memory, launch-limit checks, the 16-bit mma and wgmma layers through emu_mma.h and
 # emu_wgmma.h. The kernels register as CPU backends of their own names and run under both
 # families' C++ tests. A test aid for machines without a GPU; not part of the build.
-# Usage: build.sh BUILD_DIR (a CPU build with libfusedops.a, e.g. build/dev-NAME) [gtest filter]
+# Usage: build.sh BUILD_DIR [gtest filter]. BUILD_DIR: a CPU-only build of the library, e.g.
+#   cmake -S . -B build/emu-cpu -G Ninja -DFUSEDOPS_CUDA=OFF -DFUSEDOPS_BUILD_TESTS=OFF -DFUSEDOPS_BUILD_PYTHON=OFF
+#   ninja -C build/emu-cpu fusedops
+# (a build with CUDA has CUDA objects in libfusedops.a, which do not link here).
 set -e
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 HERE=$ROOT/src/ops/linear_attention/cpu_emulation
