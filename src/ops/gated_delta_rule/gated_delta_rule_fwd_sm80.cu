@@ -657,9 +657,6 @@ bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
 bool prepare_fused_fwd(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size) {
   return prep_fused(ctx, a, chunk_size);
 }
-bool state_out_fused_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
-  return state_out_fused(ctx, a, b);
-}
 bool top_fwd_supported(const ChunkGatedDeltaRuleFwdArgs& a) { return sup_top(a); }
 
 }  // namespace fusedops::gdn::sm80

@@ -18,7 +18,7 @@ namespace {
 // compose_fwd's fused state-and-output hook: the wgmma kernel where it applies, else cuda_sm80's.
 bool state_out(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b) {
   return la::sm90::state_out_fused(ctx, a, b.q, TensorView(), b.o, b.chunk_size, b.scale) ||
-         sm80::state_out_fused_fwd(ctx, a, b);
+         la::sm80::state_out_fused(ctx, a, b.q, TensorView(), b.o, b.chunk_size, b.scale);
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {

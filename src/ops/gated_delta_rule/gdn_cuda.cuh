@@ -14,10 +14,8 @@ namespace fusedops::gdn::sm80 {
 using namespace la::sm80;
 
 // What the cuda_sm90 top level (gated_delta_rule_fwd_sm90.cu) takes from this backend: the fused
-// prepare step, the fused state-and-output step (both as compose_fwd's hooks) and the supports()
-// predicates of both directions.
+// prepare step (compose_fwd's hook) and the supports() predicates of both directions.
 bool prepare_fused_fwd(const Context& ctx, const RecomputeWUFwdArgs& a, int64_t chunk_size);
-bool state_out_fused_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkFwdOArgs& b);
 bool top_fwd_supported(const ChunkGatedDeltaRuleFwdArgs& a);
 bool top_bwd_supported(const ChunkGatedDeltaRuleBwdArgs& a);
 

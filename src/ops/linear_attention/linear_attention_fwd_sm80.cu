@@ -656,8 +656,10 @@ bool state_out_fused_ok(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a
   return force == 1 || N * a.u.size(2) * 8 >= sm_count("chunk_gated_delta_rule", ctx.device.index) * 7;
 }
 
-bool state_out_fused_impl(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
-                      const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
+}  // namespace
+
+bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
+                     const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
   if (!state_out_fused_ok(ctx, a, q, aqk, o, o_chunk)) return false;
   const char* op = aqk.defined() ? "chunk_kda" : "chunk_gated_delta_rule";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -682,6 +684,9 @@ bool state_out_fused_impl(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs&
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
 }
+
+namespace {
+
 // ---------------------------------------------------------------------------------------------
 // beta_sigmoid (forward): elementwise over [rows, D] with a row stride.
 
@@ -717,11 +722,6 @@ bool sup_fwd_h(const ChunkGatedDeltaRuleFwdHArgs& a) {
 bool sup_sigmoid(const BetaSigmoidFwdArgs& a) { return no_f64({&a.x, &a.y}); }
 
 }  // namespace
-
-bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
-                     const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale) {
-  return state_out_fused_impl(ctx, a, q, aqk, o, o_chunk, scale);
-}
 
 }  // namespace fusedops::la::sm80
 

@@ -348,7 +348,7 @@ bool state_out_gk(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, cons
   using namespace sm80::mma16;
   const DType dt = a.k.dtype();
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : a.k.size(0);
-  if (a.g.defined() || !a.gk.defined() || !aqk.defined() || aqk.size(3) != kBT || a.gk.size(3) != kD) return false;
+  if (a.g.defined() || !a.gk.defined() || aqk.size(3) != kBT || a.gk.size(3) != kD) return false;
   if (!wg_state_ok(ctx, "FUSEDOPS_GDN_FUSED_HO", dt, a.chunk_size, a.k.size(3), a.u.size(3), N * a.u.size(2),
                    kHoSmem))
     return false;
