@@ -531,104 +531,9 @@ void gate_fwd(const Context& ctx, const GdnGateFwdArgs& a) {
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
-// ---------------------------------------------------------------------------------------------
-// fused_recurrent_gated_delta_rule (forward): CTA per (sequence, value head, 32-column V tile);
-// warp w holds rows y = w + 8r (r < KR, K <= 8 KR) of the state column x0 + lane in registers.
-// KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs per SM: a decoding step
-// (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32) gave two CTAs per
-// SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16.
-
-constexpr int kRecRows = 32;  // K <= 8 * kRecRows = 256
-
-template <int KR>
-__global__ void __launch_bounds__(kThreads, KR <= 16 ? 4 : 2)
-    recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
-                         int G, float scale) {
-  __shared__ float ks[8 * KR], qs[8 * KR], vs[32], red[8][32], gb[2];
-  const int64_t n = blockIdx.x / HV;
-  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = blockIdx.y * 32 + lane;
-  const bool xv = x < V;
-  const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv;
-  float st[KR];
-#pragma unroll
-  for (int r = 0; r < KR; ++r) {
-    const int y = warp + 8 * r;
-    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
-  }
-  for (int64_t i = 0; i < s.len; ++i) {
-    const int64_t t = s.t0 + i;
-    __syncthreads();
-    for (int e = threadIdx.x; e < K; e += blockDim.x) {
-      ks[e] = k.ld(s.b, t, hk, e);
-      qs[e] = q.ld(s.b, t, hk, e);
-    }
-    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
-    if (threadIdx.x == 0) {
-      gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
-      gb[1] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
-    }
-    __syncthreads();
-    float p = 0.0f;
-#pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) p = fmaf(st[r], ks[y], p);
-    }
-    red[warp][lane] = p;
-    __syncthreads();
-    const float decay = gb[0];
-    float ps = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) ps += red[w][lane];
-    const float delta = gb[1] * (vs[lane] - decay * ps);
-    float po = 0.0f;
-#pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) {
-        st[r] = fmaf(decay, st[r], ks[y] * delta);
-        po = fmaf(st[r], qs[y], po);
-      }
-    }
-    __syncthreads();
-    red[warp][lane] = po;
-    __syncthreads();
-    if (warp == 0 && xv) {
-      float os = 0.0f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) os += red[w][lane];
-      o.st_(s.b, t, hv, x, scale * os);
-    }
-  }
-  if (ht.p && xv) {
-#pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
-    }
-  }
-}
-
+// fused_recurrent_gated_delta_rule (forward): the shared recurrent kernel in GDN's gate form.
 void recurrent_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  const char* op = "fused_recurrent_gated_delta_rule";
-  cuda::DeviceGuard guard(op, ctx.device.index);
-  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
-  const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
-  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
-  if (N * HV == 0) return;
-  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
-  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  auto kernel = K <= 128 ? recurrent_fwd_kernel<16> : recurrent_fwd_kernel<kRecRows>;
-  trace_kernel("recurrent_fwd_kernel");
-  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
-      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
-      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
-      static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
-  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+  la::sm80::recurrent_fwd(ctx, a, false);
 }
 
 void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
@@ -636,17 +541,14 @@ void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// supports(): no float64 anywhere, K <= 256 (state tiles, recurrent registers).
+// supports(): no float64 anywhere, K <= 256 (state tiles; the recurrent kernel's registers).
 
 bool sup_kkt(const ChunkScaledDotKktArgs& a) { return no_f64({&a.k, &a.beta, &a.g, &a.A}); }
 bool sup_solve(const SolveTrilArgs& a) { return no_f64({&a.A, &a.Ai}); }
 bool sup_wu(const RecomputeWUFwdArgs& a) { return no_f64({&a.k, &a.v, &a.beta, &a.A, &a.g, &a.w, &a.u}); }
 bool sup_fwd_o(const ChunkFwdOArgs& a) { return no_f64({&a.q, &a.k, &a.v, &a.h, &a.g, &a.o}); }
 bool sup_gate(const GdnGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.y}); }
-bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) {
-  return la::no_float64(a) &&
-         a.q.size(-1) <= 8 * kRecRows;
-}
+bool sup_recurrent(const FusedRecurrentGatedDeltaRuleFwdArgs& a) { return la::sm80::recurrent_fwd_supported(a); }
 bool sup_top(const ChunkGatedDeltaRuleFwdArgs& a) {
   return la::no_float64(a, {&a.A}) &&
          a.q.size(-1) <= 256;

@@ -1104,99 +1104,8 @@ void gate_bwd(const Context& ctx, const KdaGateBwdArgs& a) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// fused_recurrent_kda (forward): CTA per (sequence, value head, 32-column V tile); warp w holds
-// rows y = w + 8 r (r < K/8 <= 32) of the state column x0 + lane in registers. Per token:
-// S = diag(e^g) S; p = S^T k; delta = beta (v - p); S += k delta^T; o = scale S^T q.
-
-__global__ void __launch_bounds__(kThreads) recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0,
-                                                                 Tok o, Mat ht, Layout L, int K, int V, int HV,
-                                                                 int G, float scale) {
-  __shared__ float ks[kRecK], qs[kRecK], as[kRecK], vs[32], red[8][32], bb[1];
-  const int64_t n = blockIdx.x / HV;
-  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = blockIdx.y * 32 + lane;
-  const bool xv = x < V;
-  const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv;
-  float st[kRecRows];
-#pragma unroll
-  for (int r = 0; r < kRecRows; ++r) {
-    const int y = warp + 8 * r;
-    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
-  }
-  for (int64_t i = 0; i < s.len; ++i) {
-    const int64_t t = s.t0 + i;
-    __syncthreads();
-    for (int e = threadIdx.x; e < K; e += blockDim.x) {
-      ks[e] = k.ld(s.b, t, hk, e);
-      qs[e] = q.ld(s.b, t, hk, e);
-      as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
-    }
-    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
-    if (threadIdx.x == 0) bb[0] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
-    __syncthreads();
-    float p = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) {
-        st[r] *= as[y];
-        p = fmaf(st[r], ks[y], p);
-      }
-    }
-    red[warp][lane] = p;
-    __syncthreads();
-    float ps = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) ps += red[w][lane];
-    const float delta = bb[0] * (vs[lane] - ps);
-    float po = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) {
-        st[r] = fmaf(ks[y], delta, st[r]);
-        po = fmaf(st[r], qs[y], po);
-      }
-    }
-    __syncthreads();
-    red[warp][lane] = po;
-    __syncthreads();
-    if (warp == 0 && xv) {
-      float os = 0.0f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) os += red[w][lane];
-      o.st_(s.b, t, hv, x, scale * os);
-    }
-  }
-  if (ht.p && xv) {
-#pragma unroll
-    for (int r = 0; r < kRecRows; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
-    }
-  }
-}
-
-void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) {
-  const char* op = "fused_recurrent_kda";
-  cuda::DeviceGuard guard(op, ctx.device.index);
-  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
-  const int64_t HV = a.v.size(2), V = a.v.size(3);
-  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
-  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
-  if (N * HV == 0 || V == 0) return;
-  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
-  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  trace_kernel("recurrent_fwd_kernel");
-  recurrent_fwd_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
-      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
-      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV),
-      static_cast<int>(HV / H), static_cast<float>(a.scale));
-  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
-}
+// fused_recurrent_kda (forward): the shared recurrent kernel in KDA's gate form.
+void recurrent_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) { la::sm80::recurrent_fwd(ctx, a, true); }
 
 bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const ChunkKdaFwdOArgs& b) {
   return b.Aqk.defined() && la::sm80::state_out_fused(ctx, a, b.qg, b.Aqk, b.o, b.Aqk.size(3), b.scale);
@@ -1228,10 +1137,7 @@ bool sup_gate(const KdaGateFwdArgs& a) { return no_f64({&a.g, &a.A_log, &a.dt_bi
 bool sup_gate_bwd(const KdaGateBwdArgs& a) {
   return no_f64({&a.g, &a.A_log, &a.dt_bias, &a.dy, &a.dg, &a.dA_log, &a.ddt_bias});
 }
-bool sup_rec(const FusedRecurrentKdaFwdArgs& a) {
-  return la::no_float64(a) &&
-         a.q.size(-1) <= kRecK;
-}
+bool sup_rec(const FusedRecurrentKdaFwdArgs& a) { return la::sm80::recurrent_fwd_supported(a); }
 bool sup_top(const ChunkKdaFwdArgs& a) {
   return la::no_float64(a, {&a.Aqk, &a.Akk}) &&
          a.q.size(-1) <= 256;

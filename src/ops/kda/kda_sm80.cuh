@@ -15,9 +15,6 @@ namespace fusedops::kda::sm80 {
 // The KDA kernels are written in the shared tile layer's vocabulary (la_sm80.cuh, la_tc_sm80.cuh).
 using namespace la::sm80;
 
-constexpr int kRecRows = 32;            // state rows per thread of the recurrent kernels
-constexpr int kRecK = 8 * kRecRows;     // K <= 256 for the recurrent kernels
-
 // The two intra kernels' 64-channel halves (chunk 64, 256 threads): q and k rows into [64][kLdH]
 // 16-bit tiles and gk rows into a [64][kLdG] fp32 tile, channels y0.., by cp.async (rows >= len
 // zero); the caller commits and waits. Then gates_log2 turns, in each thread, the gate pieces that

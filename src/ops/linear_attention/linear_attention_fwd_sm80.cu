@@ -4,8 +4,9 @@
 // chunks with the [K,32] state in shared memory; the staged form prefetches the next chunk's tiles
 // into registers; the 16-bit tensor-core form keeps the state in registers), in both gate forms (g
 // or gk); the top levels' fused state-and-output kernel (fwd_h then the family's output step, one
-// CTA per sequence and value head; state_out_fused in la_cuda.h); beta_sigmoid. Math and storage
-// dtypes as in linear_attention_ref.cpp.
+// CTA per sequence and value head; state_out_fused in la_cuda.h); the fused recurrent forward of
+// both families (recurrent_fwd in la_cuda.h); beta_sigmoid. Math and storage dtypes as in
+// linear_attention_ref.cpp.
 #include <cmath>
 
 #include "fusedops/core/registry.h"
@@ -15,6 +16,7 @@
 #include "src/ops/linear_attention/la_cuda.h"
 #include "src/ops/linear_attention/la_sm80.cuh"
 #include "src/ops/linear_attention/la_tc_sm80.cuh"
+#include "src/ops/linear_attention/la_top.h"
 
 namespace fusedops::la::sm80 {
 namespace {
@@ -683,6 +685,128 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
   else run("fwd_ho_mma_kernel", bf ? fwd_ho_mma_kernel<true, false> : fwd_ho_mma_kernel<false, false>, fwdho::Geo<false>::kSmem);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
   return true;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The fused recurrent forward of both families (fused_recurrent_gated_delta_rule,
+// fused_recurrent_kda): CTA per (sequence, value head, 32-column V tile); warp w holds rows
+// y = w + 8r (r < KR, K <= 8 KR) of the state column x0 + lane in registers. Per token, with the
+// gate a = e^g:
+//   GDN (a scalar per token and value head):  p = S^T k; delta = beta (v - a p); S = a S + k delta^T
+//   KDA (a per key channel, KDA = true):      S = diag(a) S; p = S^T k; delta = beta (v - p);
+//                                             S += k delta^T
+// then o = scale S^T q. GDN: KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs
+// per SM: a decoding step (T = 1) is a stream of state reads and writes, and 104 registers
+// (KR = 32) gave two CTAs per SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64,
+// H = 16. KDA keeps KR = 32 at every K with no register cap (104 registers, two CTAs per SM): its
+// KR = 16 form needs 48 bytes of stack under the 64-register cap and has not been measured.
+// gb holds the scalar gate (GDN) and beta.
+
+constexpr int kRecRows = 32;  // K <= 8 * kRecRows = kRecMaxK
+
+template <int KR, bool KDA>
+__global__ void __launch_bounds__(kThreads, KDA ? 0 : (KR <= 16 ? 4 : 2))
+    recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
+                         int G, float scale) {
+  constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
+  __shared__ float ks[8 * KR], qs[8 * KR], as[KDA ? 8 * KR : 1], vs[32], red[8][32], gb[kBeta + 1];
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int x = blockIdx.y * 32 + lane;
+  const bool xv = x < V;
+  const SeqPos s = seq_pos(L, n);
+  const int64_t sidx = n * HV + hv;
+  float st[KR];
+#pragma unroll
+  for (int r = 0; r < KR; ++r) {
+    const int y = warp + 8 * r;
+    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
+  }
+  for (int64_t i = 0; i < s.len; ++i) {
+    const int64_t t = s.t0 + i;
+    __syncthreads();
+    for (int e = threadIdx.x; e < K; e += blockDim.x) {
+      ks[e] = k.ld(s.b, t, hk, e);
+      qs[e] = q.ld(s.b, t, hk, e);
+      if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
+    }
+    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    if (threadIdx.x == 0) {
+      if constexpr (!KDA) gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+      gb[kBeta] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    }
+    __syncthreads();
+    float p = 0.0f;
+#pragma unroll
+    for (int r = 0; r < KR; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) {
+        if constexpr (KDA) st[r] *= as[y];
+        p = fmaf(st[r], ks[y], p);
+      }
+    }
+    red[warp][lane] = p;
+    __syncthreads();
+    const float decay = KDA ? 1.0f : gb[0];
+    float ps = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) ps += red[w][lane];
+    const float delta = KDA ? gb[kBeta] * (vs[lane] - ps) : gb[kBeta] * (vs[lane] - decay * ps);
+    float po = 0.0f;
+#pragma unroll
+    for (int r = 0; r < KR; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) {
+        st[r] = KDA ? fmaf(ks[y], delta, st[r]) : fmaf(decay, st[r], ks[y] * delta);
+        po = fmaf(st[r], qs[y], po);
+      }
+    }
+    __syncthreads();
+    red[warp][lane] = po;
+    __syncthreads();
+    if (warp == 0 && xv) {
+      float os = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) os += red[w][lane];
+      o.st_(s.b, t, hv, x, scale * os);
+    }
+  }
+  if (ht.p && xv) {
+#pragma unroll
+    for (int r = 0; r < KR; ++r) {
+      const int y = warp + 8 * r;
+      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a, bool kda) {
+  const char* op = kda ? "fused_recurrent_kda" : "fused_recurrent_gated_delta_rule";
+  cuda::DeviceGuard guard(op, ctx.device.index);
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3);
+  const int64_t HV = a.v.size(2), V = a.v.size(3);
+  const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
+  const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
+  if (N * HV == 0 || V == 0) return;
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  auto kernel = kda ? recurrent_fwd_kernel<kRecRows, true>
+                    : (K <= 128 ? recurrent_fwd_kernel<16, false> : recurrent_fwd_kernel<kRecRows, false>);
+  trace_kernel("recurrent_fwd_kernel");
+  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
+      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
+      static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  FUSEDOPS_CUDA_LAUNCH_CHECK(op);
+}
+
+bool recurrent_fwd_supported(const LinearAttentionRecurrentFwdArgs& a) {
+  return la::no_float64(a) && a.q.size(-1) <= kRecMaxK;
 }
 
 namespace {
