@@ -47,7 +47,7 @@ END = "<!-- end of generated block -->"
 BASELINES = {"eager", "compile", "copy", "addmm", "matmul", "recurrent", "naive"}
 # Ops limited by memory traffic: their rows also give the achieved bandwidth.
 COMPUTE_BOUND = {"chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_gated_delta_rule",
-                 "chunk_loss", "matmul_add"}
+                 "fused_recurrent_kda", "chunk_loss", "matmul_add"}
 # Implementations that did not run for these reasons are left out of the tables (no peer on CPU).
 HIDDEN_STATUS = {"not installed", "CUDA only"}
 # Ops whose rows also give the peak extra memory of fwd+bwd.
@@ -55,7 +55,7 @@ MEMORY_COLUMN = {"chunk_loss", "fused_cross_entropy_loss"}
 OPS_ORDER = ["rmsnorm_without_weight", "l2norm", "rmsnorm_gated", "causal_conv1d",
              "clipped_swiglu", "sort_chunks_by_idx", "matmul_add", "fused_cross_entropy_loss",
              "chunk_loss", "mhc_pre_bmm", "mhc_post", "hc_split_sinkhorn", "chunk_gated_delta_rule",
-             "fused_recurrent_gated_delta_rule", "chunk_kda"]
+             "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"]
 DEMO = "h200/studies/train_hybrid-3cf0d67.json"
 
 

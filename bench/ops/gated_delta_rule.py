@@ -114,7 +114,8 @@ def chunked_torch(q, k, v, g, beta, scale, initial_state=None, chunk_size=BT):
 def _recurrent_segment(S, q, k, v, g, beta, scale):
     outs = []
     for t in range(q.shape[1]):
-        S = S * g[:, t, :, None, None].exp()
+        # GDN's gate g [B, T, H] scales the whole state; KDA's g [B, T, H, K] scales its rows.
+        S = S * (g[:, t, :, None, None] if g.dim() == 3 else g[:, t, :, :, None]).exp()
         delta = beta[:, t, :, None] * (v[:, t] - (S * k[:, t, :, :, None]).sum(-2))
         S = S + k[:, t, :, :, None] * delta[:, :, None, :]
         outs.append(scale * (S * q[:, t, :, :, None]).sum(-2))
@@ -349,9 +350,10 @@ def _case(device, B, T, H, D, dtype, HV=None, nseq=0) -> Case:
 DECODE_NAMES = ("q", "k", "v", "g", "beta", "h0")
 
 
-def _decode_case(device, B, H, D, dtype) -> Case:
+def _decode_case(device, B, H, D, dtype, kda=False) -> Case:
     """One decoding step of the recurrent form: state [B, H, K, V] fp32 in, o and the new state
-    out. fwd+bwd: gradients of o (and, through the state, of every input and h0)."""
+    out. fwd+bwd: gradients of o (and, through the state, of every input and h0). kda: KDA's form
+    (fused_recurrent_kda, the gate g [B, 1, H, K] per key channel)."""
     held: dict = {}
     scale = D ** -0.5
 
@@ -365,7 +367,7 @@ def _decode_case(device, B, H, D, dtype) -> Case:
             "q": F.normalize(randn(B, 1, H, D), dim=-1),
             "k": F.normalize(randn(B, 1, H, D), dim=-1),
             "v": randn(B, 1, H, D),
-            "g": F.logsigmoid(torch.rand(B, 1, H, generator=gen)),
+            "g": F.logsigmoid(torch.rand(B, 1, H, *((D,) if kda else ()), generator=gen)),
             "beta": torch.rand(B, 1, H, generator=gen).sigmoid(),
             "h0": randn(B, H, D, D) * 0.1,
             "dy": randn(B, 1, H, D),
@@ -393,16 +395,23 @@ def _decode_case(device, B, H, D, dtype) -> Case:
 
         return Impl(name, fwd, fwd_bwd, note=note)
 
+    op = "fused_recurrent_kda" if kda else "fused_recurrent_gated_delta_rule"
+    ours = fusedops.fused_recurrent_kda if kda else fusedops.fused_recurrent_gated_delta_rule
     impls = [
-        impl("fusedops", lambda q, k, v, g, b, h0: fusedops.fused_recurrent_gated_delta_rule(
+        impl("fusedops", lambda q, k, v, g, b, h0: ours(
             q, k, v, g, beta=b, scale=scale, initial_state=h0, output_final_state=True)),
         impl("eager", step_torch, note="the recurrence's step in plain PyTorch, backward by autograd"),
     ]
-    note = ("flash-linear-attention fused_recurrent_gated_delta_rule (Triton; it has no backward: "
-            "its fwd+bwd raises NotImplementedError)")
-    status = peer_status("fla.ops.gated_delta_rule", device)
+    # fla's fused_recurrent_kda calls its GDN kernel with the gate as gk.
+    note = (f"flash-linear-attention {op} (Triton; it has no backward: its fwd+bwd raises "
+            "NotImplementedError)")
+    status = peer_status("fla.ops.kda" if kda else "fla.ops.gated_delta_rule", device)
     if status != "ok":
         impls.append(Impl("fla", status=status, note=note))
+    elif kda:
+        from fla.ops.kda import fused_recurrent_kda as fla_kda_rec
+        impls.append(impl("fla", lambda q, k, v, g, b, h0: fla_kda_rec(
+            q, k, v, g, beta=b, scale=scale, initial_state=h0, output_final_state=True), note=note))
     else:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
         # By keyword: fla's fifth positional parameter is gk (a per-channel gate), not beta.
@@ -436,8 +445,8 @@ def _decode_case(device, B, H, D, dtype) -> Case:
 
     s = torch.empty(0, dtype=dtype).element_size()
     state = B * H * D * D * 4
-    fwd = (3 * B * H * D + B * H * D) * s + 2 * B * H * 4 + 2 * state
-    case = Case(op="fused_recurrent_gated_delta_rule", shape=(B, 1, H, D), dtype=dtype,
+    fwd = (3 * B * H * D + B * H * D) * s + (B * H * D if kda else B * H) * 4 + B * H * 4 + 2 * state
+    case = Case(op=op, shape=(B, 1, H, D), dtype=dtype,
                 params={"K=V": D, "state": "fp32 [B,H,K,V] in and out", "decode": True},
                 make_inputs=make, impls=impls, reference=reference, base=base,
                 bytes_moved={"fwd": fwd, "fwd+bwd": 2 * fwd + state},

@@ -14,6 +14,8 @@ Rows (case shape [B,T,HV,V]):
              masked before the exp, batched solve_triangular, w/u, state update), backward by
              autograd
   fla        flash-linear-attention's chunk_kda (Triton, CUDA only) when installed
+GPU cases also time one decoding step of fused_recurrent_kda (gated_delta_rule.py's decode case in
+KDA's gate form).
 CPU case: issue 4's target [2, 2048, 4, 128] fp32 (fusedops vs eager: forward+backward must be at
 least 3x faster). The check compares o (fwd) and dq, dk, dv, dg, dbeta (fwd+bwd) with the eager
 chunked algorithm in float64 (base of the precision policy: the same in the input dtype).
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 
 from .. import common
 from ..common import Case, Impl, peer_status, shapes_and_dtypes
-from .gated_delta_rule import NAMES, make_impl, promoted, unit_lower_inverse
+from .gated_delta_rule import DECODE_SHAPE, NAMES, _decode_case, make_impl, promoted, unit_lower_inverse
 
 OP = "chunk_kda"
 
@@ -171,4 +173,8 @@ def _case(device, B, T, H, D, dtype) -> Case:
 
 def cases(device: torch.device, quick: bool, dtypes=None) -> list[Case]:
     shapes, dtypes = shapes_and_dtypes(globals(), device, quick, dtypes)
-    return [_case(device, *s, dt) for s in shapes for dt in dtypes]
+    out = [_case(device, *s, dt) for s in shapes for dt in dtypes]
+    if device.type != "cuda":
+        return out
+    B, H, D = DECODE_SHAPE  # decoding with fused_recurrent_kda, as GDN's report does
+    return out + [_decode_case(device, 8 if quick else B, H, D, dt, kda=True) for dt in dtypes]
