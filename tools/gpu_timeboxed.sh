@@ -8,7 +8,7 @@
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
 # STAGES picks and orders the stages after the build (default "tests report demo"; "tests" is
 # memcheck, which runs every C++ test, beside pytest; "gtest", "memcheck", "pytest" also stand alone);
-# GTEST_SUITES (regex), MEMCHECK_FILTER (gtest filter) and PYFILES (test files) narrow the tests.
+# GTEST_SUITES (regex: the C++ suites of gtest and memcheck) and PYFILES (test files) narrow the tests.
 # BUILD_TESTS=ON builds the C++ test binary ($TESTS) for a custom stage without gtest/memcheck.
 # REPORT_ARGS go to every report.py call (e.g. "--skip fla --cases REGEX").
 # DEMO_TIMEOUT and REPORT_TIMEOUT cap the demo's and each report op's seconds (default: all left).
