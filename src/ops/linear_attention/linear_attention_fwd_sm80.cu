@@ -697,17 +697,18 @@ namespace {
 //   GDN (a scalar per token and value head):  p = S^T k; delta = beta (v - a p); S = a S + k delta^T
 //   KDA (a per key channel, KDA = true):      S = diag(a) S; p = S^T k; delta = beta (v - p);
 //                                             S += k delta^T
-// then o = scale S^T q. GDN: KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs
-// per SM: a decoding step (T = 1) is a stream of state reads and writes, and 104 registers
-// (KR = 32) gave two CTAs per SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64,
-// H = 16. KDA keeps KR = 32 at every K with no register cap (104 registers, two CTAs per SM): its
-// KR = 16 form needs 48 bytes of stack under the 64-register cap and has not been measured.
-// gb holds the scalar gate (GDN) and beta.
+// then o = scale S^T q. KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs per
+// SM: a decoding step (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32)
+// gave two CTAs per SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16 (GDN).
+// KDA's KR = 16 form takes a 48-byte stack frame under that cap and is still faster: on an H100 at
+// [64, 1, 16, 128] 83.3 us against 113 us for KR = 32 (bench/results/h100/studies/kda-decode-kr16-h100 and kda-decode-kr32-h100).
+// KR = 32 (K > 128): GDN at two CTAs per SM, KDA uncapped (104 registers). gb holds the scalar
+// gate (GDN) and beta.
 
 constexpr int kRecRows = 32;  // K <= 8 * kRecRows = kRecMaxK
 
 template <int KR, bool KDA>
-__global__ void __launch_bounds__(kThreads, KDA ? 0 : (KR <= 16 ? 4 : 2))
+__global__ void __launch_bounds__(kThreads, KR <= 16 ? 4 : (KDA ? 0 : 2))
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
                          int G, float scale) {
   constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
@@ -795,7 +796,7 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   if (N * HV == 0 || V == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  auto kernel = kda ? recurrent_fwd_kernel<kRecRows, true>
+  auto kernel = kda ? (K <= 128 ? recurrent_fwd_kernel<16, true> : recurrent_fwd_kernel<kRecRows, true>)
                     : (K <= 128 ? recurrent_fwd_kernel<16, false> : recurrent_fwd_kernel<kRecRows, false>);
   trace_kernel("recurrent_fwd_kernel");
   kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
