@@ -76,7 +76,9 @@ class Source:
 
     @property
     def commit(self) -> str:
-        return (self.meta.get("commit") or "unknown")[:7]
+        # A run from a tree with changes on top of a commit records "<sha>+<what>": kept visible.
+        sha, plus, what = (self.meta.get("commit") or "unknown").partition("+")
+        return sha[:7] + plus + what
 
 
 def report_files(device: str) -> list[str]:
