@@ -701,9 +701,9 @@ namespace {
 // SM: a decoding step (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32)
 // gave two CTAs per SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16 (GDN).
 // KDA's KR = 16 form takes a 48-byte stack frame under that cap and is still faster: on an H100 at
-// [64, 1, 16, 128] 83.3 us against 113 us for KR = 32 (bench/results/h100/studies/
-// kda-decode-kr16-h100 and kda-decode-kr32-h100). KR = 32 (K > 128): GDN at two CTAs per SM, KDA
-// uncapped (104 registers). gb holds the scalar gate (GDN) and beta.
+// [64, 1, 16, 128] 83.3 us against 113 us for KR = 32
+// (bench/results/h100/studies/kda-decode-kr16-h100 and kda-decode-kr32-h100). KR = 32 (K > 128):
+// GDN at two CTAs per SM, KDA uncapped (104 registers). gb holds the scalar gate (GDN) and beta.
 
 constexpr int kRecRows = static_cast<int>(kRecMaxK / 8);  // 32 state rows per thread for K > 128
 
