@@ -25,7 +25,7 @@ bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, c
 // The fused recurrent forward of both families (fused_recurrent_gated_delta_rule and
 // fused_recurrent_kda, one kernel): kda selects KDA's per-key-channel gate g [B,T,HV,K] over GDN's
 // scalar g [B,T,HV]. recurrent_fwd_supported is its supports(): no float64, K <= kRecMaxK (the
-// state rows a thread keeps in registers).
+// state rows the kernel's largest CTA, eight warps, keeps in registers).
 constexpr int64_t kRecMaxK = 256;
 void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a, bool kda);
 bool recurrent_fwd_supported(const LinearAttentionRecurrentFwdArgs& a);

@@ -691,97 +691,156 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // The fused recurrent forward of both families (fused_recurrent_gated_delta_rule,
-// fused_recurrent_kda): CTA per (sequence, value head, 32-column V tile); warp w holds rows
-// y = w + 8r (r < KR, K <= 8 KR) of the state column x0 + lane in registers. Per token, with the
-// gate a = e^g:
+// fused_recurrent_kda): CTA per (sequence, value head, 32-column V tile) with W warps (W = 4 for
+// K <= 128, 8 for K <= 256). Lane l holds columns x0 + 4 (l & 7) .. + 3 of the state rows
+// y = 4 w + (l >> 3) + 4 W i (i < 8) of warp w in registers: 32 values, loaded and stored as
+// float4 when the state is float32 with V % 4 == 0 and 16-byte aligned (VEC; element by element
+// otherwise). Per token, with the gate a = e^g:
 //   GDN (a scalar per token and value head):  p = S^T k; delta = beta (v - a p); S = a S + k delta^T
 //   KDA (a per key channel, KDA = true):      S = diag(a) S; p = S^T k; delta = beta (v - p);
 //                                             S += k delta^T
-// then o = scale S^T q. KR = 16 (K <= 128) keeps the kernel at <= 64 registers, four CTAs per
-// SM: a decoding step (T = 1) is a stream of state reads and writes, and 104 registers (KR = 32)
-// gave two CTAs per SM, 32 KiB of state reads in flight per SM, 1.35 TB/s at B = 64, H = 16 (GDN).
-// KDA's KR = 16 form takes a 48-byte stack frame under that cap and is still faster: on an H100 at
-// [64, 1, 16, 128] 83.3 us against 113 us for KR = 32
-// (bench/results/h100/studies/kda-decode-kr16-h100 and kda-decode-kr32-h100). KR = 32 (K > 128):
-// GDN at two CTAs per SM, KDA uncapped (104 registers). gb holds the scalar gate (GDN) and beta.
+// then o = scale S^T q; the sums over rows go through the lanes (xor 8, 16) and then the warps.
+// A decoding step (T = 1) is a stream of state reads and writes: at 64 registers this layout keeps
+// eight CTAs (K <= 128) of 16 KiB of state each per SM, against four of the former layout (a lane per
+// column, 16 rows per thread, 256 threads). On an H100 at B = 64, H = 16, K = V = 128 (GDN, T = 1)
+// 57.1 us against 67.5 us, and 173 us against 333 us at T = 16 (bench/recurrent_decode_bench.cu,
+// bench/results/h100/studies/recurrent_decode-h100.txt).
 
-constexpr int kRecRows = static_cast<int>(kRecMaxK / 8);  // 32 state rows per thread for K > 128
+static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
-template <int KR, bool KDA>
-__global__ void __launch_bounds__(kThreads, KR <= 16 ? 4 : (KDA ? 0 : 2))
+template <int W, bool KDA, bool VEC>
+__global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
                          int G, float scale) {
+  constexpr int KM = 32 * W, kR = 8;
   constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
-  __shared__ float ks[8 * KR], qs[8 * KR], as[KDA ? 8 * KR : 1], vs[32], red[8][32], gb[kBeta + 1];
+  __shared__ float ks[KM], qs[KM], as[KDA ? KM : 1], gb[kBeta + 1];
+  __shared__ __align__(16) float vs[32], red[W][32];
   const int64_t n = blockIdx.x / HV;
   const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = blockIdx.y * 32 + lane;
-  const bool xv = x < V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c4 = lane & 7;
+  const int y0 = 4 * warp + (lane >> 3);
+  const int x = blockIdx.y * 32 + 4 * c4;
   const SeqPos s = seq_pos(L, n);
-  const int64_t sidx = n * HV + hv;
-  float st[KR];
+  const int64_t base = (n * HV + hv) * K * V + x;  // element (y, x) of this sequence's state: base + y V
+  float st[kR][4];
 #pragma unroll
-  for (int r = 0; r < KR; ++r) {
-    const int y = warp + 8 * r;
-    st[r] = (h0.p && xv && y < K) ? ldf(h0.p, h0.code, (sidx * K + y) * V + x) : 0.0f;
+  for (int i = 0; i < kR; ++i) {
+    const int y = y0 + 4 * W * i;
+    const int64_t e = base + static_cast<int64_t>(y) * V;
+    if constexpr (VEC) {
+      if (h0.p && y < K && x < V) {
+        const float4 t = __ldcs(reinterpret_cast<const float4*>(static_cast<const float*>(h0.p) + e));
+        st[i][0] = t.x, st[i][1] = t.y, st[i][2] = t.z, st[i][3] = t.w;
+      } else {
+        st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) st[i][j] = (h0.p && y < K && x + j < V) ? ldf(h0.p, h0.code, e + j) : 0.0f;
+    }
   }
-  for (int64_t i = 0; i < s.len; ++i) {
-    const int64_t t = s.t0 + i;
+  for (int64_t it = 0; it < s.len; ++it) {
+    const int64_t t = s.t0 + it;
     __syncthreads();
     for (int e = threadIdx.x; e < K; e += blockDim.x) {
       ks[e] = k.ld(s.b, t, hk, e);
       qs[e] = q.ld(s.b, t, hk, e);
       if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
     }
-    if (threadIdx.x < 32) vs[lane] = xv ? v.ld(s.b, t, hv, x) : 0.0f;
+    if (threadIdx.x < 32) {
+      const int xl = blockIdx.y * 32 + lane;
+      vs[lane] = xl < V ? v.ld(s.b, t, hv, xl) : 0.0f;
+    }
     if (threadIdx.x == 0) {
       if constexpr (!KDA) gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
       gb[kBeta] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
     }
     __syncthreads();
-    float p = 0.0f;
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
+    for (int i = 0; i < kR; ++i) {
+      const int y = y0 + 4 * W * i;
       if (y < K) {
-        if constexpr (KDA) st[r] *= as[y];
-        p = fmaf(st[r], ks[y], p);
+        if constexpr (KDA) {
+          const float a = as[y];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) st[i][j] *= a;
+        }
+        const float ky = ks[y];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[j] = fmaf(st[i][j], ky, p[j]);
       }
     }
-    red[warp][lane] = p;
+#pragma unroll
+    for (int m = 8; m < 32; m <<= 1)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] += __shfl_xor_sync(0xffffffffu, p[j], m);
+    if (lane < 8) reinterpret_cast<float4*>(red[warp])[c4] = make_float4(p[0], p[1], p[2], p[3]);
     __syncthreads();
-    const float decay = KDA ? 1.0f : gb[0];
-    float ps = 0.0f;
+    const float decay = KDA ? 1.0f : gb[0], bt = gb[kBeta];
+    float4 ps = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int w = 0; w < 8; ++w) ps += red[w][lane];
-    const float delta = KDA ? gb[kBeta] * (vs[lane] - ps) : gb[kBeta] * (vs[lane] - decay * ps);
-    float po = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float4 r = reinterpret_cast<const float4*>(red[w])[c4];
+      ps.x += r.x, ps.y += r.y, ps.z += r.z, ps.w += r.w;
+    }
+    const float4 vv = reinterpret_cast<const float4*>(vs)[c4];
+    const float delta[4] = {bt * (vv.x - decay * ps.x), bt * (vv.y - decay * ps.y), bt * (vv.z - decay * ps.z),
+                            bt * (vv.w - decay * ps.w)};
+    float po[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
+    for (int i = 0; i < kR; ++i) {
+      const int y = y0 + 4 * W * i;
       if (y < K) {
-        st[r] = KDA ? fmaf(ks[y], delta, st[r]) : fmaf(decay, st[r], ks[y] * delta);
-        po = fmaf(st[r], qs[y], po);
+        const float ky = ks[y], qy = qs[y];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          st[i][j] = KDA ? fmaf(ky, delta[j], st[i][j]) : fmaf(decay, st[i][j], ky * delta[j]);
+          po[j] = fmaf(st[i][j], qy, po[j]);
+        }
       }
     }
+#pragma unroll
+    for (int m = 8; m < 32; m <<= 1)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) po[j] += __shfl_xor_sync(0xffffffffu, po[j], m);
     __syncthreads();
-    red[warp][lane] = po;
+    if (lane < 8) reinterpret_cast<float4*>(red[warp])[c4] = make_float4(po[0], po[1], po[2], po[3]);
     __syncthreads();
-    if (warp == 0 && xv) {
+    const int xl = blockIdx.y * 32 + lane;
+    if (warp == 0 && xl < V) {
       float os = 0.0f;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) os += red[w][lane];
-      o.st_(s.b, t, hv, x, scale * os);
+      for (int w = 0; w < W; ++w) os += red[w][lane];
+      o.st_(s.b, t, hv, xl, scale * os);
     }
   }
-  if (ht.p && xv) {
+  if (!ht.p) return;
 #pragma unroll
-    for (int r = 0; r < KR; ++r) {
-      const int y = warp + 8 * r;
-      if (y < K) stf(ht.p, ht.code, (sidx * K + y) * V + x, st[r]);
+  for (int i = 0; i < kR; ++i) {
+    const int y = y0 + 4 * W * i;
+    const int64_t e = base + static_cast<int64_t>(y) * V;
+    if (y >= K) continue;
+    if constexpr (VEC) {
+      if (x < V) __stcs(reinterpret_cast<float4*>(static_cast<float*>(ht.p) + e), make_float4(st[i][0], st[i][1], st[i][2], st[i][3]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (x + j < V) stf(ht.p, ht.code, e + j, st[i][j]);
     }
   }
+}
+
+// Whether the state tensors take the float4 path: float32 (or absent), V % 4 == 0, 16-byte aligned.
+bool vec_state(const Mat& h0, const Mat& ht, int64_t V) {
+  auto ok = [](const Mat& m) { return !m.p || (m.code == kF32 && reinterpret_cast<uintptr_t>(m.p) % 16 == 0); };
+  return V % 4 == 0 && ok(h0) && ok(ht);
+}
+
+template <int W, bool KDA>
+auto recurrent_fwd_pick(bool vec) {
+  return vec ? recurrent_fwd_kernel<W, KDA, true> : recurrent_fwd_kernel<W, KDA, false>;
 }
 
 }  // namespace
@@ -796,13 +855,16 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   if (N * HV == 0 || V == 0) return;
   const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
   FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
-  auto kernel = kda ? (K <= 128 ? recurrent_fwd_kernel<16, true> : recurrent_fwd_kernel<kRecRows, true>)
-                    : (K <= 128 ? recurrent_fwd_kernel<16, false> : recurrent_fwd_kernel<kRecRows, false>);
+  const bool narrow = K <= 128;  // four warps hold 128 rows, eight 256 (kRecMaxK)
+  const Mat h0 = mat_of(a.initial_state), ht = mat_of(a.final_state);
+  const bool vec = vec_state(h0, ht, V);
+  auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec) : recurrent_fwd_pick<8, true>(vec))
+                    : (narrow ? recurrent_fwd_pick<4, false>(vec) : recurrent_fwd_pick<8, false>(vec));
   trace_kernel("recurrent_fwd_kernel");
-  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(
-      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), mat_of(a.initial_state),
-      tok_of(a.o), mat_of(a.final_state), L, static_cast<int>(K), static_cast<int>(V),
-      static_cast<int>(HV), static_cast<int>(HV / H), static_cast<float>(a.scale));
+  kernel<<<grid, narrow ? 128 : 256, 0, stream_of(ctx)>>>(
+      tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), h0, tok_of(a.o), ht, L,
+      static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
+      static_cast<float>(a.scale));
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 

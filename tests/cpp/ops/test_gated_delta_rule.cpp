@@ -1266,9 +1266,10 @@ TEST(FusedRecurrentGatedDeltaRule, MatchesTheFloat64RecurrenceOnEveryBackend) {
     for (DType dt : kDtypes) {
       if (!backend_takes("fused_recurrent_gated_delta_rule", Direction::kForward, b.id, dt)) continue;
       const auto all = top_cases();
-      // Three of the chunk cases, and K = 160 (the CUDA forward's 32-row register form; K <= 128
-      // takes the 16-row one).
-      const std::vector<TopCase> cases{all[0], all[1], all[3], {{1, 20, 1, 2, 160, 40, {}}, all[0].o, "K160 V40 GVA2"}};
+      // Three of the chunk cases, K = 160 (the CUDA forward's eight-warp form; K <= 128 takes four
+      // warps) and V = 18 (V % 4 != 0: the state element by element instead of by float4).
+      const std::vector<TopCase> cases{all[0], all[1], all[3], {{1, 20, 1, 2, 160, 40, {}}, all[0].o, "K160 V40 GVA2"},
+                                       {{2, 9, 1, 1, 24, 18, {}}, all[0].o, "K24 V18"}};
       for (size_t i = 0; i < cases.size(); ++i) {
         const TopCase& c = cases[i];
         SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + c.name);
