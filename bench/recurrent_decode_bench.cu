@@ -4,7 +4,8 @@
 // column, 16 rows per thread, 256 threads, four CTAs per SM); B<W, MINB> the one it uses now (lanes
 // of four float4 columns and 8 rows, W warps, __launch_bounds__ minimum MINB CTAs per SM). Each
 // variant's final state and output are compared with A's; times are the median of 200 calls with a
-// 256 MiB memset between calls (CUDA events). Build and run on the GPU machine:
+// 256 MiB memset between calls (CUDA events). "vt": the grid's consecutive CTAs are the V tiles of one
+// state (the library's order) instead of the same tile of consecutive states. Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
 //   /tmp/recurrent_decode 1 0; /tmp/recurrent_decode 1 1; /tmp/recurrent_decode 16 0
 // Results: bench/results/h100/studies/recurrent_decode-h100.txt.
@@ -72,15 +73,17 @@ __global__ void __launch_bounds__(256, 4) kA(Args a, int H) {
 }
 // B: float4 columns. W warps; lane = (rs = lane>>3: row in a group of 4, c4 = lane&7: columns 4c4..4c4+3);
 // thread rows y_i = 4*warp + rs + 4*W*i, i < R = K/(4W) (K = 128 here: R = 32/W).
-template <int W, int MINB, bool KDA>
+template <int W, int MINB, bool KDA, bool VT_FAST = false>
 __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
   constexpr int R = 32 / W;  // K = 128
   __shared__ float ks[128], qs[128], as[KDA ? 128 : 1], red[W][32], gb[2];
   __shared__ float4 vs4[8];
   const int K = 128, V = a.V, HV = a.HV;
-  const int64_t n = blockIdx.x / HV; const int hv = blockIdx.x % HV, hk = hv / (HV / H);
+  // VT_FAST: a 1-D grid whose consecutive CTAs are the V tiles of one state; else (N HV, V / 32).
+  const int nvt = V / 32, vt = VT_FAST ? blockIdx.x % nvt : blockIdx.y, nh = VT_FAST ? blockIdx.x / nvt : blockIdx.x;
+  const int64_t n = nh / HV; const int hv = nh % HV, hk = hv / (HV / H);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rs = lane >> 3, c4 = lane & 7;
-  const int x = blockIdx.y * 32 + 4 * c4;  // V % 32 == 0 in this micro
+  const int x = vt * 32 + 4 * c4;  // V % 32 == 0 in this micro
   const int64_t sidx = n * HV + hv;
   const float* hp = a.h0 + (sidx * K + 4 * warp + rs) * V + x;
   float4 st[R];
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
       ks[e] = ldf(a.k, a.cq, ((n * a.T + t) * H + hk) * K + e); qs[e] = ldf(a.q, a.cq, ((n * a.T + t) * H + hk) * K + e);
       if constexpr (KDA) as[e] = expf(ldf(a.g, a.cg, ((n * a.T + t) * HV + hv) * K + e));
     }
-    if (threadIdx.x < 32) reinterpret_cast<float*>(vs4)[lane] = ldf(a.v, a.cq, ((n * a.T + t) * HV + hv) * V + blockIdx.y * 32 + lane);
+    if (threadIdx.x < 32) reinterpret_cast<float*>(vs4)[lane] = ldf(a.v, a.cq, ((n * a.T + t) * HV + hv) * V + vt * 32 + lane);
     if (threadIdx.x == 0) { if constexpr (!KDA) gb[0] = expf(ldf(a.g, a.cg, (n * a.T + t) * HV + hv)); gb[1] = ldf(a.beta, a.cg, (n * a.T + t) * HV + hv); }
     __syncthreads();
     float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
     if (warp == 0) { float os = 0.f;
 #pragma unroll
       for (int w = 0; w < W; ++w) os += red[w][lane];
-      stf(a.o, a.cq, ((n * a.T + t) * HV + hv) * V + blockIdx.y * 32 + lane, a.scale * os); }
+      stf(a.o, a.cq, ((n * a.T + t) * HV + hv) * V + vt * 32 + lane, a.scale * os); }
   }
   float* hq = a.ht + (sidx * K + 4 * warp + rs) * V + x;
 #pragma unroll
@@ -165,6 +168,9 @@ int main(int argc, char** argv) {
   run("A kr16", [&] { if (kda) kA<16, true><<<grid, 256>>>(b2, H); else kA<16, false><<<grid, 256>>>(b2, H); });
 #define RB(W, M) run("B w" #W " m" #M, [&] { if (kda) kB<W, M, true><<<grid, 32 * W>>>(b2, H); else kB<W, M, false><<<grid, 32 * W>>>(b2, H); });
   RB(4, 1) RB(4, 4) RB(4, 6) RB(4, 8) RB(8, 1) RB(8, 3) RB(8, 4) RB(2, 1) RB(2, 8) RB(2, 12)
+  const unsigned g1 = B * HV * (V / 32);
+  run("B w4 m8 vt", [&] { if (kda) kB<4, 8, true, true><<<g1, 128>>>(b2, H); else kB<4, 8, false, true><<<g1, 128>>>(b2, H); });
+  run("B w8 m4 vt", [&] { if (kda) kB<8, 4, true, true><<<g1, 256>>>(b2, H); else kB<8, 4, false, true><<<g1, 256>>>(b2, H); });
   CK(cudaGetLastError());
   return 0;
 }
