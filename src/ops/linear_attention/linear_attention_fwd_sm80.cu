@@ -691,8 +691,7 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // The fused recurrent forward of both families (fused_recurrent_gated_delta_rule,
-// fused_recurrent_kda): CTA per (sequence, value head, 32-column V tile), the tiles of one state
-// consecutive in the grid (neighbouring CTAs read neighbouring 128-byte pieces of each row), with W warps (W = 4 for
+// fused_recurrent_kda): CTA per (sequence, value head, 32-column V tile) with W warps (W = 4 for
 // K <= 128, 8 for K <= 256). Lane l holds columns x0 + 4 (l & 7) .. + 3 of the state rows
 // y = 4 w + (l >> 3) + 4 W i (i < 8) of warp w in registers: 32 values, loaded and stored as
 // float4 when the state is float32 with V % 4 == 0 and 16-byte aligned (VEC; element by element
@@ -717,13 +716,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
   constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
   __shared__ float ks[KM], qs[KM], as[KDA ? KM : 1], gb[kBeta + 1];
   __shared__ __align__(16) float vs[32], red[W][32];
-  const int nvt = (V + 31) / 32;
-  const int vt = static_cast<int>(blockIdx.x) % nvt, nh = static_cast<int>(blockIdx.x) / nvt;
-  const int64_t n = nh / HV;
-  const int hv = nh % HV, hk = hv / G;
+  const int64_t n = blockIdx.x / HV;
+  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c4 = lane & 7;
   const int y0 = 4 * warp + (lane >> 3);
-  const int x = vt * 32 + 4 * c4;
+  const int x = blockIdx.y * 32 + 4 * c4;
   const SeqPos s = seq_pos(L, n);
   const int64_t base = (n * HV + hv) * K * V + x;  // element (y, x) of this sequence's state: base + y V
   float st[kR][4];
@@ -752,7 +749,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
       if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
     }
     if (threadIdx.x < 32) {
-      const int xl = (x & ~31) + lane;  // the tile's column `lane`
+      const int xl = blockIdx.y * 32 + lane;
       vs[lane] = xl < V ? v.ld(s.b, t, hv, xl) : 0.0f;
     }
     if (threadIdx.x == 0) {
@@ -811,7 +808,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     __syncthreads();
     if (lane < 8) reinterpret_cast<float4*>(red[warp])[c4] = make_float4(po[0], po[1], po[2], po[3]);
     __syncthreads();
-    const int xl = (x & ~31) + lane;
+    const int xl = blockIdx.y * 32 + lane;
     if (warp == 0 && xl < V) {
       float os = 0.0f;
 #pragma unroll
@@ -856,15 +853,15 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0 || V == 0) return;
-  const int64_t ctas = N * HV * ((V + 31) / 32);
-  FUSEDOPS_REQUIRE(ctas <= 0x7fffffff, kValue, op, "too many (sequence, value head, 32 columns) tiles: ", ctas);
+  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
+  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
   const bool narrow = K <= 128;  // four warps hold 128 rows, eight 256 (kRecMaxK)
   const Mat h0 = mat_of(a.initial_state), ht = mat_of(a.final_state);
   const bool vec = vec_state(h0, ht, V);
   auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec) : recurrent_fwd_pick<8, true>(vec))
                     : (narrow ? recurrent_fwd_pick<4, false>(vec) : recurrent_fwd_pick<8, false>(vec));
   trace_kernel("recurrent_fwd_kernel");
-  kernel<<<static_cast<unsigned>(ctas), narrow ? 128 : 256, 0, stream_of(ctx)>>>(
+  kernel<<<grid, narrow ? 128 : 256, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), h0, tok_of(a.o), ht, L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
       static_cast<float>(a.scale));
