@@ -702,9 +702,11 @@ namespace {
 // then o = scale S^T q; the sums over rows go through the lanes (xor 8, 16) and then the warps.
 // A decoding step (T = 1) is a stream of state reads and writes: at 64 registers this layout keeps
 // eight CTAs (K <= 128) of 16 KiB of state each per SM, against four of the former layout (a lane per
-// column, 16 rows per thread, 256 threads). On an H100 at B = 64, H = 16, K = V = 128 (GDN, T = 1)
-// 57.1 us against 67.5 us, and 173 us against 333 us at T = 16 (bench/recurrent_decode_bench.cu,
-// bench/results/h100/studies/recurrent_decode-h100.txt).
+// column, 16 rows per thread, 256 threads). Alone on an H100 at B = 64, H = 16, K = V = 128, T = 1:
+// GDN 56.0 us against 66.7, KDA 57.4 against 69.1; T = 16 (GDN) 170.9 against 333.2
+// (bench/recurrent_decode_bench.cu, bench/results/h100/studies/recurrent_decode-h100.txt). A grid with
+// the V tiles of one state next to each other measured no better in the library (its 'vt' rows and
+// h100/studies/gdn-decode-vtgrid-h100, kda-decode-vtgrid-h100).
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
