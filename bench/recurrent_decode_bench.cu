@@ -6,7 +6,7 @@
 // variant's final state and output are compared with A's; times are the median of 200 calls with a
 // 256 MiB memset between calls (CUDA events). "vt": the grid's consecutive CTAs are the V tiles of one
 // state (the library's order) instead of the same tile of consecutive states. Build and run on the GPU machine:
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
+//   nvcc -O3 -std=c++20 -arch=sm_90a -I. -Iinclude -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
 //   /tmp/recurrent_decode 1 0; /tmp/recurrent_decode 1 1; /tmp/recurrent_decode 16 0
 // Results: bench/results/h100/studies/recurrent_decode-h100.txt.
 #include <cuda_bf16.h>
@@ -16,17 +16,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cmath>
-enum { kF32 = 0, kBF16 = 1, kF16 = 2 };
-__device__ __forceinline__ float ldf(const void* p, int code, int64_t i) {
-  if (code == kF32) return static_cast<const float*>(p)[i];
-  if (code == kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return __half2float(static_cast<const __half*>(p)[i]);
-}
-__device__ __forceinline__ void stf(void* p, int code, int64_t i, float v) {
-  if (code == kF32) static_cast<float*>(p)[i] = v;
-  else if (code == kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else static_cast<__half*>(p)[i] = __float2half_rn(v);
-}
+// The library's element loads and stores in any float dtype (ldf, stf, kF32 ...).
+#include "src/ops/linear_attention/la_sm80.cuh"
+using fusedops::la::sm80::kBF16;
+using fusedops::la::sm80::kF32;
+using fusedops::la::sm80::ldf;
+using fusedops::la::sm80::stf;
 struct Args { const void *q, *k, *v, *g, *beta; const float* h0; void* o; float* ht; int cq, cg, T, HV, K, V; float scale; };
 // token [B,T,H,D] contiguous: off = ((b*T+t)*H+h)*D+d
 // A: replica of the library's layout (lane = column, warp = row group, KR rows per thread)
