@@ -5,10 +5,11 @@
 // of four float4 columns and 8 rows, W warps, __launch_bounds__ minimum MINB CTAs per SM). Each
 // variant's final state and output are compared with A's; times are the median of 200 calls with a
 // 256 MiB memset between calls (CUDA events). "vt": the grid's consecutive CTAs are the V tiles of one
-// state (the library's order) instead of the same tile of consecutive states. Build and run on the GPU machine:
+// state instead of the same tile of consecutive states; "plain": B<4, 8> with plain loads and stores of the
+// state instead of the streaming (evict-first) __ldcs / __stcs the library uses. Build and run on the GPU machine:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. -Iinclude -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
 //   /tmp/recurrent_decode 1 0; /tmp/recurrent_decode 1 1; /tmp/recurrent_decode 16 0
-// Results: bench/results/h100/studies/recurrent_decode-h100.txt.
+// Results: bench/results/h100/studies/recurrent_decode-h100.txt; with the "plain" rows recurrent_decode-h100-cs.txt.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdio>
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(256, 4) kA(Args a, int H) {
 }
 // B: float4 columns. W warps; lane = (rs = lane>>3: row in a group of 4, c4 = lane&7: columns 4c4..4c4+3);
 // thread rows y_i = 4*warp + rs + 4*W*i, i < R = K/(4W) (K = 128 here: R = 32/W).
-template <int W, int MINB, bool KDA, bool VT_FAST = false>
+template <int W, int MINB, bool KDA, bool VT_FAST = false, bool CS = true>
 __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
   constexpr int R = 32 / W;  // K = 128
   __shared__ float ks[128], qs[128], as[KDA ? 128 : 1], red[W][32], gb[2];
@@ -83,7 +84,10 @@ __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
   const float* hp = a.h0 + (sidx * K + 4 * warp + rs) * V + x;
   float4 st[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) st[i] = __ldcs(reinterpret_cast<const float4*>(hp + static_cast<int64_t>(4 * W * i) * V));
+  for (int i = 0; i < R; ++i) {
+    const float4* src = reinterpret_cast<const float4*>(hp + static_cast<int64_t>(4 * W * i) * V);
+    st[i] = CS ? __ldcs(src) : *src;
+  }
   for (int t = 0; t < a.T; ++t) {
     __syncthreads();
     for (int e = threadIdx.x; e < K; e += blockDim.x) {
@@ -125,7 +129,10 @@ __global__ void __launch_bounds__(32 * W, MINB) kB(Args a, int H) {
   }
   float* hq = a.ht + (sidx * K + 4 * warp + rs) * V + x;
 #pragma unroll
-  for (int i = 0; i < R; ++i) __stcs(reinterpret_cast<float4*>(hq + static_cast<int64_t>(4 * W * i) * V), st[i]);
+  for (int i = 0; i < R; ++i) {
+    float4* dst = reinterpret_cast<float4*>(hq + static_cast<int64_t>(4 * W * i) * V);
+    if (CS) __stcs(dst, st[i]); else *dst = st[i];
+  }
 }
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 template <class F> float timeit(F f, char* flush, size_t fb, int reps) {
@@ -165,6 +172,7 @@ int main(int argc, char** argv) {
   RB(4, 1) RB(4, 4) RB(4, 6) RB(4, 8) RB(8, 1) RB(8, 3) RB(8, 4) RB(2, 1) RB(2, 8) RB(2, 12)
   const unsigned g1 = B * HV * (V / 32);
   run("B w4 m8 vt", [&] { if (kda) kB<4, 8, true, true><<<g1, 128>>>(b2, H); else kB<4, 8, false, true><<<g1, 128>>>(b2, H); });
+  run("B w4 m8 plain", [&] { if (kda) kB<4, 8, true, false, false><<<grid, 128>>>(b2, H); else kB<4, 8, false, false, false><<<grid, 128>>>(b2, H); });
   run("B w8 m4 vt", [&] { if (kda) kB<8, 4, true, true><<<g1, 256>>>(b2, H); else kB<8, 4, false, true><<<g1, 256>>>(b2, H); });
   CK(cudaGetLastError());
   return 0;

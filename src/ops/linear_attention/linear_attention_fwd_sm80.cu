@@ -706,7 +706,9 @@ namespace {
 // GDN 56.0 us against 66.7, KDA 57.4 against 69.1; T = 16 (GDN) 170.9 against 333.2
 // (bench/recurrent_decode_bench.cu, bench/results/h100/studies/recurrent_decode-h100.txt). A grid with
 // the V tiles of one state next to each other measured no better in the library (its 'vt' rows and
-// h100/studies/gdn-decode-vtgrid-h100, kda-decode-vtgrid-h100).
+// h100/studies/gdn-decode-vtgrid-h100, kda-decode-vtgrid-h100). The state moves with streaming
+// (evict-first) loads and stores; plain ones measured alone 2-4% faster at T = 1 and 7-8% slower at
+// T = 16 (the 'plain' rows of bench/results/h100/studies/recurrent_decode-h100-cs.txt): not changed.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
