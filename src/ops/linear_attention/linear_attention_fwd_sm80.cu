@@ -8,6 +8,7 @@
 // both families (recurrent_fwd in la_cuda.h); beta_sigmoid. Math and storage dtypes as in
 // linear_attention_ref.cpp.
 #include <cmath>
+#include <algorithm>
 
 #include "fusedops/core/registry.h"
 #include "fusedops/core/trace.h"
@@ -704,27 +705,37 @@ namespace {
 // eight CTAs (K <= 128) of 16 KiB of state each per SM, against four of the former layout (a lane per
 // column, 16 rows per thread, 256 threads). Alone on an H100 at B = 64, H = 16, K = V = 128, T = 1:
 // GDN 56.0 us against 66.7, KDA 57.4 against 69.1; T = 16 (GDN) 170.9 against 333.2
-// (bench/recurrent_decode_bench.cu, bench/results/h100/studies/recurrent_decode-h100.txt). A grid with
-// the V tiles of one state next to each other measured no better in the library (its 'vt' rows and
-// h100/studies/gdn-decode-vtgrid-h100, kda-decode-vtgrid-h100). The state moves with streaming
-// (evict-first) loads and stores; plain ones measured alone 2-4% faster at T = 1 and 7-8% slower at
-// T = 16 (the 'plain' rows of bench/results/h100/studies/recurrent_decode-h100-cs.txt): not changed.
+// (bench/recurrent_decode_bench.cu, bench/results/h100/studies/recurrent_decode-h100.txt).
+// Two forms by the tokens per sequence (DEC = one token each, as in decoding):
+//   - DEC: the V tiles of one state are neighbours in the grid (x = V tile, then y/z = sequence and
+//     head), and the state moves with plain loads and stores;
+//   - otherwise: x = (sequence, head), y = V tile, and streaming (evict-first) loads and stores.
+// In the library on an H100, in one process beside fla (bench/results/h100/studies/recurrent-forms-h100.txt):
+// at [64, 1, 16, 128] the DEC form took 56.2-56.8 us (GDN) and 57.1-57.8 (KDA) against 58.8-60.2 and
+// 59.8-60.7 with the other form (three runs); at T = 4 and 16 the other form was 3-8% faster for GDN
+// and within 2% for KDA. Loading the next token's inputs a step ahead (in registers), tried for
+// T > 1: 5% faster at T = 16 (GDN), slower at T = 1 and 4, with 40-56 bytes of spills at this
+// layout's 64 registers (at 80 registers, six CTAs per SM: slower everywhere); not kept.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
-template <int W, bool KDA, bool VEC>
+template <int W, bool KDA, bool VEC, bool DEC>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
-                         int G, float scale) {
+                         int G, float scale, unsigned NH) {
   constexpr int KM = 32 * W, kR = 8;
   constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
   __shared__ float ks[KM], qs[KM], as[KDA ? KM : 1], gb[kBeta + 1];
   __shared__ __align__(16) float vs[32], red[W][32];
-  const int64_t n = blockIdx.x / HV;
-  const int hv = static_cast<int>(blockIdx.x % HV), hk = hv / G;
+  // nh = n HV + hv; the DEC grid's last z slice may run past NH.
+  const unsigned nh = DEC ? blockIdx.z * gridDim.y + blockIdx.y : blockIdx.x;
+  if (DEC && nh >= NH) return;
+  const unsigned vt = DEC ? blockIdx.x : blockIdx.y;  // the 32-column V tile
+  const int64_t n = nh / HV;
+  const int hv = static_cast<int>(nh % HV), hk = hv / G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c4 = lane & 7;
   const int y0 = 4 * warp + (lane >> 3);
-  const int x = blockIdx.y * 32 + 4 * c4;
+  const int x = vt * 32 + 4 * c4;
   const SeqPos s = seq_pos(L, n);
   const int64_t base = (n * HV + hv) * K * V + x;  // element (y, x) of this sequence's state: base + y V
   float st[kR][4];
@@ -734,7 +745,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     const int64_t e = base + static_cast<int64_t>(y) * V;
     if constexpr (VEC) {
       if (h0.p && y < K && x < V) {
-        const float4 t = __ldcs(reinterpret_cast<const float4*>(static_cast<const float*>(h0.p) + e));
+        const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(h0.p) + e);
+        const float4 t = DEC ? *src : __ldcs(src);
         st[i][0] = t.x, st[i][1] = t.y, st[i][2] = t.z, st[i][3] = t.w;
       } else {
         st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
@@ -753,7 +765,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
       if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
     }
     if (threadIdx.x < 32) {
-      const int xl = blockIdx.y * 32 + lane;
+      const int xl = vt * 32 + lane;
       vs[lane] = xl < V ? v.ld(s.b, t, hv, xl) : 0.0f;
     }
     if (threadIdx.x == 0) {
@@ -812,7 +824,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     __syncthreads();
     if (lane < 8) reinterpret_cast<float4*>(red[warp])[c4] = make_float4(po[0], po[1], po[2], po[3]);
     __syncthreads();
-    const int xl = blockIdx.y * 32 + lane;
+    const int xl = vt * 32 + lane;
     if (warp == 0 && xl < V) {
       float os = 0.0f;
 #pragma unroll
@@ -827,7 +839,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     const int64_t e = base + static_cast<int64_t>(y) * V;
     if (y >= K) continue;
     if constexpr (VEC) {
-      if (x < V) __stcs(reinterpret_cast<float4*>(static_cast<float*>(ht.p) + e), make_float4(st[i][0], st[i][1], st[i][2], st[i][3]));
+      if (x < V) {
+        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(ht.p) + e);
+        const float4 r = make_float4(st[i][0], st[i][1], st[i][2], st[i][3]);
+        if constexpr (DEC) *dst = r; else __stcs(dst, r);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -843,8 +859,9 @@ bool vec_state(const Mat& h0, const Mat& ht, int64_t V) {
 }
 
 template <int W, bool KDA>
-auto recurrent_fwd_pick(bool vec) {
-  return vec ? recurrent_fwd_kernel<W, KDA, true> : recurrent_fwd_kernel<W, KDA, false>;
+auto recurrent_fwd_pick(bool vec, bool dec) {
+  return vec ? (dec ? recurrent_fwd_kernel<W, KDA, true, true> : recurrent_fwd_kernel<W, KDA, true, false>)
+             : (dec ? recurrent_fwd_kernel<W, KDA, false, true> : recurrent_fwd_kernel<W, KDA, false, false>);
 }
 
 }  // namespace
@@ -857,18 +874,23 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   const Layout L = layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   const int64_t N = a.cu_seqlens.defined() ? a.cu_seqlens.size(0) - 1 : B;
   if (N * HV == 0 || V == 0) return;
-  const dim3 grid(static_cast<unsigned>(N * HV), static_cast<unsigned>((V + 31) / 32));
-  FUSEDOPS_REQUIRE(grid.y <= 65535, kValue, op, "V too large: ", V);
+  // DEC: every sequence one token (a decoding step; q holds N tokens in all).
+  const bool dec = B * T == N;
+  const int64_t NH = N * HV, tiles = (V + 31) / 32, ny = std::min<int64_t>(NH, 65535);
+  FUSEDOPS_REQUIRE(NH <= 0x7fffffff, kValue, op, "too many (sequence, value head) states: ", NH);
+  FUSEDOPS_REQUIRE(dec || tiles <= 65535, kValue, op, "V too large: ", V);
+  const dim3 grid = dec ? dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(ny), static_cast<unsigned>((NH + ny - 1) / ny))
+                        : dim3(static_cast<unsigned>(NH), static_cast<unsigned>(tiles));
   const bool narrow = K <= 128;  // four warps hold 128 rows, eight 256 (kRecMaxK)
   const Mat h0 = mat_of(a.initial_state), ht = mat_of(a.final_state);
   const bool vec = vec_state(h0, ht, V);
-  auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec) : recurrent_fwd_pick<8, true>(vec))
-                    : (narrow ? recurrent_fwd_pick<4, false>(vec) : recurrent_fwd_pick<8, false>(vec));
+  auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec, dec) : recurrent_fwd_pick<8, true>(vec, dec))
+                    : (narrow ? recurrent_fwd_pick<4, false>(vec, dec) : recurrent_fwd_pick<8, false>(vec, dec));
   trace_kernel("recurrent_fwd_kernel");
   kernel<<<grid, narrow ? 128 : 256, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), h0, tok_of(a.o), ht, L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
-      static_cast<float>(a.scale));
+      static_cast<float>(a.scale), static_cast<unsigned>(NH));
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 

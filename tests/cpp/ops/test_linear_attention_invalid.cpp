@@ -915,6 +915,76 @@ TEST(LinearAttentionInvalid, CudaReportsBadCuSeqlensAndRaisesUnderDebugChecks) {
 #endif
 }
 
+// A decoding step (one token per sequence) of more states than a grid dimension holds (65535):
+// the recurrent forward's grid then folds the (sequence, head) index over y and z, and the last
+// z slice runs past the states. Every token input is one row repeated (stride 0) and every initial
+// state a copy of the first, so the last sequence's o and final state must equal the first's; the
+// outputs start as 0xFF bytes (NaN), so a state no CTA wrote shows.
+TEST(LinearAttentionInvalid, DecodingStepPast65535StatesOnCuda) {
+#ifndef FUSEDOPS_WITH_CUDA
+  GTEST_SKIP() << "the grid limits are CUDA's";
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device d = Device::cuda(0);
+  for (bool kda : {false, true}) {
+    SCOPED_TRACE(kda ? "fused_recurrent_kda" : "fused_recurrent_gated_delta_rule");
+    Call one(kda ? Form::kRecurrentKda : Form::kRecurrentGdn, 1, 1, {}, DType::kFloat32, d);
+    const int64_t B = 65535 / one.HV + 7;  // N HV = 65548 states: z = 2, the second slice 13 deep
+    auto bcast = [&](const TestTensor& t) {
+      std::vector<int64_t> shape = t.shape(), strides(shape.size());
+      int64_t n = 1;
+      for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) strides[i] = n, n *= shape[i];
+      shape[0] = B;
+      strides[0] = 0;
+      return TensorView(t.data(), t.dtype(), d, static_cast<int>(shape.size()), shape.data(), strides.data());
+    };
+    const int64_t orow = one.HV * one.V, hrow = one.HV * one.K * one.V;
+    void* o = nullptr;
+    void* ht = nullptr;
+    void* h0 = nullptr;
+    std::vector<float> h0_host(static_cast<size_t>(B * hrow));
+    ASSERT_EQ(cudaMemcpy(h0_host.data(), one.h0.data(), hrow * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t b = 1; b < B; ++b) std::memcpy(h0_host.data() + b * hrow, h0_host.data(), hrow * 4);
+    ASSERT_EQ(cudaMalloc(&h0, h0_host.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(h0, h0_host.data(), h0_host.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&o, static_cast<size_t>(B * orow) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ht, static_cast<size_t>(B * hrow) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(o, 0xFF, static_cast<size_t>(B * orow) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ht, 0xFF, static_cast<size_t>(B * hrow) * 4), cudaSuccess);
+    const int64_t oshape[4] = {B, 1, one.HV, one.V}, ostr[4] = {orow, orow, one.V, 1};
+    const int64_t hshape[4] = {B, one.HV, one.K, one.V}, hstr[4] = {hrow, one.K * one.V, one.V, 1};
+    auto fill = [&](auto& a) {
+      one.shared(a);
+      a.q = bcast(one.q); a.k = bcast(one.k); a.v = bcast(one.v); a.g = bcast(one.g); a.beta = bcast(one.beta);
+      a.initial_state = TensorView(h0, DType::kFloat32, d, 4, hshape, hstr);
+      a.o = TensorView(o, DType::kFloat32, d, 4, oshape, ostr);
+      a.final_state = TensorView(ht, DType::kFloat32, d, 4, hshape, hstr);
+    };
+    if (kda) {
+      FusedRecurrentKdaFwdArgs a;
+      fill(a);
+      fused_recurrent_kda_fwd(Context::cuda(0), a);
+    } else {
+      FusedRecurrentGatedDeltaRuleFwdArgs a;
+      fill(a);
+      fused_recurrent_gated_delta_rule_fwd(Context::cuda(0), a);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (auto [p, row] : {std::pair<void*, int64_t>{o, orow}, std::pair<void*, int64_t>{ht, hrow}}) {
+      std::vector<float> first(static_cast<size_t>(row)), last(static_cast<size_t>(row));
+      ASSERT_EQ(cudaMemcpy(first.data(), p, row * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(last.data(), static_cast<float*>(p) + (B - 1) * row, row * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (float x : first) ASSERT_TRUE(std::isfinite(x));
+      EXPECT_EQ(0, std::memcmp(first.data(), last.data(), static_cast<size_t>(row) * 4));
+    }
+    cudaFree(o);
+    cudaFree(ht);
+    cudaFree(h0);
+  }
+#endif
+}
+
 // Element counts past 2^31: o [B,T,HV,V] of more than 2^31 elements, written from inputs whose
 // batch rows are one row repeated (stride 0: no memory), so the last row must equal the first.
 TEST(LinearAttentionInvalid, OutputsPast2Pow31ElementsOnCuda) {
