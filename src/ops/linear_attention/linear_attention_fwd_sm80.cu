@@ -709,7 +709,9 @@ namespace {
 // Two forms by the tokens per sequence (DEC = one token each, as in decoding):
 //   - DEC: the V tiles of one state are neighbours in the grid (x = V tile, then y/z = sequence and
 //     head), and the state moves with plain loads and stores;
-//   - otherwise: x = (sequence, head), y = V tile, and streaming (evict-first) loads and stores.
+//   - otherwise: x = (sequence, head), y = V tile, and streaming (evict-first) loads and stores
+//     (alone, the hints cost 2-4% at T = 1 and saved 7-8% at T = 16: the 'plain' rows of
+//     bench/results/h100/studies/recurrent_decode-h100-cs.txt).
 // In the library on an H100, in one process beside fla (bench/results/h100/studies/recurrent-forms-h100.txt):
 // at [64, 1, 16, 128] the DEC form took 56.2-56.8 us (GDN) and 57.1-57.8 (KDA) against 58.8-60.2 and
 // 59.8-60.7 with the other form (three runs); at T = 4 and 16 the other form was 3-8% faster for GDN
