@@ -915,6 +915,19 @@ TEST(LinearAttentionInvalid, CudaReportsBadCuSeqlensAndRaisesUnderDebugChecks) {
 #endif
 }
 
+#ifdef FUSEDOPS_WITH_CUDA
+// t (contiguous, on device d) seen as B copies of its first row along dimension 0: stride 0 there,
+// no memory.
+TensorView repeat_rows(const TestTensor& t, int64_t B, Device d) {
+  std::vector<int64_t> shape = t.shape(), strides(shape.size());
+  int64_t n = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) strides[i] = n, n *= shape[i];
+  shape[0] = B;
+  strides[0] = 0;
+  return TensorView(t.data(), t.dtype(), d, static_cast<int>(shape.size()), shape.data(), strides.data());
+}
+#endif
+
 // A decoding step (one token per sequence) of more states than a grid dimension holds (65535):
 // the recurrent forward's grid then folds the (sequence, head) index over y and z, and the last
 // z slice runs past the states. Every token input is one row repeated (stride 0) and every initial
@@ -930,14 +943,7 @@ TEST(LinearAttentionInvalid, DecodingStepPast65535StatesOnCuda) {
     SCOPED_TRACE(kda ? "fused_recurrent_kda" : "fused_recurrent_gated_delta_rule");
     Call one(kda ? Form::kRecurrentKda : Form::kRecurrentGdn, 1, 1, {}, DType::kFloat32, d);
     const int64_t B = 65535 / one.HV + 7;  // N HV = 65548 states: z = 2, the second slice 13 deep
-    auto bcast = [&](const TestTensor& t) {
-      std::vector<int64_t> shape = t.shape(), strides(shape.size());
-      int64_t n = 1;
-      for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) strides[i] = n, n *= shape[i];
-      shape[0] = B;
-      strides[0] = 0;
-      return TensorView(t.data(), t.dtype(), d, static_cast<int>(shape.size()), shape.data(), strides.data());
-    };
+    auto bcast = [&](const TestTensor& t) { return repeat_rows(t, B, d); };
     const int64_t orow = one.HV * one.V, hrow = one.HV * one.K * one.V;
     void* o = nullptr;
     void* ht = nullptr;
@@ -1002,14 +1008,7 @@ TEST(LinearAttentionInvalid, OutputsPast2Pow31ElementsOnCuda) {
   void* out = nullptr;
   const size_t bytes = static_cast<size_t>(B * T * one.HV * one.V) * 2;
   ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
-  auto bcast = [&](const TestTensor& t) {
-    std::vector<int64_t> shape = t.shape(), strides(shape.size());
-    int64_t n = 1;
-    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) strides[i] = n, n *= shape[i];
-    shape[0] = B;
-    strides[0] = 0;
-    return TensorView(t.data(), t.dtype(), d, static_cast<int>(shape.size()), shape.data(), strides.data());
-  };
+  auto bcast = [&](const TestTensor& t) { return repeat_rows(t, B, d); };
   FusedRecurrentGatedDeltaRuleFwdArgs a;
   one.shared(a);
   a.q = bcast(one.q); a.k = bcast(one.k); a.v = bcast(one.v); a.g = bcast(one.g); a.beta = bcast(one.beta);
