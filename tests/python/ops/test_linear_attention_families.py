@@ -55,25 +55,30 @@ def fam(request):
 # The per-token form against the oracle; the two forms agree.
 
 
-def test_fused_recurrent_matches_float64_recurrence(fam, device):
-    for cu in (None, [0, 9, 9, 30]):
-        B = 2 if cu is None else 1
-        d = fam.make_inputs(B, 30, 2, 4, 16, 12, torch.float32, seed=5, cu=cu)
-        x = leaves(d, DIFF, device=device)
-        cut = None if cu is None else torch.tensor(cu, device=device)
-        o, ht = fam.recurrent(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], scale=0.7, initial_state=x["h0"],
-                              output_final_state=True, cu_seqlens=cut)
-        names = ["q", "k", "v", "g", "beta", "h0"]
-        gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
-        ours = (o, ht, dict(zip(names, gr)))
+# (B, T, V, cu_seqlens): sequences of several tokens, then decoding steps (one token per sequence:
+# the CUDA forward's form for B T = N), with V % 4 == 0 (the float32 state moved by float4) and not.
+RECURRENT_SHAPES = [(2, 30, 12, None), (1, 30, 12, [0, 9, 9, 30]), (3, 1, 12, None), (3, 1, 10, None),
+                    (1, 3, 12, [0, 1, 2, 3])]
 
-        def comp(dtype, d=d, cu=cu, names=names):
-            y = leaves(d, DIFF, dtype)
-            oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
-            gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
-            return oo, hh, dict(zip(names, gg))
 
-        compare_all(f"{device} fused_recurrent cu={cu}", ours, comp(torch.float32), comp(torch.float64), torch.float32)
+@pytest.mark.parametrize("B,T,V,cu", RECURRENT_SHAPES, ids=lambda x: str(x).replace(" ", ""))
+def test_fused_recurrent_matches_float64_recurrence(fam, device, B, T, V, cu):
+    d = fam.make_inputs(B, T, 2, 4, 16, V, torch.float32, seed=5, cu=cu)
+    x = leaves(d, DIFF, device=device)
+    cut = None if cu is None else torch.tensor(cu, device=device)
+    o, ht = fam.recurrent(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], scale=0.7, initial_state=x["h0"],
+                          output_final_state=True, cu_seqlens=cut)
+    names = ["q", "k", "v", "g", "beta", "h0"]
+    gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
+    ours = (o, ht, dict(zip(names, gr)))
+
+    def comp(dtype, d=d, cu=cu, names=names):
+        y = leaves(d, DIFF, dtype)
+        oo, hh = recurrence(y["q"], y["k"], y["v"], y["g"], y["beta"], 0.7, y["h0"], cu)
+        gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dtype), d["dht"].to(dtype)])
+        return oo, hh, dict(zip(names, gg))
+
+    compare_all(f"{device} fused_recurrent B={B} T={T} V={V} cu={cu}", ours, comp(torch.float32), comp(torch.float64), torch.float32)
 
 
 def test_fused_recurrent_without_gate_and_beta_and_with_l2norm(fam, device):
