@@ -6,7 +6,9 @@
 // variant's final state and output are compared with A's; times are the median of 200 calls with a
 // 256 MiB memset between calls (CUDA events). "vt": the grid's consecutive CTAs are the V tiles of one
 // state instead of the same tile of consecutive states; "plain": B<4, 8> with plain loads and stores of the
-// state instead of the streaming (evict-first) __ldcs / __stcs the library uses. Build and run on the GPU machine:
+// state instead of the streaming (evict-first) __ldcs / __stcs. The library (since a1f3b31) takes "vt" with
+// plain loads and stores at one token per sequence and B<4, 8> with the hints otherwise; its own forms
+// were measured in the library (bench/results/h100/studies/recurrent-forms-h100.txt). Build and run on the GPU machine:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. -Iinclude -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
 //   /tmp/recurrent_decode 1 0; /tmp/recurrent_decode 1 1; /tmp/recurrent_decode 16 0
 // Results: bench/results/h100/studies/recurrent_decode-h100.txt; with the "plain" rows recurrent_decode-h100-cs.txt.
