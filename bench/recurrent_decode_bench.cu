@@ -8,7 +8,9 @@
 // state instead of the same tile of consecutive states; "plain": B<4, 8> with plain loads and stores of the
 // state instead of the streaming (evict-first) __ldcs / __stcs. The library (since a1f3b31) takes "vt" with
 // plain loads and stores at one token per sequence and B<4, 8> with the hints otherwise; its own forms
-// were measured in the library (bench/results/h100/studies/recurrent-forms-h100.txt). Build and run on the GPU machine:
+// were measured in the library (bench/results/h100/studies/recurrent-forms-h100.txt), and since stop 57 it loads a
+// token's inputs with one 16-byte load per thread, which these variants do not (recurrent-inputs-h100.txt).
+// Build and run on the GPU machine:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. -Iinclude -o /tmp/recurrent_decode bench/recurrent_decode_bench.cu
 //   /tmp/recurrent_decode 1 0; /tmp/recurrent_decode 1 1; /tmp/recurrent_decode 16 0
 // Results: bench/results/h100/studies/recurrent_decode-h100.txt; with the "plain" rows recurrent_decode-h100-cs.txt.

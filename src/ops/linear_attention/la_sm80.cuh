@@ -56,6 +56,30 @@ __device__ __forceinline__ void stf(void* p, int code, int64_t i, float v) {
   else static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
+// The 16 bytes at element i of a tensor of dtype `code` (16-byte aligned there) as floats into
+// dst: four (float32) or eight (16-bit) values, each through e^x when ex. The load is one 16-byte
+// load whatever the dtype (the dtype is looked at only to unpack it).
+__device__ __forceinline__ void ld16_to(const void* p, int code, int64_t i, float* dst, bool ex) {
+  const int64_t bytes = i * (code == kF32 ? 4 : 2);
+  const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const char*>(p) + bytes);
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  if (code == kF32) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float f = __uint_as_float(w[j]);
+      dst[j] = ex ? expf(f) : f;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = code == kBF16 ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]))
+                                   : __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    dst[2 * j] = ex ? expf(f.x) : f.x;
+    dst[2 * j + 1] = ex ? expf(f.y) : f.y;
+  }
+}
+
 // A token-major tensor [B,T,H,D] (or [B,T,H], D = 1) with element strides for B, T, H and a unit
 // stride last dimension. p == nullptr when the tensor is absent.
 struct Tok {

@@ -718,13 +718,20 @@ namespace {
 // and within 2% for KDA. Loading the next token's inputs a step ahead (in registers), tried for
 // T > 1: 5% faster at T = 16 (GDN), slower at T = 1 and 4, with 40-56 bytes of spills at this
 // layout's 64 registers (at 80 registers, six CTAs per SM: slower everywhere); not kept.
+// A token's inputs (vin): each thread issues at most one 16-byte load (k, q, KDA's gate, the V tile,
+// then beta and GDN's gate, by thread ranges), so the input stage waits for one load latency; the
+// element loop before waited for three to five in turn (the dtype switch of ldf put each load in its
+// own branch). Same results bitwise; on an H100 at [64, T, 16, 128] bf16 (one process, beside fla,
+// bench/results/h100/studies/recurrent-inputs-h100.txt): T = 1 GDN 52.4 us against 55.6, KDA 52.0
+// against 56.7 (fla 62.5, 54.3); T = 16 GDN 192.8 against 210.9, KDA 214.2 against 237.2 (fla 180.5,
+// 209.6). Element by element when a row is not 16-byte aligned or K, V are not multiples of 16 bytes.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
 template <int W, bool KDA, bool VEC, bool DEC>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
     recurrent_fwd_kernel(Tok q, Tok k, Tok v, Tok g, Tok beta, Mat h0, Tok o, Mat ht, Layout L, int K, int V, int HV,
-                         int G, float scale, unsigned NH) {
+                         int G, float scale, unsigned NH, bool vin) {
   constexpr int KM = 32 * W, kR = 8;
   constexpr int kBeta = KDA ? 0 : 1;  // beta's slot in gb
   __shared__ float ks[KM], qs[KM], as[KDA ? KM : 1], gb[kBeta + 1];
@@ -761,18 +768,46 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
   for (int64_t it = 0; it < s.len; ++it) {
     const int64_t t = s.t0 + it;
     __syncthreads();
-    for (int e = threadIdx.x; e < K; e += blockDim.x) {
-      ks[e] = k.ld(s.b, t, hk, e);
-      qs[e] = q.ld(s.b, t, hk, e);
-      if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
-    }
-    if (threadIdx.x < 32) {
-      const int xl = vt * 32 + lane;
-      vs[lane] = xl < V ? v.ld(s.b, t, hv, xl) : 0.0f;
-    }
-    if (threadIdx.x == 0) {
-      if constexpr (!KDA) gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
-      gb[kBeta] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+    if (vin) {
+      // The token's inputs in one 16-byte load per thread, all issued at once: threads [0, o1) k,
+      // [o1, o2) q, [o2, o3) KDA's gate, [o3, o4) the V tile, then beta and GDN's gate (o4 + 2 <=
+      // blockDim: at most 3 K / 4 + 10 threads, K <= 32 W).
+      const int ek = k.code == kF32 ? 4 : 8, eq = q.code == kF32 ? 4 : 8, ev = v.code == kF32 ? 4 : 8;
+      const int eg = KDA ? (g.code == kF32 ? 4 : 8) : 1;
+      const int o1 = K / ek, o2 = o1 + K / eq, o3 = o2 + (KDA ? K / eg : 0), o4 = o3 + 32 / ev;
+      const int r = threadIdx.x;
+      if (r < o1) {
+        ld16_to(k.p, k.code, k.off(s.b, t, hk) + r * ek, ks + r * ek, false);
+      } else if (r < o2) {
+        ld16_to(q.p, q.code, q.off(s.b, t, hk) + (r - o1) * eq, qs + (r - o1) * eq, false);
+      } else if (r < o3) {
+        if constexpr (KDA) ld16_to(g.p, g.code, g.off(s.b, t, hv) + (r - o2) * eg, as + (r - o2) * eg, true);
+      } else if (r < o4) {
+        const int c = (r - o3) * ev, xv = vt * 32 + c;
+        if (xv < V) {
+          ld16_to(v.p, v.code, v.off(s.b, t, hv) + xv, vs + c, false);
+        } else {
+          for (int j = 0; j < ev; ++j) vs[c + j] = 0.0f;
+        }
+      } else if (r == o4) {
+        gb[kBeta] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+      } else if (!KDA && r == o4 + 1) {
+        gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+      }
+    } else {
+      for (int e = threadIdx.x; e < K; e += blockDim.x) {
+        ks[e] = k.ld(s.b, t, hk, e);
+        qs[e] = q.ld(s.b, t, hk, e);
+        if constexpr (KDA) as[e] = g.p ? expf(g.ld(s.b, t, hv, e)) : 1.0f;
+      }
+      if (threadIdx.x < 32) {
+        const int xl = vt * 32 + lane;
+        vs[lane] = xl < V ? v.ld(s.b, t, hv, xl) : 0.0f;
+      }
+      if (threadIdx.x == 0) {
+        if constexpr (!KDA) gb[0] = g.p ? expf(g.ld(s.b, t, hv, 0)) : 1.0f;
+        gb[kBeta] = beta.p ? beta.ld(s.b, t, hv, 0) : 1.0f;
+      }
     }
     __syncthreads();
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -854,6 +889,17 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
   }
 }
 
+// Whether a token-major input [B,T,H,D] takes one 16-byte load per 16 bytes of a row: every row
+// start 16-byte aligned (the pointer and the strides) and D a multiple of the elements in 16 bytes.
+bool vec_rows(const TensorView& t, int64_t D) {
+  if (!t.defined() || t.numel() == 0) return false;
+  const int64_t e = 16 / static_cast<int64_t>(dtype_size(t.dtype()));
+  if (D % e != 0 || reinterpret_cast<uintptr_t>(t.data()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.stride(d) % e != 0) return false;
+  return true;
+}
+
 // Whether the state tensors take the float4 path: float32 (or absent), V % 4 == 0, 16-byte aligned.
 bool vec_state(const Mat& h0, const Mat& ht, int64_t V) {
   auto ok = [](const Mat& m) { return !m.p || (m.code == kF32 && reinterpret_cast<uintptr_t>(m.p) % 16 == 0); };
@@ -888,11 +934,13 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   const bool vec = vec_state(h0, ht, V);
   auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec, dec) : recurrent_fwd_pick<8, true>(vec, dec))
                     : (narrow ? recurrent_fwd_pick<4, false>(vec, dec) : recurrent_fwd_pick<8, false>(vec, dec));
+  // The token's inputs in 16-byte loads: q, k, v (and KDA's gate) with 16-byte aligned rows.
+  const bool vin = vec_rows(a.q, K) && vec_rows(a.k, K) && vec_rows(a.v, V) && (!kda || vec_rows(a.g, K));
   trace_kernel("recurrent_fwd_kernel");
   kernel<<<grid, narrow ? 128 : 256, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), h0, tok_of(a.o), ht, L,
       static_cast<int>(K), static_cast<int>(V), static_cast<int>(HV), static_cast<int>(HV / H),
-      static_cast<float>(a.scale), static_cast<unsigned>(NH));
+      static_cast<float>(a.scale), static_cast<unsigned>(NH), vin);
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
