@@ -725,6 +725,8 @@ namespace {
 // bench/results/h100/studies/recurrent-inputs-h100.txt): T = 1 GDN 52.4 us against 55.6, KDA 52.0
 // against 56.7 (fla 62.5, 54.3); T = 16 GDN 192.8 against 210.9, KDA 214.2 against 237.2 (fla 180.5,
 // 209.6). Element by element when a row is not 16-byte aligned or K, V are not multiples of 16 bytes.
+// After that measurement the thread ranges' three integer divisions per token (K / elements per 16
+// bytes, in the SASS after the loop's first barrier) became shifts; not yet run on a GPU.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
@@ -772,9 +774,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
       // The token's inputs in one 16-byte load per thread, all issued at once: threads [0, o1) k,
       // [o1, o2) q, [o2, o3) KDA's gate, [o3, o4) the V tile, then beta and GDN's gate (o4 + 2 <=
       // blockDim: at most 3 K / 4 + 10 threads, K <= 32 W).
-      const int ek = k.code == kF32 ? 4 : 8, eq = q.code == kF32 ? 4 : 8, ev = v.code == kF32 ? 4 : 8;
-      const int eg = KDA ? (g.code == kF32 ? 4 : 8) : 1;
-      const int o1 = K / ek, o2 = o1 + K / eq, o3 = o2 + (KDA ? K / eg : 0), o4 = o3 + 32 / ev;
+      // Elements per 16 bytes: 4 (fp32) or 8, as shifts (no integer division in the token loop).
+      const int sk = k.code == kF32 ? 2 : 3, sq = q.code == kF32 ? 2 : 3, sv = v.code == kF32 ? 2 : 3;
+      const int sg = KDA ? (g.code == kF32 ? 2 : 3) : 0;
+      const int ek = 1 << sk, eq = 1 << sq, ev = 1 << sv, eg = 1 << sg;
+      const int o1 = K >> sk, o2 = o1 + (K >> sq), o3 = o2 + (KDA ? K >> sg : 0), o4 = o3 + (32 >> sv);
       const int r = threadIdx.x;
       if (r < o1) {
         ld16_to(k.p, k.code, k.off(s.b, t, hk) + r * ek, ks + r * ek, false);
