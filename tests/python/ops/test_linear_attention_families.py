@@ -176,6 +176,33 @@ def test_non_contiguous_inputs_match_contiguous(fam, device):
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("T", [1, 7])
+@pytest.mark.parametrize("which", ["q", "k", "v", "g"])
+def test_recurrent_misaligned_rows_match_aligned(fam, device, dtype, T, which):
+    """One input's rows start one element past a 16-byte boundary (a view of a wider buffer): the
+    per-token CUDA forward then loads element by element instead of in 16-byte loads (its input
+    stage takes the 16-byte loads only where q, k, v and KDA's gate are all aligned). Both stages
+    must give the same output and final state bitwise, at a decoding step (T = 1) and over tokens.
+    (GDN's gate [B,T,HV] is one scalar per token and head, loaded alone: its case shifts it all the
+    same.)"""
+    B, H, K, V = 3, 2, 16, 32
+    d = fam.make_inputs(B, T, H, H, K, V, dtype, seed=21)
+    x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0")}
+    t = x[which]
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=device)
+    wide[..., 1:] = t
+    shifted = dict(x, **{which: wide[..., 1:]})
+    assert shifted[which].data_ptr() % 16 != 0 and torch.equal(shifted[which], t)
+    args = dict(scale=0.3, output_final_state=True)
+    o1, h1 = fam.recurrent(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["h0"], **args)
+    o2, h2 = fam.recurrent(shifted["q"], shifted["k"], shifted["v"], shifted["g"], beta=x["beta"],
+                           initial_state=x["h0"], **args)
+    assert o1.dtype == dtype and torch.isfinite(o1).all()
+    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
+    torch.testing.assert_close(h2, h1, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_state_v_first_is_a_transpose(fam, device, recurrent):
     d = fam.make_inputs(1, 50, 1, 2, 16, 8, torch.float32, seed=14)
