@@ -726,7 +726,12 @@ namespace {
 // against 56.7 (fla 62.5, 54.3); T = 16 GDN 192.8 against 210.9, KDA 214.2 against 237.2 (fla 180.5,
 // 209.6). Element by element when a row is not 16-byte aligned or K, V are not multiples of 16 bytes.
 // After that measurement the thread ranges' three integer divisions per token (K / elements per 16
-// bytes, in the SASS after the loop's first barrier) became shifts; not yet run on a GPU.
+// bytes, in the SASS after the loop's first barrier) became shifts: then on another H100
+// (bench/results/h100/studies/recurrent-shifts-h100.txt) T = 1 GDN 52.1 us, KDA 51.8 (fla 61.8,
+// 53.8); T = 16 GDN 186.0, KDA 193.0 (fla 178.0, 210.1). Copying token t + 1's inputs into shared
+// memory by cp.async while token t computes (two stages) was within 1% at T = 16 for GDN, slower
+// at T = 1, and 4-24% slower for KDA (it spilled;
+// bench/results/h100/studies/recurrent-prefetch-h100.txt): not kept.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
 
