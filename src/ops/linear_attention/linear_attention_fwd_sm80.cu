@@ -732,7 +732,7 @@ namespace {
 // memory by cp.async while token t computes (two stages) was within 1% at T = 16 for GDN, slower
 // at T = 1, and 4-24% slower for KDA (it spilled;
 // bench/results/h100/studies/recurrent-prefetch-h100.txt): not kept. A CTA of one warp per 8-column
-// tile with the row sums in the lanes only (no CTA barrier, as fla's kernel) was 46-81% slower at
+// tile with the row sums in the lanes only (no CTA barrier, as fla's kernel) was 40-81% slower at
 // T = 4 and 16 and 58-72% at T = 1 (bench/results/h100/studies/recurrent-warp-h100.txt): not kept.
 
 static_assert(kRecMaxK == 32 * 8, "eight warps of the recurrent forward hold kRecMaxK state rows");
