@@ -900,15 +900,12 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 8 : 4)
   }
 }
 
-// Whether a token-major input [B,T,H,D] takes one 16-byte load per 16 bytes of a row: every row
-// start 16-byte aligned (the pointer and the strides) and D a multiple of the elements in 16 bytes.
+// Whether a token-major input [B,T,H,D] takes one 16-byte load per 16 bytes of a row: its rows
+// 16-byte aligned (tok32_ok / tok16_ok) and D a multiple of the elements in 16 bytes.
 bool vec_rows(const TensorView& t, int64_t D) {
   if (!t.defined() || t.numel() == 0) return false;
-  const int64_t e = 16 / static_cast<int64_t>(dtype_size(t.dtype()));
-  if (D % e != 0 || reinterpret_cast<uintptr_t>(t.data()) % 16 != 0) return false;
-  for (int d = 0; d < 3; ++d)
-    if (t.stride(d) % e != 0) return false;
-  return true;
+  const bool f32 = t.dtype() == DType::kFloat32;
+  return D % (f32 ? 4 : 8) == 0 && (f32 ? mma16::tok32_ok(t) : mma16::tok16_ok(t, t.dtype()));
 }
 
 // Whether the state tensors take the float4 path: float32 (or absent), V % 4 == 0, 16-byte aligned.
