@@ -106,8 +106,11 @@ def grads(loss, ts, g=None):
     return [torch.zeros_like(t) if o is None else o for o, t in zip(out, [t for t in ts if t is not None])]
 
 
+# An upstream gradient of 1 (the loss is the last step: the backward leaves the saved gradients as
+# they are) and another value (the backward scales them).
+@pytest.mark.parametrize("upstream", [1.0, 1.7])
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_linear_plus_cross_entropy_in_float64(backend_case, name, seed_of):
+def test_matches_linear_plus_cross_entropy_in_float64(backend_case, name, upstream, seed_of):
     case = backend_case
     dt, dev = case.dtype, case.device
     if dt == torch.float64 and CASES[name][1] > 10000:
@@ -115,7 +118,7 @@ def test_matches_linear_plus_cross_entropy_in_float64(backend_case, name, seed_o
     hidden, weight, labels, weights, chunk, kw = make(name, dt, dev, seed_of(OP, name, str(dt)))
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     lw = weights.clone().requires_grad_() if weights is not None else None
-    g = torch.tensor(1.7, device=dev)
+    g = torch.tensor(upstream, device=dev)
     with forced(case):
         loss, z = fusedops.chunk_loss(h, w, labels, lw, chunk_size=chunk, return_z_loss=True, **kw)
         got = grads(loss, [h, w, lw], g)
