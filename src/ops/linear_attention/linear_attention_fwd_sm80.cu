@@ -940,10 +940,13 @@ void recurrent_fwd(const Context& ctx, const LinearAttentionRecurrentFwdArgs& a,
   const bool narrow = K <= 128;  // four warps hold 128 rows, eight 256 (kRecMaxK)
   const Mat h0 = mat_of(a.initial_state), ht = mat_of(a.final_state);
   const bool vec = vec_state(h0, ht, V);
-  auto kernel = kda ? (narrow ? recurrent_fwd_pick<4, true>(vec, dec) : recurrent_fwd_pick<8, true>(vec, dec))
-                    : (narrow ? recurrent_fwd_pick<4, false>(vec, dec) : recurrent_fwd_pick<8, false>(vec, dec));
+  // KDA without a gate (no decay) is GDN without a gate: it runs GDN's kernel, whose 16-byte input
+  // stage needs no gate (KDA's takes it only with a gate to load).
+  const bool per_channel = kda && a.g.defined();
+  auto kernel = per_channel ? (narrow ? recurrent_fwd_pick<4, true>(vec, dec) : recurrent_fwd_pick<8, true>(vec, dec))
+                            : (narrow ? recurrent_fwd_pick<4, false>(vec, dec) : recurrent_fwd_pick<8, false>(vec, dec));
   // The token's inputs in 16-byte loads: q, k, v (and KDA's gate) with 16-byte aligned rows.
-  const bool vin = vec_rows(a.q, K) && vec_rows(a.k, K) && vec_rows(a.v, V) && (!kda || vec_rows(a.g, K));
+  const bool vin = vec_rows(a.q, K) && vec_rows(a.k, K) && vec_rows(a.v, V) && (!per_channel || vec_rows(a.g, K));
   trace_kernel("recurrent_fwd_kernel");
   kernel<<<grid, narrow ? 128 : 256, 0, stream_of(ctx)>>>(
       tok_of(a.q), tok_of(a.k), tok_of(a.v), tok_of(a.g), tok_of(a.beta), h0, tok_of(a.o), ht, L,
