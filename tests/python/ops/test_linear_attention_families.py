@@ -177,6 +177,36 @@ def test_non_contiguous_inputs_match_contiguous(fam, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("T", [1, 16])
+def test_kda_without_gate_is_gdn_without_gate(device, dtype, T):
+    """Without a gate (g=None) KDA's recurrence is GDN's: no decay, the same delta rule. KDA's
+    per-token form against the float64 recurrence, forward and every gradient, at K = 128 with
+    16-byte aligned rows (the CUDA forward's 16-byte input stage), at a decoding step and over
+    tokens. On CUDA a gateless KDA call launches GDN's kernel, so there the two agree bitwise."""
+    B, H, K, V = 3, 2, 128, 64
+    d = GDN.make_inputs(B, T, H, H, K, V, dtype, seed=31)
+    names = ["q", "k", "v", "beta", "h0"]
+    kw = dict(scale=K ** -0.5, output_final_state=True)
+    x = leaves(d, names, device=device)
+    o, ht = fusedops.fused_recurrent_kda(x["q"], x["k"], x["v"], None, beta=x["beta"], initial_state=x["h0"], **kw)
+    gr = torch.autograd.grad([o, ht], [x[n] for n in names], [d["do"].to(device), d["dht"].to(device)])
+
+    def comp(dt):
+        y = leaves(d, names, dt)
+        oo, hh = recurrence(y["q"], y["k"], y["v"], None, y["beta"], K ** -0.5, y["h0"])
+        gg = torch.autograd.grad([oo, hh], [y[n] for n in names], [d["do"].to(dt), d["dht"].to(dt)])
+        return oo, hh, dict(zip(names, gg))
+
+    compare_all(f"{device} fused_recurrent_kda g=None T={T}", (o, ht, dict(zip(names, gr))), comp(dtype),
+                comp(torch.float64), dtype)
+    if torch.device(device).type == "cuda":
+        with torch.no_grad():
+            og, hg = fusedops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], None, beta=x["beta"],
+                                                               initial_state=x["h0"], **kw)
+        assert torch.equal(o, og) and torch.equal(ht, hg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("T", [1, 7])
 @pytest.mark.parametrize("which", ["q", "k", "v", "g"])
 def test_recurrent_misaligned_rows_match_aligned(fam, device, dtype, T, which):
