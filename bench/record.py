@@ -232,6 +232,10 @@ def render_header(meta: dict) -> list[str]:
     else:
         lines.append(f"device {dev}: {d.get('name', '?')} ({d.get('cores', '?')} cores, "
                      f"torch threads {d.get('torch_threads', '?')})")
+        if d.get("page_reporting_order") is not None:
+            lines += wrap(f"memory: the host takes freed guest memory back (free page reporting, order "
+                          f"{d['page_reporting_order']}): fresh pages cost more and vary from call to call "
+                          "(bench/cpu_page_backing.py)", "", "   ")
     commit = meta.get("commit") or "unknown"
     lines.append(f"torch {meta.get('torch', '?')}, fusedops {meta.get('fusedops_version', '?')} "
                  f"commit {commit}{' (dirty tree)' if meta.get('dirty') else ''}")

@@ -102,7 +102,21 @@ def device_info(torch, device) -> dict:
     except OSError:
         pass
     return {"name": name, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "page_reporting_order": page_reporting_order()}
+
+
+def page_reporting_order() -> int | None:
+    """The order of virtio-balloon free page reporting on the kernel command line, or None: on
+    such a VM the host takes freed guest memory back and faults it in again on reuse, so a call's
+    fresh pages cost more and vary more (bench/cpu_page_backing.py)."""
+    try:
+        for word in Path("/proc/cmdline").read_text().split():
+            if word.startswith("page_reporting.page_reporting_order="):
+                return int(word.split("=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def fusedops_backend(fusedops, case, device) -> dict:

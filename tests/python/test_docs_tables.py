@@ -91,6 +91,19 @@ def test_device_folder(name, folder):
     assert record.device_folder({"device": "cpu", "device_info": {"name": name}}) == "cpu"
 
 
+def test_header_names_free_page_reporting_only_where_recorded():
+    """A CPU run on a VM with free page reporting says so under its device line (its fresh-page
+    costs vary with the host); runs without the field (older JSONs, GPUs) render as before."""
+    meta = {"device": "cpu", "date": "d", "device_info": {"name": "x", "cores": 2, "torch_threads": 2}}
+    plain = record.render_header(meta)
+    assert not any("page reporting" in line for line in plain)
+    meta["device_info"]["page_reporting_order"] = 11
+    marked = record.render_header(meta)
+    assert len(marked) > len(plain) and "free page reporting, order 11" in " ".join(marked)
+    meta["device_info"]["page_reporting_order"] = None
+    assert record.render_header(meta) == plain
+
+
 def test_save_refuses_a_partial_run():
     from bench import report
 
