@@ -487,7 +487,7 @@ def index_text(cited: dict[str, list[str]]) -> str:
         "",
         "`<gpu>/gpu_tests.txt` holds the GPU test evidence of that GPU: on the H200 the last full C++ "
         "+ memcheck + CUDA pytest run and the test lines of every later GPU session; on the H100 "
-        "the test runs of the session that had one.",
+        "the test runs of every session that had one, newest last.",
         "",
     ]
     for device in sorted(p.name for p in RESULTS.iterdir() if p.is_dir()):
