@@ -43,11 +43,29 @@ MADV_POPULATE_WRITE = 23
 OUT_BYTES = 64 << 20
 FLUSH_BYTES = 960 << 20
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc = None  # set by main(): importing this module (bench/report.py does) loads nothing
+
+
+def page_reporting_order() -> int | None:
+    """The order of virtio-balloon free page reporting on the kernel command line, or None: on
+    such a VM the host takes freed guest memory back and faults it in again on reuse, so a call's
+    fresh pages cost more and vary more. bench/report.py records it with every CPU run."""
+    try:
+        for word in Path("/proc/cmdline").read_text().split():
+            if word.startswith("page_reporting.page_reporting_order="):
+                return int(word.split("=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def load_libc():
+    global libc
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def mapping(n: int) -> int:
@@ -81,12 +99,9 @@ WAYS = {
 
 def machine() -> list[str]:
     lines = [f"{platform.node()}: {platform.platform()}, {os.cpu_count()} CPUs"]
-    try:
-        cmd = Path("/proc/cmdline").read_text().split()
-        lines.append("kernel command line, page reporting: "
-                     + (" ".join(w for w in cmd if "page_reporting" in w) or "(not set)"))
-    except OSError:
-        pass
+    order = page_reporting_order()
+    lines.append("kernel command line, page reporting: "
+                 + ("(not set)" if order is None else f"page_reporting.page_reporting_order={order}"))
     balloon = Path("/sys/bus/virtio/drivers/virtio_balloon")
     lines.append(f"virtio_balloon driver: {'present' if balloon.exists() else 'absent'}")
     try:
@@ -103,6 +118,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None, help="also write the printed lines to this study file")
     args = ap.parse_args()
+    load_libc()
     out: list[str] = []
 
     def say(s: str) -> None:

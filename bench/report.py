@@ -87,6 +87,8 @@ def parse_args(argv):
 
 
 def device_info(torch, device) -> dict:
+    from bench import cpu_page_backing
+
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return {"name": torch.cuda.get_device_name(device),
@@ -103,20 +105,7 @@ def device_info(torch, device) -> dict:
         pass
     return {"name": name, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "page_reporting_order": page_reporting_order()}
-
-
-def page_reporting_order() -> int | None:
-    """The order of virtio-balloon free page reporting on the kernel command line, or None: on
-    such a VM the host takes freed guest memory back and faults it in again on reuse, so a call's
-    fresh pages cost more and vary more (bench/cpu_page_backing.py)."""
-    try:
-        for word in Path("/proc/cmdline").read_text().split():
-            if word.startswith("page_reporting.page_reporting_order="):
-                return int(word.split("=", 1)[1])
-    except (OSError, ValueError):
-        pass
-    return None
+            "page_reporting_order": cpu_page_backing.page_reporting_order()}
 
 
 def fusedops_backend(fusedops, case, device) -> dict:
