@@ -95,12 +95,36 @@ def cases():
             return torch.autograd.grad(o, leaves, do)
         return fused, eager
 
+    # The backward alone, after an untimed forward: ours with an upstream gradient of 1 (no call:
+    # cross_entropy._unit_upstream), ours with the in-place call it skips (the check patched to
+    # answer no, as before stop 61), and eager's (the two products' backward).
+    from fusedops.ops import chunk_loss as cl_module
+    pending = {}
+
+    def cl_forward():
+        pending["fusedops"] = fusedops.chunk_loss(hr, wr, labels, reduction="mean")
+        pending["eager"] = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hr, wr), labels)
+
+    def cl_backward(name, skip=True):
+        def run():
+            check = cl_module._unit_upstream
+            if not skip:
+                cl_module._unit_upstream = lambda g, *saved: False
+            try:
+                return torch.autograd.grad(pending.pop(name), [hr, wr])
+            finally:
+                cl_module._unit_upstream = check
+        return run
+
     gdn_fused, gdn_eager = gdn((2, 256, 4, 128))  # the report's small CPU GDN case
     gdn_tiny, _ = gdn((1, 64, 1, 16))
 
     return [
         ("chunk_loss bf16 N=128 H=128 V=8000, fwd+bwd", None,
          [("fusedops", cl_fused), ("eager", cl_eager)]),
+        ("chunk_loss bf16 N=128 H=128 V=8000, backward alone (upstream gradient 1)", cl_forward,
+         [("fusedops", cl_backward("fusedops")), ("fusedops-call", cl_backward("fusedops", False)),
+          ("eager", cl_backward("eager"))]),
         ("matmul_add fp32 512^3", restore, [("fusedops", mm_fused), ("eager", mm_eager)]),
         ("floor: backward of an autograd.Function returning two prebuilt tensors", noop_prepare,
          [("autograd.grad", noop_backward)]),

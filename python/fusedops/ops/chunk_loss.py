@@ -15,7 +15,7 @@ from torch import Tensor
 from .. import _C
 from .._backend import context, debug_checks_enabled, rows_view
 from .._op import DifferentiableOp, PlainOp
-from .cross_entropy import _acc, _grad_loss, _is_eager, softcap_alias
+from .cross_entropy import _acc, _grad_loss, _is_eager, _unit_upstream, softcap_alias
 
 _OP = "chunk_loss"
 _EMPTY = (0,)
@@ -158,7 +158,8 @@ _bwd_inplace = PlainOp("chunk_loss_bwd_inplace", _bwd_inplace_impl, _bwd_inplace
 
 def _rescale(ctx, grad_loss, dh, dw, glw):
     if _is_eager(grad_loss, dh, dw, glw):
-        _bwd_inplace(grad_loss, dh, dw, glw)
+        if not _unit_upstream(grad_loss, dh, dw, glw):
+            _bwd_inplace(grad_loss, dh, dw, glw)
         return dh, dw, glw.to(ctx.weight_dtype) if glw is not None else None
     out = _bwd(grad_loss, dh, dw, glw, ctx.weight_dtype)
     return tuple(o if s is not None else None for o, s in zip(out, (dh, dw, glw)))

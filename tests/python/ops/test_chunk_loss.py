@@ -284,10 +284,13 @@ def test_reference_matches_own_float64_composite(seed_of):
         assert max_abs_error(a, b) <= 1e-12
 
 
-def test_second_backward_through_the_same_call_raises(device):
+# An upstream gradient of 1 skips the in-place scaling on the CPU (cross_entropy._unit_upstream)
+# and must raise all the same; 2 takes the in-place call.
+@pytest.mark.parametrize("upstream", [1.0, 2.0])
+def test_second_backward_through_the_same_call_raises(device, upstream):
     hidden, weight, labels, _, chunk, kw = make("one-row", torch.float32, device, 1)
     loss = fusedops.chunk_loss(hidden.requires_grad_(), weight, labels, **kw)
-    loss.backward(retain_graph=True)
+    loss.backward(torch.tensor(upstream, device=device), retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
 

@@ -364,10 +364,13 @@ def test_repeated_backward_is_bitwise_identical(backend_case, seed_of):
         assert bitwise_equal(a, b)
 
 
-def test_second_backward_through_the_same_call_raises(device):
+# An upstream gradient of 1 skips the in-place scaling on the CPU (cross_entropy._unit_upstream)
+# and must raise all the same; 2 takes the in-place call.
+@pytest.mark.parametrize("upstream", [1.0, 2.0])
+def test_second_backward_through_the_same_call_raises(device, upstream):
     x = torch.randn(4, 9, device=device, requires_grad=True)
     loss = fusedops.fused_cross_entropy_loss(x, torch.tensor([0, 1, 2, 3], device=device))
-    loss.backward(retain_graph=True)
+    loss.backward(torch.tensor(upstream, device=device), retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
 
