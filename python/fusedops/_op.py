@@ -105,7 +105,13 @@ class PlainOp:
         if _traced(args):
             return self.custom_op(*args)
         out = self.impl(*args)
+        self.mark_mutated(*args)
+        return out
+
+    def mark_mutated(self, *args):
+        """Bump the version counters of the ``mutates_args`` tensors among ``args``, as a call
+        with these arguments does; for a caller that knows the call would change nothing and
+        skips it (the loss backwards for an upstream gradient of 1)."""
         if self.mutated:
             torch.autograd.graph.increment_version(
                 [args[i] for i in self.mutated if i < len(args) and isinstance(args[i], torch.Tensor)])
-        return out

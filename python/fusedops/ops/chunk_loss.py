@@ -158,7 +158,9 @@ _bwd_inplace = PlainOp("chunk_loss_bwd_inplace", _bwd_inplace_impl, _bwd_inplace
 
 def _rescale(ctx, grad_loss, dh, dw, glw):
     if _is_eager(grad_loss, dh, dw, glw):
-        if not _unit_upstream(grad_loss, dh, dw, glw):
+        if _unit_upstream(grad_loss):
+            _bwd_inplace.mark_mutated(grad_loss, dh, dw, glw)
+        else:
             _bwd_inplace(grad_loss, dh, dw, glw)
         return dh, dw, glw.to(ctx.weight_dtype) if glw is not None else None
     out = _bwd(grad_loss, dh, dw, glw, ctx.weight_dtype)

@@ -162,23 +162,22 @@ _bwd_inplace = PlainOp("fused_cross_entropy_loss_bwd_inplace", _bwd_inplace_impl
                        mutates_args=("grad", "grad_loss_weight"))
 
 
-def _unit_upstream(g: Tensor, *saved: Optional[Tensor]) -> bool:
+def _unit_upstream(g: Tensor) -> bool:
     """True for an upstream gradient of exactly 1 held on the CPU (``loss.backward()`` of a
-    scalar loss): the saved gradients are already the answer, and the eager backward skips the
-    in-place call, which would touch nothing (bench/notes/ARCHIVE.md, stop 61). The saved
-    tensors' version counters are bumped as that call bumps them, so a second backward through
-    the same graph still raises instead of reading gradients that the first one handed out.
-    Read only on the CPU, where it needs no device synchronisation."""
-    if g.device.type != "cpu" or g.numel() != 1 or g.item() != 1.0:
-        return False
-    torch.autograd.graph.increment_version([t for t in saved if t is not None])
-    return True
+    scalar loss): the saved gradients are already the answer, so the eager backward skips the
+    in-place call, which would touch nothing (bench/notes/ARCHIVE.md, stop 61), and only bumps
+    the saved tensors' versions as that call does (PlainOp.mark_mutated), so a second backward
+    through the same graph still raises. Read only on the CPU, where it needs no device
+    synchronisation."""
+    return g.device.type == "cpu" and g.numel() == 1 and g.item() == 1.0
 
 
 def _rescale(ctx, grad_loss: Tensor, grad: Optional[Tensor], glw: Optional[Tensor]):
     """g * (saved gradients): in place in eager mode, functional when traced."""
     if _is_eager(grad_loss, grad, glw):
-        if not _unit_upstream(grad_loss, grad, glw):
+        if _unit_upstream(grad_loss):
+            _bwd_inplace.mark_mutated(grad_loss, grad, glw, ctx.reduction)
+        else:
             _bwd_inplace(grad_loss, grad, glw, ctx.reduction)
         dlw = glw.to(ctx.weight_dtype) if glw is not None else None
         return grad, dlw
