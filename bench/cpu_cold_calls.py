@@ -5,7 +5,8 @@ data and page tables out of the caches. This study times the cases nearest issue
 both ways: cold (the report's flush before each call; fusedops and eager interleaved call by
 call) and warm (back to back). Two floors that no operator goes below are timed the same ways:
 the backward of an autograd.Function that only returns two prebuilt tensors, and one small
-PyTorch op (zeros(1)); GDN's fixed cost is timed on a one-chunk call ([1, 64, 1, 16]).
+PyTorch op (zeros(1)); GDN's fixed cost is timed on a one-chunk call ([1, 64, 1, 16]). For
+matmul_add, "fusedops C++" is the extension's call alone (a Context made once, no Python layer).
 
     python bench/cpu_cold_calls.py [--calls 60] [--cases REGEX] [--out bench/results/cpu/studies/NAME.txt]
 
@@ -58,6 +59,12 @@ def cases():
 
     def mm_eager():
         mg.add_(dy.t() @ x)
+
+    # The C++ call alone (a Context made once, no Python layer): what the torch layer adds.
+    mm_ctx = fusedops._C.Context("cpu", 0, 0, "", True, False)
+
+    def mm_cxx():
+        fusedops._C.matmul_add_fwd(mm_ctx, dy, x, mg, None)
 
     dh, dw = torch.zeros(n, h).bfloat16(), torch.zeros(v, h).bfloat16()
 
@@ -125,7 +132,8 @@ def cases():
         ("chunk_loss bf16 N=128 H=128 V=8000, backward alone (upstream gradient 1)", cl_forward,
          [("fusedops", cl_backward("fusedops")), ("fusedops-call", cl_backward("fusedops", False)),
           ("eager", cl_backward("eager"))]),
-        ("matmul_add fp32 512^3", restore, [("fusedops", mm_fused), ("eager", mm_eager)]),
+        ("matmul_add fp32 512^3", restore,
+         [("fusedops", mm_fused), ("fusedops C++", mm_cxx), ("eager", mm_eager)]),
         ("floor: backward of an autograd.Function returning two prebuilt tensors", noop_prepare,
          [("autograd.grad", noop_backward)]),
         ("floor: torch.zeros(1)", None, [("torch op", lambda: torch.zeros(1))]),
