@@ -3,6 +3,7 @@ checks and the bad-input reports of CUDA kernels (`debug_checks`, `check_errors`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import os
@@ -132,12 +133,23 @@ def forced_backend(op: str) -> str:
     return forced.get(op, forced.get("*", ""))
 
 
+# CPU Contexts by (forced backend, debug checks). The C++ calls only read a Context, so one object
+# serves every CPU call with the same two settings: with cold caches (a call after other work)
+# that took context() from ~60 to ~20 us a call (bench/notes/ARCHIVE.md, stop 63).
+_cpu_contexts: dict[tuple[str, bool], _C.Context] = {}
+atexit.register(_cpu_contexts.clear)  # before interpreter teardown, or nanobind reports leaks
+
+
 def context(op: str, tensor: torch.Tensor, backend: str | None = None) -> _C.Context:
-    """The Context for one call of `op` on `tensor`'s device and current CUDA stream."""
+    """The Context for one call of `op` on `tensor`'s device and current CUDA stream (treat it as
+    read-only: CPU calls share it)."""
+    if not tensor.is_cuda:
+        key = (forced_backend(op) if backend is None else backend, _validate.get())
+        ctx = _cpu_contexts.get(key)
+        if ctx is None:
+            ctx = _cpu_contexts[key] = _C.Context("cpu", 0, 0, key[0], True, key[1])
+        return ctx
     dev = tensor.device
-    if dev.type != "cuda":
-        return _C.Context("cpu", 0, 0, forced_backend(op) if backend is None else backend, True,
-                          _validate.get())
     index = dev.index or 0
     stream = torch.cuda.current_stream(dev).cuda_stream
     ctx = _C.Context("cuda", index, stream, forced_backend(op) if backend is None else backend,

@@ -357,7 +357,7 @@ def _forward_outputs(c: Call) -> list:
         qn, kn, rq, rk = q.new_empty(0), q.new_empty(0), q.new_empty(0), q.new_empty(0)
     # The gate cumsum is float64 on the CPU: its backends take in-chunk differences of it in double,
     # exact for any gate (an fp32 cumsum carries half an ulp of its magnitude into each difference).
-    gc = q.new_empty(c.g.shape, dtype=torch.float64 if q.device.type == "cpu" else acc)
+    gc = q.new_empty(c.g.shape, dtype=torch.float64 if q.is_cpu else acc)
     bs = q.new_empty(c.B, c.T, c.HV, dtype=acc) if c.use_sigmoid else q.new_empty(0)
     return [o, ht, qn, kn, rq, rk, gc, bs]
 

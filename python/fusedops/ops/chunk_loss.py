@@ -51,7 +51,7 @@ def _run_fwd(hidden, weight, bias, labels, loss_weight, alpha_s, alpha_t, grad_w
     dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=dev) if want_grad_hidden else None
     glw = torch.empty(labels.shape, dtype=acc, device=dev) if want_weight_grad else None
     ctx = context(_OP, hidden)
-    n = 0 if dev.type == "cpu" else _C.chunk_loss_workspace_size(ctx, h, w, dh, grad_weight, accumulate,
+    n = 0 if hidden.is_cpu else _C.chunk_loss_workspace_size(ctx, h, w, dh, grad_weight, accumulate,
                                                                  chunk_size, memory_budget)
     ws = torch.empty(n, dtype=torch.uint8, device=dev) if n else None
     _C.chunk_loss_fwd(ctx, h, w, bias, labels.contiguous(),
@@ -210,7 +210,7 @@ class _Accumulate(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 19
         dh, glw = ctx.saved_tensors
-        if grad_loss.device.type == "cpu" or debug_checks_enabled():
+        if grad_loss.is_cpu or debug_checks_enabled():
             if bool(grad_loss != 1):
                 raise RuntimeError(
                     "fusedops: chunk_loss: with grad_weight_buffer the weight gradient is added "

@@ -169,7 +169,7 @@ def _unit_upstream(g: Tensor) -> bool:
     the saved tensors' versions as that call does (PlainOp.mark_mutated), so a second backward
     through the same graph still raises. Read only on the CPU, where it needs no device
     synchronisation."""
-    return g.device.type == "cpu" and g.numel() == 1 and g.item() == 1.0
+    return g.is_cpu and g.numel() == 1 and g.item() == 1.0
 
 
 def _rescale(ctx, grad_loss: Tensor, grad: Optional[Tensor], glw: Optional[Tensor]):

@@ -163,7 +163,7 @@ def chunk_gated_delta_rule(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if keep_intermediates is None:
-        keep_intermediates = q.device.type == "cpu"
+        keep_intermediates = q.is_cpu
     grads = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     keep = bool(keep_intermediates) and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in grads)

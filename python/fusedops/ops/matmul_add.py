@@ -23,7 +23,7 @@ _ALIGN = 256  # cuBLASLt's default assumption for matrix addresses (see matmul_a
 
 def _aligned(t: Tensor) -> Tensor:
     """`t` when its data starts on a 256-byte boundary, else an aligned copy (CUDA only)."""
-    if t.device.type == "cuda" and t.numel() and t.data_ptr() % _ALIGN:
+    if t.is_cuda and t.numel() and t.data_ptr() % _ALIGN:
         return t.clone(memory_format=torch.contiguous_format)
     return t
 
@@ -31,6 +31,8 @@ def _aligned(t: Tensor) -> Tensor:
 def _operand(t: Tensor) -> Tensor:
     if t.dim() == 0:
         return t
+    if t.is_contiguous():  # rows packed: nothing to check
+        return _aligned(t)
     t = rows_view(t)
     # Rows that overlap (a stride-0 token dim that rows_view keeps) cannot be a GEMM operand.
     if t.dim() >= 2 and t.numel() and t.size(-1) > 1:
@@ -44,11 +46,11 @@ def _matmul_add_impl(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> N
     ctx = context(_OP, grad_output)  # the operands' device is the call's device
     go, x = _operand(grad_output), _operand(input)
     workspace = None
-    if grad_output.device.type == "cuda":
+    if grad_output.is_cuda:
         workspace = torch.empty(_C.matmul_add_workspace_size(ctx), dtype=torch.uint8,
                                 device=grad_output.device)
     target = main_grad
-    if (main_grad.device.type == "cuda" and main_grad.is_contiguous() and main_grad.numel()
+    if (main_grad.is_cuda and main_grad.is_contiguous() and main_grad.numel()
             and main_grad.data_ptr() % _ALIGN):
         target = main_grad.clone()  # accumulate into an aligned copy, then write it back
     _C.matmul_add_fwd(ctx, go, x, target, workspace)

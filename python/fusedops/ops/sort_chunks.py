@@ -53,11 +53,11 @@ def _rows(t: Tensor) -> Tensor:
     return _raw(rows_view(t))
 
 
-def _workspace(num_splits: int, device: torch.device) -> Optional[Tensor]:
-    if device.type != "cuda":
+def _workspace(num_splits: int, like: Tensor) -> Optional[Tensor]:
+    if not like.is_cuda:
         return None
     return torch.empty(max(1, _C.sort_chunks_by_idx_workspace_size(num_splits)), dtype=torch.uint8,
-                       device=device)
+                       device=like.device)
 
 
 def _index(t: Union[Tensor, Sequence[int]], device: torch.device) -> Tensor:
@@ -105,7 +105,7 @@ def _fwd_impl(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor,
     row_id_map = torch.empty(n, dtype=torch.int32, device=inp.device)
     _C.sort_chunks_by_idx_fwd(context(_OP, inp), _rows(inp), split_sizes, sorted_index, _raw(probs),
                               _raw(out), _raw(probs_out) if probs is not None else None, row_id_map,
-                              _workspace(split_sizes.numel(), inp.device))
+                              _workspace(split_sizes.numel(), inp))
     return out, probs_out, row_id_map
 
 
@@ -234,7 +234,7 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Union[Tensor, Sequence[int]]
 def _make_map_impl(split_sizes: Tensor, sorted_index: Tensor, num_tokens: int) -> Tensor:
     row_id_map = torch.empty(num_tokens, dtype=torch.int32, device=split_sizes.device)
     _C.make_chunk_sort_map(context(_OP_MAP, split_sizes), split_sizes, sorted_index, row_id_map,
-                           _workspace(split_sizes.numel(), split_sizes.device))
+                           _workspace(split_sizes.numel(), split_sizes))
     return row_id_map
 
 
@@ -267,7 +267,7 @@ def _by_map_impl(inp: Tensor, row_id_map: Tensor, probs: Optional[Tensor],
     probs_out = (torch.empty(n, dtype=probs.dtype, device=inp.device) if probs is not None
                  else inp.new_empty(0))
     ws = None
-    if inp.device.type == "cuda":
+    if inp.is_cuda:
         nbytes = _C.sort_chunks_by_map_workspace_size(n, is_forward)
         ws = torch.empty(nbytes, dtype=torch.uint8, device=inp.device) if nbytes else None
     _C.sort_chunks_by_map(context(_OP_BY_MAP, inp), _rows(inp), row_id_map, _raw(probs), _raw(out),
