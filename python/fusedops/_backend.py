@@ -135,7 +135,7 @@ def forced_backend(op: str) -> str:
 
 # CPU Contexts by (forced backend, debug checks). The C++ calls only read a Context, so one object
 # serves every CPU call with the same two settings: with cold caches (a call after other work)
-# that took context() from ~60 to ~20 us a call (bench/notes/ARCHIVE.md, stop 63).
+# that took context() from ~60 to ~27 us a call (bench/notes/ARCHIVE.md, stop 63).
 _cpu_contexts: dict[tuple[str, bool], _C.Context] = {}
 atexit.register(_cpu_contexts.clear)  # before interpreter teardown, or nanobind reports leaks
 
