@@ -61,7 +61,7 @@ def cases():
         mg.add_(dy.t() @ x)
 
     # The C++ call alone (a Context made once, no Python layer): what the torch layer adds.
-    mm_ctx = fusedops._C.Context("cpu", 0, 0, "", True, False)
+    mm_ctx = fusedops._backend.context("matmul_add", dy)
 
     def mm_cxx():
         fusedops._C.matmul_add_fwd(mm_ctx, dy, x, mg, None)

@@ -245,6 +245,24 @@ def test_debug_checks_set_the_context_and_nest():
     assert fusedops.validation is fusedops.debug_checks
 
 
+def test_cpu_calls_share_one_context_per_setting():
+    # context() caches CPU Contexts by (forced backend, debug checks): the same object for the same
+    # settings, another one as soon as either changes.
+    x = torch.zeros(2)
+    ctx = fusedops._backend.context
+    plain = ctx("l2norm", x)
+    assert ctx("rmsnorm_without_weight", x) is plain and plain.backend == "" and not plain.validate
+    with fusedops.use_backend(l2norm="ref"):
+        forced = ctx("l2norm", x)
+        assert forced is not plain and forced.backend == "ref"
+        assert ctx("rmsnorm_without_weight", x) is plain
+    with fusedops.debug_checks():
+        checked = ctx("l2norm", x)
+        assert checked is not plain and checked.validate and checked.backend == ""
+    assert ctx("l2norm", x, "cpu").backend == "cpu"
+    assert ctx("l2norm", x) is plain
+
+
 def test_environment_turns_the_debug_checks_on(monkeypatch):
     ctx = fusedops._backend.context("l2norm", torch.zeros(2))
     monkeypatch.delenv("FUSEDOPS_CHECK_INDICES", raising=False)

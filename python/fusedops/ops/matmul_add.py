@@ -31,15 +31,8 @@ def _aligned(t: Tensor) -> Tensor:
 def _operand(t: Tensor) -> Tensor:
     if t.dim() == 0:
         return t
-    if t.is_contiguous():  # rows packed: nothing to check
-        return _aligned(t)
-    t = rows_view(t)
-    # Rows that overlap (a stride-0 token dim that rows_view keeps) cannot be a GEMM operand.
-    if t.dim() >= 2 and t.numel() and t.size(-1) > 1:
-        flat = t.reshape(-1, t.size(-1))
-        if flat.size(0) > 1 and flat.stride(0) < t.size(-1):
-            t = t.contiguous()
-    return _aligned(t)
+    # rows_view also copies rows that overlap (a stride-0 token dim), which a GEMM cannot take.
+    return _aligned(rows_view(t))
 
 
 def _matmul_add_impl(grad_output: Tensor, input: Tensor, main_grad: Tensor) -> None:
