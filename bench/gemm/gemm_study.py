@@ -60,7 +60,9 @@ def build() -> Path:
     cmd = [cxx, *FLAGS, "-DGEMM_BENCH_LEGACY", f"-I{ROOT}", f"-I{ROOT / 'include'}", f"-I{dnnl / 'include'}",
            str(ROOT / "bench/gemm/gemm_bench.cpp"), str(ROOT / "src/cpu/gemm.cpp"), str(ROOT / "src/core/error.cpp"),
            str(legacy_obj), "-o", str(exe), f"-L{dnnl / 'lib'}", f"-Wl,-rpath,{dnnl / 'lib'}", "-ldnnl"]
-    if Path("/usr/include/x86_64-linux-gnu/cblas.h").exists() or Path("/usr/include/cblas.h").exists():
+    # OpenBLAS itself (its config header), not any cblas.h: the reference BLAS (libblas-dev) has
+    # one too, without openblas_set_num_threads.
+    if any(Path(d, "openblas_config.h").exists() for d in ("/usr/include/x86_64-linux-gnu", "/usr/include")):
         cmd[1:1] = ["-DGEMM_BENCH_OPENBLAS"]
         cmd.append("-lopenblas")
     subprocess.run(cmd, check=True)
