@@ -246,13 +246,27 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def device_line(device: str) -> str:
-    """Which machines the rows of a device ran on (from the JSON)."""
-    names = set()
+def row_files(device: str, ops: list[str] | None = None) -> list[str]:
+    """The results files of a device that give a table row (for these ops): the same choice as
+    table_rows makes, case by case."""
+    used = []
     for rel in report_files(device):
         src = Source(rel)
-        if is_report(src):
-            names.add(src.meta.get("device_info", {}).get("name", "?"))
+        if not is_report(src):
+            continue
+        for case in src.data["cases"]:
+            if ops is not None and case["op"] not in ops:
+                continue
+            if "/studies/" in rel and not current_lacks(device, case):
+                continue
+            used.append(rel)
+            break
+    return used
+
+
+def device_line(device: str, ops: list[str] | None = None) -> str:
+    """Which machines the rows of a device (for these ops) ran on (from the JSON)."""
+    names = {Source(rel).meta.get("device_info", {}).get("name", "?") for rel in row_files(device, ops)}
     return ", ".join(sorted(names))
 
 
@@ -304,7 +318,7 @@ def block_family(arg: str) -> str:
             for r in rows:
                 r.pop(4)
             head.pop(4)
-        parts.append(f"{device_line(device)}:\n\n" + markdown(head, rows))
+        parts.append(f"{device_line(device, ops)}:\n\n" + markdown(head, rows))
     return ("Generated from bench/results (bench/tables.py); ratios are the other's time over "
             "fusedops' (above 1: fusedops is faster).\n\n" + "\n\n".join(parts))
 
@@ -409,19 +423,7 @@ def uses_of_block(name: str) -> set[str]:
     devices = {"h200": ["h200"], "readme-h200": ["h200"], "cpu": ["cpu"]}.get(
         kind, [p.name for p in RESULTS.iterdir() if p.is_dir()])
     ops = arg.split(",") if kind == "family" else None
-    used = set()
-    for device in devices:
-        for rel in report_files(device):
-            src = Source(rel)
-            if not is_report(src):
-                continue
-            for case in src.data["cases"]:
-                if ops is not None and case["op"] not in ops:
-                    continue
-                if "/studies/" in rel and not current_lacks(device, case):
-                    continue
-                used.add(rel)
-    return used
+    return {rel for device in devices for rel in row_files(device, ops)}
 
 
 # --------------------------------------------------------------------------------------------
