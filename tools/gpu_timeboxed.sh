@@ -19,6 +19,12 @@ OUT=$1; T0=$(date +%s); W=/tmp/fo; L=$W/logs; rm -rf $L; mkdir -p $L/gtest $L/py
 S=$OUT/summary.txt; : > $S
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
 note() { echo "$*" | tee -a $S; }
+# Files the run needs are checked before the device time goes to a build: a path listed in
+# .git/info/exclude does not travel to the device (only tracked files, untracked ones that git
+# does not ignore, and the carried paths), and a stop-64 call built and ran nothing for that.
+[ -f .commit ] || { echo "gpu_timeboxed: no .commit here (write it with git rev-parse HEAD; it must not be git-ignored)"; exit 2; }
+if [ -n "${CUSTOM:-}" ] && [ ! -f "$CUSTOM" ]; then
+  echo "gpu_timeboxed: CUSTOM=$CUSTOM not found here (an ignored file does not travel)"; exit 2; fi
 export FUSEDOPS_COMMIT="$(cat .commit)"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; python3 -c 'import torch;print("torch", torch.__version__)'; } | tee -a $S
 note "commit $FUSEDOPS_COMMIT"
