@@ -860,6 +860,12 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
             load_token(q, k, v, g, beta, sq.b, sq.t0 + t, hh, hv, qt.data(), kt.data(), vt.data(),
                        at.data(), &bt, K);
             load<T>(dout.ptr(sq.b, sq.t0 + t, hv), dout.dtype, dot.data(), V);
+            // The sums over x below are written as std::fma: GCC vectorises a sum `acc += a * b` in
+            // order (products rounded, then added) behind a run-time aliasing check of these
+            // buffers and keeps the scalar loop (fused multiply-adds) for when it fails, so which
+            // rounding a call got depended on where its vectors were allocated: dk differed by an
+            // ulp from call to call on two threads (stop 64). An explicit fma has no in-order
+            // vector form, so every call takes the scalar sum.
             // St = diag(a) Sp (S~); p = St^T k; delta = beta (v - p); S_t = St + k delta^T.
             std::fill(p.begin(), p.end(), T(0));
             for (int64_t y = 0; y < K; ++y)
@@ -872,7 +878,7 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
             for (int64_t y = 0; y < K; ++y) {
               T acc = 0;
               for (int64_t x = 0; x < V; ++x) {
-                acc += (St[y * V + x] + kt[y] * dl[x]) * dot[x];
+                acc = std::fma(St[y * V + x] + kt[y] * dl[x], dot[x], acc);
                 dS[y * V + x] += scale * qt[y] * dot[x];
               }
               dqt[y] = scale * acc;
@@ -882,7 +888,7 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
             for (int64_t y = 0; y < K; ++y) {
               T acc = 0;
               for (int64_t x = 0; x < V; ++x) {
-                acc += dS[y * V + x] * dl[x];
+                acc = std::fma(dS[y * V + x], dl[x], acc);
                 dd[x] += dS[y * V + x] * kt[y];
               }
               dkt[y] = acc;
@@ -890,7 +896,7 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
             T dbt = 0;
             for (int64_t x = 0; x < V; ++x) {
               dvt[x] = bt * dd[x];
-              dbt += dd[x] * (vt[x] - p[x]);
+              dbt = std::fma(dd[x], vt[x] - p[x], dbt);
               dp[x] = -bt * dd[x];
             }
             // dS~ = dS + k dp^T; dk += St dp; dg = rowsum(St . dS~); dS_prev = diag(a) dS~.
@@ -898,8 +904,8 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
               T acc = 0, accg = 0;
               for (int64_t x = 0; x < V; ++x) {
                 const T d = dS[y * V + x] + kt[y] * dp[x];
-                acc += St[y * V + x] * dp[x];
-                accg += St[y * V + x] * d;
+                acc = std::fma(St[y * V + x], dp[x], acc);
+                accg = std::fma(St[y * V + x], d, accg);
                 dS[y * V + x] = at[y] * d;
               }
               dkt[y] += acc;

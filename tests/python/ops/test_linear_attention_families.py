@@ -278,6 +278,29 @@ def test_repeated_backward_is_bitwise_identical(fam, device, K, opts):
         assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
 
 
+def test_repeated_recurrent_backward_is_bitwise_identical(fam, device):
+    """The per-token form's backward, called again and again on the same inputs, with its (sequence,
+    head) tasks spread over the threads. KDA's CPU backward once gave dk an ulp apart in about a
+    third of its calls on a 2-core Zen 5: GCC had vectorised its sums in order behind a run-time
+    aliasing check, and the scalar fallback fused the multiply-adds, so the rounding followed where
+    a thread's buffers were allocated (stop 64). 30 repeats there caught it every time."""
+    d = fam.make_inputs(3, 40, 2, 2, 8, 8, torch.float32, seed=19)
+    x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0")}
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(3, 40, 2, 8, generator=gen).to(device)
+
+    def grads():
+        lv = {n: t.clone().requires_grad_() for n, t in x.items()}
+        o, ht = fam.recurrent(lv["q"], lv["k"], lv["v"], lv["g"], beta=lv["beta"], scale=0.3, initial_state=lv["h0"],
+                              output_final_state=True)
+        return torch.autograd.grad((o * do).sum() + ht.sum(), list(lv.values()))
+
+    first = grads()
+    for _ in range(30):
+        for name, a, b in zip(x, grads(), first):
+            assert torch.equal(a, b), f"{fam.name} d{name} differs between repeated calls"
+
+
 # chunk_size: KDA's chunk form takes 32 or 64 only.
 @pytest.mark.parametrize("fam,BT", [pytest.param(GDN, 16, id="gdn"), pytest.param(KDA, 32, id="kda")])
 def test_reference_module_matches_the_oracle(fam, BT):
