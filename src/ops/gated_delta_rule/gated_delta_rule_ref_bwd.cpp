@@ -252,12 +252,14 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
             for (int64_t y = 0; y < K; ++y)
               for (int64_t x = 0; x < V; ++x) p[x] += Sd[y * V + x] * kt[y];
             for (int64_t x = 0; x < V; ++x) delta[x] = bt * (vt[x] - p[x]);
+            // The sums over x are explicit std::fma, so that their rounding does not depend on
+            // which version of a vectorised loop runs (see kda_kernels.h's recurrent_bwd).
             // dS += scale q dO^T; dq = scale S_t dO.
             for (int64_t y = 0; y < K; ++y) {
               double acc = 0;
               for (int64_t x = 0; x < V; ++x) {
                 dS[y * V + x] += a.scale * qt[y] * dot_[x];
-                acc += (Sd[y * V + x] + kt[y] * delta[x]) * dot_[x];
+                acc = std::fma(Sd[y * V + x] + kt[y] * delta[x], dot_[x], acc);
               }
               dQ[i * K + y] += a.scale * acc;
             }
@@ -265,11 +267,11 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
             for (int64_t y = 0; y < K; ++y)
               for (int64_t x = 0; x < V; ++x) {
                 dd[x] += dS[y * V + x] * kt[y];
-                dK[i * K + y] += dS[y * V + x] * delta[x];
+                dK[i * K + y] = std::fma(dS[y * V + x], delta[x], dK[i * K + y]);
               }
             double db_ = 0;
             for (int64_t x = 0; x < V; ++x) {
-              db_ += dd[x] * (vt[x] - p[x]);
+              db_ = std::fma(dd[x], vt[x] - p[x], db_);
               dV[i * V + x] = bt * dd[x];
             }
             dB[i] = db_;
@@ -277,12 +279,12 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
             for (int64_t y = 0; y < K; ++y)
               for (int64_t x = 0; x < V; ++x) {
                 const double dp = -bt * dd[x];
-                dK[i * K + y] += Sd[y * V + x] * dp;
+                dK[i * K + y] = std::fma(Sd[y * V + x], dp, dK[i * K + y]);
                 dS[y * V + x] += kt[y] * dp;
               }
             double dg_ = 0;
             for (int64_t e = 0; e < K * V; ++e) {
-              dg_ += Sd[e] * dS[e];
+              dg_ = std::fma(Sd[e], dS[e], dg_);
               dS[e] *= decay;
             }
             dG[i] = dg_;
