@@ -253,7 +253,7 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
               for (int64_t x = 0; x < V; ++x) p[x] += Sd[y * V + x] * kt[y];
             for (int64_t x = 0; x < V; ++x) delta[x] = bt * (vt[x] - p[x]);
             // The sums over x are explicit std::fma, so that their rounding does not depend on
-            // which version of a vectorised loop runs (see kda_kernels.h's recurrent_bwd).
+            // which version of a vectorised loop runs (see kda_kernels.h's token_bwd).
             // dS += scale q dO^T; dq = scale S_t dO.
             for (int64_t y = 0; y < K; ++y) {
               double acc = 0;

@@ -808,6 +808,67 @@ void recurrent_fwd(const FusedRecurrentKdaFwdArgs& a) {
   });
 }
 
+// One token of recurrent_bwd: from the state before it (Sp), the token's inputs and the state
+// gradient dS after it, the token's gradients (dq, dk, dg, dv; dbeta returned) and dS before it.
+// Every pointer is restrict: the buffers never overlap, and GCC then makes one vectorised version of
+// each loop. Without that it also kept a scalar version behind a run-time aliasing check, whose sums
+// fused the multiply-adds that the vectorised version rounds in two steps; which one ran followed
+// where a thread's buffers were allocated, and dk moved by an ulp from call to call on two threads
+// (stop 64).
+template <class T>
+inline T token_bwd(const T* __restrict Sp, const T* __restrict at, const T* __restrict kt,
+                   const T* __restrict qt, const T* __restrict vt, const T* __restrict dot, T bt, T scale,
+                   int64_t K, int64_t V, T* __restrict dS, T* __restrict St, T* __restrict p,
+                   T* __restrict dl, T* __restrict dd, T* __restrict dp, T* __restrict dvt,
+                   T* __restrict dqt, T* __restrict dkt, T* __restrict dgt) {
+  // St = diag(a) Sp (S~); p = St^T k; delta = beta (v - p); S_t = St + k delta^T.
+  std::fill(p, p + V, T(0));
+  for (int64_t y = 0; y < K; ++y)
+    for (int64_t x = 0; x < V; ++x) {
+      St[y * V + x] = at[y] * Sp[y * V + x];
+      p[x] += kt[y] * St[y * V + x];
+    }
+  for (int64_t x = 0; x < V; ++x) dl[x] = bt * (vt[x] - p[x]);
+  // dq = scale S_t do; dS += scale q do^T.
+  for (int64_t y = 0; y < K; ++y) {
+    T acc = 0;
+    for (int64_t x = 0; x < V; ++x) {
+      acc += (St[y * V + x] + kt[y] * dl[x]) * dot[x];
+      dS[y * V + x] += scale * qt[y] * dot[x];
+    }
+    dqt[y] = scale * acc;
+  }
+  // dk = dS delta; ddelta = dS^T k.
+  std::fill(dd, dd + V, T(0));
+  for (int64_t y = 0; y < K; ++y) {
+    T acc = 0;
+    for (int64_t x = 0; x < V; ++x) {
+      acc += dS[y * V + x] * dl[x];
+      dd[x] += dS[y * V + x] * kt[y];
+    }
+    dkt[y] = acc;
+  }
+  T dbt = 0;
+  for (int64_t x = 0; x < V; ++x) {
+    dvt[x] = bt * dd[x];
+    dbt += dd[x] * (vt[x] - p[x]);
+    dp[x] = -bt * dd[x];
+  }
+  // dS~ = dS + k dp^T; dk += St dp; dg = rowsum(St . dS~); dS_prev = diag(a) dS~.
+  for (int64_t y = 0; y < K; ++y) {
+    T acc = 0, accg = 0;
+    for (int64_t x = 0; x < V; ++x) {
+      const T d = dS[y * V + x] + kt[y] * dp[x];
+      acc += St[y * V + x] * dp[x];
+      accg += St[y * V + x] * d;
+      dS[y * V + x] = at[y] * d;
+    }
+    dkt[y] += acc;
+    dgt[y] = accg;
+  }
+  return dbt;
+}
+
 template <class T>
 void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
   constexpr int64_t kSeg = 64;
@@ -860,57 +921,9 @@ void recurrent_bwd(const FusedRecurrentKdaBwdArgs& a) {
             load_token(q, k, v, g, beta, sq.b, sq.t0 + t, hh, hv, qt.data(), kt.data(), vt.data(),
                        at.data(), &bt, K);
             load<T>(dout.ptr(sq.b, sq.t0 + t, hv), dout.dtype, dot.data(), V);
-            // The sums over x below are written as std::fma: GCC vectorises a sum `acc += a * b` in
-            // order (products rounded, then added) behind a run-time aliasing check of these
-            // buffers and keeps the scalar loop (fused multiply-adds) for when it fails, so which
-            // rounding a call got depended on where its vectors were allocated: dk differed by an
-            // ulp from call to call on two threads (stop 64). An explicit fma has no in-order
-            // vector form, so every call takes the scalar sum.
-            // St = diag(a) Sp (S~); p = St^T k; delta = beta (v - p); S_t = St + k delta^T.
-            std::fill(p.begin(), p.end(), T(0));
-            for (int64_t y = 0; y < K; ++y)
-              for (int64_t x = 0; x < V; ++x) {
-                St[y * V + x] = at[y] * Sp[y * V + x];
-                p[x] += kt[y] * St[y * V + x];
-              }
-            for (int64_t x = 0; x < V; ++x) dl[x] = bt * (vt[x] - p[x]);
-            // dq = scale S_t do; dS += scale q do^T.
-            for (int64_t y = 0; y < K; ++y) {
-              T acc = 0;
-              for (int64_t x = 0; x < V; ++x) {
-                acc = std::fma(St[y * V + x] + kt[y] * dl[x], dot[x], acc);
-                dS[y * V + x] += scale * qt[y] * dot[x];
-              }
-              dqt[y] = scale * acc;
-            }
-            // dk = dS delta; ddelta = dS^T k.
-            std::fill(dd.begin(), dd.end(), T(0));
-            for (int64_t y = 0; y < K; ++y) {
-              T acc = 0;
-              for (int64_t x = 0; x < V; ++x) {
-                acc = std::fma(dS[y * V + x], dl[x], acc);
-                dd[x] += dS[y * V + x] * kt[y];
-              }
-              dkt[y] = acc;
-            }
-            T dbt = 0;
-            for (int64_t x = 0; x < V; ++x) {
-              dvt[x] = bt * dd[x];
-              dbt = std::fma(dd[x], vt[x] - p[x], dbt);
-              dp[x] = -bt * dd[x];
-            }
-            // dS~ = dS + k dp^T; dk += St dp; dg = rowsum(St . dS~); dS_prev = diag(a) dS~.
-            for (int64_t y = 0; y < K; ++y) {
-              T acc = 0, accg = 0;
-              for (int64_t x = 0; x < V; ++x) {
-                const T d = dS[y * V + x] + kt[y] * dp[x];
-                acc = std::fma(St[y * V + x], dp[x], acc);
-                accg = std::fma(St[y * V + x], d, accg);
-                dS[y * V + x] = at[y] * d;
-              }
-              dkt[y] += acc;
-              dgt[y] = accg;
-            }
+            const T dbt = token_bwd<T>(Sp, at.data(), kt.data(), qt.data(), vt.data(), dot.data(), bt, scale, K,
+                                       V, dS.data(), St.data(), p.data(), dl.data(), dd.data(), dp.data(),
+                                       dvt.data(), dqt.data(), dkt.data(), dgt.data());
             for (int64_t y = 0; y < K; ++y) {
               dQ[t * K + y] += dqt[y];
               dK[t * K + y] += dkt[y];

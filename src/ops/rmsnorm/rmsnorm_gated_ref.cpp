@@ -77,7 +77,7 @@ void bwd(const Context&, const RmsNormGatedBwdArgs& a) {
         double dot = 0;
         for (int64_t d = d0; d < d1; ++d) {
           dh[d] = z.empty() ? dy[d] : dy[d] * act(a.activation, z[d]);
-          dot = std::fma(x[d] * rstd * w[d], dh[d], dot);  // explicit: see kda_kernels.h's recurrent_bwd
+          dot = std::fma(x[d] * rstd * w[d], dh[d], dot);  // explicit: see kda_kernels.h's token_bwd
         }
         const double mean = dot / static_cast<double>(g);
         for (int64_t d = d0; d < d1; ++d) {
