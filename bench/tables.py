@@ -198,12 +198,9 @@ def table_rows(device: str, ops: list[str] | None = None, full: bool = True) -> 
         if not is_report(src):
             continue
         cases = src.data["cases"]
-        studied = "/studies/" in rel
         for case in cases:
-            if ops is not None and case["op"] not in ops:
+            if not gives_row(device, rel, case, ops):
                 continue
-            if studied and not current_lacks(device, case):
-                continue  # a study's case that the op's current file already holds
             res = results_of(case)
             label = case_label(case, cases)
             for mine in [n for n in res if n.startswith("fusedops")]:
@@ -246,22 +243,18 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def gives_row(device: str, rel: str, case: dict, ops: list[str] | None) -> bool:
+    """Whether a case of results file `rel` is a table row (for these ops): not when it is a
+    study's case that the op's current file already holds."""
+    if ops is not None and case["op"] not in ops:
+        return False
+    return "/studies/" not in rel or current_lacks(device, case)
+
+
 def row_files(device: str, ops: list[str] | None = None) -> list[str]:
-    """The results files of a device that give a table row (for these ops): the same choice as
-    table_rows makes, case by case."""
-    used = []
-    for rel in report_files(device):
-        src = Source(rel)
-        if not is_report(src):
-            continue
-        for case in src.data["cases"]:
-            if ops is not None and case["op"] not in ops:
-                continue
-            if "/studies/" in rel and not current_lacks(device, case):
-                continue
-            used.append(rel)
-            break
-    return used
+    """The results files of a device that give a table row (for these ops)."""
+    return [rel for rel in report_files(device)
+            if is_report(src := Source(rel)) and any(gives_row(device, rel, c, ops) for c in src.data["cases"])]
 
 
 def device_line(device: str, ops: list[str] | None = None) -> str:

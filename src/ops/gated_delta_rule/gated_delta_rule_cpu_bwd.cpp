@@ -490,7 +490,8 @@ void recurrent_bwd(const Context&, const FusedRecurrentGatedDeltaRuleBwdArgs& a)
             }
             float dbt = 0.0f;
             for (int64_t x = 0; x < V; ++x) {
-              dbt = std::fma(dd[x], vt[x] - p[x], dbt);  // not `+=`: see kda_kernels.h's token_bwd
+              // fma: one rounding in every loop version GCC makes (kda_kernels.h, token_bwd)
+              dbt = std::fma(dd[x], vt[x] - p[x], dbt);
               dV[i * V + x] = bt * dd[x];
               dd[x] *= -bt;  // dp
             }

@@ -77,7 +77,8 @@ void bwd(const Context&, const RmsNormGatedBwdArgs& a) {
         double dot = 0;
         for (int64_t d = d0; d < d1; ++d) {
           dh[d] = z.empty() ? dy[d] : dy[d] * act(a.activation, z[d]);
-          dot = std::fma(x[d] * rstd * w[d], dh[d], dot);  // explicit: see kda_kernels.h's token_bwd
+          // fma: one rounding in every loop version GCC makes (kda_kernels.h, token_bwd)
+          dot = std::fma(x[d] * rstd * w[d], dh[d], dot);
         }
         const double mean = dot / static_cast<double>(g);
         for (int64_t d = d0; d < d1; ++d) {
