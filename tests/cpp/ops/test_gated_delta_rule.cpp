@@ -1267,9 +1267,11 @@ TEST(FusedRecurrentGatedDeltaRule, MatchesTheFloat64RecurrenceOnEveryBackend) {
       if (!backend_takes("fused_recurrent_gated_delta_rule", Direction::kForward, b.id, dt)) continue;
       const auto all = top_cases();
       // Three of the chunk cases, K = 160 (the CUDA forward's eight-warp form; K <= 128 takes four
-      // warps) and V = 18 (V % 4 != 0: the state element by element instead of by float4).
+      // warps), V = 18 (V % 4 != 0: the state element by element instead of by float4) and V = 130
+      // (cuda_sm90's backward: a cluster of five 32-column tiles, the last one partial).
       const std::vector<TopCase> cases{all[0], all[1], all[3], {{1, 20, 1, 2, 160, 40, {}}, all[0].o, "K160 V40 GVA2"},
-                                       {{2, 9, 1, 1, 24, 18, {}}, all[0].o, "K24 V18"}};
+                                       {{2, 9, 1, 1, 24, 18, {}}, all[0].o, "K24 V18"},
+                                       {{1, 70, 1, 1, 100, 130, {}}, all[0].o, "K100 V130 T70"}};
       for (size_t i = 0; i < cases.size(); ++i) {
         const TopCase& c = cases[i];
         SCOPED_TRACE(b.id + "/" + dtype_name(dt) + "/" + c.name);

@@ -56,9 +56,11 @@ def fam(request):
 
 
 # (B, T, V, cu_seqlens): sequences of several tokens, then decoding steps (one token per sequence:
-# the CUDA forward's form for B T = N), with V % 4 == 0 (the float32 state moved by float4) and not.
+# the CUDA forward's form for B T = N), with V % 4 == 0 (the float32 state moved by float4) and not;
+# the last two with V over 32 (cuda_sm90's backward: a cluster of 32-column tiles) and T = 70 (past
+# the CUDA backward's 64-token checkpoint segment).
 RECURRENT_SHAPES = [(2, 30, 12, None), (1, 30, 12, [0, 9, 9, 30]), (3, 1, 12, None), (3, 1, 10, None),
-                    (1, 3, 12, [0, 1, 2, 3])]
+                    (1, 3, 12, [0, 1, 2, 3]), (4, 1, 64, None), (1, 70, 70, [0, 5, 70])]
 
 
 @pytest.mark.parametrize("B,T,V,cu", RECURRENT_SHAPES, ids=lambda x: str(x).replace(" ", ""))
@@ -284,10 +286,10 @@ def test_repeated_recurrent_backward_is_bitwise_identical(fam, device):
     third of its calls on a 2-core Zen 5: GCC had vectorised its sums in order behind a run-time
     aliasing check, and the scalar fallback fused the multiply-adds, so the rounding followed where
     a thread's buffers were allocated (stop 64). 30 repeats there caught it every time."""
-    d = fam.make_inputs(3, 40, 2, 2, 8, 8, torch.float32, seed=19)
+    d = fam.make_inputs(3, 40, 2, 2, 8, 72, torch.float32, seed=19)  # V = 72: three V tiles on CUDA
     x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0")}
     gen = torch.Generator().manual_seed(1)
-    do = torch.randn(3, 40, 2, 8, generator=gen).to(device)
+    do = torch.randn(3, 40, 2, 72, generator=gen).to(device)
 
     def grads():
         lv = {n: t.clone().requires_grad_() for n, t in x.items()}
