@@ -5,6 +5,11 @@ peers need minutes of autotuning, which a short GPU session cannot afford). Corr
 test suite's job; this only answers "how long, and where does the time go".
 
     python bench/la_timing.py [--json PATH] [--reps N]
+    python bench/la_timing.py --recurrent [--json PATH] [--reps N]
+
+--recurrent times the per-token forms instead (fused_recurrent_gated_delta_rule and
+fused_recurrent_kda, forward and forward+backward, K = V = 128 bf16, fp32 states in and out) on
+each CUDA backend that takes them, from one token per sequence (decoding) to T = 1024.
 
 Times are CUDA-event medians over --reps calls after two warm-up calls (no L2 flush: every
 input here is far larger than L2). First call: wall time of the first call in the process.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -113,11 +119,48 @@ def gdn_subops(B, T, H, K, V, dtype, reps):
     return out
 
 
+# (B, T, H) of the per-token forms: decoding at B = 64, then longer sequences.
+RECURRENT_SHAPES = [(64, 1, 16), (16, 16, 16), (8, 64, 16), (2, 256, 16), (1, 1024, 16)]
+
+
+def recurrent(reps):
+    """fwd / fwd+bwd medians (ms) of both per-token forms at RECURRENT_SHAPES on every CUDA
+    backend registered for them (cuda_sm80, and cuda_sm90 on Hopper)."""
+    out = []
+    K = 128
+    for B, T, H in RECURRENT_SHAPES:
+        for op, kda in (("fused_recurrent_gated_delta_rule", False), ("fused_recurrent_kda", True)):
+            q, k, v, gate, beta = _inputs(B, T, H, H, K, K, torch.bfloat16, kda)
+            h0 = torch.randn(B, H, K, K, device="cuda") * 0.1
+            fn = getattr(fusedops, op)
+
+            def call(q, k, v, gate, beta, h0, fn=fn):
+                o, ht = fn(q, k, v, gate, beta=beta, scale=K ** -0.5, initial_state=h0, output_final_state=True)
+                return o.float().sum() + ht.sum()
+
+            backends = {e["backend"] for e in fusedops.backends(op) if e["device"] == "cuda" and e["runnable_here"]}
+            for backend in sorted(backends):
+                with fusedops.use_backend(**{op: backend}):
+                    r = time_top(op, lambda *x: call(*x), (q, k, v, gate, beta, h0), reps)
+                r.update(shape=[B, T, H, K], backend=backend)
+                print(json.dumps(r), flush=True)
+                out.append(r)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default=None)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--recurrent", action="store_true", help="time the per-token forms (see above)")
     args = p.parse_args(argv)
+    if args.recurrent:
+        res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16",
+               "commit": os.environ.get("FUSEDOPS_COMMIT"), "results": recurrent(args.reps)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     dt = torch.bfloat16
     B, T, H, K = 8, 4096, 16, 128
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": [B, T, H, K],

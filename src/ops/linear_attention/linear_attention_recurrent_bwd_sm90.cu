@@ -91,6 +91,13 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
     qs[e] = 0.0f;
     if constexpr (KDA) as[e] = 1.0f;
   }
+  // Rows past K and columns past V are left out of every sum (not only zero there): a NaN or Inf
+  // input (an Inf in q times a padded zero of dO) must not reach the real elements through them.
+  bool rv[kR], cv[4];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) rv[r] = y0 + 4 * W * r < K;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) cv[j] = x + j < V;
   float S[kR][4], dS[kR][4];
 
   auto ld_tile = [&](const Mat& m, int64_t base, float (&st)[kR][4]) {
@@ -165,7 +172,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (KDA) S[r][j] *= as[y];
-        pc[j] = fmaf(S[r][j], ky, pc[j]);
+        if (rv[r]) pc[j] = fmaf(S[r][j], ky, pc[j]);
       }
     }
     colsum(pc, 0);
@@ -212,7 +219,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
         const int y = y0 + 4 * W * r;
         const float ay = KDA ? as[y] : 1.0f, ky = ks[y];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) pc[j] = fmaf(ay * S[r][j], ky, pc[j]);
+        for (int j = 0; j < 4; ++j)
+          if (rv[r]) pc[j] = fmaf(ay * S[r][j], ky, pc[j]);
       }
       colsum(pc, 0);
       const float decay = gb[0], bt = gb[1];
@@ -231,10 +239,10 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
         float aq = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          aq = fmaf(fmaf(ky, dl[j], ay * S[r][j]), dov[j], aq);
+          if (cv[j]) aq = fmaf(fmaf(ky, dl[j], ay * S[r][j]), dov[j], aq);
           const float d = fmaf(sq, dov[j], dS[r][j]);
           dS[r][j] = d;
-          dd[j] = fmaf(d, ky, dd[j]);
+          if (rv[r]) dd[j] = fmaf(d, ky, dd[j]);
         }
         aq = rowsum(aq);
         if (c4 == 0) pt[kDq + y] = p.scale * aq;
@@ -252,10 +260,12 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float st = ay * S[r][j];
-          ak = fmaf(dS[r][j], dl[j], ak);
           const float d = fmaf(ky, dp[j], dS[r][j]);
-          a2 = fmaf(st, dp[j], a2);
-          ag = fmaf(st, d, ag);
+          if (cv[j]) {
+            ak = fmaf(dS[r][j], dl[j], ak);
+            a2 = fmaf(st, dp[j], a2);
+            ag = fmaf(st, d, ag);
+          }
           dS[r][j] = ay * d;
         }
         const float dkr = rowsum(ak) + rowsum(a2);
@@ -263,7 +273,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
         if constexpr (KDA) {
           ag = rowsum(ag);
           if (c4 == 0) pt[kDg + y] = ag;
-        } else {
+        } else if (rv[r]) {
           gw += ag;
         }
       }
@@ -276,7 +286,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
         // Every lane of a column holds its sums: lanes 0-7 cover the tile's 32 columns.
         float tb = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) tb = fmaf(dd[j], vs[4 * c4 + j] - pp[j], tb);
+        for (int j = 0; j < 4; ++j)
+          if (cv[j]) tb = fmaf(dd[j], vs[4 * c4 + j] - pp[j], tb);
         tb = rowsum(tb);
         if (lane == 0) pt[kDb] = tb;
         if (lane < 8) {
