@@ -56,6 +56,7 @@ void register_all_backends(Registry& r) {
 #ifdef FUSEDOPS_WITH_SM90
   register_gated_delta_rule_cuda_sm90(r);
   register_kda_cuda_sm90(r);
+  register_linear_attention_cuda_sm90(r);
 #endif
 }
 

@@ -31,6 +31,7 @@ void register_gated_delta_rule_cpu(Registry& r);
 void register_gated_delta_rule_cuda_sm80(Registry& r);
 void register_gated_delta_rule_cuda_sm90(Registry& r);
 void register_kda_cuda_sm90(Registry& r);
+void register_linear_attention_cuda_sm90(Registry& r);
 void register_clipped_swiglu_ref(Registry& r);
 void register_clipped_swiglu_cpu(Registry& r);
 void register_clipped_swiglu_cuda_sm80(Registry& r);

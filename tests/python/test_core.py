@@ -115,6 +115,23 @@ def test_cuda_entries_match_the_build_and_the_device(op):
                 assert e["selected"]["cuda/float32"] == (e is best), e
 
 
+def test_hopper_builds_register_both_directions_of_every_sm90_op():
+    """A cuda_sm90 op serves both directions (a caller who names the backend gets the whole
+    call), on sm_90 only and above cuda_sm80: the chunked top levels, and the per-token forms
+    (cuda_sm80's forward with the cluster backward since stop 65)."""
+    sm90 = [e for e in fusedops.backends() if e["backend"] == "cuda_sm90"]
+    if not sm90:
+        pytest.skip("built without the sm_90a backends")
+    ops = {e["op"] for e in sm90}
+    assert ops == {"chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_gated_delta_rule", "fused_recurrent_kda"}
+    for op in ops:
+        dirs = {e["direction"]: e for e in sm90 if e["op"] == op}
+        assert set(dirs) == {"fwd", "bwd"}, op
+        sm80 = {e["direction"]: e for e in fusedops.backends(op) if e["backend"] == "cuda_sm80"}
+        for d, e in dirs.items():
+            assert (e["min_arch"], e["max_arch"]) == (90, 90) and e["priority"] > sm80[d]["priority"], (op, d)
+
+
 def test_runnable_backends_helper(runnable_backends):
     for op in OPS:
         cpu = runnable_backends(op, "cpu")

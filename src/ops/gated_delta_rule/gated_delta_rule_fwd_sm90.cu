@@ -29,19 +29,13 @@ void top_fwd(const Context& ctx, const ChunkGatedDeltaRuleFwdArgs& a) {
 bool sup_fwd(const ChunkGatedDeltaRuleFwdArgs& a) { return sm80::top_fwd_supported(a); }
 bool sup_bwd(const ChunkGatedDeltaRuleBwdArgs& a) { return sm80::top_bwd_supported(a); }
 
-// The recurrent form: cuda_sm80's forward, the cluster backward (linear_attention_recurrent_bwd_sm90.cu).
-void rec_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs& a) { la::sm80::recurrent_fwd(ctx, a, false); }
-bool sup_rec_fwd(const FusedRecurrentGatedDeltaRuleFwdArgs& a) { return la::sm80::recurrent_fwd_supported(a); }
-void rec_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs& a) { la::sm90::recurrent_bwd(ctx, a, false); }
-bool sup_rec_bwd(const FusedRecurrentGatedDeltaRuleBwdArgs& a) { return la::sm90::recurrent_bwd_supported(a); }
-
 }  // namespace
 }  // namespace fusedops::gdn::sm90
 
 namespace fusedops {
 
-// The top level, both directions (the backward's state recurrences on wgmma, its other steps
-// cuda_sm80's), and the recurrent form (cuda_sm80's forward, the cluster backward).
+// The top level only, both directions (the backward's state recurrences on wgmma, its other steps
+// cuda_sm80's).
 void register_gated_delta_rule_cuda_sm90(Registry& r) {
   const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
                       {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
@@ -49,10 +43,6 @@ void register_gated_delta_rule_cuda_sm90(Registry& r) {
                                     gdn::sm90::top_fwd);
   r.add<ChunkGatedDeltaRuleBwdArgs>("chunk_gated_delta_rule", Direction::kBackward, s, gdn::sm90::sup_bwd,
                                     gdn::sm90::top_bwd);
-  r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward, s,
-                                             gdn::sm90::sup_rec_fwd, gdn::sm90::rec_fwd);
-  r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule", Direction::kBackward, s,
-                                             gdn::sm90::sup_rec_bwd, gdn::sm90::rec_bwd);
 }
 
 }  // namespace fusedops

@@ -25,29 +25,18 @@ void top_fwd(const Context& ctx, const ChunkKdaFwdArgs& a) {
   compose_fwd(with_backend(ctx, "cuda_sm80"), a, f);  // the sub-operators are cuda_sm80's
 }
 
-// The recurrent form: cuda_sm80's forward, the cluster backward (linear_attention_recurrent_bwd_sm90.cu).
-void rec_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) { la::sm80::recurrent_fwd(ctx, a, true); }
-bool sup_rec_fwd(const FusedRecurrentKdaFwdArgs& a) { return la::sm80::recurrent_fwd_supported(a); }
-void rec_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) { la::sm90::recurrent_bwd(ctx, a, true); }
-bool sup_rec_bwd(const FusedRecurrentKdaBwdArgs& a) { return la::sm90::recurrent_bwd_supported(a); }
-
 }  // namespace
 }  // namespace fusedops::kda::sm90
 
 namespace fusedops {
 
-// The top level, both directions (the backward is cuda_sm80's), and the recurrent form (cuda_sm80's
-// forward, the cluster backward).
+// The top level, both directions (the backward is cuda_sm80's).
 void register_kda_cuda_sm90(Registry& r) {
   const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
                       {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
   r.add<ChunkKdaFwdArgs>("chunk_kda", Direction::kForward, s, kda::sm80::top_fwd_supported, kda::sm90::top_fwd);
   r.add<ChunkKdaBwdArgs>("chunk_kda", Direction::kBackward, s, kda::sm80::top_bwd_supported,
                          kda::sm80::top_bwd_entry);
-  r.add<FusedRecurrentKdaFwdArgs>("fused_recurrent_kda", Direction::kForward, s, kda::sm90::sup_rec_fwd,
-                                  kda::sm90::rec_fwd);
-  r.add<FusedRecurrentKdaBwdArgs>("fused_recurrent_kda", Direction::kBackward, s, kda::sm90::sup_rec_bwd,
-                                  kda::sm90::rec_bwd);
 }
 
 }  // namespace fusedops

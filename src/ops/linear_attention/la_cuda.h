@@ -44,11 +44,4 @@ namespace fusedops::la::sm90 {
 bool state_out_fused(const Context& ctx, const ChunkGatedDeltaRuleFwdHArgs& a, const TensorView& q,
                      const TensorView& aqk, const TensorView& o, int64_t o_chunk, double scale);
 
-// The fused recurrent backward of both families on Hopper (linear_attention_recurrent_bwd_sm90.cu;
-// sm_90a builds only): V tiles of 32 columns as one thread-block cluster, kda selecting KDA's
-// per-key-channel gate. recurrent_bwd_supported: no float64, K <= kRecMaxK, V <= 256 (eight tiles,
-// the portable cluster size).
-void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a, bool kda);
-bool recurrent_bwd_supported(const LinearAttentionRecurrentBwdArgs& a);
-
 }  // namespace fusedops::la::sm90

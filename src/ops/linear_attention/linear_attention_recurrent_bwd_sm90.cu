@@ -23,6 +23,10 @@
 // checkpoint itself from h0 when the reverse sweep enters the segment. The value heads of a
 // q/k head run one after another in the CTA; dq and dk add up over them in head order (the element's
 // owner rank and thread are the same for every head).
+//
+// register_linear_attention_cuda_sm90 registers both per-token ops under cuda_sm90: this backward and
+// cuda_sm80's forward kernel (so that a caller naming the backend gets both directions). The CPU
+// emulation (cpu_emulation/) runs one block at a time and has no clusters: it leaves this file out.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -32,6 +36,8 @@
 
 #include "fusedops/core/registry.h"
 #include "fusedops/core/trace.h"
+#include "fusedops/ops/gated_delta_rule.h"
+#include "fusedops/ops/kda.h"
 #include "fusedops/ops/linear_attention.h"
 #include "src/cuda/check.cuh"
 #include "src/ops/linear_attention/la_top.h"
@@ -364,8 +370,6 @@ auto pick(bool vec) {
   return vec ? recurrent_bwd_kernel<W, KDA, true> : recurrent_bwd_kernel<W, KDA, false>;
 }
 
-}  // namespace
-
 void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a, bool kda) {
   const char* op = kda ? "fused_recurrent_kda" : "fused_recurrent_gated_delta_rule";
   cuda::DeviceGuard guard(op, ctx.device.index);
@@ -420,8 +424,35 @@ void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a,
   FUSEDOPS_CUDA_LAUNCH_CHECK(op);
 }
 
+// supports(): no float64, K <= kRecMaxK, V <= 256 (eight tiles, the portable cluster size).
 bool recurrent_bwd_supported(const LinearAttentionRecurrentBwdArgs& a) {
   return la::no_float64(a) && a.q.size(-1) <= sm80::kRecMaxK && a.v.size(-1) <= 32 * kMaxTiles;
 }
 
+void gdn_fwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleFwdArgs& a) { sm80::recurrent_fwd(ctx, a, false); }
+bool gdn_sup_fwd(const FusedRecurrentGatedDeltaRuleFwdArgs& a) { return sm80::recurrent_fwd_supported(a); }
+void gdn_bwd(const Context& ctx, const FusedRecurrentGatedDeltaRuleBwdArgs& a) { recurrent_bwd(ctx, a, false); }
+bool gdn_sup_bwd(const FusedRecurrentGatedDeltaRuleBwdArgs& a) { return recurrent_bwd_supported(a); }
+void kda_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs& a) { sm80::recurrent_fwd(ctx, a, true); }
+bool kda_sup_fwd(const FusedRecurrentKdaFwdArgs& a) { return sm80::recurrent_fwd_supported(a); }
+void kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) { recurrent_bwd(ctx, a, true); }
+bool kda_sup_bwd(const FusedRecurrentKdaBwdArgs& a) { return recurrent_bwd_supported(a); }
+
+}  // namespace
 }  // namespace fusedops::la::sm90
+
+namespace fusedops {
+
+void register_linear_attention_cuda_sm90(Registry& r) {
+  using namespace la::sm90;
+  const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
+                      {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
+  r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward, s, gdn_sup_fwd,
+                                             gdn_fwd);
+  r.add<FusedRecurrentGatedDeltaRuleBwdArgs>("fused_recurrent_gated_delta_rule", Direction::kBackward, s,
+                                             gdn_sup_bwd, gdn_bwd);
+  r.add<FusedRecurrentKdaFwdArgs>("fused_recurrent_kda", Direction::kForward, s, kda_sup_fwd, kda_fwd);
+  r.add<FusedRecurrentKdaBwdArgs>("fused_recurrent_kda", Direction::kBackward, s, kda_sup_bwd, kda_bwd);
+}
+
+}  // namespace fusedops

@@ -3,7 +3,9 @@
 # the CPU: one std::thread per CUDA thread, std::barrier for __syncthreads, NaN-poisoned dynamic
 # shared memory, launch-limit checks, the 16-bit mma and wgmma layers through emu_mma.h and
 # emu_wgmma.h. The kernels register as CPU backends of their own names and run under both
-# families' C++ tests. A test aid for machines without a GPU; not part of the build.
+# families' C++ tests. A test aid for machines without a GPU; not part of the build. The per-token
+# backward on thread-block clusters (linear_attention_recurrent_bwd_sm90.cu) is left out: blocks run
+# here one at a time, so a cluster's blocks could not wait for each other.
 # Usage: build.sh BUILD_DIR [gtest filter]. BUILD_DIR: a CPU-only build of the library, e.g.
 #   cmake -S . -B build/emu-cpu -G Ninja -DFUSEDOPS_CUDA=OFF -DFUSEDOPS_BUILD_TESTS=OFF -DFUSEDOPS_BUILD_PYTHON=OFF
 #   ninja -C build/emu-cpu fusedops
