@@ -46,12 +46,23 @@ inline int __syncthreads_or(int p) {
   return r;
 }
 inline void __syncwarp(unsigned = 0xffffffffu) { g_emu_warp->bar->arrive_and_wait(); }
+// shfl.sync.bfly for a full warp (every lane calls): lane l gets lane (l ^ m)'s value.
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  EmuWarp& w = *g_emu_warp;
+  const int lane = threadIdx.x % 32;
+  w.f[lane] = v;
+  w.bar->arrive_and_wait();
+  const float r = w.f[lane ^ m];
+  w.bar->arrive_and_wait();
+  return r;
+}
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 template <class T, class U>
 inline auto min(T a, U b) { return a < b ? a : b; }
 typedef void* cudaStream_t;
@@ -125,6 +136,11 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {fusedops
 inline __half2 __floats2half2_rn(float a, float b) { return {fusedops::float_to_fp16(a), fusedops::float_to_fp16(b)}; }
 
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+// The streaming (evict-first) cache hints are plain accesses here.
+template <class T>
+inline T __ldcs(const T* p) { return *p; }
+template <class T>
+inline void __stcs(T* p, T v) { *p = v; }
 
 // cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero (inf / NaN unchanged).
 inline uint32_t emu_cvt_rna_tf32(float x) {
