@@ -204,10 +204,14 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
       if (seg != i / kSeg) {
         ld_tile(p.h0, base, S);
         for (int64_t j = 0; j < i0; ++j) step(j, hv);
+        // Kept for the segment's other tokens; a segment entered at its first token (a decoding
+        // step) has none, and its state loads stay in flight while the token's inputs load.
+        if (i > i0) {
 #pragma unroll
-        for (int r = 0; r < kR; ++r)
+          for (int r = 0; r < kR; ++r)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) ck[(4 * r + j) * blockDim.x + tid] = S[r][j];
+            for (int j = 0; j < 4; ++j) ck[(4 * r + j) * blockDim.x + tid] = S[r][j];
+        }
         seg = i / kSeg;
       } else {
 #pragma unroll
