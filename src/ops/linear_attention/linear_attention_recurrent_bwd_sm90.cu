@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
   const int y0 = 4 * warp + (lane >> 3), x = vt * 32 + 4 * c4;
   const SeqPos s = seq_pos(p.L, n);
   const int64_t Ln = s.len;
-  // Rows K .. KM - 1 stay zero in k and q (and 1 in the gate), so their state rows stay zero.
+  // Rows K .. KM - 1 of k, q (0) and the gate (1) are set once and stay finite; every sum below
+  // leaves those rows out.
   for (int e = tid; e < KM; e += blockDim.x) {
     ks[e] = 0.0f;
     qs[e] = 0.0f;

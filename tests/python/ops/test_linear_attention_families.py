@@ -280,16 +280,17 @@ def test_repeated_backward_is_bitwise_identical(fam, device, K, opts):
         assert torch.equal(a.view(BITWISE[a.dtype]), b.view(BITWISE[b.dtype])), n
 
 
-def test_repeated_recurrent_backward_is_bitwise_identical(fam, device):
+@pytest.mark.parametrize("V", [8, 72], ids=["V8", "V72"])  # V = 72: three V tiles on CUDA (cuda_sm90: a cluster)
+def test_repeated_recurrent_backward_is_bitwise_identical(fam, device, V):
     """The per-token form's backward, called again and again on the same inputs, with its (sequence,
     head) tasks spread over the threads. KDA's CPU backward once gave dk an ulp apart in about a
     third of its calls on a 2-core Zen 5: GCC had vectorised its sums in order behind a run-time
     aliasing check, and the scalar fallback fused the multiply-adds, so the rounding followed where
     a thread's buffers were allocated (stop 64). 30 repeats there caught it every time."""
-    d = fam.make_inputs(3, 40, 2, 2, 8, 72, torch.float32, seed=19)  # V = 72: three V tiles on CUDA
+    d = fam.make_inputs(3, 40, 2, 2, 8, V, torch.float32, seed=19)
     x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta", "h0")}
     gen = torch.Generator().manual_seed(1)
-    do = torch.randn(3, 40, 2, 72, generator=gen).to(device)
+    do = torch.randn(3, 40, 2, V, generator=gen).to(device)
 
     def grads():
         lv = {n: t.clone().requires_grad_() for n, t in x.items()}
