@@ -141,7 +141,7 @@ def recurrent(reps):
             backends = {e["backend"] for e in fusedops.backends(op) if e["device"] == "cuda" and e["runnable_here"]}
             for backend in sorted(backends):
                 with fusedops.use_backend(**{op: backend}):
-                    r = time_top(op, lambda *x: call(*x), (q, k, v, gate, beta, h0), reps)
+                    r = time_top(op, call, (q, k, v, gate, beta, h0), reps)
                 r.update(shape=[B, T, H, K], backend=backend)
                 print(json.dumps(r), flush=True)
                 out.append(r)

@@ -85,15 +85,8 @@ inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
 
-inline float shfl_xor(float v, int mask) {
-  EmuWarp& w = *g_emu_warp;
-  const int lane = threadIdx.x % 32;
-  w.f[lane] = v;
-  w.bar->arrive_and_wait();
-  const float r = w.f[lane ^ mask];
-  w.bar->arrive_and_wait();
-  return r;
-}
+// As la_mma_sm80.cuh: the warp exchange of emu_core.h.
+inline float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
 // ex2.approx.ftz's stand-in: exp2f, results under 2^-126 flushed to zero.
 constexpr float kLog2e = 1.4426950408889634f;
