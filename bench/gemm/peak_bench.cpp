@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#ifdef __AVX512F__
 namespace {
 
 constexpr int kChains = 24;  // independent accumulators (latency x throughput is about 12 here)
@@ -74,14 +75,20 @@ void report(const char* name, int flops_per_instr, double seconds) {
 }
 
 }  // namespace
+#endif
 
 int main(int argc, char** argv) {
+#ifndef __AVX512F__
+  (void)argc, (void)argv;
+  std::printf("not measured: built without AVX-512 (this benchmark times 512-bit instructions)\n");
+#else
   const double seconds = argc > 1 ? std::atof(argv[1]) : 0.5;
   report<false>("fp32 fma", 32, seconds);
 #ifdef __AVX512BF16__
   report<true>("bf16 dpbf16", 64, seconds);
 #else
   std::printf("bf16 dpbf16  not measured: built without AVX512-BF16 (-march of a CPU that has it)\n");
+#endif
 #endif
   return 0;
 }
