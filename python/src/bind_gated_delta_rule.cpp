@@ -102,7 +102,7 @@ void bind_gated_delta_rule(nb::module_& m) {
   la::def_workspace_sizes(m, "chunk_gated_delta_rule", chunk_gated_delta_rule_fwd_workspace_size,
                           chunk_gated_delta_rule_bwd_workspace_size);
   la::def_recurrent(m, "fused_recurrent_gated_delta_rule", fused_recurrent_gated_delta_rule_fwd,
-                    fused_recurrent_gated_delta_rule_bwd);
+                    fused_recurrent_gated_delta_rule_bwd, fused_recurrent_gated_delta_rule_bwd_workspace_size);
 }
 
 }  // namespace fusedops::py

@@ -114,7 +114,8 @@ void bind_kda(nb::module_& m) {
         nb::arg("ctx"), nb::arg("tensors"), nb::arg("flags"), nb::arg("safe_gate"), nb::arg("has_lower_bound"),
         nb::arg("lower_bound"), release_gil());
   la::def_workspace_sizes(m, "chunk_kda", chunk_kda_fwd_workspace_size, chunk_kda_bwd_workspace_size);
-  la::def_recurrent(m, "fused_recurrent_kda", fused_recurrent_kda_fwd, fused_recurrent_kda_bwd);
+  la::def_recurrent(m, "fused_recurrent_kda", fused_recurrent_kda_fwd, fused_recurrent_kda_bwd,
+                    fused_recurrent_kda_bwd_workspace_size);
 }
 
 }  // namespace fusedops::py

@@ -76,11 +76,12 @@ void def_workspace_sizes(nb::module_& m, const std::string& op, int64_t (*fwd)(c
         nb::arg("w").none() = nb::none());
 }
 
-// <op>_fwd(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, o, final_state) and <op>_bwd
-// (..., dout, dht, dq, dk, dv, dg, dbeta, dh0) of a per-token form.
+// <op>_fwd(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, o, final_state), <op>_bwd
+// (..., dout, dht, dq, dk, dv, dg, dbeta, dh0, workspace) and <op>_bwd_workspace_size(q, v,
+// cu_seqlens) of a per-token form.
 template <class Fwd, class Bwd>
 void def_recurrent(nb::module_& m, const std::string& op, void (*fwd)(const Context&, const Fwd&),
-                   void (*bwd)(const Context&, const Bwd&)) {
+                   void (*bwd)(const Context&, const Bwd&), int64_t (*ws_size)(const Bwd&)) {
   m.def((op + "_fwd").c_str(),
         [fwd](const Context& ctx, const Array& q, const Array& k, const Array& v, const OptArray& g,
               const OptArray& beta, const OptArray& h0, const OptArray& cu, double scale, const Array& o,
@@ -94,15 +95,24 @@ void def_recurrent(nb::module_& m, const std::string& op, void (*fwd)(const Cont
         [bwd](const Context& ctx, const Array& q, const Array& k, const Array& v, const OptArray& g,
               const OptArray& beta, const OptArray& h0, const OptArray& cu, double scale, const Array& dout,
               const OptArray& dht, const Array& dq, const Array& dk, const Array& dv, const OptArray& dg,
-              const OptArray& dbeta, const OptArray& dh0) {
+              const OptArray& dbeta, const OptArray& dh0, const OptArray& ws) {
           bwd(ctx, {view(q), view(k), view(v), view(g), view(beta), view(h0), view(cu), scale, view(dout),
-                    view(dht), view(dq), view(dk), view(dv), view(dg), view(dbeta), view(dh0)});
+                    view(dht), view(dq), view(dk), view(dv), view(dg), view(dbeta), view(dh0), view(ws)});
         },
         nb::arg("ctx"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
         nb::arg("beta").none(), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(),
         nb::arg("scale"), nb::arg("dout"), nb::arg("dht").none(), nb::arg("dq"), nb::arg("dk"),
         nb::arg("dv"), nb::arg("dg").none(), nb::arg("dbeta").none(), nb::arg("dh0").none(),
-        release_gil());
+        nb::arg("workspace").none(), release_gil());
+  m.def((op + "_bwd_workspace_size").c_str(),
+        [ws_size](const Array& q, const Array& v, const OptArray& cu) {
+          Bwd a;
+          a.q = view(q);
+          a.v = view(v);
+          a.cu_seqlens = view(cu);
+          return ws_size(a);
+        },
+        nb::arg("q"), nb::arg("v"), nb::arg("cu_seqlens").none());
 }
 
 }  // namespace fusedops::py::la

@@ -186,13 +186,16 @@ struct LinearAttentionRecurrentFwdArgs {
 };
 // The backward's: the forward's inputs, dout, dht (optional, 0 when absent); outputs dq, dk
 // [B,T,H,K] (summed over each group of value heads), dv, dg (iff g), dbeta (iff beta), dh0
-// (optional).
+// (optional); workspace uint8 [<op>_bwd_workspace_size(args)] (0 bytes on the CPU, and on CUDA
+// when no sequence can be longer than 64 tokens; otherwise the states at the 64-token checkpoints,
+// so that the backward does not recompute them from the initial state for every segment).
 struct LinearAttentionRecurrentBwdArgs {
   TensorView q, k, v, g, beta, initial_state;
   TensorView cu_seqlens;
   double scale = 1.0;
   TensorView dout, dht;
   TensorView dq, dk, dv, dg, dbeta, dh0;
+  TensorView workspace;
 };
 
 }  // namespace fusedops

@@ -476,11 +476,13 @@ def chunk_op(family: ChunkFamily) -> DifferentiableOp:
 # ---------------------------------------------------------------------------------------------
 # The per-token forms (fused_recurrent_gated_delta_rule, fused_recurrent_kda): the same custom
 # ops for both families, g in the family's form. (q, k, v, g, beta, scale, initial_state,
-# output_final_state, cu_seqlens) -> (o, final_state); nothing saved but the inputs.
+# output_final_state, cu_seqlens) -> (o, final_state); nothing saved but the inputs (the backward's
+# checkpoint states live in its workspace, for the call only).
 
 
 def recurrent_op(op: str) -> DifferentiableOp:
     c_fwd, c_bwd = getattr(_C, op + "_fwd"), getattr(_C, op + "_bwd")
+    ws_size = getattr(_C, op + "_bwd_workspace_size")
 
     def fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor], scale: float,
                  initial_state: Optional[Tensor], output_final_state: bool,
@@ -513,10 +515,12 @@ def recurrent_op(op: str) -> DifferentiableOp:
                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], dout: Tensor,
                  dht: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         dq, dk, dv, dg, db, dh0 = out = grads(q, k, v, g, beta, initial_state)
+        # The states at the 64-token checkpoints (CUDA, sequences past 64 tokens; 0 bytes otherwise).
+        nbytes = ws_size(q, v, cu_seqlens)
         c_bwd(context(op, q), last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta),
               dense_state(initial_state), cu_seqlens, scale, last_unit(dout), dense_state(dht), dq, dk, dv,
               dg if g is not None else None, db if beta is not None else None,
-              dh0 if initial_state is not None else None)
+              dh0 if initial_state is not None else None, workspace(nbytes, q.device) if nbytes else None)
         return out
 
     def bwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, dout, dht):

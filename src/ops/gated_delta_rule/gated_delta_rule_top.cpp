@@ -236,8 +236,12 @@ void fused_recurrent_gated_delta_rule_fwd(const Context& ctx,
 void fused_recurrent_gated_delta_rule_bwd(const Context& ctx,
                                           const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
   la::Check c("fused_recurrent_gated_delta_rule", ctx);
-  if (!la::check_recurrent_bwd(c, a, kGate)) return;
+  if (!la::check_recurrent_bwd(c, a, kGate, "fused_recurrent_gated_delta_rule_bwd_workspace_size")) return;
   dispatch("fused_recurrent_gated_delta_rule", Direction::kBackward, ctx, a.q.dtype(), a);
+}
+
+int64_t fused_recurrent_gated_delta_rule_bwd_workspace_size(const FusedRecurrentGatedDeltaRuleBwdArgs& a) {
+  return la::recurrent_bwd_workspace_size(a);
 }
 
 void fused_recurrent_gated_delta_rule_fwd_ref(const Context& ctx,

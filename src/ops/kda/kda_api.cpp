@@ -254,8 +254,12 @@ void fused_recurrent_kda_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs&
 
 void fused_recurrent_kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& a) {
   Check c("fused_recurrent_kda", ctx);
-  if (!la::check_recurrent_bwd(c, a, la::GateForm::kPerChannel)) return;
+  if (!la::check_recurrent_bwd(c, a, la::GateForm::kPerChannel, "fused_recurrent_kda_bwd_workspace_size")) return;
   dispatch("fused_recurrent_kda", Direction::kBackward, ctx, a.q.dtype(), a);
+}
+
+int64_t fused_recurrent_kda_bwd_workspace_size(const FusedRecurrentKdaBwdArgs& a) {
+  return la::recurrent_bwd_workspace_size(a);
 }
 
 void chunk_kda_fwd_intra_ref(const Context& ctx, const ChunkKdaFwdIntraArgs& a) {

@@ -16,6 +16,7 @@ class Check {
   Check(const char* op, const Context& ctx) : c_(op), ctx_(ctx), op_(op) {}
 
   const ArgCheck& base() const { return c_; }
+  const Context& ctx() const { return ctx_; }
   const char* op() const { return op_; }
   // Whether the index tensors' contents are read and checked on the host: on the CPU, and on CUDA
   // under the debug checks (debug_checks(ctx): a copy and a synchronisation).

@@ -213,9 +213,28 @@ bool check_recurrent_fwd(const Check& c, const Args& a, GateForm form) {
   return a.o.numel() != 0 || (a.final_state.defined() && a.final_state.numel() != 0);
 }
 
+// The per-token backward's workspace: on CUDA, when a sequence can be longer than one segment of
+// kRecurrentBwdSegment tokens (T, or the packed length with cu_seqlens), one fp32 [K, V] state per
+// value head and checkpoint slot (cuda_sm90's kernel, linear_attention_recurrent_bwd_sm90.cu; the
+// cuda_sm80 kernels take none). The state before token t = S j (j >= 1, S the segment) of a
+// sequence whose first token has the packed index t0 goes to slot (t0 + t) / S: a sequence's
+// checkpoints are at least S packed tokens past its first token and S apart, so no two of a call
+// share a slot, and ceil(B T / S) slots hold them all. 0 on the CPU (its backend keeps its
+// checkpoints in its own scratch). At [1, 1024] tokens with 16 value heads and K = V = 128: 64 MiB.
+constexpr int64_t kRecurrentBwdSegment = 16;
+inline int64_t recurrent_bwd_workspace_size(const LinearAttentionRecurrentBwdArgs& a) {
+  if (!a.q.defined() || !a.v.defined() || a.q.ndim() != 4 || a.v.ndim() != 4) return 0;
+  if (a.q.device().kind != DeviceKind::kCUDA) return 0;
+  const int64_t B = a.q.size(0), T = a.q.size(1), K = a.q.size(3), HV = a.v.size(2), V = a.v.size(3);
+  const int64_t longest = a.cu_seqlens.defined() ? B * T : T;
+  if (longest <= kRecurrentBwdSegment) return 0;
+  const int64_t slots = (B * T + kRecurrentBwdSegment - 1) / kRecurrentBwdSegment;
+  return slots * HV * K * V * static_cast<int64_t>(sizeof(float));
+}
+
 // The backward's checks (dg iff g, dbeta iff beta); false when there is nothing to compute.
 template <class Args>
-bool check_recurrent_bwd(const Check& c, const Args& a, GateForm form) {
+bool check_recurrent_bwd(const Check& c, const Args& a, GateForm form, const char* workspace_size_fn) {
   const int64_t N = check_recurrent_inputs(c, a, form);
   const int64_t B = a.q.size(0), T = a.q.size(1), HV = a.v.size(2), K = a.q.size(3), V = a.v.size(3);
   c.input(a.dout, "dout", shape_vector(a.v));
@@ -231,6 +250,7 @@ bool check_recurrent_bwd(const Check& c, const Args& a, GateForm form) {
                                                      : "dbeta must not be given without beta");
   c.opt_output(a.dbeta, "dbeta", {B, T, HV});
   c.opt_output(a.dh0, "dh0", {N, HV, K, V});
+  c.base().workspace(a.workspace, c.ctx(), recurrent_bwd_workspace_size(a), workspace_size_fn, 16);
   return a.dv.numel() != 0 || (a.dh0.defined() && a.dh0.numel() != 0);
 }
 

@@ -18,9 +18,12 @@
 //   p = St^T k; delta = beta (v - p); dq = scale (St + k delta^T) dO; dS += scale q dO^T;
 //   dk = dS delta; dd = dS^T k; dv = beta dd; dbeta = dd . (v - p); dp = -beta dd;
 //   D = dS + k dp^T; dk += St dp; dg = rowsum(St . D) (GDN: its total); dS = diag(a) D.
-// The state before each token is recomputed as cuda_sm80's GDN kernel does: from a checkpoint at
-// the start of the token's 64-token segment (each thread's own 32 values in shared memory), the
-// checkpoint itself from h0 when the reverse sweep enters the segment. The value heads of a
+// The state before each token is recomputed from a checkpoint at the start of the token's segment of
+// kSeg = 16 tokens (each thread's own 32 values in shared memory). The checkpoints past the first
+// segment come from the call's workspace (la_top.h, recurrent_bwd_workspace_size), written by one
+// forward sweep over the sequence before the reverse one: about T (2 + kSeg / 2) token steps in all,
+// against T (1 + 64 / 2) + T^2 / 128 for cuda_sm80's kernels, which recompute every 64-token
+// checkpoint from h0 and have no workspace. The value heads of a
 // q/k head run one after another in the CTA; dq and dk add up over them in head order (the element's
 // owner rank and thread are the same for every head).
 //
@@ -58,13 +61,14 @@ using sm80::SeqPos;
 using sm80::stf;
 using sm80::Tok;
 
-constexpr int kSeg = 64;      // tokens per checkpoint segment
+constexpr int kSeg = static_cast<int>(kRecurrentBwdSegment);  // tokens per checkpoint segment
 constexpr int kR = 8;         // state rows per thread (four columns each)
 constexpr int kMaxTiles = 8;  // V tiles per cluster (the portable cluster size): V <= 256
 
 struct RecBwd {
   Tok q, k, v, g, beta, dO, dq, dk, dv, dg, dbeta;
   Mat h0, dht, dh0;
+  Mat ckpt;  // the workspace: fp32 [slots, HV, K, V] checkpoint states (null when no sequence passes 64 tokens)
   Layout L;
   int K, V, H, G;
   unsigned NH;  // sequences x q/k heads
@@ -124,6 +128,30 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
         for (int j = 0; j < 4; ++j) st[i][j] = (m.p && y < K && x + j < V) ? ldf(m.p, m.code, e + j) : 0.0f;
       }
     }
+  };
+  // This thread's elements of st into m (fp32) at base, as ld_tile reads them: a thread reads back
+  // only what it wrote itself.
+  auto st_tile = [&](const Mat& m, int64_t base, const float (&st)[kR][4]) {
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      const int y = y0 + 4 * W * i;
+      if (y >= K) continue;
+      const int64_t e = base + static_cast<int64_t>(y) * V;
+      if constexpr (VEC) {
+        if (x < V)
+          *reinterpret_cast<float4*>(static_cast<float*>(m.p) + e) = make_float4(st[i][0], st[i][1], st[i][2], st[i][3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (x + j < V) stf(m.p, m.code, e + j, st[i][j]);
+      }
+    }
+  };
+  // Where the checkpoint before token i0 (a multiple of kSeg, > 0) of value head hv lives: slot
+  // (packed index of the token) / kSeg.
+  auto ckpt_base = [&](int64_t i0, int hv) {
+    const int64_t slot = (s.b * p.L.T + s.t0 + i0) / kSeg;
+    return (slot * HV + hv) * static_cast<int64_t>(K) * V + x;
   };
   // Token t's k (and q, dO), KDA's gate, the V tile, beta and GDN's gate. Starts and ends with a barrier.
   auto ld_token = [&](int64_t i, int hv, bool out) {
@@ -199,12 +227,22 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
     const int hv = hk * p.G + gi;
     const int64_t base = (n * HV + hv) * static_cast<int64_t>(K) * V + x;
     ld_tile(p.dht, base, dS);
+    if (Ln > kSeg) {  // the forward sweep: the state before tokens kSeg, 2 kSeg, ... into the workspace
+      ld_tile(p.h0, base, S);
+      const int64_t last = ((Ln - 1) / kSeg) * kSeg;  // the first token of the last segment
+      for (int64_t j = 0; j < last; ++j) {
+        step(j, hv);
+        if ((j + 1) % kSeg == 0) st_tile(p.ckpt, ckpt_base(j + 1, hv), S);
+      }
+    }
     int64_t seg = -1;
     for (int64_t i = Ln - 1; i >= 0; --i) {
       const int64_t i0 = (i / kSeg) * kSeg;
       if (seg != i / kSeg) {
-        ld_tile(p.h0, base, S);
-        for (int64_t j = 0; j < i0; ++j) step(j, hv);
+        if (i0 == 0)
+          ld_tile(p.h0, base, S);
+        else
+          ld_tile(p.ckpt, ckpt_base(i0, hv), S);
         // Kept for the segment's other tokens; a segment entered at its first token (a decoding
         // step) has none, and its state loads stay in flight while the token's inputs load.
         if (i > i0) {
@@ -400,6 +438,10 @@ void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a,
   p.h0 = sm80::mat_of(a.initial_state);
   p.dht = sm80::mat_of(a.dht);
   p.dh0 = sm80::mat_of(a.dh0);
+  // The checkpoint states (checked by the entry point: present, 16-byte aligned, large enough
+  // whenever a sequence can pass 64 tokens).
+  p.ckpt.p = a.workspace.defined() && a.workspace.numel() > 0 ? a.workspace.data() : nullptr;
+  p.ckpt.code = kF32;
   p.L = sm80::layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
   p.K = static_cast<int>(K);
   p.V = static_cast<int>(V);
@@ -407,7 +449,7 @@ void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a,
   p.G = static_cast<int>(HV / H);
   p.NH = static_cast<unsigned>(NH);
   p.scale = static_cast<float>(a.scale);
-  const bool vec = vec_states({p.h0, p.dht, p.dh0}, V), narrow = K <= 128;
+  const bool vec = vec_states({p.h0, p.dht, p.dh0, p.ckpt}, V), narrow = K <= 128;
   // KDA without a gate is GDN without a gate (as in the forward).
   const bool per_channel = kda && a.g.defined();
   auto kernel = per_channel ? (narrow ? pick<4, true>(vec) : pick<8, true>(vec))

@@ -1164,10 +1164,15 @@ Result run_recurrent(const BackendCase& b, DType dt, const Shape& s, const Opts&
   r.dg = poisoned(f32, {s.B, s.T, s.HV}, dev);
   r.dbeta = poisoned(f32, {s.B, s.T, s.HV}, dev);
   r.dh0 = poisoned(f32, {s.N(), s.HV, s.K, s.V}, dev);
-  fused_recurrent_gated_delta_rule_bwd(
-      b.ctx(), {q.view(), k.view(), v.view(), g.view(), beta.view(), h0v, cu, scale, dO.view(),
-                o.dht ? dht.view() : TensorView(), r.dq.view(), r.dk.view(), r.dv.view(), r.dg.view(),
-                r.dbeta.view(), o.h0 ? r.dh0.view() : TensorView()});
+  FusedRecurrentGatedDeltaRuleBwdArgs ba{{q.view(), k.view(), v.view(), g.view(), beta.view(), h0v, cu, scale,
+                                          dO.view(), o.dht ? dht.view() : TensorView(), r.dq.view(), r.dk.view(),
+                                          r.dv.view(), r.dg.view(), r.dbeta.view(),
+                                          o.h0 ? r.dh0.view() : TensorView()}};
+  // The checkpoint workspace (CUDA past 64 tokens), NaN-filled: every state read from it was written.
+  const int64_t ws_bytes = fused_recurrent_gated_delta_rule_bwd_workspace_size(ba);
+  TestTensor ws = ws_bytes ? poisoned(DType::kFloat32, {ws_bytes / 4}, dev) : TestTensor();
+  if (ws_bytes) ba.workspace = ws.view();
+  fused_recurrent_gated_delta_rule_bwd(b.ctx(), ba);
   return r;
 }
 

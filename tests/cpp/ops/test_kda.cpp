@@ -786,9 +786,14 @@ TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
       TestTensor dq = poisoned(dt, tok(L, L.H, L.K), b.device), dk = poisoned(dt, tok(L, L.H, L.K), b.device);
       TestTensor dv = poisoned(dt, tok(L, L.HV, L.V), b.device), dg = poisoned(adt, tok(L, L.HV, L.K), b.device);
       TestTensor db = poisoned(adt, {L.B, L.T, L.HV}, b.device), dh0 = poisoned(adt, {L.N(), L.HV, L.K, L.V}, b.device);
-      fused_recurrent_kda_bwd(b.ctx(), {q.view(), k.view(), v.view(), gv, bv, h0v, ix.cuv(), scale, dO.view(), dhtv,
-                                        dq.view(), dk.view(), dv.view(), full ? dg.view() : TensorView(),
-                                        full ? db.view() : TensorView(), dh0.view()});
+      FusedRecurrentKdaBwdArgs ba{{q.view(), k.view(), v.view(), gv, bv, h0v, ix.cuv(), scale, dO.view(), dhtv,
+                                   dq.view(), dk.view(), dv.view(), full ? dg.view() : TensorView(),
+                                   full ? db.view() : TensorView(), dh0.view()}};
+      // The checkpoint workspace (CUDA past 64 tokens), NaN-filled: every state read from it was written.
+      const int64_t ws_bytes = fused_recurrent_kda_bwd_workspace_size(ba);
+      TestTensor ws = ws_bytes ? poisoned(DType::kFloat32, {ws_bytes / 4}, b.device) : TestTensor();
+      if (ws_bytes) ba.workspace = ws.view();
+      fused_recurrent_kda_bwd(b.ctx(), ba);
       const RecOut r64 = o_recurrent(x, L, scale, full, full, kExact), rb = o_recurrent(x, L, scale, full, full, Rd{dt});
       expect_close("o", o, rb.o, r64.o, dt);
       expect_close("ht", ht, rb.ht, r64.ht, adt);

@@ -26,6 +26,7 @@ import pytest
 import test_gated_delta_rule as gdn_tests
 import test_kda as kda_tests
 import torch
+from fusedops._backend import context
 
 from tests.common.linear_attention import (
     BITWISE,
@@ -57,10 +58,40 @@ def fam(request):
 
 # (B, T, V, cu_seqlens): sequences of several tokens, then decoding steps (one token per sequence:
 # the CUDA forward's form for B T = N), with V % 4 == 0 (the float32 state moved by float4) and not;
-# the last two with V over 32 (cuda_sm90's backward: a cluster of 32-column tiles) and T = 70 (past
-# the CUDA backward's 64-token checkpoint segment).
+# the last ones with V over 32 (cuda_sm90's backward: a cluster of 32-column tiles) and sequences
+# past the CUDA backwards' checkpoint segments (cuda_sm80: 64 tokens; cuda_sm90: 16, the
+# checkpoints in the workspace, slot = packed index / 16): T = 70, and packed sequences of 1, 17,
+# 35, 67 and 3 tokens starting off the 16-token grid, and two rows of 50.
 RECURRENT_SHAPES = [(2, 30, 12, None), (1, 30, 12, [0, 9, 9, 30]), (3, 1, 12, None), (3, 1, 10, None),
-                    (1, 3, 12, [0, 1, 2, 3]), (4, 1, 64, None), (1, 70, 70, [0, 5, 70])]
+                    (1, 3, 12, [0, 1, 2, 3]), (4, 1, 64, None), (1, 70, 70, [0, 5, 70]),
+                    (1, 123, 40, [0, 1, 18, 53, 120, 123]), (2, 50, 36, None)]
+
+
+def test_recurrent_backward_workspace(fam, device):
+    """The per-token backward's workspace (the checkpoint states of cuda_sm90's kernel): none on the
+    CPU or for sequences of at most 16 tokens; on CUDA ceil(B T / 16) fp32 [K, V] states per value
+    head (B T: the packed length with cu_seqlens, where a sequence may be that long), and a call
+    that needs it and has none is an error naming the size query."""
+    op = "fused_recurrent_kda" if fam.name == "kda" else "fused_recurrent_gated_delta_rule"
+    size = getattr(fusedops._C, op + "_bwd_workspace_size")
+    K, HV, V = 16, 4, 12
+    q = torch.zeros(2, 40, 2, K, device=device)
+    v = torch.zeros(2, 40, HV, V, device=device)
+    cu = torch.tensor([0, 3, 9], device=device)
+    cuda = device != "cpu"
+    assert size(q, v, None) == (5 * HV * K * V * 4 if cuda else 0)
+    assert size(q[:, :16], v[:, :16], None) == 0
+    assert size(q[:1, :9], v[:1, :9], cu) == 0  # no sequence can pass 16 tokens
+    assert size(q[:1, :33], v[:1, :33], torch.tensor([0, 33], device=device)) == (3 * HV * K * V * 4 if cuda else 0)
+    if not cuda:
+        return
+    d = fam.make_inputs(1, 40, 2, 4, K, V, torch.float32, seed=3)
+    x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta")}
+    out = [torch.empty_like(x[n]) for n in ("q", "k", "v", "g", "beta")]
+    bwd = getattr(fusedops._C, op + "_bwd")
+    with pytest.raises(ValueError, match=op + "_bwd_workspace_size"):
+        bwd(context(op, x["q"]), x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, 1.0, torch.zeros_like(x["v"]), None,
+            *out, None, None)
 
 
 @pytest.mark.parametrize("B,T,V,cu", RECURRENT_SHAPES, ids=lambda x: str(x).replace(" ", ""))
