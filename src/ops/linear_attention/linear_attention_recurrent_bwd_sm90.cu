@@ -68,7 +68,7 @@ constexpr int kMaxTiles = 8;  // V tiles per cluster (the portable cluster size)
 struct RecBwd {
   Tok q, k, v, g, beta, dO, dq, dk, dv, dg, dbeta;
   Mat h0, dht, dh0;
-  Mat ckpt;  // the workspace: fp32 [slots, HV, K, V] checkpoint states (null when no sequence passes 64 tokens)
+  Mat ckpt;  // the workspace: fp32 [slots, HV, K, V] checkpoint states (null when no sequence passes kSeg tokens)
   Layout L;
   int K, V, H, G;
   unsigned NH;  // sequences x q/k heads
@@ -439,7 +439,7 @@ void recurrent_bwd(const Context& ctx, const LinearAttentionRecurrentBwdArgs& a,
   p.dht = sm80::mat_of(a.dht);
   p.dh0 = sm80::mat_of(a.dh0);
   // The checkpoint states (checked by the entry point: present, 16-byte aligned, large enough
-  // whenever a sequence can pass 64 tokens).
+  // whenever a sequence can pass kSeg tokens).
   p.ckpt.p = a.workspace.defined() && a.workspace.numel() > 0 ? a.workspace.data() : nullptr;
   p.ckpt.code = kF32;
   p.L = sm80::layout_of(B, T, 1, a.cu_seqlens, TensorView(), TensorView(), a.q.dtype());
