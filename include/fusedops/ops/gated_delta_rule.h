@@ -175,7 +175,8 @@ void chunk_gated_delta_rule_bwd_ref(const Context& ctx, const ChunkGatedDeltaRul
 //   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = scale S^T q_t
 // q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV] optional (no decay / beta = 1 when absent);
 // initial_state [N,HV,K,V] optional. Outputs: o [B,T,HV,V]; final_state [N,HV,K,V] optional.
-// Nothing is saved: the backward recomputes the states (checkpointed every 64 tokens).
+// Nothing is saved: the backward recomputes the states from checkpoints (on CUDA kept in its
+// workspace where the backend uses one: fused_recurrent_gated_delta_rule_bwd_workspace_size).
 // The fields are LinearAttentionRecurrentFwdArgs' / BwdArgs' (linear_attention.h), g [B,T,HV].
 struct FusedRecurrentGatedDeltaRuleFwdArgs : LinearAttentionRecurrentFwdArgs {};
 // Backward: dq, dk [B,T,H,K] (summed over groups); dv [B,T,HV,V]; dg (iff g), dbeta (iff beta)

@@ -188,7 +188,8 @@ void chunk_kda_bwd_ref(const Context& ctx, const ChunkKdaBwdArgs& args);
 //   S = diag(exp(g_t)) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = scale S^T q_t
 // q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K] optional (no decay); beta [B,T,HV] optional (1);
 // initial_state [N,HV,K,V] optional. Outputs o [B,T,HV,V]; final_state [N,HV,K,V] optional.
-// The backward recomputes the states from checkpoints every 64 tokens.
+// The backward recomputes the states from checkpoints (on CUDA kept in its workspace where the
+// backend uses one: fused_recurrent_kda_bwd_workspace_size).
 // The fields are LinearAttentionRecurrentFwdArgs' / BwdArgs' (linear_attention.h), g [B,T,HV,K].
 struct FusedRecurrentKdaFwdArgs : LinearAttentionRecurrentFwdArgs {};
 struct FusedRecurrentKdaBwdArgs : LinearAttentionRecurrentBwdArgs {};

@@ -89,7 +89,7 @@ def test_recurrent_backward_workspace(fam, device):
     x = {n: d[n].to(device) for n in ("q", "k", "v", "g", "beta")}
     out = [torch.empty_like(x[n]) for n in ("q", "k", "v", "g", "beta")]
     bwd = getattr(fusedops._C, op + "_bwd")
-    with pytest.raises(ValueError, match=op + "_bwd_workspace_size"):
+    with pytest.raises(ValueError, match="workspace is required"):
         bwd(context(op, x["q"]), x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, 1.0, torch.zeros_like(x["v"]), None,
             *out, None, None)
 
