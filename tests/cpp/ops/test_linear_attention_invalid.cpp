@@ -432,8 +432,9 @@ TEST(LinearAttentionInvalid, EmptyInputsPassTheStateThrough) {
           if (s.cu.empty() || s.cu[n + 1] != s.cu[n]) continue;  // only the empty sequences
           for (int64_t i = 0; i < per; ++i) ASSERT_EQ(ht[n * per + i], h0[n * per + i]) << "sequence " << n;
         }
-        if (s.T == 0)
+        if (s.T == 0) {
           for (size_t i = 0; i < ht.size(); ++i) ASSERT_EQ(ht[i], h0[i]);
+        }
         for (double x : c.o.to_double()) ASSERT_TRUE(std::isfinite(x));
       }
     }
@@ -494,9 +495,9 @@ TEST(LinearAttentionInvalid, NonFinitePropagatesLikeTheReference) {
           // the poisoned rows by zero weights, 0 * NaN = NaN).
           const int64_t row = c_row(ours), tok = ours.HV * ours.V;
           for (size_t i = 0; i < gm.size(); ++i) {
-            if (wm[i]) ASSERT_TRUE(gm[i]) << "o[" << i << "] finite where the reference is not";
+            if (wm[i]) { ASSERT_TRUE(gm[i]) << "o[" << i << "] finite where the reference is not"; }
             const int64_t t = (static_cast<int64_t>(i) % row) / tok, bi = static_cast<int64_t>(i) / row;
-            if (gm[i] && !wm[i]) ASSERT_TRUE(bi < 2 && t < ours.BT) << "o[" << i << "] non-finite outside the poisoned chunk";
+            if (gm[i] && !wm[i]) { ASSERT_TRUE(bi < 2 && t < ours.BT) << "o[" << i << "] non-finite outside the poisoned chunk"; }
           }
         }
         // Batch row 2 never meets the poison: bit for bit a clean call's.
@@ -619,7 +620,7 @@ TEST(LinearAttentionInvalid, SharedSubOperatorsRankShapeEmptyAndNonFinite) {
         EXPECT_EQ(pattern(a[i]), pattern(r[i])) << "output " << i;
         const size_t third = a[i].size() / 3;
         for (size_t j = 2 * third; j < a[i].size(); ++j)
-          if (!(std::isnan(a[i][j]) && std::isnan(c[i][j]))) ASSERT_EQ(a[i][j], c[i][j]) << "output " << i << " row 2";
+          if (!(std::isnan(a[i][j]) && std::isnan(c[i][j]))) { ASSERT_EQ(a[i][j], c[i][j]) << "output " << i << " row 2"; }
       }
     }
 }
@@ -633,10 +634,15 @@ void expect_poisoned_chunks(const std::vector<double>& got, const std::vector<do
   const int64_t row = static_cast<int64_t>(got.size()) / 3, tok = row / 70;
   for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
     const int64_t bi = i / row, t = (i % row) / tok;
-    if (!std::isfinite(ref[i])) ASSERT_FALSE(std::isfinite(got[i])) << "finite where the reference is not, at " << i;
-    if (!std::isfinite(got[i]) && std::isfinite(ref[i]))
+    if (!std::isfinite(ref[i])) {
+      ASSERT_FALSE(std::isfinite(got[i])) << "finite where the reference is not, at " << i;
+    }
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) {
       ASSERT_TRUE((bi == 0 && t >= 32 && t < 64) || (bi == 1 && t < 32)) << "non-finite outside the poisoned chunks, at " << i;
-    if (bi == 2 && !(std::isnan(got[i]) && std::isnan(clean[i]))) ASSERT_EQ(got[i], clean[i]) << "row 2 at " << i;
+    }
+    if (bi == 2 && !(std::isnan(got[i]) && std::isnan(clean[i]))) {
+      ASSERT_EQ(got[i], clean[i]) << "row 2 at " << i;
+    }
   }
 }
 
