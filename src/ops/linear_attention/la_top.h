@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fusedops/core/context.h"
+#include "fusedops/core/registry.h"
 #include "fusedops/ops/l2norm.h"
 #include "fusedops/ops/linear_attention.h"
 #include "src/core/workspace.h"
@@ -213,18 +214,21 @@ bool check_recurrent_fwd(const Check& c, const Args& a, GateForm form) {
   return a.o.numel() != 0 || (a.final_state.defined() && a.final_state.numel() != 0);
 }
 
-// The per-token backward's workspace: on CUDA, when a sequence can be longer than one segment of
-// kRecurrentBwdSegment tokens (T, or the packed length with cu_seqlens), one fp32 [K, V] state per
-// value head and checkpoint slot (cuda_sm90's kernel, linear_attention_recurrent_bwd_sm90.cu; the
-// cuda_sm80 kernels take none). The state before token t = S j (j >= 1, S the segment) of a
-// sequence whose first token has the packed index t0 goes to slot (t0 + t) / S: a sequence's
-// checkpoints are at least S packed tokens past its first token and S apart, so no two of a call
-// share a slot, and ceil(B T / S) slots hold them all. 0 on the CPU (its backend keeps its
-// checkpoints in its own scratch). At [1, 1024] tokens with 16 value heads and K = V = 128: 64 MiB.
+// The per-token backward's workspace: on a device that cuda_sm90 serves (sm_90, the arch range of
+// its registration in linear_attention_recurrent_bwd_sm90.cu), when a sequence can be longer than
+// one segment of kRecurrentBwdSegment tokens (T, or the packed length with cu_seqlens), one fp32
+// [K, V] state per value head and checkpoint slot for that backend's kernel. The state before
+// token t = S j (j >= 1, S the segment) of a sequence whose first token has the packed index t0
+// goes to slot (t0 + t) / S: a sequence's checkpoints are at least S packed tokens past its first
+// token and S apart, so no two of a call share a slot, and ceil(B T / S) slots hold them all. At
+// [1, 1024] tokens with 16 value heads and K = V = 128: 64 MiB. 0 on the CPU (its backend keeps its
+// checkpoints in its own scratch) and on other GPUs (the cuda_sm80 kernels read no workspace, and
+// leave it unread when forced onto an sm_90 device).
 constexpr int64_t kRecurrentBwdSegment = 16;
+constexpr int kRecurrentBwdArch = 90;  // cuda_sm90's range: [90, 90]
 inline int64_t recurrent_bwd_workspace_size(const LinearAttentionRecurrentBwdArgs& a) {
   if (!a.q.defined() || !a.v.defined() || a.q.ndim() != 4 || a.v.ndim() != 4) return 0;
-  if (a.q.device().kind != DeviceKind::kCUDA) return 0;
+  if (a.q.device().kind != DeviceKind::kCUDA || cuda_arch(a.q.device().index) != kRecurrentBwdArch) return 0;
   const int64_t B = a.q.size(0), T = a.q.size(1), K = a.q.size(3), HV = a.v.size(2), V = a.v.size(3);
   const int64_t longest = a.cu_seqlens.defined() ? B * T : T;
   if (longest <= kRecurrentBwdSegment) return 0;

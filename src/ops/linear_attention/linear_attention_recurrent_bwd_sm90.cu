@@ -378,23 +378,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : 2) recurrent_bwd_kernel(R
       }
       buf ^= 1;  // the next token writes the other buffer: no CTA reads this one after the next sync
     }
-    if (p.dh0.p) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const int y = y0 + 4 * W * r;
-        if (y >= K) continue;
-        const int64_t e = base + static_cast<int64_t>(y) * V;
-        if constexpr (VEC) {
-          if (x < V)
-            *reinterpret_cast<float4*>(static_cast<float*>(p.dh0.p) + e) =
-                make_float4(dS[r][0], dS[r][1], dS[r][2], dS[r][3]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (x + j < V) stf(p.dh0.p, p.dh0.code, e + j, dS[r][j]);
-        }
-      }
-    }
+    if (p.dh0.p) st_tile(p.dh0, base, dS);
   }
   cluster.sync();  // no CTA leaves while a peer may still read its partial sums
 }
@@ -492,7 +476,8 @@ namespace fusedops {
 
 void register_linear_attention_cuda_sm90(Registry& r) {
   using namespace la::sm90;
-  const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, 90, 90,
+  // The arch range is the one where recurrent_bwd_workspace_size (la_top.h) sizes the checkpoints.
+  const BackendSpec s{"cuda_sm90", DeviceKind::kCUDA, la::kRecurrentBwdArch, la::kRecurrentBwdArch,
                       {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, kPriorityCudaSm90};
   r.add<FusedRecurrentGatedDeltaRuleFwdArgs>("fused_recurrent_gated_delta_rule", Direction::kForward, s, gdn_sup_fwd,
                                              gdn_fwd);
