@@ -79,6 +79,7 @@ GTEST_ARG=()
 cmake -S "$ROOT" -B "$WORK/build" -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS="$ARCH" \
   -DFUSEDOPS_BUILD_TESTS=ON -DFUSEDOPS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
   "${GTEST_ARG[@]}" "${DNNL_ARG[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; fail cmake; }
+(cd "$ROOT" && tools/touch_changed.sh "$WORK/build")
 cmake --build "$WORK/build" -j "$(nproc)" >"$LOGS/build.log" 2>&1 ||
   { grep -B2 -A8 "error" "$LOGS/build.log" | head -60; fail build; exit 1; }
 rm -rf "$WORK/py" && mkdir -p "$WORK/py" && cp -r "$ROOT/python/fusedops" "$WORK/py/" &&

@@ -42,6 +42,7 @@ STAGES=${STAGES:-tests report demo}
 case " $STAGES " in *" gtest "*|*" memcheck "*|*" tests "*) BT=ON;; *) BT=${BUILD_TESTS:-OFF};; esac
 cmake -S . -B $W/build -G Ninja -DFUSEDOPS_CUDA=ON -DFUSEDOPS_CUDA_ARCHS=90a -DFUSEDOPS_BUILD_TESTS=$BT -DFUSEDOPS_BUILD_PYTHON=ON \
   -DPython_EXECUTABLE="$(command -v python3)" -DFUSEDOPS_GTEST_SOURCE_DIR=$ROOT/.gpu/googletest "${DNNL[@]}" >$L/cmake.log 2>&1 || { tail -20 $L/cmake.log; exit 1; }
+tools/touch_changed.sh $W/build | tee -a $S
 cmake --build $W/build -j 16 >$L/build.log 2>&1 || { grep -B2 -A8 error $L/build.log | head -40 | tee -a $S; exit 1; }
 note "build done at $(( $(date +%s) - T0 )) s"
 rm -rf $W/py && mkdir -p $W/py && cp -r python/fusedops $W/py/ && cp $W/build/_C*.so $W/py/fusedops/
