@@ -1168,7 +1168,7 @@ Result run_recurrent(const BackendCase& b, DType dt, const Shape& s, const Opts&
                                           dO.view(), o.dht ? dht.view() : TensorView(), r.dq.view(), r.dk.view(),
                                           r.dv.view(), r.dg.view(), r.dbeta.view(),
                                           o.h0 ? r.dh0.view() : TensorView(), TensorView()}};
-  // The checkpoint workspace (CUDA past 64 tokens), NaN-filled: every state read from it was written.
+  // The checkpoint workspace (sm_90 past 16 tokens), NaN-filled: every state read from it was written.
   const int64_t ws_bytes = fused_recurrent_gated_delta_rule_bwd_workspace_size(ba);
   TestTensor ws = ws_bytes ? poisoned(DType::kFloat32, {ws_bytes / 4}, dev) : TestTensor();
   if (ws_bytes) ba.workspace = ws.view();

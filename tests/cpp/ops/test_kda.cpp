@@ -789,7 +789,7 @@ TEST(KdaRecurrent, ForwardAndBackwardMatchTheOracle) {
       FusedRecurrentKdaBwdArgs ba{{q.view(), k.view(), v.view(), gv, bv, h0v, ix.cuv(), scale, dO.view(), dhtv,
                                    dq.view(), dk.view(), dv.view(), full ? dg.view() : TensorView(),
                                    full ? db.view() : TensorView(), dh0.view(), TensorView()}};
-      // The checkpoint workspace (CUDA past 64 tokens), NaN-filled: every state read from it was written.
+      // The checkpoint workspace (sm_90 past 16 tokens), NaN-filled: every state read from it was written.
       const int64_t ws_bytes = fused_recurrent_kda_bwd_workspace_size(ba);
       TestTensor ws = ws_bytes ? poisoned(DType::kFloat32, {ws_bytes / 4}, b.device) : TestTensor();
       if (ws_bytes) ba.workspace = ws.view();
