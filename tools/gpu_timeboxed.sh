@@ -7,7 +7,8 @@
 #   python bench/record.py save report/<op>.json
 #   BUDGET=545 DEMO="--device cuda --dtype bf16 --steps 30" tools/gpu_timeboxed.sh OUT
 # STAGES picks and orders the stages after the build (default "tests report demo"; "tests" is
-# memcheck, which runs every C++ test, beside pytest; "gtest", "memcheck", "pytest" also stand alone);
+# memcheck, which runs every C++ test, beside pytest; "gtest", "memcheck", "pytest" also stand alone;
+# "cluster_sanitize" is racecheck and synccheck of small calls of the Hopper per-token backward);
 # GTEST_SUITES (regex: the C++ suites of gtest and memcheck) and PYFILES (test files) narrow the tests.
 # BUILD_TESTS=ON builds the C++ test binary ($TESTS) for a custom stage without gtest/memcheck.
 # REPORT_ARGS go to every report.py call (e.g. "--skip fla --cases REGEX").
@@ -115,6 +116,15 @@ if [ $l -gt 60 ] && [ -n "${DEMO:-}" ]; then
   timeout $(( l - 10 < ${DEMO_TIMEOUT:-100000} ? l - 10 : ${DEMO_TIMEOUT:-100000} )) python3 examples/train_hybrid.py $DEMO --json $OUT/train_hybrid.json >$L/demo.log 2>&1
   rc=$?; cp $L/demo.log $OUT/; note "demo rc=$rc"; tail -15 $L/demo.log >> $S
 fi
+}
+# Stage "cluster_sanitize": racecheck and synccheck of cuda_sm90's per-token backward on small
+# cluster calls (tools/debug/recurrent_cluster_calls.py; the test suite's shapes are too slow there).
+stage_cluster_sanitize() {
+for tool in racecheck synccheck; do
+  timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 python3 tools/debug/recurrent_cluster_calls.py >$L/$tool.log 2>&1
+  note "$tool rc=$? $(grep -E 'SUMMARY' $L/$tool.log | tail -1) at $(( $(date +%s) - T0 )) s"
+  grep -E "^fused_recurrent" $L/$tool.log >> $S
+done
 }
 # Stage "custom": the commands of the file $CUSTOM, run here with this script's variables.
 stage_custom() { [ -n "${CUSTOM:-}" ] && . "$CUSTOM"; note "custom done at $(( $(date +%s) - T0 )) s"; }
