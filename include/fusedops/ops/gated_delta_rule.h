@@ -190,7 +190,7 @@ void fused_recurrent_gated_delta_rule_bwd(const Context& ctx,
                                           const FusedRecurrentGatedDeltaRuleBwdArgs& args);
 void fused_recurrent_gated_delta_rule_bwd_ref(const Context& ctx,
                                               const FusedRecurrentGatedDeltaRuleBwdArgs& args);
-// Bytes of the backward's workspace (LinearAttentionRecurrentBwdArgs::workspace): 0 on the CPU.
+// Bytes of the backward's workspace (LinearAttentionRecurrentBwdArgs::workspace): 0 but on sm_90.
 int64_t fused_recurrent_gated_delta_rule_bwd_workspace_size(const FusedRecurrentGatedDeltaRuleBwdArgs& args);
 
 }  // namespace fusedops

@@ -197,7 +197,7 @@ void fused_recurrent_kda_fwd(const Context& ctx, const FusedRecurrentKdaFwdArgs&
 void fused_recurrent_kda_fwd_ref(const Context& ctx, const FusedRecurrentKdaFwdArgs& args);
 void fused_recurrent_kda_bwd(const Context& ctx, const FusedRecurrentKdaBwdArgs& args);
 void fused_recurrent_kda_bwd_ref(const Context& ctx, const FusedRecurrentKdaBwdArgs& args);
-// Bytes of the backward's workspace (LinearAttentionRecurrentBwdArgs::workspace): 0 on the CPU.
+// Bytes of the backward's workspace (LinearAttentionRecurrentBwdArgs::workspace): 0 but on sm_90.
 int64_t fused_recurrent_kda_bwd_workspace_size(const FusedRecurrentKdaBwdArgs& args);
 
 }  // namespace fusedops

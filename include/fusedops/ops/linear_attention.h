@@ -188,8 +188,8 @@ struct LinearAttentionRecurrentFwdArgs {
 // [B,T,H,K] (summed over each group of value heads), dv, dg (iff g), dbeta (iff beta), dh0
 // (optional); workspace uint8 [<op>_bwd_workspace_size(args)]: on an sm_90 GPU, when a sequence
 // can be longer than 16 tokens, the states at the 16-token checkpoints (so that the backward does
-// not recompute them from the initial state for every segment); 0 bytes otherwise (the CPU and
-// other GPUs recompute from checkpoints in their own scratch or shared memory).
+// not recompute them from the initial state for every segment); 0 bytes otherwise (the CPU keeps
+// its checkpoints in its own scratch; cuda_sm80's kernels recompute them from the initial state).
 struct LinearAttentionRecurrentBwdArgs {
   TensorView q, k, v, g, beta, initial_state;
   TensorView cu_seqlens;

@@ -515,8 +515,8 @@ def recurrent_op(op: str) -> DifferentiableOp:
                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], dout: Tensor,
                  dht: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         dq, dk, dv, dg, db, dh0 = out = grads(q, k, v, g, beta, initial_state)
-        # The states at the 16-token checkpoints of cuda_sm90's kernel (CUDA, sequences past 16 tokens;
-        # 0 bytes otherwise).
+        # The states at the 16-token checkpoints of cuda_sm90's kernel (sm_90 devices, sequences past
+        # 16 tokens; 0 bytes otherwise).
         nbytes = ws_size(q, v, cu_seqlens)
         c_bwd(context(op, q), last_unit(q), last_unit(k), last_unit(v), last_unit(g), last_unit(beta),
               dense_state(initial_state), cu_seqlens, scale, last_unit(dout), dense_state(dht), dq, dk, dv,

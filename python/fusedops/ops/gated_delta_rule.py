@@ -236,7 +236,8 @@ def fused_recurrent_gated_delta_rule(
     ``use_beta_sigmoid_in_kernel`` (``2 sigmoid`` with ``allow_neg_eigval``). Returns ``(o,
     final_state or None)``; differentiable in every tensor input (flash-linear-attention's is
     forward only). The backward recomputes the states from checkpoints: every 16 tokens on Hopper
-    (held in a workspace of ceil(B T / 16) states per value head), every 64 elsewhere."""
+    (held in a workspace of ceil(B T / 16) states per value head), every 64 on the CPU; other GPUs
+    recompute their checkpoints from the initial state (quadratic in T)."""
     la.reject_kwargs(_OP_REC, kwargs)
     la.check_slots(_OP_REC, dict(g=g, gk=gk, gv=gv, beta=beta, initial_state=initial_state, A_log=A_log,
                                  dt_bias=dt_bias, cu_seqlens=cu_seqlens),

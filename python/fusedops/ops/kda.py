@@ -235,7 +235,8 @@ def fused_recurrent_kda(
     ``use_beta_sigmoid_in_kernel``; ``allow_neg_eigval`` doubles the in-kernel sigmoid of beta).
     Returns ``(o, final_state or None)``; differentiable in every tensor input. The backward
     recomputes the states from checkpoints: every 16 tokens on Hopper (held in a workspace of
-    ceil(B T / 16) states per value head), every 64 elsewhere."""
+    ceil(B T / 16) states per value head), every 64 on the CPU; other GPUs recompute each 32-token
+    block's start from the initial state (quadratic in T, T <= 4096)."""
     op = "fused_recurrent_kda"
     la.reject_kwargs(op, kwargs)
     la.check_slots(op, dict(g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,

@@ -990,7 +990,7 @@ void bwd_intra(const Context& ctx, const ChunkKdaBwdIntraArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // fused_recurrent_kda (backward): CTA per (sequence, q/k head), the group's value heads in order.
-// The states are recomputed (no workspace in this API): per block of 32 tokens, in reverse, the
+// The states are recomputed (this kernel reads no workspace): per block of 32 tokens, in reverse, the
 // state before the block is recomputed from h0 and kept in registers (64 per thread: K*V <= 16384),
 // and the state before each token of the block from that checkpoint: T^2/64 + 16 T token steps,
 // so supports() refuses T > kRecBwdMaxT (the operator is meant for decoding-length sequences).
