@@ -8,7 +8,14 @@ the backward of an autograd.Function that only returns two prebuilt tensors, and
 PyTorch op (zeros(1)); GDN's fixed cost is timed on a one-chunk call ([1, 64, 1, 16]). For
 matmul_add, "fusedops C++" is the extension's call alone (a Context made once, no Python layer).
 
-    python bench/cpu_cold_calls.py [--calls 60] [--cases REGEX] [--out bench/results/cpu/studies/NAME.txt]
+The cases made only of bf16 products (issue 40's bf16 rows: chunk_loss forward+backward and its
+loss-only forward, matmul_add) also get their floor: the products' flops at the CPU's bf16 peak
+(all cores issuing vdpbf16ps, bench/gemm/peak_bench.cpp, built and run here unless --peak-gflops
+gives it), beside the time a call must take to be the target multiple of eager's, warm and cold.
+A needed time under the floor is out of reach for any implementation of the same products.
+
+    python bench/cpu_cold_calls.py [--calls 60] [--cases REGEX] [--peak-gflops G]
+                                   [--out bench/results/cpu/studies/NAME.txt]
 
 Medians (and the 20th percentile) of the calls, in ms.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,9 +55,18 @@ def cases():
         loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hr, wr), labels)
         return torch.autograd.grad(loss, [hr, wr])
 
+    def cl_loss_fused():
+        with torch.no_grad():
+            return fusedops.chunk_loss(hr, wr, labels, reduction="mean")
+
+    def cl_loss_eager():
+        with torch.no_grad():
+            return torch.nn.functional.cross_entropy(torch.nn.functional.linear(hr, wr), labels)
+
     t = o = i = 512  # the report's CPU matmul_add case
     dy, x, base = torch.randn(t, o), torch.randn(t, i), torch.randn(o, i)
     mg = base.clone()
+    dy16, x16 = dy.bfloat16(), x.bfloat16()
 
     def restore():
         mg.copy_(base)
@@ -65,6 +82,18 @@ def cases():
 
     def mm_cxx():
         fusedops._C.matmul_add_fwd(mm_ctx, dy, x, mg, None)
+
+    def mm16_fused():
+        fusedops.matmul_add(dy16, x16, mg)
+
+    def mm16_cxx():
+        fusedops._C.matmul_add_fwd(mm_ctx, dy16, x16, mg, None)
+
+    def mm16_eager():
+        mg.add_(dy16.t() @ x16)
+
+    def mm16_product():  # eager's product alone (bf16 out): what PyTorch's GEMM takes
+        return dy16.t() @ x16
 
     dh, dw = torch.zeros(n, h).bfloat16(), torch.zeros(v, h).bfloat16()
 
@@ -126,14 +155,21 @@ def cases():
     gdn_fused, gdn_eager = gdn((2, 256, 4, 128))  # the report's small CPU GDN case
     gdn_tiny, _ = gdn((1, 64, 1, 16))
 
+    # Floors (bf16 cases): the products' flops, and issue 40's target multiple of eager.
+    products = 2 * n * h * v
     return [
         ("chunk_loss bf16 N=128 H=128 V=8000, fwd+bwd", None,
-         [("fusedops", cl_fused), ("eager", cl_eager)]),
+         [("fusedops", cl_fused), ("eager", cl_eager)], {"flops": 3 * products, "target": 1.5}),
+        ("chunk_loss bf16 N=128 H=128 V=8000, loss only (torch.no_grad)", None,
+         [("fusedops", cl_loss_fused), ("eager", cl_loss_eager)], {"flops": products, "target": 1.5}),
         ("chunk_loss bf16 N=128 H=128 V=8000, backward alone (upstream gradient 1)", cl_forward,
          [("fusedops", cl_backward("fusedops")), ("fusedops-call", cl_backward("fusedops", False)),
           ("eager", cl_backward("eager"))]),
         ("matmul_add fp32 512^3", restore,
          [("fusedops", mm_fused), ("fusedops C++", mm_cxx), ("eager", mm_eager)]),
+        ("matmul_add bf16 512^3", restore,
+         [("fusedops", mm16_fused), ("fusedops C++", mm16_cxx), ("eager", mm16_eager),
+          ("eager product", mm16_product)], {"flops": 2 * t * o * i, "target": 1.3}),
         ("floor: backward of an autograd.Function returning two prebuilt tensors", noop_prepare,
          [("autograd.grad", noop_backward)]),
         ("floor: torch.zeros(1)", None, [("torch op", lambda: torch.zeros(1))]),
@@ -157,10 +193,46 @@ def timed(fn, prepare, flush) -> float:
     return (t1 - t0) * 1e3
 
 
+def bf16_peak_gflops() -> tuple[float, str]:
+    """The CPU's bf16 peak over all cores in GFLOP/s: bench/gemm/peak_bench.cpp built into
+    build/peak_bench and run (the best of three runs of 0.3 s per measurement)."""
+    exe = ROOT / "build" / "peak_bench"
+    src = ROOT / "bench" / "gemm" / "peak_bench.cpp"
+    if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["g++", "-std=c++20", "-O2", "-march=native", "-fopenmp", str(src), "-o", str(exe)],
+                       check=True)
+    best = 0.0
+    for _ in range(3):
+        out = subprocess.run([str(exe), "0.3"], check=True, capture_output=True, text=True).stdout
+        m = re.search(r"^bf16 dpbf16 .*\|\s*\d+ threads:.*=\s*([\d.]+) GFLOP/s", out, re.M)
+        if m is None:
+            raise SystemExit("peak_bench printed no bf16 line (no AVX512-BF16 here?); pass --peak-gflops\n" + out)
+        best = max(best, float(m.group(1)))
+    return best, "bench/gemm/peak_bench.cpp, best of 3 runs"
+
+
+def floor_lines(meta: dict, samples: dict, peak: float) -> list[str]:
+    """The products' time at the peak beside what the target multiple of eager asks for."""
+    floor_ms = meta["flops"] / (peak * 1e9) * 1e3
+    lines = [f"  floor: {meta['flops'] / 1e9:.3f} GFLOP of bf16 products at {peak:.0f} GFLOP/s = {floor_ms:.3f} ms; "
+             f"target {meta['target']}x eager"]
+    for cold in (True, False):
+        med = {name: sorted(v)[len(v) // 2] for (name, c), v in samples.items() if c == cold}
+        need = med["eager"] / meta["target"]
+        verdict = ("under the floor: no implementation of these products reaches it" if need < floor_ms else
+                   f"{need - floor_ms:.3f} ms over the floor for all but the products at peak")
+        lines.append(f"  {'cold' if cold else 'warm'}: eager {med['eager']:.3f} -> needs <= {need:.3f} ms "
+                     f"(fusedops {med['fusedops']:.3f}, {med['eager'] / med['fusedops']:.2f}x); {verdict}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=60)
     ap.add_argument("--cases", default="", help="only the cases whose label matches this regex")
+    ap.add_argument("--peak-gflops", type=float,
+                    help="the CPU's bf16 peak for the floors (default: run bench/gemm/peak_bench.cpp)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     flush = torch.empty(max(64 << 20, 2 * last_level_cache_bytes()), dtype=torch.uint8)
@@ -168,9 +240,12 @@ def main() -> None:
     lines = [f"cpu_cold_calls at {commit}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
              f"flush {flush.numel() >> 20} MiB written before each cold call; median / p20 of "
              f"{args.calls} calls, ms"]
-    for label, prepare, impls in cases():
-        if not re.search(args.cases, label):
-            continue
+    selected = [c for c in cases() if re.search(args.cases, c[0])]
+    peak = None
+    if any(len(c) > 3 for c in selected):
+        peak, source = (args.peak_gflops, "given") if args.peak_gflops else bf16_peak_gflops()
+        lines.append(f"bf16 peak (all cores): {peak:.0f} GFLOP/s ({source})")
+    for label, prepare, impls, *meta in selected:
         samples = {(name, cold): [] for name, _ in impls for cold in (True, False)}
         for _, fn in impls:  # first calls (primitive creation, lazy init) untimed
             if prepare:
@@ -189,6 +264,8 @@ def main() -> None:
                 s = sorted(samples[(name, cold)])
                 parts.append(f"{'cold' if cold else 'warm'} {s[len(s) // 2]:.3f} / {s[len(s) // 5]:.3f}")
             lines.append(f"  {name:14s} " + "   ".join(parts))
+        if meta:
+            lines += floor_lines(meta[0], samples, peak)
     write_study(lines, args.out)
 
 
