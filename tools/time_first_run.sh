@@ -26,7 +26,7 @@ run() {  # name, command...: wall seconds, cores the command kept busy, cores ot
   read -r b0 t0 < <(cpu_busy)
   local TIMEFORMAT="%R %U %S" times
   times="$( { time "$@" > "$work/$name.log" 2>&1; } 2>&1 )" ||
-    { tail -30 "$work/$name.log"; echo "$name failed" >&2; exit 1; }
+    { tail -30 "$work/$name.log" >&2; echo "$name failed" >&2; exit 1; }
   read -r b1 t1 < <(cpu_busy)
   read -r wall user sys <<< "$times"
   awk -v name="$name" -v w="$wall" -v u="$user" -v s="$sys" -v b=$((b1 - b0)) -v t=$((t1 - t0)) \

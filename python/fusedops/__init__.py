@@ -8,6 +8,7 @@ fusedops.reference.
 
 import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
+from . import _onednn  # noqa: F401  (libdnnl.so.3 where the extension's search path misses it)
 from . import _C
 from ._backend import backends, check_errors, debug_checks, use_backend, validation
 from ._trace import dispatch_trace
