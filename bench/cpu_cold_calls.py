@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import fusedops  # noqa: E402
 
 from bench.common import last_level_cache_bytes, study_commit, write_study  # noqa: E402
+from bench.gemm import peak  # noqa: E402
 from bench.ops.gated_delta_rule import chunked_torch  # noqa: E402
 
 
@@ -208,19 +209,14 @@ def timed(fn, prepare, flush) -> float:
 def bf16_peak_gflops() -> tuple[float, str]:
     """The CPU's bf16 peak over all cores in GFLOP/s: bench/gemm/peak_bench.cpp built into
     build/peak_bench and run (the best of three runs of 0.3 s per measurement)."""
-    exe = ROOT / "build" / "peak_bench"
-    src = ROOT / "bench" / "gemm" / "peak_bench.cpp"
-    if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["g++", "-std=c++20", "-O2", "-march=native", "-fopenmp", str(src), "-o", str(exe)],
-                       check=True)
+    exe = peak.build(ROOT / "build" / "peak_bench")
     best = 0.0
     for _ in range(3):
         out = subprocess.run([str(exe), "0.3"], check=True, capture_output=True, text=True).stdout
-        m = re.search(r"^bf16 dpbf16 .*\|\s*\d+ threads:.*=\s*([\d.]+) GFLOP/s", out, re.M)
-        if m is None:
+        bf16 = [r for r in peak.rows(out) if r[0] == "bf16 dpbf16"]
+        if not bf16:
             raise SystemExit("peak_bench printed no bf16 line (no AVX512-BF16 here?); pass --peak-gflops\n" + out)
-        best = max(best, float(m.group(1)))
+        best = max(best, bf16[0][5])
     return best, "bench/gemm/peak_bench.cpp, best of 3 runs"
 
 
