@@ -2,8 +2,9 @@
 # The C++-only path of docs/install.md, as a C++ user takes it: configures and builds the library
 # alone (no Python extension, no tests, no CUDA), installs it into an empty prefix, then builds
 # examples/cpp/quickstart.cpp and a matmul_add check (oneDNN's GEMM, against a loop in double) as
-# a separate project that finds it with find_package(fusedops) (tests/cpp_package) and runs them. oneDNN comes from the .venv of tools/setup.sh, passed as
-# dnnl_ROOT to both projects, as docs/install.md says.
+# a separate project that finds it with find_package(fusedops) (tests/cpp_package) and runs them.
+# oneDNN comes from the .venv of tools/setup.sh, passed as dnnl_ROOT to both projects, as
+# docs/install.md says.
 #
 #   tools/test_cpp_package.sh
 set -euo pipefail
